@@ -1,0 +1,138 @@
+"""Plain-PyTorch references of the kernels: the specification and the CPU fallback.
+
+Contracts (DESIGN §4):
+  verify_attention(q[B,Q,Hq,D], k_cache[B,S,Hkv,D], v_cache, cache_lens[B] int32,
+                   tree_mask=None | [B|1,Q,Q] bool, sm_scale=None) -> [B,Q,Hq,D]
+  rejection_sample(target_logits[B,K+1,V], draft_tokens[B,K], draft_probs[B,K,V] | None,
+                   num_draft[B], temperature[B], seed[B], offset[]) -> (tokens[B,K+1], n_acc[B])
+
+Random numbers come from a counter-based hash of (seed, offset, row, position, index,
+stream), so results are reproducible, independent per row and safe inside a CUDA graph
+(no generator state). A Triton kernel can compute the very same numbers.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+_M32 = 0xFFFFFFFF
+# Streams keep the draws of different purposes independent.
+STREAM_ACCEPT, STREAM_SAMPLE, STREAM_DRAFT = 1, 2, 3
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 integer hash on uint32 values held in int64 (wrapping products, then masked)."""
+    x = x & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def counter_uniform(seed, offset, row, pos, idx, stream: int) -> torch.Tensor:
+    """Uniform float32 in (0, 1) from integer counters (broadcasting int64 tensors)."""
+    h = _mix32(seed ^ (stream * 0x9E3779B9))
+    h = _mix32(h ^ (seed >> 32))
+    h = _mix32(h ^ offset)
+    h = _mix32(h ^ row)
+    h = _mix32(h ^ pos)
+    h = _mix32(h ^ idx)
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def categorical_from_counter(probs: torch.Tensor, seed, offset, row, pos, stream: int) -> torch.Tensor:
+    """Sample from unnormalized `probs[N, V]` by the exponential race argmax(p / E), E ~ Exp(1)."""
+    idx = torch.arange(probs.shape[-1], device=probs.device)
+    u = counter_uniform(seed[:, None], offset, row[:, None], pos[:, None], idx[None, :], stream)
+    return torch.argmax(probs / -torch.log(u), dim=-1)
+
+
+def verify_attention_ref(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None):
+    """Q new tokens per row attend to the cache prefix and (chain or tree) to each other.
+
+    The new tokens' K/V must already be written at cache_lens[b] + j. Only the first
+    `k_cache.shape[1]` positions are read, so callers may pass a prefix view.
+    """
+    B, Q, Hq, D = q.shape
+    L = k_cache.shape[1]
+    s = torch.arange(L, device=q.device)
+    lens = cache_lens.to(torch.long)[:, None, None]  # [B,1,1]
+    rel = s[None, None, :] - lens  # [B,1,L] position relative to the first new token
+    if tree_mask is None:
+        i = torch.arange(Q, device=q.device)[None, :, None]
+        mask = rel <= i  # cached prefix (rel < 0) plus the causal chain
+    else:
+        tm = tree_mask.to(torch.bool).expand(B, Q, Q)
+        in_new = (rel >= 0) & (rel < Q)
+        gathered = torch.gather(tm, 2, rel.clamp(0, Q - 1).expand(B, Q, L))
+        mask = (rel < 0) | (in_new & gathered)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+        attn_mask=mask[:, None], scale=sm_scale, enable_gqa=Hq != k_cache.shape[2],
+    )
+    return out.transpose(1, 2)
+
+
+def rejection_sample_ref(target_logits, draft_tokens, draft_probs, num_draft, temperature, seed, offset):
+    """Speculative rejection sampling for a batch; lossless w.r.t. softmax(target_logits / T).
+
+    Accept draft x_i with prob min(1, p_i(x_i)/q_i(x_i)); at the first rejection sample from
+    norm(max(p_i - q_i, 0)); if all num_draft[b] are accepted sample the bonus from p_{num_draft}.
+    Temperature 0: accept iff x_i == argmax p_i and the correction is argmax p_i.
+    """
+    B, K1, V = target_logits.shape
+    K = K1 - 1
+    dev = target_logits.device
+    rows = torch.arange(B, device=dev)
+    greedy = temperature <= 0
+    temp = torch.where(greedy, torch.ones_like(temperature), temperature).float()
+    logits = target_logits.float()
+    p = torch.softmax(logits / temp[:, None, None], dim=-1)  # [B,K+1,V]
+    num_draft = num_draft.to(torch.long)
+    pos = torch.arange(K, device=dev)
+    tokens = draft_tokens.clamp(0, V - 1)
+
+    # --- accept / reject every draft position at once
+    p_x = p[:, :K].gather(-1, tokens[..., None]).squeeze(-1)
+    q_x = torch.ones_like(p_x) if draft_probs is None else \
+        draft_probs.float().gather(-1, tokens[..., None]).squeeze(-1)
+    u = counter_uniform(seed[:, None], offset, rows[:, None], pos[None, :], 0, STREAM_ACCEPT)
+    ok_sample = u * q_x < p_x
+    ok_greedy = tokens == logits[:, :K].argmax(-1)
+    ok = torch.where(greedy[:, None], ok_greedy, ok_sample) & (pos[None, :] < num_draft[:, None])
+    n_acc = torch.cumprod(ok.long(), dim=1).sum(1) if K > 0 else torch.zeros(B, dtype=torch.long, device=dev)
+
+    # --- one corrected (residual) or bonus token at position n_acc
+    at = n_acc[:, None, None].expand(B, 1, V)
+    p_end = p.gather(1, at).squeeze(1)  # [B,V]
+    rejected = n_acc < num_draft
+    if K > 0:
+        at_q = n_acc.clamp(max=K - 1)
+        if draft_probs is None:
+            q_end = F.one_hot(tokens[rows, at_q], V).float()
+        else:
+            q_end = draft_probs.float()[rows, at_q]
+        resid = torch.where(rejected[:, None], (p_end - q_end).clamp_min(0), p_end)
+        resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, p_end)
+    else:
+        resid = p_end
+    sampled = categorical_from_counter(resid, seed, offset, rows, n_acc, STREAM_SAMPLE)
+    argmax = logits.gather(1, at).squeeze(1).argmax(-1)
+    last = torch.where(greedy, argmax, sampled)
+
+    out = torch.where(pos[None, :] < n_acc[:, None], draft_tokens, torch.full_like(draft_tokens, -1))
+    out = torch.cat([out, torch.full((B, 1), -1, dtype=out.dtype, device=dev)], dim=1)
+    out.scatter_(1, n_acc[:, None], last[:, None])
+    return out, n_acc.to(torch.int32)
+
+
+def total_variation_bound(num_categories: int, num_samples: int, delta: float = 1e-6) -> float:
+    """TV distance the empirical distribution stays under with prob >= 1 - delta.
+
+    Bretagnolle–Huber–Carol: P(sum|p_hat - p| >= l) <= 2^k exp(-n l^2 / 2).
+    """
+    lam = math.sqrt(2.0 * (num_categories * math.log(2.0) + math.log(1.0 / delta)) / num_samples)
+    return lam / 2.0

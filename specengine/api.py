@@ -1,0 +1,203 @@
+"""Public API: `Engine.from_pretrained(...)`, `generate(...)`, `stream(...)`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from .errors import SpecEngineError
+from .generation import Generation, check_capacity
+from .kernels.reference import rejection_sample_ref
+from .loading import load_model, load_tokenizer
+from .methods.policies import make_policy
+from .sampling import SamplingParams
+
+METHODS = ("ar", "sd")
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+          "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str  # "eos" | "length" | "stop"
+    stats: dict = field(default_factory=dict)
+
+
+def _dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise SpecEngineError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _device(device) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SpecEngineError(f"device {device!r} requested but CUDA is not available")
+    return dev
+
+
+class Engine:
+    """A target model, an optional draft model sharing its tokenizer, and a decoding method."""
+
+    def __init__(self, target, tokenizer, draft=None, method: str | None = None, max_seq_len: int = 2048,
+                 gamma: int = 4, policy: str = "fixed"):
+        if draft is not None and draft.config.vocab_size != target.config.vocab_size:
+            raise SpecEngineError(
+                f"draft/target vocab mismatch: draft has {draft.config.vocab_size} tokens, "
+                f"target {target.config.vocab_size}; they must share one tokenizer")
+        if not isinstance(max_seq_len, int) or max_seq_len < 2:
+            raise SpecEngineError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
+        window = target.config.sliding_window
+        if window is not None and window < max_seq_len:
+            raise SpecEngineError(
+                f"the target uses a sliding window of {window} tokens, which specengine does not "
+                f"implement; use max_seq_len <= {window}")
+        self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        self.device = target.embed_tokens.weight.device
+        self.max_seq_len = max_seq_len
+        self.method = method or ("sd" if draft is not None else "ar")
+        self.gamma, self.policy = gamma, policy
+        self._check_method(self.method)
+        make_policy(policy, gamma)  # validate early
+        self.sampler = rejection_sample_ref
+        self.eos_ids = self._eos_ids()
+
+    @classmethod
+    def from_pretrained(cls, target: str, draft: str | None = None, method: str | None = None,
+                        device="auto", dtype="float32", max_seq_len: int = 2048, gamma: int = 4,
+                        policy: str = "fixed") -> "Engine":
+        """Load target (and draft) from a registry name, HF directory, hub-cache id or .gguf."""
+        dev, dt = _device(device), _dtype(dtype)
+        tmodel, tpath = load_model(target, dt, dev)
+        dmodel = load_model(draft, dt, dev)[0] if draft is not None else None
+        return cls(tmodel, load_tokenizer(tpath), dmodel, method, max_seq_len, gamma, policy)
+
+    # ------------------------------------------------------------------ helpers
+    def _check_method(self, method):
+        if method not in METHODS:
+            raise SpecEngineError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+        if method != "ar" and self.draft is None:
+            raise SpecEngineError(f"method {method!r} needs a draft model (pass draft=...)")
+
+    def _eos_ids(self) -> set[int]:
+        ids = set()
+        for src in (self.tokenizer.eos_token_id, getattr(self.target.config.hf_config, "eos_token_id", None)):
+            if isinstance(src, int):
+                ids.add(src)
+            elif isinstance(src, (list, tuple)):
+                ids.update(int(i) for i in src)
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def encode(self, prompt) -> tuple[list[list[int]], bool]:
+        """Token ids of each prompt and whether the input was a batch."""
+        if isinstance(prompt, torch.Tensor):
+            prompt = prompt.tolist()
+        if isinstance(prompt, str):
+            return [self._encode_one(prompt)], False
+        if isinstance(prompt, (list, tuple)):
+            if not prompt:
+                raise SpecEngineError("prompt is empty")
+            if all(isinstance(t, int) for t in prompt):
+                return [self._encode_one(list(prompt))], False
+            if all(isinstance(m, dict) for m in prompt):
+                return [self._encode_one(self._chat(prompt))], False
+            return [self._encode_one(p if not _is_chat(p) else self._chat(p)) for p in prompt], True
+        raise SpecEngineError(f"unsupported prompt type {type(prompt).__name__}: pass a string, a list of "
+                              "strings, token ids, or chat messages")
+
+    def _chat(self, messages) -> str:
+        for m in messages:
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise SpecEngineError("chat messages must be dicts with 'role' and 'content'")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise SpecEngineError("this tokenizer has no chat template; pass a plain string prompt")
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def _encode_one(self, p) -> list[int]:
+        if isinstance(p, str):
+            # a chat template already carries its special tokens
+            ids = self.tokenizer(p, add_special_tokens="<|im_start|>" not in p).input_ids if p else []
+        elif isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p):
+            ids = list(p)
+        else:
+            raise SpecEngineError(f"unsupported prompt element {type(p).__name__}")
+        if not ids:
+            raise SpecEngineError("prompt is empty")
+        V = self.target.config.vocab_size
+        bad = [t for t in ids if not 0 <= t < V]
+        if bad:
+            raise SpecEngineError(f"prompt token id {bad[0]} is outside the vocabulary [0, {V})")
+        return ids
+
+    # ------------------------------------------------------------------ generation
+    def _start(self, prompt, max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=None,
+               method=None, gamma=None, policy=None, ignore_eos=False) -> tuple[Generation, bool]:
+        method = method or self.method
+        self._check_method(method)
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise SpecEngineError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        params = SamplingParams(temperature, top_k, top_p, seed)
+        prompts, batched = self.encode(prompt)
+        pol = make_policy(policy or self.policy, gamma or self.gamma) if method != "ar" else None
+        check_capacity(prompts, max_new_tokens, self.max_seq_len, 2 * ((pol.gamma_max if pol else 0) + 1))
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if any(not isinstance(s, str) or not s for s in stops):
+            raise SpecEngineError("stop strings must be non-empty strings")
+        eos = set() if ignore_eos else self.eos_ids
+        return Generation(self, prompts, params, max_new_tokens, method, pol, eos, stops), batched
+
+    @torch.inference_mode()
+    def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0, stop=None, method: str | None = None,
+                 gamma: int | None = None, policy: str | None = None, ignore_eos: bool = False):
+        """Generate for one prompt (-> GenerationResult) or a batch (-> list of them)."""
+        gen, batched = self._start(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop,
+                                   method, gamma, policy, ignore_eos)
+        self.last_stats = None
+        for _ in gen.rounds():
+            pass
+        stats = gen.stats()
+        results = []
+        for row in gen.rows:
+            text = self.decode(row.ids)
+            if row.stop_text_end is not None:
+                text = text[: row.stop_text_end]
+            results.append(GenerationResult(text, row.ids, row.prompt_len, row.finish_reason, stats))
+        return results if batched else results[0]
+
+    def stream(self, prompt, **kw) -> Iterator[str]:
+        """Yield text as it is committed (one prompt). Same keyword arguments as `generate`;
+        the call's stats are in `engine.last_stats` afterwards."""
+        with torch.inference_mode():
+            gen, batched = self._start(prompt, **kw)
+        if batched:
+            raise SpecEngineError("stream() takes one prompt; use generate() for a batch")
+        rounds, row, sent = gen.rounds(), gen.rows[0], ""
+        while True:
+            with torch.inference_mode():
+                if next(rounds, None) is None:
+                    break
+            text = self.decode(row.ids)
+            if row.stop_text_end is not None:
+                text = text[: row.stop_text_end]
+            elif text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the rest
+                continue
+            if len(text) > len(sent):
+                yield text[len(sent):]
+                sent = text
+        self.last_stats = gen.stats()
+
+
+def _is_chat(p) -> bool:
+    return isinstance(p, (list, tuple)) and bool(p) and all(isinstance(m, dict) for m in p)

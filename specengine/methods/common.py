@@ -1,0 +1,57 @@
+"""State shared by every decoding method during one generate call, and the commit step.
+
+Invariant at the start of each round: every model's cache holds the committed tokens
+except the last one (`cache.lens = n - 1`), so a round always starts by feeding the
+last committed token. Everything here stays on the device; the driver syncs once per
+round to read what was committed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..sampling import SamplingParams
+
+
+@dataclass
+class DecodeState:
+    tokens: torch.Tensor  # [B,S] int64, committed tokens (prompt + generated) per row
+    n: torch.Tensor  # [B] int64, committed count per row
+    active: torch.Tensor  # [B] bool, rows still generating (finished rows are frozen)
+    params: SamplingParams
+    temperature: torch.Tensor  # [B] fp32 (0 = greedy)
+    seed: torch.Tensor  # [B] int64
+    offset: torch.Tensor  # [] int64, bumped once per round: fresh random numbers each round
+    sampler: object  # the rejection_sample contract (torch reference or a kernel)
+    attn_len: int | None = None  # host bound on positions any step reads this round
+
+    @property
+    def batch(self) -> int:
+        return self.tokens.shape[0]
+
+    def last_tokens(self) -> torch.Tensor:
+        return self.tokens.gather(1, (self.n - 1)[:, None]).squeeze(1)
+
+    def commit(self, out_tokens: torch.Tensor, n_acc: torch.Tensor) -> torch.Tensor:
+        """Append out_tokens[b, :n_acc[b]+1] to active rows; returns tokens added per row."""
+        K1 = out_tokens.shape[1]
+        j = torch.arange(K1, device=out_tokens.device)[None, :]
+        idx = (self.n[:, None] + j).clamp(max=self.tokens.shape[1] - 1)
+        keep = (j <= n_acc.to(torch.int64)[:, None]) & self.active[:, None]
+        self.tokens.scatter_(1, idx, torch.where(keep, out_tokens, self.tokens.gather(1, idx)))
+        added = (n_acc.to(torch.int64) + 1) * self.active
+        self.n += added
+        self.offset += 1
+        return added
+
+
+@dataclass
+class RoundOutput:
+    """What a round committed (device tensors), read by the driver in one sync."""
+    tokens: torch.Tensor  # [B,K+1] accepted drafts, then the corrected/bonus token, then -1
+    n_acc: torch.Tensor  # [B] accepted draft tokens
+    num_draft: torch.Tensor  # [B] proposed draft tokens
+    target_forwards: int = 1
+    draft_forwards: int = 0
+    extra: dict = field(default_factory=dict)

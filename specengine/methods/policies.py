@@ -1,0 +1,76 @@
+"""Draft-length policies for `sd` (DESIGN §5): a small object the draft loop consults.
+
+`gamma` is the number of draft steps of the next round. `num_draft` may cut a round's
+proposal short per row on the device (no host sync inside the draft loop); `update`
+adapts `gamma` on the host from the round's results, which the driver reads anyway.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import SpecEngineError
+
+
+class FixedPolicy:
+    name = "fixed"
+
+    def __init__(self, gamma: int = 4):
+        if not isinstance(gamma, int) or gamma < 1:
+            raise SpecEngineError(f"gamma must be an integer >= 1, got {gamma!r}")
+        self.gamma = self.gamma_max = gamma
+
+    def num_draft(self, conf: torch.Tensor) -> torch.Tensor:
+        """conf [B,γ] = the draft's probability of each token it proposed."""
+        return torch.full((conf.shape[0],), conf.shape[1], dtype=torch.int32, device=conf.device)
+
+    def update(self, n_acc: list[int], num_draft: list[int]) -> None:
+        pass
+
+
+class HeuristicPolicy(FixedPolicy):
+    """Hugging Face's schedule: +2 after a fully accepted round, -1 otherwise (min 1)."""
+    name = "heuristic"
+
+    def __init__(self, gamma: int = 4, gamma_max: int = 16):
+        super().__init__(gamma)
+        self.gamma_max = max(gamma, gamma_max)
+
+    def update(self, n_acc, num_draft):
+        if n_acc and all(a >= d for a, d in zip(n_acc, num_draft)):
+            self.gamma = min(self.gamma + 2, self.gamma_max)
+        else:
+            self.gamma = max(1, self.gamma - 1)
+
+
+class ConfidencePolicy(FixedPolicy):
+    """Stop a row's proposal after the first token the draft itself gives prob < threshold.
+
+    The round drafts `gamma` tokens for all rows (no host sync per step) and truncates on
+    the device; the next round's budget follows the longest proposal + 1, so a draft that
+    keeps losing confidence early stops paying for steps it does not use.
+    """
+    name = "confidence"
+
+    def __init__(self, gamma: int = 8, threshold: float = 0.4):
+        super().__init__(gamma)
+        if not 0 <= threshold <= 1:
+            raise SpecEngineError(f"confidence threshold must be in [0, 1], got {threshold!r}")
+        self.threshold = threshold
+
+    def num_draft(self, conf):
+        low = conf < self.threshold
+        first_low = torch.where(low.any(1), low.to(torch.int8).argmax(1), conf.shape[1] - 1)
+        return (first_low + 1).to(torch.int32)
+
+    def update(self, n_acc, num_draft):
+        if num_draft:
+            self.gamma = min(self.gamma_max, max(num_draft) + 1)
+
+
+POLICIES = {p.name: p for p in (FixedPolicy, HeuristicPolicy, ConfidencePolicy)}
+
+
+def make_policy(name: str, gamma: int | None = None, **kw) -> FixedPolicy:
+    if name not in POLICIES:
+        raise SpecEngineError(f"unknown draft-length policy {name!r}; choose from {', '.join(POLICIES)}")
+    return POLICIES[name](gamma, **kw) if gamma is not None else POLICIES[name](**kw)
