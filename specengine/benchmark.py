@@ -1,0 +1,146 @@
+"""End-to-end benchmark: several providers side by side in one run, on HumanEval prompts.
+
+Providers: `ar`, `sd` or `sd:<gamma>` (ours), `hf` (transformers generate, target alone)
+and `hf-assisted` (transformers generate with assistant_model=draft). Every provider
+generates exactly `max_new_tokens` per prompt (EOS ignored) so rates compare like with
+like; `speedup` is relative to the named baseline measured in the same run.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .errors import SpecEngineError
+from .prompts import humaneval
+
+HF_PROVIDERS = ("hf", "hf-assisted")
+
+
+def parse_provider(spec: str) -> tuple[str, int | None]:
+    name, _, g = spec.partition(":")
+    if name not in ("ar", "sd", *HF_PROVIDERS):
+        raise SpecEngineError(f"unknown provider {spec!r}; use ar, sd, sd:<gamma>, hf, hf-assisted")
+    if g and (name != "sd" or not g.isdigit() or int(g) < 1):
+        raise SpecEngineError(f"bad provider {spec!r}: only sd takes a gamma, e.g. sd:4")
+    return name, int(g) if g else None
+
+
+def environment() -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, check=False).stdout.strip() or None
+    except OSError:
+        commit = None
+    import transformers
+
+    env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+           "machine": platform.processor() or platform.machine(), "cpu_threads": torch.get_num_threads(),
+           "commit": commit, "command": " ".join(sys.argv)}
+    if torch.cuda.is_available():
+        env.update(device=torch.cuda.get_device_name(), cuda=torch.version.cuda)
+    else:
+        env["device"] = "cpu"
+    return env
+
+
+class _HFRunner:
+    """transformers generate on the same converted weights, for the hf/hf-assisted providers."""
+
+    def __init__(self, engine, target_path, draft_path):
+        from transformers import AutoModelForCausalLM
+
+        kw = dict(dtype=engine.target.embed_tokens.weight.dtype)
+        self.target = AutoModelForCausalLM.from_pretrained(target_path, **kw).to(engine.device).eval()
+        self.draft = AutoModelForCausalLM.from_pretrained(draft_path, **kw).to(engine.device).eval() \
+            if draft_path else None
+        for m in (self.target, self.draft):
+            if m is not None:  # generate exactly max_new_tokens, like ignore_eos=True on our side
+                m.generation_config.eos_token_id = None
+
+    @torch.inference_mode()
+    def generate(self, ids: list[int], max_new_tokens: int, assisted: bool) -> list[int]:
+        x = torch.tensor([ids], device=self.target.device)
+        kw = dict(assistant_model=self.draft) if assisted else {}
+        out = self.target.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                                   max_new_tokens=max_new_tokens, pad_token_id=0, **kw)
+        return out[0, len(ids):].tolist()
+
+
+def run_benchmark(engine, providers: list[str], n_prompts: int = 8, max_new_tokens: int = 128,
+                  target_path=None, draft_path=None, baseline: str | None = None) -> dict:
+    specs = [(p, *parse_provider(p)) for p in providers]
+    if any(name == "hf-assisted" for _, name, _ in specs) and draft_path is None:
+        raise SpecEngineError("hf-assisted needs a draft model")
+    prompts = [p["prompt"] for p in humaneval(n_prompts)]
+    hf = _HFRunner(engine, target_path, draft_path) if any(n in HF_PROVIDERS for _, n, _ in specs) else None
+    ids = [engine.encode(p)[0][0] for p in prompts]
+    rows, reference = {}, None
+    for spec, name, gamma in specs:
+        per_prompt, outputs = [], []
+        run = _provider_fn(engine, hf, name, gamma, max_new_tokens)
+        run(ids[0], 4)  # warm-up: first-call allocations and library start-up
+        for p in tqdm(ids, desc=spec, leave=False):
+            t = time.perf_counter()
+            toks, stats = run(p, max_new_tokens)
+            per_prompt.append((time.perf_counter() - t, len(toks), stats))
+            outputs.append(toks)
+        wall = sum(w for w, _, _ in per_prompt)
+        new = sum(n for _, n, _ in per_prompt)
+        row = {"provider": spec, "new_tokens": new, "wall_time_s": wall, "tokens_per_s": new / wall}
+        ours = [s for _, _, s in per_prompt if s]
+        if ours:
+            tf = sum(s["target_forwards"] for s in ours)
+            row["tokens_per_target_forward"] = new / tf
+            if "acceptance_rate" in ours[0]:
+                prop = sum(s["draft_forwards"] for s in ours)  # fixed policy: proposed = draft forwards
+                row["acceptance_rate"] = sum(s["acceptance_rate"] * s["draft_forwards"] for s in ours) / max(prop, 1)
+                row["gamma"] = gamma or engine.gamma
+                row["draft_cost_ratio"] = sum(s["draft_cost_ratio"] or 0 for s in ours) / len(ours)
+        if reference is None:
+            reference = outputs
+        row["same_tokens_as_first_provider"] = outputs == reference
+        rows[spec] = row
+    base = baseline or providers[0]
+    for row in rows.values():
+        row["speedup"] = row["tokens_per_s"] / rows[base]["tokens_per_s"]
+    return {"benchmark": "e2e", "baseline": base, "n_prompts": len(ids), "max_new_tokens": max_new_tokens,
+            "prompts": "HumanEval[:%d]" % len(ids), "greedy": True,
+            "dtype": str(engine.target.embed_tokens.weight.dtype).removeprefix("torch."),
+            "environment": environment(), "results": list(rows.values())}
+
+
+def _provider_fn(engine, hf, name, gamma, max_new_tokens):
+    if name in HF_PROVIDERS:
+        return lambda ids, n: (hf.generate(ids, n, assisted=name == "hf-assisted"), None)
+
+    def ours(ids, n):
+        r = engine.generate(ids, max_new_tokens=n, method=name, gamma=gamma, policy="fixed", ignore_eos=True)
+        return r.token_ids, r.stats
+    return ours
+
+
+def format_table(report: dict) -> str:
+    cols = ["provider", "tokens_per_s", "speedup", "tokens_per_target_forward", "acceptance_rate",
+            "draft_cost_ratio", "same_tokens_as_first_provider"]
+    lines = [" | ".join(cols), " | ".join("---" for _ in cols)]
+    for r in report["results"]:
+        cells = []
+        for c in cols:
+            v = r.get(c, "")
+            cells.append(f"{v:.3f}" if isinstance(v, float) else str(v))
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def save(report: dict, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return path

@@ -1,0 +1,129 @@
+"""Command line: `specengine generate ...`, `specengine bench ...`, `specengine fetch ...`.
+
+Every user error prints one line (`error: ...`) and exits with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import SpecEngineError
+from .fetch import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY
+
+
+def _engine_args(p: argparse.ArgumentParser, method_default=None):
+    p.add_argument("--target", default=DEFAULT_TARGET, help="registry name, HF dir, hub-cache id or .gguf")
+    p.add_argument("--draft", default=None, help="draft model (same forms as --target)")
+    p.add_argument("--method", default=method_default, help="ar | sd (default: sd with a draft, else ar)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--max-seq-len", type=int, default=2048)
+    p.add_argument("--gamma", type=int, default=4, help="draft tokens per round (sd)")
+    p.add_argument("--policy", default="fixed", help="fixed | heuristic | confidence")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="specengine", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    g = sub.add_parser("generate", help="generate a completion")
+    _engine_args(g)
+    g.add_argument("--prompt", required=True, help="prompt text ('-' reads stdin)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message (chat template)")
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    g.add_argument("--no-stream", action="store_true", help="print the text at the end only")
+    g.add_argument("--json", action="store_true", help="print the result and stats as JSON")
+
+    b = sub.add_parser("bench", help="run providers side by side on HumanEval prompts")
+    _engine_args(b)
+    b.add_argument("--providers", default="ar,sd", help="comma list of ar, sd, sd:<gamma>, hf, hf-assisted")
+    b.add_argument("--n-prompts", type=int, default=8)
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--baseline", default=None, help="provider the speedups are relative to (default: first)")
+    b.add_argument("--out", default=None, help="write the JSON report here")
+
+    f = sub.add_parser("fetch", help="download + convert a registry model into the cache")
+    f.add_argument("names", nargs="*", default=[DEFAULT_TARGET, DEFAULT_DRAFT], help=", ".join(REGISTRY))
+    return ap
+
+
+def _load(args):
+    from .api import Engine
+
+    return Engine.from_pretrained(args.target, draft=args.draft, method=args.method, device=args.device,
+                                  dtype=args.dtype, max_seq_len=args.max_seq_len, gamma=args.gamma,
+                                  policy=args.policy)
+
+
+def cmd_generate(args):
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    engine = _load(args)
+    if args.chat:
+        prompt = [{"role": "user", "content": prompt}]
+    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+              top_p=args.top_p, seed=args.seed, stop=args.stop)
+    if args.json or args.no_stream:
+        r = engine.generate(prompt, **kw)
+        if args.json:
+            print(json.dumps({"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,
+                              "stats": r.stats}, indent=2))
+        else:
+            print(r.text)
+            print(_stats_line(r.stats), file=sys.stderr)
+        return
+    for piece in engine.stream(prompt, **kw):
+        print(piece, end="", flush=True)
+    print()
+    print(_stats_line(engine.last_stats), file=sys.stderr)
+
+
+def _stats_line(stats: dict) -> str:
+    keys = ("method", "new_tokens", "tokens_per_s", "tokens_per_target_forward", "acceptance_rate")
+    return "[" + ", ".join(f"{k}={stats[k]:.3g}" if isinstance(stats[k], float) else f"{k}={stats[k]}"
+                           for k in keys if k in stats) + "]"
+
+
+def cmd_bench(args):
+    from .benchmark import format_table, run_benchmark, save
+    from .loading import resolve
+
+    providers = [p.strip() for p in args.providers.split(",") if p.strip()]
+    engine = _load(args)
+    report = run_benchmark(engine, providers, args.n_prompts, args.max_new_tokens,
+                           target_path=resolve(args.target),
+                           draft_path=resolve(args.draft) if args.draft else None, baseline=args.baseline)
+    print(format_table(report))
+    if args.out:
+        print(f"wrote {save(report, args.out)}")
+    else:
+        print(json.dumps(report, indent=2))
+
+
+def cmd_fetch(args):
+    from .fetch import fetch
+
+    for name in args.names:
+        print(fetch(name))
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        {"generate": cmd_generate, "bench": cmd_bench, "fetch": cmd_fetch}[args.cmd](args)
+    except SpecEngineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
