@@ -49,6 +49,8 @@ class Engine:
 
     def __init__(self, target, tokenizer, draft=None, method: str | None = None, max_seq_len: int = 2048,
                  gamma: int = 4, policy: str = "fixed"):
+        if draft is target:
+            raise SpecEngineError("draft and target must be separate model objects (each owns its KV cache)")
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
             raise SpecEngineError(
                 f"draft/target vocab mismatch: draft has {draft.config.vocab_size} tokens, "
@@ -110,24 +112,24 @@ class Engine:
                 raise SpecEngineError("prompt is empty")
             if all(isinstance(t, int) for t in prompt):
                 return [self._encode_one(list(prompt))], False
-            if all(isinstance(m, dict) for m in prompt):
+            if _is_chat(prompt):
                 return [self._encode_one(self._chat(prompt))], False
-            return [self._encode_one(p if not _is_chat(p) else self._chat(p)) for p in prompt], True
+            return [self._encode_one(self._chat(p) if _is_chat(p) else p) for p in prompt], True
         raise SpecEngineError(f"unsupported prompt type {type(prompt).__name__}: pass a string, a list of "
                               "strings, token ids, or chat messages")
 
-    def _chat(self, messages) -> str:
+    def _chat(self, messages) -> list[int]:
         for m in messages:
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise SpecEngineError("chat messages must be dicts with 'role' and 'content'")
         if not getattr(self.tokenizer, "chat_template", None):
             raise SpecEngineError("this tokenizer has no chat template; pass a plain string prompt")
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.tokenizer(text, add_special_tokens=False).input_ids  # the template has them
 
     def _encode_one(self, p) -> list[int]:
         if isinstance(p, str):
-            # a chat template already carries its special tokens
-            ids = self.tokenizer(p, add_special_tokens="<|im_start|>" not in p).input_ids if p else []
+            ids = self.tokenizer(p).input_ids if p else []
         elif isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p):
             ids = list(p)
         else:
@@ -149,7 +151,7 @@ class Engine:
             raise SpecEngineError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         params = SamplingParams(temperature, top_k, top_p, seed)
         prompts, batched = self.encode(prompt)
-        pol = make_policy(policy or self.policy, gamma or self.gamma) if method != "ar" else None
+        pol = make_policy(policy or self.policy, self.gamma if gamma is None else gamma) if method != "ar" else None
         check_capacity(prompts, max_new_tokens, self.max_seq_len, 2 * ((pol.gamma_max if pol else 0) + 1))
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not isinstance(s, str) or not s for s in stops):

@@ -1,0 +1,41 @@
+# Entry points used by the README and CI. Each target creates the virtual environment
+# and installs the project on first use (torch 2.13.0 resolves to the local CPU wheel).
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-fast bench fetch clean
+
+$(STAMP): pyproject.toml setup.py
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[gguf,test,bench]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Fetch the default real pair (sha256-checked, converted once) and compare ar vs sd.
+demo: $(STAMP)
+	$(PY) -m specengine.demo
+
+# The whole suite on CPU, real pair included (fetched into the cache on first run).
+test: $(STAMP)
+	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+# Everything but the real-pair tests (no multi-GB download).
+test-fast: $(STAMP)
+	$(VENV)/bin/pytest -q -m "not real" $(PYTEST_ARGS)
+
+# The end-to-end CPU benchmark of the foundation issue (about 30 minutes on 2 cores).
+bench: $(STAMP)
+	$(VENV)/bin/specengine bench --draft qwen2.5-coder-0.5b-instruct \
+	  --providers hf,hf-assisted,ar,sd:2,sd:3,sd:4,sd:5,sd:6 --baseline hf \
+	  --n-prompts 8 --max-new-tokens 128 --out bench/results/cpu_e2e_qwen25coder_1.5b_0.5b.json
+
+fetch: $(STAMP)
+	$(VENV)/bin/specengine fetch
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,88 @@
+"""Shared fixtures: tiny random HF checkpoints (saved with save_pretrained, loaded by our
+loader) and a small character-level tokenizer with a chat template, all made offline."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import torch
+
+CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 .,:;!?()[]{}=+-*/_'\"\n\t<>|#")
+SPECIAL = ["<unk>", "<eos>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+VOCAB = len(SPECIAL) + len(CHARS)
+
+
+def make_tokenizer():
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(SPECIAL + CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>",
+                                   additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_config(kind="llama", vocab=VOCAB, **kw):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    base = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                eos_token_id=1, bos_token_id=None, pad_token_id=0)
+    base.update(kw)
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[kind]
+    if kind == "mistral":
+        base.setdefault("sliding_window", None)
+    return cls(**base)
+
+
+def save_tiny(path, kind="llama", seed=0, scale=1.0, shard=None, **kw):
+    """A random model saved as an HF dir; `scale` widens the init so logits are peaked."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(kind, **kw)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(scale)
+    save_kw = {"max_shard_size": shard} if shard else {}
+    model.save_pretrained(path, **save_kw)
+    make_tokenizer().save_pretrained(path)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_llama")
+    save_tiny(path, "llama", seed=0, scale=4.0)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tiny_dir):
+    """(target, same-weights draft, perturbed draft, unrelated draft) engines' models."""
+    from specengine.loading import load_model
+
+    target = load_model(tiny_dir)[0]
+    same = load_model(tiny_dir)[0]
+    perturbed = load_model(tiny_dir)[0]
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in perturbed.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05 * p.abs().mean())
+    return target, same, perturbed
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return make_tokenizer()

@@ -1,0 +1,107 @@
+"""Bad input gives one clear error that names the problem, from the API and from the CLI."""
+import json
+
+import pytest
+from conftest import save_tiny
+
+from specengine import Engine, SpecEngineError
+from specengine.cli import main
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir):
+    return Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=64)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(prompt=""), "prompt is empty"),
+    (dict(prompt=[]), "prompt is empty"),
+    (dict(prompt="a" * 80), "exceeds max_seq_len|cache holds"),
+    (dict(prompt="a" * 30, max_new_tokens=40), "exceeds max_seq_len"),
+    (dict(prompt=[1, 2, 10_000]), "outside the vocabulary"),
+    (dict(prompt=3.5), "unsupported prompt type"),
+    (dict(prompt=[{"content": "x"}]), "'role' and 'content'"),
+    (dict(prompt="a", temperature=-1.0), "temperature"),
+    (dict(prompt="a", temperature=float("nan")), "temperature"),
+    (dict(prompt="a", top_p=0.0), "top_p"),
+    (dict(prompt="a", top_k=-2), "top_k"),
+    (dict(prompt="a", seed=-1), "seed"),
+    (dict(prompt="a", max_new_tokens=0), "max_new_tokens"),
+    (dict(prompt="a", method="beam"), "unknown method"),
+    (dict(prompt="a", gamma=0), "gamma"),
+    (dict(prompt="a", policy="magic"), "unknown draft-length policy"),
+    (dict(prompt="a", stop=[""]), "stop strings"),
+])
+def test_api_errors(engine, kw, match):
+    with pytest.raises(SpecEngineError, match=match):
+        engine.generate(max_new_tokens=kw.pop("max_new_tokens", 4), **kw)
+
+
+def test_sd_without_draft(tiny_dir):
+    with pytest.raises(SpecEngineError, match="needs a draft model"):
+        Engine.from_pretrained(str(tiny_dir), method="sd")
+
+
+def test_vocab_mismatch(tiny_dir, tmp_path):
+    save_tiny(tmp_path, "llama", vocab=100)
+    with pytest.raises(SpecEngineError, match="vocab mismatch"):
+        Engine.from_pretrained(str(tiny_dir), draft=str(tmp_path))
+
+
+def test_missing_and_unsupported_models(tmp_path):
+    with pytest.raises(SpecEngineError, match="model not found"):
+        Engine.from_pretrained(str(tmp_path / "nope"))
+    with pytest.raises(SpecEngineError, match="no config.json"):
+        Engine.from_pretrained(str(tmp_path))
+    with pytest.raises(SpecEngineError, match="not in the local Hugging Face cache"):
+        Engine.from_pretrained("no-such-org/no-such-model")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "vocab_size": 10}))
+    with pytest.raises(SpecEngineError, match="unsupported model type 'gpt2'"):
+        Engine.from_pretrained(str(tmp_path))
+    other = tmp_path / "noweights"
+    save_tiny(other, "llama")
+    for f in other.glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(SpecEngineError, match="no \\*.safetensors"):
+        Engine.from_pretrained(str(other))
+    with pytest.raises(SpecEngineError, match="GGUF file not found|model not found"):
+        Engine.from_pretrained(str(tmp_path / "missing.gguf"))
+
+
+def test_bad_dtype_and_device(tiny_dir):
+    with pytest.raises(SpecEngineError, match="unknown dtype"):
+        Engine.from_pretrained(str(tiny_dir), dtype="float8")
+    with pytest.raises(SpecEngineError, match="max_seq_len"):
+        Engine.from_pretrained(str(tiny_dir), max_seq_len=1)
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["generate", "--prompt", "", "--max-new-tokens", "2"], "prompt is empty"),
+    (["generate", "--prompt", "a", "--temperature", "-1"], "temperature"),
+    (["generate", "--prompt", "a", "--method", "sd"], "needs a draft model"),
+    (["generate", "--prompt", "a", "--max-seq-len", "8", "--max-new-tokens", "50"], "exceeds max_seq_len"),
+    (["bench", "--providers", "sd:x"], "bad provider"),
+])
+def test_cli_errors_are_one_line(tiny_dir, capsys, argv, match):
+    assert main([argv[0], "--target", str(tiny_dir), *argv[1:]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
+    assert __import__("re").search(match, err)
+
+
+def test_cli_missing_model(capsys, tmp_path):
+    assert main(["generate", "--target", str(tmp_path / "missing"), "--prompt", "a"]) == 2
+    assert "model not found" in capsys.readouterr().err
+
+
+def test_cli_generate_json(tiny_dir, capsys):
+    assert main(["generate", "--target", str(tiny_dir), "--draft", str(tiny_dir), "--prompt", "ab",
+                 "--max-new-tokens", "6", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stats"]["method"] == "sd" and len(out["token_ids"]) <= 6
+
+
+def test_cli_generate_streams(tiny_dir, capsys):
+    assert main(["generate", "--target", str(tiny_dir), "--prompt", "ab", "--max-new-tokens", "6"]) == 0
+    captured = capsys.readouterr()
+    assert "tokens_per_s=" in captured.err

@@ -1,0 +1,35 @@
+"""`kernels/` installs as `specengine.kernels` (never a bare `kernels`), editable and as a wheel."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+CHECK = ("import specengine, specengine.kernels as k, importlib.util as u; "
+         "print(specengine.__file__); print(k.__file__); print(u.find_spec('kernels'))")
+
+
+def test_editable_install_maps_kernels_under_specengine(tmp_path):
+    # a neutral cwd: `python -m pytest` puts the repo root on sys.path, an installed user would not
+    out = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, cwd=tmp_path,
+                         check=True).stdout.splitlines()
+    assert Path(out[0]).resolve() == ROOT / "specengine" / "__init__.py"
+    assert Path(out[1]).resolve() == ROOT / "kernels" / "__init__.py"
+    assert out[2] == "None"  # Hugging Face's `kernels` name stays free
+
+
+@pytest.mark.slow
+def test_wheel_install_imports(tmp_path):
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT)], check=True,
+                   cwd=tmp_path)
+    wheel = next(wheels.glob("specengine-*.whl"))
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True)
+    out = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, cwd=tmp_path, check=True,
+                         env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}).stdout.splitlines()
+    assert out[0].startswith(str(site)) and out[1] == str(site / "specengine" / "kernels" / "__init__.py")
+    assert out[2] == "None"

