@@ -99,8 +99,8 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8, max_new_toke
             tf = sum(s["target_forwards"] for s in ours)
             row["tokens_per_target_forward"] = new / tf
             if "acceptance_rate" in ours[0]:
-                prop = sum(s["draft_forwards"] for s in ours)  # fixed policy: proposed = draft forwards
-                row["acceptance_rate"] = sum(s["acceptance_rate"] * s["draft_forwards"] for s in ours) / max(prop, 1)
+                row["acceptance_rate"] = sum(s["accepted_drafts"] for s in ours) / max(
+                    sum(s["proposed_drafts"] for s in ours), 1)
                 row["gamma"] = gamma or engine.gamma
                 row["draft_cost_ratio"] = sum(s["draft_cost_ratio"] or 0 for s in ours) / len(ours)
         if reference is None:

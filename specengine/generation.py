@@ -168,6 +168,8 @@ class Generation:
                 "policy": self.policy.name,
                 "gamma": self.policy.gamma,
                 "draft_forwards": c.draft_forwards,
+                "proposed_drafts": c.proposed,
+                "accepted_drafts": c.accepted,
                 "acceptance_rate": c.accepted / max(c.proposed, 1),
                 "mean_accepted_tokens": c.round_tokens / max(c.row_rounds, 1),
                 "draft_cost_ratio": per_draft / per_target if per_target > 0 else None,

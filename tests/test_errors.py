@@ -105,3 +105,20 @@ def test_cli_generate_streams(tiny_dir, capsys):
     assert main(["generate", "--target", str(tiny_dir), "--prompt", "ab", "--max-new-tokens", "6"]) == 0
     captured = capsys.readouterr()
     assert "tokens_per_s=" in captured.err
+
+
+def test_loads_from_the_local_hub_cache(tmp_path, monkeypatch):
+    """A hub id resolves through the local Hugging Face cache, never the network."""
+    snap = tmp_path / "models--tiny-org--tiny-llama" / "snapshots" / ("0" * 40)
+    save_tiny(snap, "llama", seed=9)
+    (tmp_path / "models--tiny-org--tiny-llama" / "refs").mkdir()
+    (tmp_path / "models--tiny-org--tiny-llama" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path))
+    from specengine.loading import resolve
+
+    assert resolve("tiny-org/tiny-llama") == snap
+    assert Engine.from_pretrained("tiny-org/tiny-llama").generate("ab", max_new_tokens=3).token_ids
