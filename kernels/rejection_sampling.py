@@ -1,6 +1,6 @@
-"""Fused speculative rejection sampling: one launch for the whole batch (one program per row).
+"""Fused speculative rejection sampling: one launch for the whole batch.
 
-Per row the program walks the draft positions in order, each over vocab tiles: an online
+A program takes BLOCK_B rows (one row for large vocabularies). Per row it walks the draft positions in order, each over vocab tiles: an online
 max / sum / argmax of the tempered target logits (never materializing p), then the
 accept test for the draft token. At the first rejection (or at num_draft, for the bonus)
 one more pass samples from norm(max(p - q, 0)) (or p) by the exponential race
@@ -22,23 +22,28 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _tile_stats(row_ptr, V, t_eff, LIVE, BLOCK_V: tl.constexpr):
-    """max, sum(exp(x - max)) and first argmax of x = logits / T over a vocab row."""
-    m = tl.full((), float("-inf"), tl.float32)
-    s = tl.zeros((), tl.float32)
-    best = tl.full((), float("-inf"), tl.float32)
-    arg = tl.zeros((), tl.int64)
-    for v0 in range(0, tl.where(LIVE, V, 0), BLOCK_V):
+def _row_stats(row_base, V, t_eff, live, BLOCK_V: tl.constexpr):
+    """Per row: max, sum(exp(x - max)) and first argmax of x = logits / T (vocab tiles).
+
+    row_base [BB] pointers to each row's logits; rows that are not `live` read nothing.
+    """
+    BB: tl.constexpr = row_base.shape[0]
+    m = tl.full((BB,), float("-inf"), tl.float32)
+    s = tl.zeros((BB,), tl.float32)
+    best = tl.full((BB,), float("-inf"), tl.float32)
+    arg = tl.zeros((BB,), tl.int64)
+    for v0 in range(0, V, BLOCK_V):
         offs = v0 + tl.arange(0, BLOCK_V)
-        x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32) / t_eff
-        tmax = tl.max(x, 0)
-        targ = tl.argmax(x, 0).to(tl.int64) + v0
+        x = tl.load(row_base[:, None] + offs[None, :], mask=live[:, None] & (offs[None, :] < V),
+                    other=float("-inf")).to(tl.float32) / t_eff[:, None]
+        tmax = tl.max(x, 1)
+        targ = tl.argmax(x, 1).to(tl.int64) + v0
         better = tmax > best
         arg = tl.where(better, targ, arg)
         best = tl.where(better, tmax, best)
         m_new = tl.maximum(m, tmax)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), 0)
+        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe[:, None]), 1)
         m = m_new
     return m, s, arg
 
@@ -46,37 +51,39 @@ def _tile_stats(row_ptr, V, t_eff, LIVE, BLOCK_V: tl.constexpr):
 @triton.jit
 def _rejection_sample_kernel(
     logits_ptr, drafts_ptr, q_ptr, num_draft_ptr, temp_ptr, seed_ptr, offset_ptr, out_ptr, n_acc_ptr,
-    s_lb, s_lk, s_db, s_dk, s_qb, s_qk, s_ob,
+    B, s_lb, s_lk, s_db, s_dk, s_qb, s_qk, s_ob,
     K, V, KEY_ACCEPT, KEY_SAMPLE,
-    HAS_Q: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_Q: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    row = b.to(tl.int64)
-    logits_row = logits_ptr + row * s_lb
-    nd = tl.load(num_draft_ptr + b).to(tl.int32)
-    temp = tl.load(temp_ptr + b).to(tl.float32)
+    rows = (tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)).to(tl.int64)
+    row_ok = rows < B
+    nd = tl.load(num_draft_ptr + rows, mask=row_ok, other=0).to(tl.int32)
+    temp = tl.load(temp_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     greedy = temp <= 0
     t_eff = tl.where(greedy, 1.0, temp)
-    seed = tl.load(seed_ptr + b).to(tl.int64)
+    seed = tl.load(seed_ptr + rows, mask=row_ok, other=0).to(tl.int64)
     offset = tl.load(offset_ptr).to(tl.int64)
+    logits_rows = logits_ptr + rows * s_lb
 
-    n_acc = tl.zeros((), tl.int32)
-    done = nd < 0  # False, as a tensor
-    m_end = tl.full((), float("-inf"), tl.float32)
-    s_end = tl.zeros((), tl.float32)
-    arg_end = tl.zeros((), tl.int64)
-    # ---- accept / reject draft positions in order; stop reading logits after a rejection
+    n_acc = tl.zeros((BLOCK_B,), tl.int32)
+    done = rows < 0  # all False
+    m_end = tl.full((BLOCK_B,), float("-inf"), tl.float32)
+    s_end = tl.zeros((BLOCK_B,), tl.float32)
+    arg_end = tl.zeros((BLOCK_B,), tl.int64)
+    # ---- accept / reject the draft positions in order; rows stop reading after a rejection
     for i in range(0, K):
-        live = (i < nd) & (done == 0)
-        m, s, arg = _tile_stats(logits_row + i * s_lk, V, t_eff, live, BLOCK_V)
-        x = tl.load(drafts_ptr + row * s_db + i * s_dk)
+        live = row_ok & (i < nd) & (done == 0)
+        m, s, arg = _row_stats(logits_rows + i * s_lk, V, t_eff, live, BLOCK_V)
+        x = tl.load(drafts_ptr + rows * s_db + i * s_dk, mask=row_ok, other=0)
         x = tl.minimum(tl.maximum(x, 0), V - 1)
-        p_x = tl.exp(tl.load(logits_row + i * s_lk + x).to(tl.float32) / t_eff - m) / s
+        l_x = tl.load(logits_rows + i * s_lk + x, mask=live, other=0.0).to(tl.float32)
+        p_x = tl.exp(l_x / t_eff - m) / s
         if HAS_Q:
-            q_x = tl.load(q_ptr + row * s_qb + i * s_qk + x).to(tl.float32)
+            q_x = tl.load(q_ptr + rows * s_qb + i * s_qk + x, mask=live, other=1.0).to(tl.float32)
         else:
-            q_x = 1.0
-        u = counter_uniform(seed, offset, row, tl.full((), i, tl.int64), tl.zeros((), tl.int64), KEY_ACCEPT)
+            q_x = tl.full((BLOCK_B,), 1.0, tl.float32)
+        u = counter_uniform(seed, offset, rows, tl.zeros((BLOCK_B,), tl.int64) + i,
+                            tl.zeros((BLOCK_B,), tl.int64), KEY_ACCEPT)
         ok = live & tl.where(greedy, x == arg, u * q_x < p_x)
         rejected_here = live & (ok == 0)
         n_acc += ok.to(tl.int32)
@@ -85,36 +92,41 @@ def _rejection_sample_kernel(
         arg_end = tl.where(rejected_here, arg, arg_end)
         done = done | rejected_here
 
-    # ---- the bonus position (all num_draft accepted) still needs its statistics
-    end_row = logits_row + n_acc * s_lk
-    m_b, s_b, arg_b = _tile_stats(end_row, V, t_eff, done == 0, BLOCK_V)
+    # ---- rows that accepted all num_draft still need the bonus position's statistics
+    end_rows = logits_rows + n_acc * s_lk
+    m_b, s_b, arg_b = _row_stats(end_rows, V, t_eff, row_ok & (done == 0), BLOCK_V)
     m_end = tl.where(done, m_end, m_b)
     s_end = tl.where(done, s_end, s_b)
     arg_end = tl.where(done, arg_end, arg_b)
 
-    # ---- sample the corrected / bonus token: argmax(r / E), E ~ Exp(1)
+    # ---- sample the corrected / bonus token: argmax(r / E), E ~ Exp(1); greedy rows skip it
     j_q = tl.minimum(n_acc, K - 1)
-    x_end = tl.load(drafts_ptr + row * s_db + j_q * s_dk, mask=j_q >= 0, other=-1)
-    best_r = tl.full((), -1.0, tl.float32)
-    idx_r = tl.zeros((), tl.int64)
-    best_p = tl.full((), -1.0, tl.float32)
-    idx_p = tl.zeros((), tl.int64)
-    for v0 in range(0, tl.where(greedy, 0, V), BLOCK_V):
+    x_end = tl.load(drafts_ptr + rows * s_db + j_q * s_dk, mask=row_ok & (j_q >= 0), other=-1)
+    sampling = row_ok & (greedy == 0)
+    m_end = tl.where(sampling, m_end, 0.0)  # rows that do not sample: keep the math finite
+    s_end = tl.where(sampling, s_end, 1.0)
+    best_r = tl.full((BLOCK_B,), -1.0, tl.float32)
+    idx_r = tl.zeros((BLOCK_B,), tl.int64)
+    best_p = tl.full((BLOCK_B,), -1.0, tl.float32)
+    idx_p = tl.zeros((BLOCK_B,), tl.int64)
+    for v0 in range(0, V, BLOCK_V):
         offs = v0 + tl.arange(0, BLOCK_V)
-        inb = offs < V
-        x = tl.load(end_row + offs, mask=inb, other=float("-inf")).to(tl.float32) / t_eff
-        p = tl.exp(x - m_end) / s_end
+        inb = sampling[:, None] & (offs[None, :] < V)
+        x = tl.load(end_rows[:, None] + offs[None, :], mask=inb, other=float("-inf")).to(tl.float32)
+        p = tl.exp(x / t_eff[:, None] - m_end[:, None]) / s_end[:, None]
         if HAS_Q:
-            qv = tl.load(q_ptr + row * s_qb + j_q * s_qk + offs, mask=inb, other=0.0).to(tl.float32)
+            qv = tl.load(q_ptr + (rows * s_qb + j_q * s_qk)[:, None] + offs[None, :], mask=inb,
+                         other=0.0).to(tl.float32)
         else:
-            qv = (offs == x_end).to(tl.float32)
-        r = tl.where(done, tl.maximum(p - qv, 0.0), p)
-        u = counter_uniform(seed, offset, row, n_acc.to(tl.int64), offs.to(tl.int64), KEY_SAMPLE)
+            qv = (offs[None, :] == x_end[:, None]).to(tl.float32)
+        r = tl.where(done[:, None], tl.maximum(p - qv, 0.0), p)
+        u = counter_uniform(seed[:, None], offset, rows[:, None], n_acc.to(tl.int64)[:, None],
+                            offs.to(tl.int64)[None, :], KEY_SAMPLE)
         e = -tl.log(u)
         sr = tl.where(inb, r / e, -1.0)
         sp = tl.where(inb, p / e, -1.0)
-        tr, ar = tl.max(sr, 0), tl.argmax(sr, 0).to(tl.int64) + v0
-        tp, ap = tl.max(sp, 0), tl.argmax(sp, 0).to(tl.int64) + v0
+        tr, ar = tl.max(sr, 1), tl.argmax(sr, 1).to(tl.int64) + v0
+        tp, ap = tl.max(sp, 1), tl.argmax(sp, 1).to(tl.int64) + v0
         idx_r = tl.where(tr > best_r, ar, idx_r)
         best_r = tl.maximum(tr, best_r)
         idx_p = tl.where(tp > best_p, ap, idx_p)
@@ -124,14 +136,16 @@ def _rejection_sample_kernel(
 
     # ---- accepted drafts, then the final token, then -1
     k = tl.arange(0, BLOCK_K)
-    d = tl.load(drafts_ptr + row * s_db + k * s_dk, mask=k < K, other=-1)
-    out = tl.where(k < n_acc, d, tl.where(k == n_acc, final, -1))
-    tl.store(out_ptr + row * s_ob + k, out, mask=k < K + 1)
-    tl.store(n_acc_ptr + b, n_acc)
+    kk = k[None, :]
+    d = tl.load(drafts_ptr + rows[:, None] * s_db + kk * s_dk, mask=row_ok[:, None] & (kk < K), other=-1)
+    na = n_acc[:, None]
+    out = tl.where(kk < na, d, tl.where(kk == na, final[:, None], -1))
+    tl.store(out_ptr + rows[:, None] * s_ob + kk, out, mask=row_ok[:, None] & (kk < K + 1))
+    tl.store(n_acc_ptr + rows, n_acc, mask=row_ok)
 
 
 def rejection_sample(target_logits, draft_tokens, draft_probs, num_draft, temperature, seed, offset,
-                     block_v: int | None = None):
+                     block_v: int | None = None, block_b: int | None = None):
     """Triton version of `reference.rejection_sample_ref` (same contract, same random numbers)."""
     B, K1, V = target_logits.shape
     K = K1 - 1
@@ -144,16 +158,21 @@ def rejection_sample(target_logits, draft_tokens, draft_probs, num_draft, temper
     q = draft_probs if draft_probs is None or draft_probs.stride(-1) == 1 else draft_probs.contiguous()
     out = torch.empty(B, K1, dtype=torch.int64, device=logits.device)
     n_acc = torch.empty(B, dtype=torch.int32, device=logits.device)
+    # Large vocabularies: one row per program, wide vocab tiles. Tiny vocabularies (and the
+    # interpreter, which runs programs one by one): many rows per program.
+    tile = 8192 if _INTERPRET else 2048  # elements per [BLOCK_B, BLOCK_V] tile
     if block_v is None:
-        block_v = 256 if _INTERPRET else 2048
+        block_v = min(triton.next_power_of_2(V), tile)
+    if block_b is None:
+        block_b = max(1, min(triton.next_power_of_2(B), tile // block_v, 1024))
     q_arg = q if q is not None else logits  # never read when HAS_Q is False
-    _rejection_sample_kernel[(B,)](
+    _rejection_sample_kernel[(triton.cdiv(B, block_b),)](
         logits, drafts, q_arg, num_draft.to(torch.int32), temperature.to(torch.float32),
         seed.to(torch.int64), offset.to(torch.int64), out, n_acc,
-        logits.stride(0), logits.stride(1), drafts.stride(0), drafts.stride(1) if K else 1,
+        B, logits.stride(0), logits.stride(1), drafts.stride(0), drafts.stride(1) if K else 1,
         q_arg.stride(0), q_arg.stride(1), out.stride(0),
         K, V, stream_key(STREAM_ACCEPT), stream_key(STREAM_SAMPLE),
-        HAS_Q=q is not None and K > 0, BLOCK_V=block_v, BLOCK_K=triton.next_power_of_2(K1),
+        HAS_Q=q is not None and K > 0, BLOCK_B=block_b, BLOCK_V=block_v, BLOCK_K=triton.next_power_of_2(K1),
         num_warps=8 if block_v >= 2048 else 4,
     )
     return out, n_acc

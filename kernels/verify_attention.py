@@ -1,0 +1,188 @@
+"""Verification attention in Triton: Q new tokens per row against a static KV cache.
+
+Query i of row b sees every cached position < cache_lens[b] and the new positions
+cache_lens[b] + j allowed by the chain (j <= i) or by tree_mask[b, i, j]. One program
+takes one (row, KV head) and packs the G query heads that share it with the Q queries
+into its M rows (GQA: K/V are read once for the group), with an online softmax over KV
+tiles. When rows x KV heads cannot fill the GPU the sequence is split across programs
+(flash-decoding) and a second small kernel merges the partial softmaxes.
+The torch reference `reference.verify_attention_ref` is the spec.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_LOG2E = 1.4426950408889634
+
+
+def _configs():
+    if _INTERPRET:  # one small config: the interpreter runs every program in numpy
+        return [triton.Config({"BLOCK_N": 16}, num_warps=4)]
+    return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s)
+            for n in (32, 64, 128) for w in (4, 8) for s in (2, 3)]
+
+
+@triton.autotune(configs=_configs(), key=["D", "BLOCK_M", "HAS_TREE", "SPLIT", "CHUNK"])
+@triton.jit
+def _verify_attention_kernel(
+    q_ptr, k_ptr, v_ptr, lens_ptr, mask_ptr, out_ptr, m_part, l_part, acc_part,
+    qk_scale,
+    s_qb, s_qq, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_ob, s_oq, s_oh, s_mb, s_mi, s_mj,
+    NQ, G, HKV, NSPLIT, MPAD, CHUNK,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_TREE: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
+):
+    pid_m, pid_bh, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b = pid_bh // HKV
+    kvh = pid_bh % HKV
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # packed (query i, head in group g)
+    qi = rows // G
+    head = kvh * G + rows % G
+    row_ok = qi < NQ
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * s_qb + qi[:, None] * s_qq + head[:, None] * s_qh + d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    cached = tl.load(lens_ptr + b).to(tl.int32)
+    start = pid_s * CHUNK
+    end = tl.minimum(start + CHUNK, cached + NQ)
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        s = n0 + tl.arange(0, BLOCK_N)
+        s_ok = s < end
+        k = tl.load(k_ptr + b * s_kb + s[None, :] * s_ks + kvh * s_kh + d[:, None], mask=s_ok[None, :], other=0.0)
+        if IEEE:
+            qk = tl.dot(q, k, input_precision="ieee")
+        else:
+            qk = tl.dot(q, k)
+        qk = qk * qk_scale  # log2 domain
+        j = s[None, :] - cached  # < 0: cached prefix; >= 0: new token j
+        if HAS_TREE:
+            tm = tl.load(mask_ptr + b * s_mb + qi[:, None] * s_mi + j * s_mj,
+                         mask=row_ok[:, None] & (j >= 0) & s_ok[None, :], other=0)
+            visible = (j < 0) | (tm != 0)
+        else:
+            visible = j <= qi[:, None]
+        qk = tl.where(visible & s_ok[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(qk - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + b * s_vb + s[:, None] * s_vs + kvh * s_vh + d[None, :], mask=s_ok[:, None], other=0.0)
+        if IEEE:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    if SPLIT:
+        part = (pid_bh * NSPLIT + pid_s) * MPAD + rows
+        tl.store(m_part + part, m_i)
+        tl.store(l_part + part, l_i)
+        tl.store(acc_part + part[:, None] * D + d[None, :], acc)
+    else:
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + b * s_ob + qi[:, None] * s_oq + head[:, None] * s_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _merge_splits_kernel(
+    m_part, l_part, acc_part, out_ptr, s_ob, s_oq, s_oh, NQ, G, HKV, NSPLIT, MPAD,
+    D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b = pid_bh // HKV
+    kvh = pid_bh % HKV
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    qi = rows // G
+    head = kvh * G + rows % G
+    d = tl.arange(0, D)
+    m_max = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    for s in range(0, NSPLIT):
+        m_max = tl.maximum(m_max, tl.load(m_part + (pid_bh * NSPLIT + s) * MPAD + rows))
+    l_sum = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    for s in range(0, NSPLIT):
+        part = (pid_bh * NSPLIT + s) * MPAD + rows
+        w = tl.exp2(tl.load(m_part + part) - m_max)  # empty splits have m = -inf: weight 0
+        l_sum += w * tl.load(l_part + part)
+        acc += w[:, None] * tl.load(acc_part + part[:, None] * D + d[None, :])
+    out = acc / l_sum[:, None]
+    tl.store(out_ptr + b * s_ob + qi[:, None] * s_oq + head[:, None] * s_oh + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=(qi < NQ)[:, None])
+
+
+def _num_splits(programs: int, length: int, device: torch.device) -> int:
+    """Enough KV splits for ~2 waves of programs, each split >= 256 positions."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(length, 256), 64))
+
+
+def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, num_splits=None):
+    """Triton version of `reference.verify_attention_ref` (same contract).
+
+    q [B,Q,Hq,D]; k_cache / v_cache [B,S,Hkv,D] (a view of the shared buffer is fine: only
+    the last dim must be contiguous); cache_lens [B] int32 with cache_lens[b] + Q <= S;
+    tree_mask None (chain) or bool [B|1,Q,Q]. Returns [B,Q,Hq,D] in q's dtype.
+    """
+    B, Q, Hq, D = q.shape
+    S, Hkv = k_cache.shape[1], k_cache.shape[2]
+    if Hq % Hkv:
+        raise ValueError(f"query heads ({Hq}) must be a multiple of KV heads ({Hkv})")
+    if D < 16 or D & (D - 1):
+        raise ValueError(f"head_dim must be a power of two >= 16, got {D}")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise ValueError(f"q/k/v dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("k_cache / v_cache must be contiguous in head_dim")
+    G = Hq // Hkv
+    BLOCK_M = max(16, min(64, triton.next_power_of_2(Q * G)))
+    n_m = triton.cdiv(Q * G, BLOCK_M)
+    splits = num_splits or _num_splits(B * Hkv * n_m, S, q.device)
+    chunk = triton.cdiv(S, splits)
+    out = torch.empty_like(q)
+    scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)) * _LOG2E
+    if tree_mask is not None:
+        tm = tree_mask.to(torch.int8)
+        if tm.dim() != 3 or tm.shape[1:] != (Q, Q) or tm.shape[0] not in (1, B):
+            raise ValueError(f"tree_mask must be [B or 1, {Q}, {Q}], got {tuple(tree_mask.shape)}")
+        mask_strides = (0 if tm.shape[0] == 1 else tm.stride(0), tm.stride(1), tm.stride(2))
+    else:
+        tm, mask_strides = q, (0, 0, 0)  # never read
+    mpad = n_m * BLOCK_M
+    if splits > 1:
+        m_part = torch.empty(B * Hkv, splits, mpad, dtype=torch.float32, device=q.device)
+        l_part = torch.empty_like(m_part)
+        acc_part = torch.empty(B * Hkv, splits, mpad, D, dtype=torch.float32, device=q.device)
+    else:
+        m_part = l_part = acc_part = out  # never read
+    lens = cache_lens.to(torch.int32)
+    _verify_attention_kernel[(n_m, B * Hkv, splits)](
+        q, k_cache, v_cache, lens, tm, out, m_part, l_part, acc_part, scale,
+        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        *mask_strides, Q, G, Hkv, splits, mpad, chunk,
+        D=D, BLOCK_M=BLOCK_M, HAS_TREE=tree_mask is not None, SPLIT=splits > 1,
+        IEEE=q.dtype == torch.float32,
+    )
+    if splits > 1:
+        _merge_splits_kernel[(n_m, B * Hkv)](
+            m_part, l_part, acc_part, out, out.stride(0), out.stride(1), out.stride(2),
+            Q, G, Hkv, splits, mpad, D=D, BLOCK_M=BLOCK_M,
+        )
+    return out
