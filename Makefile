@@ -5,13 +5,13 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench fetch clean
+.PHONY: install demo test test-fast bench bench-kernels fetch clean
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[gguf,test,bench]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[gguf,test,bench,triton]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -39,3 +39,8 @@ fetch: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
+
+# Kernel microbenchmarks (pytest-benchmark, provider axis). Meant for a GPU; not in CI.
+bench-kernels: $(STAMP)
+	$(VENV)/bin/pytest bench/bench_verify_attention.py bench/bench_rejection_sampling.py \
+	  -p no:cacheprovider -q --benchmark-only --benchmark-json bench/results/kernels_$$(hostname).json

@@ -1,6 +1,8 @@
 """Kernels of specengine, installed as `specengine.kernels` (never a bare `kernels`, which
 is Hugging Face's package name). Each op has a plain-PyTorch reference in `reference.py`
-that is its specification and its CPU fallback; Triton versions plug in as backends."""
+that is its specification and its CPU fallback. The Triton versions live in
+`verify_attention.py` and `rejection_sampling.py` and are imported only when asked for
+(Triton is optional; on CPU they run under TRITON_INTERPRET=1)."""
 from .reference import (
     counter_uniform,
     rejection_sample_ref,
@@ -8,4 +10,13 @@ from .reference import (
     verify_attention_ref,
 )
 
-__all__ = ["counter_uniform", "rejection_sample_ref", "total_variation_bound", "verify_attention_ref"]
+__all__ = ["counter_uniform", "rejection_sample_ref", "total_variation_bound", "verify_attention_ref",
+           "triton_available"]
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -8,7 +8,8 @@ import torch
 
 from .errors import SpecEngineError
 from .generation import Generation, check_capacity
-from .kernels.reference import rejection_sample_ref
+from .backends import attention_op, sampler_op
+from .kernels.reference import rejection_sample_ref, verify_attention_ref
 from .loading import load_model, load_tokenizer
 from .methods.policies import make_policy
 from .sampling import SamplingParams
@@ -48,7 +49,8 @@ class Engine:
     """A target model, an optional draft model sharing its tokenizer, and a decoding method."""
 
     def __init__(self, target, tokenizer, draft=None, method: str | None = None, max_seq_len: int = 2048,
-                 gamma: int = 4, policy: str = "fixed"):
+                 gamma: int = 4, policy: str = "fixed", attention_backend: str = "auto",
+                 sampler_backend: str = "auto"):
         if draft is target:
             raise SpecEngineError("draft and target must be separate model objects (each owns its KV cache)")
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
@@ -69,18 +71,30 @@ class Engine:
         self.gamma, self.policy = gamma, policy
         self._check_method(self.method)
         make_policy(policy, gamma)  # validate early
-        self.sampler = rejection_sample_ref
+        self.set_backends(attention_backend, sampler_backend)
         self.eos_ids = self._eos_ids()
 
     @classmethod
     def from_pretrained(cls, target: str, draft: str | None = None, method: str | None = None,
                         device="auto", dtype="float32", max_seq_len: int = 2048, gamma: int = 4,
-                        policy: str = "fixed") -> "Engine":
+                        policy: str = "fixed", attention_backend: str = "auto",
+                        sampler_backend: str = "auto") -> "Engine":
         """Load target (and draft) from a registry name, HF directory, hub-cache id or .gguf."""
         dev, dt = _device(device), _dtype(dtype)
         tmodel, tpath = load_model(target, dt, dev)
         dmodel = load_model(draft, dt, dev)[0] if draft is not None else None
-        return cls(tmodel, load_tokenizer(tpath), dmodel, method, max_seq_len, gamma, policy)
+        return cls(tmodel, load_tokenizer(tpath), dmodel, method, max_seq_len, gamma, policy,
+                   attention_backend, sampler_backend)
+
+    def set_backends(self, attention: str = "auto", sampler: str = "auto") -> None:
+        """Pick the attention and rejection-sampling implementations ("torch" | "triton" | "auto")."""
+        attn = attention_op(attention, self.device)
+        for model in (self.target, self.draft):
+            if model is not None:
+                model.attn_fn = attn
+        self.sampler = sampler_op(sampler, self.device)
+        self.attention_backend = "torch" if attn is verify_attention_ref else "triton"
+        self.sampler_backend = "torch" if self.sampler is rejection_sample_ref else "triton"
 
     # ------------------------------------------------------------------ helpers
     def _check_method(self, method):

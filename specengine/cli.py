@@ -21,6 +21,8 @@ def _engine_args(p: argparse.ArgumentParser, method_default=None):
     p.add_argument("--max-seq-len", type=int, default=2048)
     p.add_argument("--gamma", type=int, default=4, help="draft tokens per round (sd)")
     p.add_argument("--policy", default="fixed", help="fixed | heuristic | confidence")
+    p.add_argument("--attention-backend", default="auto", help="torch | triton | auto (triton on CUDA)")
+    p.add_argument("--sampler-backend", default="auto", help="torch | triton | auto (triton on CUDA)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +60,8 @@ def _load(args):
 
     return Engine.from_pretrained(args.target, draft=args.draft, method=args.method, device=args.device,
                                   dtype=args.dtype, max_seq_len=args.max_seq_len, gamma=args.gamma,
-                                  policy=args.policy)
+                                  policy=args.policy, attention_backend=args.attention_backend,
+                                  sampler_backend=args.sampler_backend)
 
 
 def cmd_generate(args):

@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Without a GPU the Triton kernels run under Triton's interpreter; it must be chosen
+# before triton is first imported.
+if not os.path.exists("/dev/nvidia0"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch
@@ -81,6 +85,9 @@ def tiny_pair(tiny_dir):
         for p in perturbed.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05 * p.abs().mean())
     return target, same, perturbed
+
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # kernels: GPU, or the interpreter
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,94 @@
+"""Triton verification attention vs the torch reference (interpreter on CPU, same tests on GPU)."""
+import pytest
+import torch
+from conftest import DEVICE
+
+from specengine.kernels import verify_attention_ref
+
+pytest.importorskip("triton")
+from specengine.kernels.verify_attention import verify_attention  # noqa: E402
+
+
+def rand_case(B, Q, Hq, Hkv, D, S, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Q, Hq, D, generator=g)
+    k, v = torch.randn(B, S, Hkv, D, generator=g), torch.randn(B, S, Hkv, D, generator=g)
+    lens = torch.randint(0, S - Q + 1, (B,), generator=g, dtype=torch.int32)
+    lens[0] = S - Q  # one row uses the whole buffer
+    return [t.to(DEVICE, dtype) for t in (q, k, v)] + [lens.to(DEVICE)]
+
+
+def random_tree(B, Q, seed):
+    """Each node's parent is an earlier node; mask[i, j] = j is i or an ancestor of i."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(B, Q, Q, dtype=torch.bool)
+    for b in range(B):
+        parent = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, Q)]
+        for i in range(Q):
+            j = i
+            while j >= 0:
+                mask[b, i, j] = True
+                j = parent[j]
+    return mask
+
+
+@pytest.mark.parametrize("Q", [1, 3, 7, 17])
+@pytest.mark.parametrize("Hq,Hkv,D", [(12, 2, 16), (14, 2, 64), (8, 8, 16), (4, 1, 128)])
+@pytest.mark.parametrize("tree", [False, True])
+def test_matches_reference_fp32(Q, Hq, Hkv, D, tree):
+    q, k, v, lens = rand_case(3, Q, Hq, Hkv, D, 37 + Q, seed=Q * 100 + Hq)
+    mask = random_tree(3, Q, Q).to(DEVICE) if tree else None
+    ref = verify_attention_ref(q, k, v, lens, mask)
+    for splits in (1, 3):
+        out = verify_attention(q, k, v, lens, mask, num_splits=splits)
+        assert (out - ref).abs().max().item() <= 1e-5, splits
+
+
+def test_broadcast_tree_mask_and_buffer_views():
+    """A [1,Q,Q] mask shared by all rows, and K/V given as views of a shared layer buffer."""
+    q, k, v, lens = rand_case(2, 5, 4, 2, 32, 24, seed=7)
+    buf = torch.randn(3, 2, 2, 40, 2, 32, device=DEVICE)  # [layers, k|v, B, S, H, D]
+    buf[1, 0, :, :24], buf[1, 1, :, :24] = k, v
+    kv, vv = buf[1, 0, :, :24], buf[1, 1, :, :24]
+    mask = random_tree(1, 5, 3).to(DEVICE)
+    out = verify_attention(q, kv, vv, lens, mask)
+    assert (out - verify_attention_ref(q, k, v, lens, mask)).abs().max().item() <= 1e-5
+
+
+def test_every_tree_node_equals_causal_attention_over_its_path():
+    B, Q, Hq, Hkv, D, S = 2, 9, 4, 2, 16, 30
+    q, k, v, lens = rand_case(B, Q, Hq, Hkv, D, S, seed=11)
+    mask = random_tree(B, Q, 5).to(DEVICE)
+    out = verify_attention(q, k, v, lens, mask)
+    for b in range(B):
+        n = int(lens[b])
+        for i in range(Q):
+            path = [j for j in range(Q) if mask[b, i, j]]  # ancestors in order, then i
+            keys = list(range(n)) + [n + j for j in path]
+            kk, vv = k[b:b + 1, keys], v[b:b + 1, keys]
+            qq = q[b:b + 1, i:i + 1]
+            ref = verify_attention_ref(qq, kk, vv, torch.tensor([len(keys) - 1], device=DEVICE, dtype=torch.int32))
+            assert (out[b, i] - ref[0, 0]).abs().max().item() <= 1e-5, (b, i)
+
+
+def test_bad_shapes_are_clear_errors():
+    q, k, v, lens = rand_case(1, 2, 6, 4, 16, 10, seed=1)
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        verify_attention(q, k, v, lens)
+    q, k, v, lens = rand_case(1, 2, 4, 2, 24, 10, seed=1)
+    with pytest.raises(ValueError, match="power of two"):
+        verify_attention(q, k, v, lens)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("tree", [False, True])
+def test_half_precision_error_within_2x_of_torch_same_dtype(dtype, tree):
+    q, k, v, lens = rand_case(4, 8, 12, 2, 128, 4096, seed=3)
+    mask = random_tree(4, 8, 1).cuda() if tree else None
+    ref = verify_attention_ref(q, k, v, lens, mask)
+    qh, kh, vh = q.to(dtype), k.to(dtype), v.to(dtype)
+    err_torch = (verify_attention_ref(qh, kh, vh, lens, mask).float() - ref).abs().max().item()
+    err_triton = (verify_attention(qh, kh, vh, lens, mask).float() - ref).abs().max().item()
+    assert err_triton <= 2 * err_torch + 1e-6
