@@ -7,11 +7,12 @@ PYTEST_ARGS ?=
 
 .PHONY: install demo test test-fast bench bench-kernels fetch clean
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml setup.py csrc/compact_kv.cpp csrc/compact_kv_cuda.cu csrc/compact_kv.h
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[gguf,test,bench,triton]"
+	# no build isolation: setup.py needs this torch to compile the KV extension (csrc/)
+	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[gguf,test,bench,triton]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,5 +1,60 @@
-"""Build hook. The compiled KV-cache extension in csrc/ is optional: the package imports and
-works without it (torch index ops are the fallback). Metadata lives in pyproject.toml."""
+"""Build hook for the optional compiled KV extension `specengine._kvext` (csrc/).
+
+The package imports and works without it (torch index ops are the fallback), so the build
+never breaks an install: it is skipped when torch is not importable at build time (pip's
+build isolation) or no compiler is found, and a failed compile is reported and skipped.
+SPECENGINE_BUILD_EXT=0 skips it, =1 forces it (a failure is then an error). The CUDA part
+is added only with nvcc and a CUDA build of torch; TORCH_CUDA_ARCH_LIST picks the archs.
+Metadata lives in pyproject.toml.
+"""
+import os
+import shutil
+import sys
+
 from setuptools import setup
 
-setup()
+MODE = os.environ.get("SPECENGINE_BUILD_EXT", "auto")  # auto | 0 | 1
+
+
+def extensions():
+    if MODE == "0":
+        return {}, []
+    try:
+        import torch
+        from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+    except ImportError:
+        if MODE == "1":
+            raise
+        print("specengine: torch is not importable at build time; skipping the KV extension "
+              "(install with --no-build-isolation to build it)", file=sys.stderr)
+        return {}, []
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        if MODE == "1":
+            raise RuntimeError("no C++ compiler found")
+        print("specengine: no C++ compiler; skipping the KV extension", file=sys.stderr)
+        return {}, []
+    with_cuda = torch.version.cuda is not None and CUDA_HOME is not None and os.environ.get("SPECENGINE_CUDA", "1") != "0"
+    sources = ["csrc/compact_kv.cpp"]
+    args = {"cxx": ["-O3", "-std=c++17"]}
+    if with_cuda:
+        sources.append("csrc/compact_kv_cuda.cu")
+        args["nvcc"] = ["-O3", "-std=c++17"]
+        ext = CUDAExtension("specengine._kvext", sources, extra_compile_args=args, define_macros=[("WITH_CUDA", None)])
+    else:
+        ext = CppExtension("specengine._kvext", sources, extra_compile_args=args)
+
+    class OptionalBuild(BuildExtension):
+        def run(self):
+            try:
+                super().run()
+            except Exception as e:  # never break the install in auto mode
+                if MODE == "1":
+                    raise
+                print(f"specengine: building the KV extension failed ({e}); using the torch fallback",
+                      file=sys.stderr)
+
+    return {"build_ext": OptionalBuild.with_options(no_python_abi_suffix=False)}, [ext]
+
+
+cmdclass, ext_modules = extensions()
+setup(ext_modules=ext_modules, cmdclass=cmdclass)

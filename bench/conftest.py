@@ -37,7 +37,7 @@ def timed(benchmark, fn, nbytes: int):
 
     fn()  # compile / autotune outside the timing
     sync()
-    benchmark.pedantic(call, rounds=50 if torch.cuda.is_available() else 3, warmup_rounds=3)
+    benchmark.pedantic(call, rounds=50 if torch.cuda.is_available() else 10, warmup_rounds=3)
     mean = benchmark.stats.stats.mean
     benchmark.extra_info.update(us=mean * 1e6, gbps=nbytes / mean / 1e9)
     if peak_bandwidth():
