@@ -14,7 +14,7 @@ from .loading import load_model, load_tokenizer
 from .methods.policies import make_policy
 from .sampling import SamplingParams
 
-METHODS = ("ar", "sd")
+METHODS = ("ar", "sd", "pearl")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
@@ -72,6 +72,8 @@ class Engine:
         self._check_method(self.method)
         make_policy(policy, gamma)  # validate early
         self.set_backends(attention_backend, sampler_backend)
+        self.cost_ratio = None  # draft/target step-time ratio, measured on the first pearl call
+        self._side_stream = None
         self.eos_ids = self._eos_ids()
 
     @classmethod
@@ -95,6 +97,12 @@ class Engine:
         self.sampler = sampler_op(sampler, self.device)
         self.attention_backend = "torch" if attn is verify_attention_ref else "triton"
         self.sampler_backend = "torch" if self.sampler is rejection_sample_ref else "triton"
+
+    def side_stream(self):
+        """The second CUDA stream PEARL runs the draft on (None off CUDA)."""
+        if self.device.type == "cuda" and self._side_stream is None:
+            self._side_stream = torch.cuda.Stream(self.device)
+        return self._side_stream
 
     # ------------------------------------------------------------------ helpers
     def _check_method(self, method):
@@ -165,8 +173,16 @@ class Engine:
             raise SpecEngineError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         params = SamplingParams(temperature, top_k, top_p, seed)
         prompts, batched = self.encode(prompt)
-        pol = make_policy(policy or self.policy, self.gamma if gamma is None else gamma) if method != "ar" else None
-        check_capacity(prompts, max_new_tokens, self.max_seq_len, 2 * ((pol.gamma_max if pol else 0) + 1))
+        if method == "sd":
+            pol = make_policy(policy or self.policy, self.gamma if gamma is None else gamma)
+            headroom = pol.gamma_max
+        elif method == "pearl":  # the window: the user's gamma, else measured (at most 16)
+            if gamma is not None and (not isinstance(gamma, int) or gamma < 1):
+                raise SpecEngineError(f"pearl window gamma must be an integer >= 1, got {gamma!r}")
+            pol, headroom = gamma, gamma or 16
+        else:
+            pol, headroom = None, 0
+        check_capacity(prompts, max_new_tokens, self.max_seq_len, 2 * (headroom + 1))
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
             raise SpecEngineError("stop strings must be non-empty strings")

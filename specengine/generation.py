@@ -14,6 +14,7 @@ import torch
 from .errors import SpecEngineError
 from .methods.ar import ar_round
 from .methods.common import DecodeState
+from .methods.pearl import gamma_for, measure_cost_ratio, new_state, pearl_round
 from .methods.sd import sd_round
 from .sampling import SamplingParams
 from .timing import PhaseTimer
@@ -54,6 +55,8 @@ class Generation:
         self.t0 = time.perf_counter()
         self.timer = PhaseTimer(engine.device)
         self.st = self._prefill(prompts)
+        if method == "pearl":
+            self.policy = self._pearl_state(policy)
         self.prefill_s = time.perf_counter() - self.t0
 
     # ------------------------------------------------------------------ set-up
@@ -81,10 +84,24 @@ class Generation:
             offset=torch.zeros((), dtype=torch.int64, device=dev), sampler=eng.sampler,
         )
 
+    def _pearl_state(self, gamma):
+        """γ given by the user, or round(1/c) from c measured once per engine."""
+        eng = self.engine
+        self.st.attn_len = min(-(-(max(r.prompt_len for r in self.rows) + 1) // ATTN_BUCKET) * ATTN_BUCKET,
+                               eng.max_seq_len)
+        if eng.cost_ratio is None:
+            eng.cost_ratio = measure_cost_ratio(eng.target, eng.draft, self.st)
+        return new_state(len(self.rows), gamma if gamma is not None else gamma_for(eng.cost_ratio),
+                         self.st.tokens.device)
+
     # ------------------------------------------------------------------ rounds
     def _round(self):
         if self.method == "ar":
             return ar_round(self.engine.target, self.st, self.timer)
+        if self.method == "pearl":
+            with self.timer.phase("round"):
+                return pearl_round(self.engine.target, self.engine.draft, self.st, self.policy, self.timer,
+                                   self.engine.side_stream())
         return sd_round(self.engine.target, self.engine.draft, self.st, self.policy, self.timer)
 
     def rounds(self):
@@ -95,10 +112,11 @@ class Generation:
             self.st.attn_len = min(-(-(longest + headroom) // ATTN_BUCKET) * ATTN_BUCKET, self.engine.max_seq_len)
             out = self._round()
             B, K1 = out.tokens.shape
-            host = torch.cat([out.tokens.flatten(), out.n_acc.to(torch.int64),
-                              out.num_draft.to(torch.int64)]).tolist()  # the round's one sync
-            toks, n_acc, num_draft = host[: B * K1], host[B * K1: B * K1 + B], host[B * K1 + B:]
-            yield self._book(out, [toks[b * K1: b * K1 + n_acc[b] + 1] for b in range(B)], n_acc, num_draft)
+            host = torch.cat([out.tokens.flatten(), out.n_acc.to(torch.int64), out.num_draft.to(torch.int64),
+                              out.n_committed.to(torch.int64)]).tolist()  # the round's one sync
+            toks = host[: B * K1]
+            n_acc, num_draft, n_new = (host[B * K1 + i * B: B * K1 + (i + 1) * B] for i in range(3))
+            yield self._book(out, [toks[b * K1: b * K1 + n_new[b]] for b in range(B)], n_acc, num_draft)
 
     def _book(self, out, committed, n_acc, num_draft) -> list[list[int]]:
         c = self.c
@@ -173,6 +191,17 @@ class Generation:
                 "acceptance_rate": c.accepted / max(c.proposed, 1),
                 "mean_accepted_tokens": c.round_tokens / max(c.row_rounds, 1),
                 "draft_cost_ratio": per_draft / per_target if per_target > 0 else None,
+            })
+        if self.method == "pearl":  # MAT: mean run length between rejections (PEARL's definition)
+            runs = self.policy.rejections + sum(1 for r in self.rows if r.ids)
+            rounds = max(c.rounds, 1)
+            s.update({
+                "mean_accepted_tokens": new_tokens / max(runs, 1),
+                "measured_cost_ratio": self.engine.cost_ratio,
+                "round_draft_s": times.get("draft", 0.0) / rounds,
+                "round_target_s": times.get("target", 0.0) / rounds,
+                "round_wall_s": times.get("round", 0.0) / rounds,
+                "concurrent": self.engine.device.type == "cuda",
             })
         return s
 

@@ -19,6 +19,7 @@ def ar_round(target, st: DecodeState, timer) -> RoundOutput:
     zeros = torch.zeros(B, dtype=torch.int32, device=logits.device)
     out, n_acc = st.sampler(filter_logits(logits[:, None], st.params), none, None, zeros,
                             st.temperature, st.seed, st.offset)
-    st.commit(out, n_acc)
+    one = n_acc + 1
+    st.commit(out, one)
     target.cache.set_lens(st.n - 1)
-    return RoundOutput(out, n_acc, zeros, target_forwards=1)
+    return RoundOutput(out, n_acc, zeros, one, target_forwards=1)

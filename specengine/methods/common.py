@@ -33,17 +33,15 @@ class DecodeState:
     def last_tokens(self) -> torch.Tensor:
         return self.tokens.gather(1, (self.n - 1)[:, None]).squeeze(1)
 
-    def commit(self, out_tokens: torch.Tensor, n_acc: torch.Tensor) -> torch.Tensor:
-        """Append out_tokens[b, :n_acc[b]+1] to active rows; returns tokens added per row."""
+    def commit(self, out_tokens: torch.Tensor, n_new: torch.Tensor) -> None:
+        """Append out_tokens[b, :n_new[b]] to the active rows and move to fresh random numbers."""
         K1 = out_tokens.shape[1]
         j = torch.arange(K1, device=out_tokens.device)[None, :]
         idx = (self.n[:, None] + j).clamp(max=self.tokens.shape[1] - 1)
-        keep = (j <= n_acc.to(torch.int64)[:, None]) & self.active[:, None]
+        keep = (j < n_new.to(torch.int64)[:, None]) & self.active[:, None]
         self.tokens.scatter_(1, idx, torch.where(keep, out_tokens, self.tokens.gather(1, idx)))
-        added = (n_acc.to(torch.int64) + 1) * self.active
-        self.n += added
+        self.n += n_new.to(torch.int64) * self.active
         self.offset += 1
-        return added
 
 
 @dataclass
@@ -52,6 +50,7 @@ class RoundOutput:
     tokens: torch.Tensor  # [B,K+1] accepted drafts, then the corrected/bonus token, then -1
     n_acc: torch.Tensor  # [B] accepted draft tokens
     num_draft: torch.Tensor  # [B] proposed draft tokens
+    n_committed: torch.Tensor  # [B] tokens appended this round (n_acc + 1 unless a bonus is withheld)
     target_forwards: int = 1
     draft_forwards: int = 0
     extra: dict = field(default_factory=dict)

@@ -17,19 +17,21 @@ from ..sampling import filter_logits, sample_draft
 from .common import DecodeState, RoundOutput
 
 
-def draft_catch_up(draft, st: DecodeState) -> torch.Tensor:
-    """Feed the draft the committed tokens it has not seen (1 or 2); logits of the last. [B,V]"""
+def draft_catch_up(draft, st: DecodeState, upto: torch.Tensor) -> torch.Tensor:
+    """Feed the draft the tokens of st.tokens[:, :upto] it has not seen (1 or 2 per row);
+    returns the logits after the last one [B,V]."""
     dlen = draft.cache.lens.to(torch.int64)
     idx = (dlen[:, None] + torch.arange(2, device=dlen.device)[None, :]).clamp(max=st.tokens.shape[1] - 1)
     logits = draft.verify(st.tokens.gather(1, idx), attn_len=st.attn_len)
-    which = (st.n - 1 - dlen).clamp(0, 1)
-    draft.cache.set_lens(st.n)
+    which = (upto - 1 - dlen).clamp(0, 1)
+    draft.cache.set_lens(upto)
     return logits[torch.arange(st.batch, device=logits.device), which]
 
 
-def draft_chain(draft, st: DecodeState, gamma: int):
-    """γ draft tokens per row [B,γ], their q [B,γ,V] (None if greedy), confidences [B,γ]."""
-    logits = draft_catch_up(draft, st)
+def draft_chain(draft, st: DecodeState, gamma: int, upto: torch.Tensor | None = None):
+    """γ draft tokens per row [B,γ] continuing st.tokens[:, :upto] (default: the committed
+    tokens), their q [B,γ,V] (None if greedy) and the draft's confidences [B,γ]."""
+    logits = draft_catch_up(draft, st, st.n if upto is None else upto)
     toks, qs, confs = [], [], []
     for j in range(gamma):
         if j:
@@ -51,9 +53,9 @@ def sd_round(target, draft, st: DecodeState, policy, timer) -> RoundOutput:
         logits = target.verify(torch.cat([st.last_tokens()[:, None], drafts], 1), attn_len=st.attn_len)
     out, n_acc = st.sampler(filter_logits(logits, st.params), drafts, q, num_draft,
                             st.temperature, st.seed, st.offset)
-    st.commit(out, n_acc)
+    st.commit(out, n_acc + 1)
     target.cache.set_lens(st.n - 1)
     # the draft saw d1..d_{γ-1}: valid up to n0 + min(n_acc, γ-1), never past the new n - 1
     seen = n0 + torch.clamp(n_acc.to(torch.int64), max=gamma - 1)
     draft.cache.set_lens(torch.minimum(seen, st.n - 1))
-    return RoundOutput(out, n_acc, num_draft, target_forwards=1, draft_forwards=gamma)
+    return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1, draft_forwards=gamma)
