@@ -25,10 +25,10 @@ HF_PROVIDERS = ("hf", "hf-assisted")
 
 def parse_provider(spec: str) -> tuple[str, int | None]:
     name, _, g = spec.partition(":")
-    if name not in ("ar", "sd", *HF_PROVIDERS):
-        raise SpecEngineError(f"unknown provider {spec!r}; use ar, sd, sd:<gamma>, hf, hf-assisted")
-    if g and (name != "sd" or not g.isdigit() or int(g) < 1):
-        raise SpecEngineError(f"bad provider {spec!r}: only sd takes a gamma, e.g. sd:4")
+    if name not in ("ar", "sd", "pearl", *HF_PROVIDERS):
+        raise SpecEngineError(f"unknown provider {spec!r}; use ar, sd[:gamma], pearl[:gamma], hf, hf-assisted")
+    if g and (name not in ("sd", "pearl") or not g.isdigit() or int(g) < 1):
+        raise SpecEngineError(f"bad provider {spec!r}: only sd and pearl take a gamma, e.g. sd:4")
     return name, int(g) if g else None
 
 
@@ -101,8 +101,14 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8, max_new_toke
             if "acceptance_rate" in ours[0]:
                 row["acceptance_rate"] = sum(s["accepted_drafts"] for s in ours) / max(
                     sum(s["proposed_drafts"] for s in ours), 1)
-                row["gamma"] = gamma or engine.gamma
+                row["gamma"] = ours[0]["gamma"]
                 row["draft_cost_ratio"] = sum(s["draft_cost_ratio"] or 0 for s in ours) / len(ours)
+            if name == "pearl":
+                runs = sum(s["new_tokens"] / s["mean_accepted_tokens"] for s in ours)
+                row["mean_accepted_tokens"] = new / runs
+                row["measured_cost_ratio"] = ours[0]["measured_cost_ratio"]
+                for k in ("round_draft_s", "round_target_s", "round_wall_s"):
+                    row[k] = sum(s[k] for s in ours) / len(ours)
         if reference is None:
             reference = outputs
         row["same_tokens_as_first_provider"] = outputs == reference
@@ -121,14 +127,15 @@ def _provider_fn(engine, hf, name, gamma, max_new_tokens):
         return lambda ids, n: (hf.generate(ids, n, assisted=name == "hf-assisted"), None)
 
     def ours(ids, n):
-        r = engine.generate(ids, max_new_tokens=n, method=name, gamma=gamma, policy="fixed", ignore_eos=True)
+        r = engine.generate(ids, max_new_tokens=n, method=name, gamma=gamma,
+                            policy="fixed" if name == "sd" else None, ignore_eos=True)
         return r.token_ids, r.stats
     return ours
 
 
 def format_table(report: dict) -> str:
     cols = ["provider", "tokens_per_s", "speedup", "tokens_per_target_forward", "acceptance_rate",
-            "draft_cost_ratio", "same_tokens_as_first_provider"]
+            "mean_accepted_tokens", "gamma", "draft_cost_ratio", "same_tokens_as_first_provider"]
     lines = [" | ".join(cols), " | ".join("---" for _ in cols)]
     for r in report["results"]:
         cells = []

@@ -15,11 +15,12 @@ from .fetch import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY
 def _engine_args(p: argparse.ArgumentParser, method_default=None):
     p.add_argument("--target", default=DEFAULT_TARGET, help="registry name, HF dir, hub-cache id or .gguf")
     p.add_argument("--draft", default=None, help="draft model (same forms as --target)")
-    p.add_argument("--method", default=method_default, help="ar | sd (default: sd with a draft, else ar)")
+    p.add_argument("--method", default=method_default, help="ar | sd | pearl (default: sd with a draft, else ar)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-seq-len", type=int, default=2048)
-    p.add_argument("--gamma", type=int, default=4, help="draft tokens per round (sd)")
+    p.add_argument("--gamma", type=int, default=None,
+                   help="sd: draft tokens per round (default 4); pearl: window (default round(1/c), measured)")
     p.add_argument("--policy", default="fixed", help="fixed | heuristic | confidence")
     p.add_argument("--attention-backend", default="auto", help="torch | triton | auto (triton on CUDA)")
     p.add_argument("--sampler-backend", default="auto", help="torch | triton | auto (triton on CUDA)")
@@ -44,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="run providers side by side on HumanEval prompts")
     _engine_args(b)
-    b.add_argument("--providers", default="ar,sd", help="comma list of ar, sd, sd:<gamma>, hf, hf-assisted")
+    b.add_argument("--providers", default="ar,sd",
+                   help="comma list of ar, sd, sd:<gamma>, pearl, pearl:<gamma>, hf, hf-assisted")
     b.add_argument("--n-prompts", type=int, default=8)
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--baseline", default=None, help="provider the speedups are relative to (default: first)")
@@ -59,7 +61,7 @@ def _load(args):
     from .api import Engine
 
     return Engine.from_pretrained(args.target, draft=args.draft, method=args.method, device=args.device,
-                                  dtype=args.dtype, max_seq_len=args.max_seq_len, gamma=args.gamma,
+                                  dtype=args.dtype, max_seq_len=args.max_seq_len, gamma=args.gamma or 4,
                                   policy=args.policy, attention_backend=args.attention_backend,
                                   sampler_backend=args.sampler_backend)
 
@@ -70,7 +72,7 @@ def cmd_generate(args):
     if args.chat:
         prompt = [{"role": "user", "content": prompt}]
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-              top_p=args.top_p, seed=args.seed, stop=args.stop)
+              top_p=args.top_p, seed=args.seed, stop=args.stop, gamma=args.gamma)
     if args.json or args.no_stream:
         r = engine.generate(prompt, **kw)
         if args.json:
@@ -87,7 +89,8 @@ def cmd_generate(args):
 
 
 def _stats_line(stats: dict) -> str:
-    keys = ("method", "new_tokens", "tokens_per_s", "tokens_per_target_forward", "acceptance_rate")
+    keys = ("method", "new_tokens", "tokens_per_s", "tokens_per_target_forward", "acceptance_rate", "gamma",
+            "mean_accepted_tokens")
     return "[" + ", ".join(f"{k}={stats[k]:.3g}" if isinstance(stats[k], float) else f"{k}={stats[k]}"
                            for k in keys if k in stats) + "]"
 

@@ -29,6 +29,7 @@ def engine(tiny_dir):
     (dict(prompt="a", max_new_tokens=0), "max_new_tokens"),
     (dict(prompt="a", method="beam"), "unknown method"),
     (dict(prompt="a", gamma=0), "gamma"),
+    (dict(prompt="a", method="pearl", gamma=0), "pearl window gamma"),
     (dict(prompt="a", policy="magic"), "unknown draft-length policy"),
     (dict(prompt="a", stop=[""]), "stop strings"),
 ])
@@ -99,6 +100,13 @@ def test_cli_generate_json(tiny_dir, capsys):
                  "--max-new-tokens", "6", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["stats"]["method"] == "sd" and len(out["token_ids"]) <= 6
+
+
+def test_cli_generate_pearl(tiny_dir, capsys):
+    assert main(["generate", "--target", str(tiny_dir), "--draft", str(tiny_dir), "--method", "pearl",
+                 "--gamma", "3", "--prompt", "ab", "--max-new-tokens", "6", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stats"]["method"] == "pearl" and out["stats"]["gamma"] == 3
 
 
 def test_cli_generate_streams(tiny_dir, capsys):

@@ -36,6 +36,14 @@ def test_sd_equals_ar_on_humaneval(pair, prompts, ar_tokens):
             assert r.stats["acceptance_rate"] > 0.3  # a real pair accepts a good share
 
 
+def test_pearl_equals_ar_on_humaneval(pair, prompts, ar_tokens):
+    eng = pair[0]
+    for p, ref in zip(prompts, ar_tokens):
+        r = eng.generate(p, max_new_tokens=NEW, method="pearl", ignore_eos=True)  # gamma = round(1/c)
+        assert r.token_ids == ref
+        assert r.stats["gamma"] >= 1 and 0 < r.stats["measured_cost_ratio"] < 1  # the 0.5B draft is cheaper
+
+
 def test_ar_equals_transformers_generate(pair, prompts, ar_tokens):
     from transformers import AutoModelForCausalLM
 
