@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench bench-kernels fetch clean
+.PHONY: install demo test test-fast bench bench-pearl bench-kernels fetch clean
 
 $(STAMP): pyproject.toml setup.py csrc/compact_kv.cpp csrc/compact_kv_cuda.cu csrc/compact_kv.h
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -34,6 +34,11 @@ bench: $(STAMP)
 	$(VENV)/bin/specengine bench --draft qwen2.5-coder-0.5b-instruct \
 	  --providers hf,hf-assisted,ar,sd:2,sd:3,sd:4,sd:5,sd:6 --baseline hf \
 	  --n-prompts 8 --max-new-tokens 128 --out bench/results/cpu_e2e_qwen25coder_1.5b_0.5b.json
+
+# PEARL vs ar and the best CPU sd on the real pair (about 15 minutes on 2 cores).
+bench-pearl: $(STAMP)
+	$(VENV)/bin/specengine bench --draft qwen2.5-coder-0.5b-instruct --providers ar,sd:3,pearl \
+	  --n-prompts 8 --max-new-tokens 128 --out bench/results/cpu_e2e_pearl_qwen25coder_1.5b_0.5b.json
 
 fetch: $(STAMP)
 	$(VENV)/bin/specengine fetch
