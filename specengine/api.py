@@ -9,6 +9,7 @@ import torch
 from .errors import SpecEngineError
 from .generation import Generation, check_capacity
 from .backends import attention_op, sampler_op
+from .cross_device import CrossDeviceDraft
 from .kernels.reference import rejection_sample_ref, verify_attention_ref
 from .loading import load_model, load_tokenizer
 from .methods.policies import make_policy
@@ -80,11 +81,18 @@ class Engine:
     def from_pretrained(cls, target: str, draft: str | None = None, method: str | None = None,
                         device="auto", dtype="float32", max_seq_len: int = 2048, gamma: int = 4,
                         policy: str = "fixed", attention_backend: str = "auto",
-                        sampler_backend: str = "auto") -> "Engine":
-        """Load target (and draft) from a registry name, HF directory, hub-cache id or .gguf."""
+                        sampler_backend: str = "auto", draft_device=None) -> "Engine":
+        """Load target (and draft) from a registry name, HF directory, hub-cache id or .gguf.
+
+        draft_device: put the draft on its own device (e.g. "cuda:1"), so PEARL's draft and
+        target forwards run on two GPUs; default: the target's device.
+        """
         dev, dt = _device(device), _dtype(dtype)
+        ddev = dev if draft_device is None else _device(draft_device)
         tmodel, tpath = load_model(target, dt, dev)
-        dmodel = load_model(draft, dt, dev)[0] if draft is not None else None
+        dmodel = load_model(draft, dt, ddev)[0] if draft is not None else None
+        if dmodel is not None and ddev != dev:
+            dmodel = CrossDeviceDraft(dmodel, dev)
         return cls(tmodel, load_tokenizer(tpath), dmodel, method, max_seq_len, gamma, policy,
                    attention_backend, sampler_backend)
 
@@ -93,7 +101,8 @@ class Engine:
         attn = attention_op(attention, self.device)
         for model in (self.target, self.draft):
             if model is not None:
-                model.attn_fn = attn
+                model.attn_fn = attn if getattr(model, "device", self.device) == self.device else \
+                    attention_op(attention, model.device)
         self.sampler = sampler_op(sampler, self.device)
         self.attention_backend = "torch" if attn is verify_attention_ref else "triton"
         self.sampler_backend = "torch" if self.sampler is rejection_sample_ref else "triton"

@@ -153,3 +153,17 @@ def test_sampling_distribution_of_three_tokens(tmp_path, tokenizer, gamma, kw):
     cond = (cond * (joint[a] / joint[a].sum())[:, None]).flatten()
     emp3 = torch.bincount(toks[sel, 1] * V + toks[sel, 2], minlength=V * V).double() / int(sel.sum())
     assert 0.5 * (emp3 - cond.double()).abs().sum() <= total_variation_bound(V * V, int(sel.sum()))
+
+
+def test_draft_on_its_own_device_adapter(models, tokenizer, ar_out, tiny_dir):
+    """draft_device= wraps the draft so inputs/outputs cross devices; same tokens (CPU->CPU here,
+    cuda:0 -> cuda:1 on a two-GPU machine)."""
+    from specengine.cross_device import CrossDeviceDraft
+
+    home = "cuda:0" if torch.cuda.device_count() > 1 else "cpu"
+    other = "cuda:1" if torch.cuda.device_count() > 1 else "cpu"
+    draft = CrossDeviceDraft(load_model(tiny_dir, device=other)[0], torch.device(home))
+    eng = Engine(models[0], tokenizer, draft, max_seq_len=256)
+    for method in ("pearl", "sd"):
+        out = eng.generate(PROMPTS, max_new_tokens=40, method=method, gamma=3, ignore_eos=True)
+        assert [r.token_ids for r in out] == [r.token_ids for r in ar_out]

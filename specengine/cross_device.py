@@ -1,0 +1,65 @@
+"""A draft model on its own device (PEARL with two GPUs: `draft_device=`).
+
+The engine keeps every per-call tensor on the target's device. This adapter moves the
+draft's inputs to its device and its outputs back; the copies are device-to-device and
+asynchronous (no host sync), so the draft GPU works while the target GPU does.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class _CacheView:
+    """The draft's KV cache as the engine sees it: lengths on the engine's device."""
+
+    def __init__(self, cache, home: torch.device):
+        self._cache, self._home = cache, home
+
+    @property
+    def lens(self) -> torch.Tensor:
+        return self._cache.lens.to(self._home, non_blocking=True)
+
+    def set_lens(self, lens: torch.Tensor) -> None:
+        self._cache.set_lens(lens.to(self._cache.lens.device, non_blocking=True))
+
+    def __getattr__(self, name):
+        return getattr(self._cache, name)
+
+
+class CrossDeviceDraft:
+    """Wraps a Transformer living on another device; same entry points as the model."""
+
+    def __init__(self, model, home: torch.device):
+        self.model, self.home = model, torch.device(home)
+        self.config = model.config
+        self.cache = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def attn_fn(self):
+        return self.model.attn_fn
+
+    @attn_fn.setter
+    def attn_fn(self, fn):
+        self.model.attn_fn = fn
+
+    def setup_cache(self, batch: int, max_seq_len: int):
+        self.cache = _CacheView(self.model.setup_cache(batch, max_seq_len), self.home)
+        return self.cache
+
+    def _call(self, fn, tokens, **kw):
+        out = fn(tokens.to(self.device, non_blocking=True), **kw)
+        return out.to(self.home, non_blocking=True)
+
+    def prefill(self, tokens, lens, attn_len=None):
+        return self.model.prefill(tokens.to(self.device), lens.to(self.device), attn_len=attn_len).to(self.home)
+
+    def verify(self, tokens, tree_mask=None, attn_len=None):
+        mask = None if tree_mask is None else tree_mask.to(self.device)
+        return self._call(self.model.verify, tokens, tree_mask=mask, attn_len=attn_len)
+
+    def decode(self, token, attn_len=None):
+        return self._call(self.model.decode, token, attn_len=attn_len)
