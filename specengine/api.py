@@ -10,6 +10,7 @@ from .errors import SpecEngineError
 from .generation import Generation, check_capacity
 from .backends import attention_op, sampler_op
 from .cross_device import CrossDeviceDraft
+from .graphs import GraphRunner, padded_width
 from .kernels.reference import rejection_sample_ref, verify_attention_ref
 from .loading import load_model, load_tokenizer
 from .methods.policies import make_policy
@@ -51,7 +52,7 @@ class Engine:
 
     def __init__(self, target, tokenizer, draft=None, method: str | None = None, max_seq_len: int = 2048,
                  gamma: int = 4, policy: str = "fixed", attention_backend: str = "auto",
-                 sampler_backend: str = "auto"):
+                 sampler_backend: str = "auto", cuda_graphs: bool = True):
         if draft is target:
             raise SpecEngineError("draft and target must be separate model objects (each owns its KV cache)")
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
@@ -73,6 +74,7 @@ class Engine:
         self._check_method(self.method)
         make_policy(policy, gamma)  # validate early
         self.set_backends(attention_backend, sampler_backend)
+        self.set_cuda_graphs(cuda_graphs)
         self.cost_ratio = None  # draft/target step-time ratio, measured on the first pearl call
         self._side_stream = None
         self.eos_ids = self._eos_ids()
@@ -81,7 +83,7 @@ class Engine:
     def from_pretrained(cls, target: str, draft: str | None = None, method: str | None = None,
                         device="auto", dtype="float32", max_seq_len: int = 2048, gamma: int = 4,
                         policy: str = "fixed", attention_backend: str = "auto",
-                        sampler_backend: str = "auto", draft_device=None) -> "Engine":
+                        sampler_backend: str = "auto", draft_device=None, cuda_graphs: bool = True) -> "Engine":
         """Load target (and draft) from a registry name, HF directory, hub-cache id or .gguf.
 
         draft_device: put the draft on its own device (e.g. "cuda:1"), so PEARL's draft and
@@ -94,7 +96,7 @@ class Engine:
         if dmodel is not None and ddev != dev:
             dmodel = CrossDeviceDraft(dmodel, dev)
         return cls(tmodel, load_tokenizer(tpath), dmodel, method, max_seq_len, gamma, policy,
-                   attention_backend, sampler_backend)
+                   attention_backend, sampler_backend, cuda_graphs)
 
     def set_backends(self, attention: str = "auto", sampler: str = "auto") -> None:
         """Pick the attention and rejection-sampling implementations ("torch" | "triton" | "auto")."""
@@ -106,6 +108,18 @@ class Engine:
         self.sampler = sampler_op(sampler, self.device)
         self.attention_backend = "torch" if attn is verify_attention_ref else "triton"
         self.sampler_backend = "torch" if self.sampler is rejection_sample_ref else "triton"
+
+    def set_cuda_graphs(self, enabled: bool = True, capture=None) -> None:
+        """Replay captured CUDA graphs for decode/verify steps (CUDA only; eager elsewhere).
+
+        `capture` replaces torch.cuda.graph capture (tests use a stand-in on CPU).
+        """
+        for model in (self.target, getattr(self.draft, "model", self.draft)):
+            if model is None:
+                continue
+            on_cuda = model.embed_tokens.weight.is_cuda
+            model.graphs = GraphRunner(model, enabled=enabled, capture=capture) \
+                if enabled and (on_cuda or capture is not None) else None
 
     def side_stream(self):
         """The second CUDA stream PEARL runs the draft on (None off CUDA)."""
@@ -191,7 +205,8 @@ class Engine:
             pol, headroom = gamma, gamma or 16
         else:
             pol, headroom = None, 0
-        check_capacity(prompts, max_new_tokens, self.max_seq_len, 2 * (headroom + 1))
+        # a round may write up to its padded (graph-bucket) width past a row's length
+        check_capacity(prompts, max_new_tokens, self.max_seq_len, 2 * padded_width(headroom + 1))
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
             raise SpecEngineError("stop strings must be non-empty strings")

@@ -18,6 +18,7 @@ def _engine_args(p: argparse.ArgumentParser, method_default=None):
     p.add_argument("--method", default=method_default, help="ar | sd | pearl (default: sd with a draft, else ar)")
     p.add_argument("--device", default="auto")
     p.add_argument("--draft-device", default=None, help="put the draft on its own device, e.g. cuda:1")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="run every step eagerly on CUDA")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-seq-len", type=int, default=2048)
     p.add_argument("--gamma", type=int, default=None,
@@ -64,7 +65,8 @@ def _load(args):
     return Engine.from_pretrained(args.target, draft=args.draft, method=args.method, device=args.device,
                                   dtype=args.dtype, max_seq_len=args.max_seq_len, gamma=args.gamma or 4,
                                   policy=args.policy, attention_backend=args.attention_backend,
-                                  sampler_backend=args.sampler_backend, draft_device=args.draft_device)
+                                  sampler_backend=args.sampler_backend, draft_device=args.draft_device,
+                                  cuda_graphs=not args.no_cuda_graphs)
 
 
 def cmd_generate(args):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import SpecEngineError
+from .graphs import padded_width
 from .methods.ar import ar_round
 from .methods.common import DecodeState
 from .methods.pearl import gamma_for, measure_cost_ratio, new_state, pearl_round
@@ -106,7 +107,7 @@ class Generation:
 
     def rounds(self):
         """Run rounds until every row is done; yields the ids each row kept this round."""
-        headroom = 2 * (getattr(self.policy, "gamma_max", 0) + 1)
+        headroom = 2 * padded_width(getattr(self.policy, "gamma_max", 0) + 1)
         while any(r.finish_reason is None for r in self.rows):
             longest = max(r.prompt_len + len(r.ids) for r in self.rows)
             self.st.attn_len = min(-(-(longest + headroom) // ATTN_BUCKET) * ATTN_BUCKET, self.engine.max_seq_len)

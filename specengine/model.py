@@ -109,6 +109,7 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.cache: KVCache | None = None
         self.attn_fn: AttentionFn = verify_attention_ref
+        self.graphs = None  # a graphs.GraphRunner: replays captured steps on CUDA
 
     # ----------------------------------------------------------------- set-up
     def setup_cache(self, batch: int, max_seq_len: int) -> KVCache:
@@ -119,6 +120,8 @@ class Transformer(nn.Module):
                 or self.cache.kv.dtype != p.dtype or self.cache.kv.device != p.device:
             self.cache = KVCache(c.num_layers, batch, max_seq_len, c.num_kv_heads, c.head_dim, p.dtype, p.device)
             self.rope_cos, self.rope_sin = rope_tables(c.hf_config, c.head_dim, max_seq_len, p.device)
+            if self.graphs is not None:  # captured graphs point at the old buffers
+                self.graphs.reset()
         self.cache.reset()
         return self.cache
 
@@ -160,9 +163,14 @@ class Transformer(nn.Module):
 
     def decode(self, token: torch.Tensor, attn_len=None, return_hidden=False):
         """One new token per row [B] -> logits [B,V] (cache.lens is not advanced)."""
-        out = self.forward(token[:, None], attn_len=attn_len, return_hidden=return_hidden)
+        out = self.verify(token[:, None], attn_len=attn_len, return_hidden=return_hidden)
         return (out[0][:, 0], out[1][:, 0]) if return_hidden else out[:, 0]
 
     def verify(self, tokens: torch.Tensor, tree_mask=None, attn_len=None, return_hidden=False):
-        """Q new tokens per row [B,Q] (chain, or a tree with tree_mask [B|1,Q,Q]) -> [B,Q,V]."""
+        """Q new tokens per row [B,Q] (chain, or a tree with tree_mask [B|1,Q,Q]) -> [B,Q,V].
+
+        Replays a captured CUDA graph when one fits (see graphs.py), else runs eagerly.
+        """
+        if self.graphs is not None and self.graphs.usable(tokens, tree_mask, return_hidden):
+            return self.graphs(tokens, attn_len)
         return self.forward(tokens, tree_mask=tree_mask, attn_len=attn_len, return_hidden=return_hidden)
