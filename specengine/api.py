@@ -105,6 +105,9 @@ class Engine:
             if model is not None:
                 model.attn_fn = attn if getattr(model, "device", self.device) == self.device else \
                     attention_op(attention, model.device)
+                graphs = getattr(getattr(model, "model", model), "graphs", None)
+                if graphs is not None:  # captured steps baked in the old kernels
+                    graphs.reset()
         self.sampler = sampler_op(sampler, self.device)
         self.attention_backend = "torch" if attn is verify_attention_ref else "triton"
         self.sampler_backend = "torch" if self.sampler is rejection_sample_ref else "triton"

@@ -93,3 +93,45 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # kernels: GPU, or the 
 @pytest.fixture(scope="session")
 def tokenizer():
     return make_tokenizer()
+
+
+def small_vocab_models(path, vocab: int = 8, noise: float = 0.3):
+    """(transformers model, our target, our perturbed draft) on a tiny vocabulary, for exact
+    enumeration of the target's distribution in the sampling tests."""
+    from specengine.loading import load_model
+
+    hf = save_tiny(path, "qwen2", seed=21, vocab=vocab, scale=6.0)
+    target, draft = load_model(path)[0], load_model(path)[0]
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * noise * p.abs().mean())
+    return hf, target, draft
+
+
+def assert_sampler_matches_target(sampler, stochastic: bool, device: str = "cpu", seed: int = 5):
+    """One round over 2e5 rows: the first emitted token ~ p1 and, given d1 accepted, the
+    second ~ p2, each within the TV bound from its sample count (rejection_sample contract)."""
+    from specengine.kernels import total_variation_bound
+
+    V, K, N, temp = 6, 2, 200_000, 0.8
+    g = torch.Generator().manual_seed(11)
+    p_logits = torch.randn(K + 1, V, generator=g) * 1.5
+    q_probs = torch.softmax(torch.randn(K, V, generator=g) * 1.5, -1)
+    if stochastic:
+        drafts = torch.multinomial(q_probs, N, replacement=True, generator=g).T.contiguous()
+        q = q_probs.expand(N, K, V).contiguous().to(device)
+    else:  # a deterministic draft always proposes the same tokens
+        drafts, q = torch.tensor([[2, 4]]).expand(N, K).contiguous(), None
+    out, _ = sampler(p_logits.expand(N, K + 1, V).contiguous().to(device), drafts.to(device), q,
+                     torch.full((N,), K, dtype=torch.int32, device=device), torch.full((N,), temp, device=device),
+                     torch.full((N,), seed, dtype=torch.int64, device=device), torch.tensor(0, device=device))
+    out = out.cpu()
+    p = torch.softmax(p_logits / temp, -1)
+    emp1 = torch.bincount(out[:, 0], minlength=V).double() / N
+    assert 0.5 * (emp1 - p[0]).abs().sum() <= total_variation_bound(V, N)
+    acc = out[:, 0] == drafts[:, 0]
+    emp2 = torch.bincount(out[acc, 1], minlength=V).double() / int(acc.sum())
+    assert 0.5 * (emp2 - p[1]).abs().sum() <= total_variation_bound(V, int(acc.sum()))
+    if stochastic:  # the check can fail: the draft's own distribution is far away
+        assert 0.5 * (q_probs[0] - p[0]).abs().sum() > 5 * total_variation_bound(V, N)

@@ -2,7 +2,7 @@
 max_new_tokens inside a pending block, the sampling distribution, seeded reproducibility."""
 import pytest
 import torch
-from conftest import save_tiny
+from conftest import save_tiny, small_vocab_models
 
 from specengine import Engine, SamplingParams
 from specengine.kernels import total_variation_bound
@@ -129,12 +129,7 @@ def test_sampling_distribution_of_three_tokens(tmp_path, tokenizer, gamma, kw):
     """1e5 independent rows, three tokens each (a pre-verify round, then post-verify blocks):
     the pair (t1, t2) matches the target's exact joint over 64 outcomes, and (t2, t3) given
     the likeliest t1 matches its exact conditional (TV bounds from the sample counts)."""
-    hf = save_tiny(tmp_path, "qwen2", seed=21, vocab=V, scale=6.0)
-    target, draft = load_model(tmp_path)[0], load_model(tmp_path)[0]
-    gen = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.3 * p.abs().mean())
+    hf, target, draft = small_vocab_models(tmp_path, V)
     eng = Engine(target, tokenizer, draft, max_seq_len=24)
     params = SamplingParams(seed=7, **kw)
     out = eng.generate([PROMPT] * N, max_new_tokens=3, method="pearl", gamma=gamma, seed=7, ignore_eos=True, **kw)

@@ -2,7 +2,9 @@
 import pytest
 import torch
 
-from specengine.kernels import rejection_sample_ref, total_variation_bound
+from conftest import assert_sampler_matches_target
+
+from specengine.kernels import rejection_sample_ref
 
 
 def call(logits, drafts, q, num_draft, temp, seed=0, offset=0):
@@ -58,29 +60,4 @@ def test_tokens_in_range_for_large_and_odd_vocabs(V):
 
 @pytest.mark.parametrize("stochastic", [True, False])
 def test_output_distribution_equals_target(stochastic):
-    """>= 1e5 rows, one round each: first token ~ p1; given d1 accepted, second ~ p2."""
-    V, K, N = 6, 2, 200_000
-    g = torch.Generator().manual_seed(11)
-    p_logits = torch.randn(K + 1, V, generator=g) * 1.5
-    q_probs = torch.softmax(torch.randn(K, V, generator=g) * 1.5, -1)
-    if stochastic:
-        drafts = torch.multinomial(q_probs, N, replacement=True, generator=g).T  # [N,K]
-        q = q_probs.expand(N, K, V)
-    else:  # a deterministic draft always proposes the same tokens
-        drafts = torch.tensor([[2, 4]]).expand(N, K)
-        q = None
-    temp = 0.8
-    out, n = rejection_sample_ref(p_logits.expand(N, K + 1, V), drafts, q, torch.full((N,), K, dtype=torch.int32),
-                                  torch.full((N,), temp), torch.full((N,), 5, dtype=torch.int64), torch.tensor(0))
-    p = torch.softmax(p_logits / temp, -1)
-    emp1 = torch.bincount(out[:, 0], minlength=V).double() / N
-    tv1 = 0.5 * (emp1 - p[0]).abs().sum().item()
-    assert tv1 <= total_variation_bound(V, N), tv1
-    acc = out[:, 0] == drafts[:, 0]
-    m = int(acc.sum())
-    emp2 = torch.bincount(out[acc, 1], minlength=V).double() / m
-    tv2 = 0.5 * (emp2 - p[1]).abs().sum().item()
-    assert tv2 <= total_variation_bound(V, m), tv2
-    # and a wrong sampler would fail: the draft's own distribution is far away
-    if stochastic:
-        assert 0.5 * (q_probs[0] - p[0]).abs().sum() > 5 * total_variation_bound(V, N)
+    assert_sampler_matches_target(rejection_sample_ref, stochastic)

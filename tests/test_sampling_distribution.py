@@ -2,11 +2,10 @@
 (exact enumeration of the 64 continuations vs 1e5 independent rows, TV bound from n)."""
 import pytest
 import torch
-from conftest import save_tiny
+from conftest import small_vocab_models
 
 from specengine import Engine, SamplingParams
 from specengine.kernels import total_variation_bound
-from specengine.loading import load_model
 from specengine.sampling import probs_of
 
 V, N, PROMPT = 8, 100_000, [3, 5, 2]
@@ -14,13 +13,7 @@ V, N, PROMPT = 8, 100_000, [3, 5, 2]
 
 @pytest.fixture(scope="module")
 def small_vocab(tmp_path_factory, tokenizer):
-    path = tmp_path_factory.mktemp("v8")
-    hf = save_tiny(path, "qwen2", seed=21, vocab=V, scale=6.0)
-    target, draft = load_model(path)[0], load_model(path)[0]
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.3 * p.abs().mean())
+    hf, target, draft = small_vocab_models(tmp_path_factory.mktemp("v8"), V)
     return hf, Engine(target, tokenizer, draft, max_seq_len=16)
 
 
