@@ -13,6 +13,7 @@ from .cross_device import CrossDeviceDraft
 from .graphs import GraphRunner, padded_width
 from .kernels.reference import rejection_sample_ref, verify_attention_ref
 from .loading import load_model, load_tokenizer
+from .methods.pearl import GAMMA_MAX as PEARL_GAMMA_MAX
 from .methods.policies import make_policy
 from .sampling import SamplingParams
 
@@ -100,14 +101,11 @@ class Engine:
 
     def set_backends(self, attention: str = "auto", sampler: str = "auto") -> None:
         """Pick the attention and rejection-sampling implementations ("torch" | "triton" | "auto")."""
-        attn = attention_op(attention, self.device)
-        for model in (self.target, self.draft):
-            if model is not None:
-                model.attn_fn = attn if getattr(model, "device", self.device) == self.device else \
-                    attention_op(attention, model.device)
-                graphs = getattr(getattr(model, "model", model), "graphs", None)
-                if graphs is not None:  # captured steps baked in the old kernels
-                    graphs.reset()
+        for model in self._models():
+            model.attn_fn = attention_op(attention, model.embed_tokens.weight.device)
+            if model.graphs is not None:  # captured steps baked in the old kernels
+                model.graphs.reset()
+        attn = self.target.attn_fn
         self.sampler = sampler_op(sampler, self.device)
         self.attention_backend = "torch" if attn is verify_attention_ref else "triton"
         self.sampler_backend = "torch" if self.sampler is rejection_sample_ref else "triton"
@@ -117,12 +115,16 @@ class Engine:
 
         `capture` replaces torch.cuda.graph capture (tests use a stand-in on CPU).
         """
-        for model in (self.target, getattr(self.draft, "model", self.draft)):
-            if model is None:
-                continue
+        for model in self._models():
             on_cuda = model.embed_tokens.weight.is_cuda
             model.graphs = GraphRunner(model, enabled=enabled, capture=capture) \
                 if enabled and (on_cuda or capture is not None) else None
+
+    def _models(self):
+        """Our Transformers (the draft unwrapped when it lives on another device)."""
+        yield self.target
+        if self.draft is not None:
+            yield getattr(self.draft, "model", self.draft)
 
     def side_stream(self):
         """The second CUDA stream PEARL runs the draft on (None off CUDA)."""
@@ -202,10 +204,10 @@ class Engine:
         if method == "sd":
             pol = make_policy(policy or self.policy, self.gamma if gamma is None else gamma)
             headroom = pol.gamma_max
-        elif method == "pearl":  # the window: the user's gamma, else measured (at most 16)
+        elif method == "pearl":  # the window: the user's gamma, else measured (at most GAMMA_MAX)
             if gamma is not None and (not isinstance(gamma, int) or gamma < 1):
                 raise SpecEngineError(f"pearl window gamma must be an integer >= 1, got {gamma!r}")
-            pol, headroom = gamma, gamma or 16
+            pol, headroom = gamma, gamma or PEARL_GAMMA_MAX
         else:
             pol, headroom = None, 0
         # a round may write up to its padded (graph-bucket) width past a row's length

@@ -38,14 +38,6 @@ class CrossDeviceDraft:
     def device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
 
-    @property
-    def attn_fn(self):
-        return self.model.attn_fn
-
-    @attn_fn.setter
-    def attn_fn(self, fn):
-        self.model.attn_fn = fn
-
     def setup_cache(self, batch: int, max_seq_len: int):
         self.cache = _CacheView(self.model.setup_cache(batch, max_seq_len), self.home)
         return self.cache

@@ -23,6 +23,11 @@ from .timing import PhaseTimer
 ATTN_BUCKET = 64  # attention reads a prefix of the cache rounded up to this many positions
 
 
+def attn_bound(length: int, max_seq_len: int) -> int:
+    """The cache prefix a step reads: `length` rounded up to ATTN_BUCKET, within the buffer."""
+    return min(-(-length // ATTN_BUCKET) * ATTN_BUCKET, max_seq_len)
+
+
 @dataclass
 class RowState:
     prompt_len: int
@@ -88,8 +93,7 @@ class Generation:
     def _pearl_state(self, gamma):
         """γ given by the user, or round(1/c) from c measured once per engine."""
         eng = self.engine
-        self.st.attn_len = min(-(-(max(r.prompt_len for r in self.rows) + 1) // ATTN_BUCKET) * ATTN_BUCKET,
-                               eng.max_seq_len)
+        self.st.attn_len = attn_bound(max(r.prompt_len for r in self.rows) + 1, eng.max_seq_len)
         if eng.cost_ratio is None:
             eng.cost_ratio = measure_cost_ratio(eng.target, eng.draft, self.st)
         return new_state(len(self.rows), gamma if gamma is not None else gamma_for(eng.cost_ratio),
@@ -110,7 +114,7 @@ class Generation:
         headroom = 2 * padded_width(getattr(self.policy, "gamma_max", 0) + 1)
         while any(r.finish_reason is None for r in self.rows):
             longest = max(r.prompt_len + len(r.ids) for r in self.rows)
-            self.st.attn_len = min(-(-(longest + headroom) // ATTN_BUCKET) * ATTN_BUCKET, self.engine.max_seq_len)
+            self.st.attn_len = attn_bound(longest + headroom, self.engine.max_seq_len)
             out = self._round()
             B, K1 = out.tokens.shape
             host = torch.cat([out.tokens.flatten(), out.n_acc.to(torch.int64), out.num_draft.to(torch.int64),

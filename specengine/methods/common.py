@@ -7,7 +7,7 @@ round to read what was committed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -30,6 +30,12 @@ class DecodeState:
     def batch(self) -> int:
         return self.tokens.shape[0]
 
+    def positions(self, start: torch.Tensor, width: int) -> torch.Tensor:
+        """[B,width] token-buffer positions start[b] + j, clamped inside the buffer (rows at the
+        end of their capacity read/write the last slot, never out of range)."""
+        j = torch.arange(width, device=start.device)[None, :]
+        return (start.to(torch.int64)[:, None] + j).clamp(max=self.tokens.shape[1] - 1)
+
     def last_tokens(self) -> torch.Tensor:
         return self.tokens.gather(1, (self.n - 1)[:, None]).squeeze(1)
 
@@ -37,7 +43,7 @@ class DecodeState:
         """Append out_tokens[b, :n_new[b]] to the active rows and move to fresh random numbers."""
         K1 = out_tokens.shape[1]
         j = torch.arange(K1, device=out_tokens.device)[None, :]
-        idx = (self.n[:, None] + j).clamp(max=self.tokens.shape[1] - 1)
+        idx = self.positions(self.n, K1)
         keep = (j < n_new.to(torch.int64)[:, None]) & self.active[:, None]
         self.tokens.scatter_(1, idx, torch.where(keep, out_tokens, self.tokens.gather(1, idx)))
         self.n += n_new.to(torch.int64) * self.active
@@ -53,4 +59,3 @@ class RoundOutput:
     n_committed: torch.Tensor  # [B] tokens appended this round (n_acc + 1 unless a bonus is withheld)
     target_forwards: int = 1
     draft_forwards: int = 0
-    extra: dict = field(default_factory=dict)

@@ -73,7 +73,10 @@ def measure_cost_ratio(target, draft, st: DecodeState, repeats: int = 3) -> floa
     return step_time(draft) / step_time(target)
 
 
-def gamma_for(cost_ratio: float, gamma_max: int = 16) -> int:
+GAMMA_MAX = 16  # the longest window round(1/c) may choose (also the capacity headroom)
+
+
+def gamma_for(cost_ratio: float, gamma_max: int = GAMMA_MAX) -> int:
     """PEARL's window: γ = round(1 / c), so the draft's γ steps take as long as one target step."""
     return max(1, min(gamma_max, round(1.0 / max(cost_ratio, 1e-6))))
 
@@ -99,8 +102,7 @@ def overlap(device: torch.device, side_stream, draft_fn, target_fn):
 
 def pearl_round(target, draft, st: DecodeState, ps: PearlState, timer, side_stream=None) -> RoundOutput:
     gamma, B, dev = ps.gamma, st.batch, st.tokens.device
-    n0 = st.n.clone()
-    post = ps.post
+    n0, post = st.n.clone(), ps.post
     virt = n0 + post.to(torch.int64) * (gamma - 1)  # committed + pending
     width = gamma if ps.any_post else 1  # all rows in pre-verify: the target needs one token
 
@@ -110,14 +112,12 @@ def pearl_round(target, draft, st: DecodeState, ps: PearlState, timer, side_stre
 
     def run_target():
         with timer.phase("target"):
-            idx = (n0 - 1)[:, None] + torch.arange(width, device=dev)[None, :]
-            return target.verify(st.tokens.gather(1, idx.clamp(max=st.tokens.shape[1] - 1)), attn_len=st.attn_len)
+            return target.verify(st.tokens.gather(1, st.positions(n0 - 1, width)), attn_len=st.attn_len)
 
     (drafts, q, _), logits = overlap(dev, side_stream, run_draft, run_target)
 
     # proposals: post rows verify [pending, e1] (γ), pre rows verify [d1] (1)
-    j = torch.arange(gamma, device=dev)[None, :]
-    pending = st.tokens.gather(1, (n0[:, None] + j[:, : gamma - 1]).clamp(max=st.tokens.shape[1] - 1))
+    pending = st.tokens.gather(1, st.positions(n0, gamma - 1))
     proposal = torch.where(post[:, None], torch.cat([pending, drafts[:, :1]], 1), drafts)
     num_draft = torch.where(post, gamma, 1).to(torch.int32)
     q_all = None
@@ -136,7 +136,7 @@ def pearl_round(target, draft, st: DecodeState, ps: PearlState, timer, side_stre
     target.cache.set_lens(st.n - 1)
     # accepted rows keep drafts[1:] pending right after the committed tokens; the draft has
     # seen all but the last of them. Rejected rows restart from the correction.
-    spare = (st.n[:, None] + j[:, : gamma - 1]).clamp(max=st.tokens.shape[1] - 1)
+    spare = st.positions(st.n, gamma - 1)
     keep = all_ok & st.active
     st.tokens.scatter_(1, spare, torch.where(keep[:, None], drafts[:, 1:], st.tokens.gather(1, spare)))
     draft.cache.set_lens(torch.where(keep, draft.cache.lens.to(torch.int64), st.n - 1))

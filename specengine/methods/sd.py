@@ -21,8 +21,7 @@ def draft_catch_up(draft, st: DecodeState, upto: torch.Tensor) -> torch.Tensor:
     """Feed the draft the tokens of st.tokens[:, :upto] it has not seen (1 or 2 per row);
     returns the logits after the last one [B,V]."""
     dlen = draft.cache.lens.to(torch.int64)
-    idx = (dlen[:, None] + torch.arange(2, device=dlen.device)[None, :]).clamp(max=st.tokens.shape[1] - 1)
-    logits = draft.verify(st.tokens.gather(1, idx), attn_len=st.attn_len)
+    logits = draft.verify(st.tokens.gather(1, st.positions(dlen, 2)), attn_len=st.attn_len)
     which = (upto - 1 - dlen).clamp(0, 1)
     draft.cache.set_lens(upto)
     return logits[torch.arange(st.batch, device=logits.device), which]
