@@ -43,3 +43,19 @@ def timed(benchmark, fn, nbytes: int):
     if peak_bandwidth():
         benchmark.extra_info["roofline_fraction"] = nbytes / mean / peak_bandwidth()
         benchmark.extra_info["device"] = torch.cuda.get_device_name()
+
+
+def pytest_benchmark_update_json(config, benchmarks, output_json):
+    """Record what the numbers were measured with: device, library versions, the command."""
+    import sys
+
+    from specengine.benchmark import environment
+
+    env = environment()
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    env["command"] = "pytest " + " ".join(sys.argv[1:])
+    output_json["environment"] = env
