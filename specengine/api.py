@@ -15,6 +15,8 @@ from .kernels.reference import rejection_sample_ref, verify_attention_ref
 from .loading import load_model, load_tokenizer
 from .methods.pearl import GAMMA_MAX as PEARL_GAMMA_MAX
 from .methods.policies import make_policy
+from .methods.step_costs import measure_step_costs
+from .cpu_matmul import choose_dtype, optimize, unpack
 from .sampling import SamplingParams
 
 METHODS = ("ar", "sd", "pearl")
@@ -35,7 +37,7 @@ def _dtype(dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPES:
-        raise SpecEngineError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+        raise SpecEngineError(f"unknown dtype {dtype!r}; choose from auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
 
 
@@ -52,8 +54,8 @@ class Engine:
     """A target model, an optional draft model sharing its tokenizer, and a decoding method."""
 
     def __init__(self, target, tokenizer, draft=None, method: str | None = None, max_seq_len: int = 2048,
-                 gamma: int = 4, policy: str = "fixed", attention_backend: str = "auto",
-                 sampler_backend: str = "auto", cuda_graphs: bool = True):
+                 gamma: int | str = "auto", policy: str = "fixed", attention_backend: str = "auto",
+                 sampler_backend: str = "auto", cuda_graphs: bool = True, cpu_matmul: str = "auto"):
         if draft is target:
             raise SpecEngineError("draft and target must be separate model objects (each owns its KV cache)")
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
@@ -76,28 +78,63 @@ class Engine:
         make_policy(policy, gamma)  # validate early
         self.set_backends(attention_backend, sampler_backend)
         self.set_cuda_graphs(cuda_graphs)
-        self.cost_ratio = None  # draft/target step-time ratio, measured on the first pearl call
+        self._step_costs = {}  # batch -> StepCosts, measured on first need (sd gamma="auto", pearl)
         self._side_stream = None
+        self.set_cpu_matmul(cpu_matmul)
         self.eos_ids = self._eos_ids()
 
     @classmethod
     def from_pretrained(cls, target: str, draft: str | None = None, method: str | None = None,
-                        device="auto", dtype="float32", max_seq_len: int = 2048, gamma: int = 4,
+                        device="auto", dtype="auto", max_seq_len: int = 2048, gamma: int | str = "auto",
                         policy: str = "fixed", attention_backend: str = "auto",
-                        sampler_backend: str = "auto", draft_device=None, cuda_graphs: bool = True) -> "Engine":
+                        sampler_backend: str = "auto", draft_device=None, cuda_graphs: bool = True,
+                        cpu_matmul: str = "auto") -> "Engine":
         """Load target (and draft) from a registry name, HF directory, hub-cache id or .gguf.
 
+        dtype="auto": bfloat16 on CUDA; on a CPU, float32 or bfloat16, whichever runs the
+        model's matmuls faster on this machine (measured once, cached; see cpu_matmul.py).
         draft_device: put the draft on its own device (e.g. "cuda:1"), so PEARL's draft and
         target forwards run on two GPUs; default: the target's device.
         """
-        dev, dt = _device(device), _dtype(dtype)
+        dev = _device(device)
         ddev = dev if draft_device is None else _device(draft_device)
-        tmodel, tpath = load_model(target, dt, dev)
-        dmodel = load_model(draft, dt, ddev)[0] if draft is not None else None
+        tmodel, tpath, tchoice = _load(target, dtype, dev)
+        dmodel, _, dchoice = _load(draft, dtype, ddev) if draft is not None else (None, None, None)
         if dmodel is not None and ddev != dev:
             dmodel = CrossDeviceDraft(dmodel, dev)
-        return cls(tmodel, load_tokenizer(tpath), dmodel, method, max_seq_len, gamma, policy,
-                   attention_backend, sampler_backend, cuda_graphs)
+        engine = cls(tmodel, load_tokenizer(tpath), dmodel, method, max_seq_len, gamma, policy,
+                     attention_backend, sampler_backend, cuda_graphs, cpu_matmul)
+        engine.dtype_choice = {"target": tchoice, "draft": dchoice} if dtype == "auto" else None
+        return engine
+
+    def set_cpu_matmul(self, mode: str = "auto") -> None:
+        """"auto": CPU Linear layers use the fastest matmul path per shape and row count,
+        measured on this machine once (cached); "linear": plain F.linear everywhere."""
+        if mode not in ("auto", "linear"):
+            raise SpecEngineError(f"unknown cpu_matmul mode {mode!r}; choose from auto, linear")
+        for model in self._models():
+            if model.embed_tokens.weight.device.type != "cpu":
+                continue
+            if mode == "auto":
+                optimize(model)
+            else:
+                unpack(model)
+        self.cpu_matmul = mode
+
+    def step_costs(self, st, max_width: int):
+        """Measured draft step and target forward costs for st's batch (widths 1..max_width),
+        cached per engine and batch size."""
+        have = self._step_costs.get(st.batch)
+        if have is None or len(have.target_s) < max_width:
+            have = self._step_costs[st.batch] = measure_step_costs(self.target, self.draft, st, max_width)
+        return have
+
+    def warmup(self, batch: int = 1) -> None:
+        """Pay one-time costs now rather than in the first timed call: measure the step costs
+        that `gamma="auto"` and pearl use (the CPU matmul paths are tuned at construction)."""
+        if self.draft is not None:
+            self.generate([[0]] * batch if batch > 1 else [0], max_new_tokens=2, ignore_eos=True,
+                          method="sd", gamma="auto")
 
     def set_backends(self, attention: str = "auto", sampler: str = "auto") -> None:
         """Pick the attention and rejection-sampling implementations ("torch" | "triton" | "auto")."""
@@ -205,6 +242,7 @@ class Engine:
             pol = make_policy(policy or self.policy, self.gamma if gamma is None else gamma)
             headroom = pol.gamma_max
         elif method == "pearl":  # the window: the user's gamma, else measured (at most GAMMA_MAX)
+            gamma = None if gamma == "auto" else gamma
             if gamma is not None and (not isinstance(gamma, int) or gamma < 1):
                 raise SpecEngineError(f"pearl window gamma must be an integer >= 1, got {gamma!r}")
             pol, headroom = gamma, gamma or PEARL_GAMMA_MAX
@@ -258,6 +296,19 @@ class Engine:
                 yield text[len(sent):]
                 sent = text
         self.last_stats = gen.stats()
+
+
+def _load(ref, dtype, device: torch.device):
+    """(model, path, auto-dtype decision or None) with dtype resolved ("auto" measured on CPU)."""
+    if dtype != "auto":
+        return (*load_model(ref, _dtype(dtype), device), None)
+    if device.type == "cuda":
+        return (*load_model(ref, torch.bfloat16, device), {"dtype": "bfloat16", "why": "cuda"})
+    model, path = load_model(ref, torch.float32, device)
+    best, seconds = choose_dtype(model)
+    if best != torch.float32:
+        model.to(best)
+    return model, path, {"dtype": str(best).removeprefix("torch."), "matmul_step_s": seconds}
 
 
 def _is_chat(p) -> bool:

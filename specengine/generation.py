@@ -15,7 +15,7 @@ from .errors import SpecEngineError
 from .graphs import padded_width
 from .methods.ar import ar_round
 from .methods.common import DecodeState
-from .methods.pearl import gamma_for, measure_cost_ratio, new_state, pearl_round
+from .methods.pearl import gamma_for, new_state, pearl_round
 from .methods.sd import sd_round
 from .sampling import SamplingParams
 from .timing import PhaseTimer
@@ -46,6 +46,7 @@ class Counters:
     accepted: int = 0
     round_tokens: int = 0  # committed per round per active row (before truncation)
     row_rounds: int = 0
+    gamma_sum: int = 0  # draft length of every round (γ may change between rounds)
 
 
 class Generation:
@@ -58,11 +59,15 @@ class Generation:
         self.stop_ids, self.stop_strings = stop_ids, stop_strings
         self.rows = [RowState(len(p)) for p in prompts]
         self.c = Counters()
+        self.cost_ratio = None  # pearl: the measured c behind its window
         self.t0 = time.perf_counter()
         self.timer = PhaseTimer(engine.device)
         self.st = self._prefill(prompts)
+        self.st.attn_len = attn_bound(max(r.prompt_len for r in self.rows) + 1, engine.max_seq_len)
         if method == "pearl":
             self.policy = self._pearl_state(policy)
+        elif getattr(policy, "needs_costs", False):  # gamma="auto": γ from measured step costs
+            policy.set_costs(engine.step_costs(self.st, policy.gamma_max + 1))
         self.prefill_s = time.perf_counter() - self.t0
 
     # ------------------------------------------------------------------ set-up
@@ -91,12 +96,9 @@ class Generation:
         )
 
     def _pearl_state(self, gamma):
-        """γ given by the user, or round(1/c) from c measured once per engine."""
-        eng = self.engine
-        self.st.attn_len = attn_bound(max(r.prompt_len for r in self.rows) + 1, eng.max_seq_len)
-        if eng.cost_ratio is None:
-            eng.cost_ratio = measure_cost_ratio(eng.target, eng.draft, self.st)
-        return new_state(len(self.rows), gamma if gamma is not None else gamma_for(eng.cost_ratio),
+        """γ given by the user, or round(1/c) from c measured once per engine and batch size."""
+        self.cost_ratio = self.engine.step_costs(self.st, 1).cost_ratio
+        return new_state(len(self.rows), gamma if gamma is not None else gamma_for(self.cost_ratio),
                          self.st.tokens.device)
 
     # ------------------------------------------------------------------ rounds
@@ -126,6 +128,7 @@ class Generation:
     def _book(self, out, committed, n_acc, num_draft) -> list[list[int]]:
         c = self.c
         c.rounds += 1
+        c.gamma_sum += getattr(self.policy, "gamma", 0)
         c.target_forwards += out.target_forwards
         c.draft_forwards += out.draft_forwards
         was_active = [r.finish_reason is None for r in self.rows]
@@ -190,6 +193,7 @@ class Generation:
             s.update({
                 "policy": self.policy.name,
                 "gamma": self.policy.gamma,
+                "gamma_mean": c.gamma_sum / max(c.rounds, 1),
                 "draft_forwards": c.draft_forwards,
                 "proposed_drafts": c.proposed,
                 "accepted_drafts": c.accepted,
@@ -202,7 +206,7 @@ class Generation:
             rounds = max(c.rounds, 1)
             s.update({
                 "mean_accepted_tokens": new_tokens / max(runs, 1),
-                "measured_cost_ratio": self.engine.cost_ratio,
+                "measured_cost_ratio": self.cost_ratio,
                 "round_draft_s": times.get("draft", 0.0) / rounds,
                 "round_target_s": times.get("target", 0.0) / rounds,
                 "round_wall_s": times.get("round", 0.0) / rounds,

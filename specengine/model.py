@@ -22,20 +22,22 @@ AttentionFn = Callable[..., torch.Tensor]  # the verify_attention contract (DESI
 
 
 class Linear(nn.Linear):
-    """nn.Linear with a CPU fast path for the few-row inputs of decoding and verification.
+    """nn.Linear whose CPU matmul path per row count is chosen by measurement.
 
-    CPU BLAS runs x @ W^T for 1-11 rows far below memory bandwidth (measured on the 2-core
-    dev machine: 5.8 ms vs 1.5 ms for 2 rows of a 8960x1536 fp32 weight); computing
-    (W @ x^T)^T on a contiguous x reaches it. A single row is padded to two, which takes the
-    same fast path (a lone row goes to a slower GEMV). Other devices use F.linear.
+    `cpu_matmul.apply` sets `plan_fns` (a path per row count 1..16 and one for larger
+    inputs) and may move the weight into oneDNN's packed layout (`packed_weight`, with
+    `weight` then None). Without a plan (GPU, or not tuned) this is plain F.linear.
     """
+    plan = plan_fns = packed_weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1]
-        if x.device.type != "cpu" or rows > 11:
+        if self.plan_fns is None:
             return F.linear(x, self.weight, self.bias)
-        x2 = x.reshape(rows, x.shape[-1]).contiguous()
-        y = (self.weight @ (x2.repeat(2, 1) if rows == 1 else x2).t()).t()[:rows]
+        by_rows, large = self.plan_fns
+        rows = x.numel() // x.shape[-1]
+        fn = by_rows[rows] if rows < len(by_rows) else large
+        w = self.weight if self.packed_weight is None else self.packed_weight
+        y = fn(x.reshape(rows, x.shape[-1]).contiguous(), w)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], y.shape[-1])

@@ -13,10 +13,11 @@ from ..errors import SpecEngineError
 
 class FixedPolicy:
     name = "fixed"
+    needs_costs = False
 
     def __init__(self, gamma: int = 4):
         if not isinstance(gamma, int) or gamma < 1:
-            raise SpecEngineError(f"gamma must be an integer >= 1, got {gamma!r}")
+            raise SpecEngineError(f"gamma must be an integer >= 1 or 'auto', got {gamma!r}")
         self.gamma = self.gamma_max = gamma
 
     def num_draft(self, conf: torch.Tensor) -> torch.Tensor:
@@ -67,10 +68,64 @@ class ConfidencePolicy(FixedPolicy):
             self.gamma = min(self.gamma_max, max(num_draft) + 1)
 
 
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Tokens a round commits when each draft is accepted with prob alpha until the first
+    rejection: 1 + alpha + ... + alpha^gamma (Leviathan et al. 2023, eq. 1)."""
+    return gamma + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def best_gamma(alpha: float, costs, gamma_max: int) -> int:
+    """The γ that maximizes committed tokens per second: E[tokens](α, γ) / (γ·draft + verify(γ+1))."""
+    def rate(g):
+        return expected_tokens(alpha, g) / (g * costs.draft_s + costs.verify_s(g + 1))
+    return max(range(1, gamma_max + 1), key=rate)
+
+
+class AutoGammaPolicy(FixedPolicy):
+    """`gamma="auto"`: each round's γ maximizes expected tokens per unit of time, from the
+    measured draft step cost, the measured target cost per width (`step_costs.py`) and the
+    running acceptance rate. No sweep: the best γ of each machine and prompt falls out.
+
+    α is the maximum-likelihood rate of the truncated-geometric acceptance model
+    (accepted / (accepted + rejections)), with a weak prior and a decay so that it follows
+    the text as it changes (code vs prose accept differently).
+    """
+    name = "auto"
+    needs_costs = True
+
+    def __init__(self, gamma_max: int = 8, prior_alpha: float = 0.7, prior_weight: float = 4.0,
+                 decay: float = 0.95):
+        super().__init__(min(4, gamma_max))
+        self.gamma_max = gamma_max
+        self.accepted, self.rejected = prior_alpha * prior_weight, (1 - prior_alpha) * prior_weight
+        self.decay = decay
+        self.costs = None
+        self.history: list[int] = []
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
+
+    def set_costs(self, costs) -> None:
+        self.costs = costs
+        self.gamma = best_gamma(self.alpha, costs, self.gamma_max)
+
+    def update(self, n_acc, num_draft):
+        self.history.append(self.gamma)
+        self.accepted = self.decay * self.accepted + sum(n_acc)
+        self.rejected = self.decay * self.rejected + sum(a < d for a, d in zip(n_acc, num_draft))
+        if self.costs is not None:
+            self.gamma = best_gamma(self.alpha, self.costs, self.gamma_max)
+
+
 POLICIES = {p.name: p for p in (FixedPolicy, HeuristicPolicy, ConfidencePolicy)}
 
 
-def make_policy(name: str, gamma: int | None = None, **kw) -> FixedPolicy:
+def make_policy(name: str, gamma: int | str | None = None, **kw) -> FixedPolicy:
+    """`gamma="auto"` turns the fixed policy into AutoGammaPolicy; the adaptive policies then
+    start from their own default γ."""
     if name not in POLICIES:
         raise SpecEngineError(f"unknown draft-length policy {name!r}; choose from {', '.join(POLICIES)}")
+    if gamma == "auto":
+        return AutoGammaPolicy(**kw) if name == "fixed" else POLICIES[name](**kw)
     return POLICIES[name](gamma, **kw) if gamma is not None else POLICIES[name](**kw)

@@ -1,0 +1,310 @@
+"""How CPU `Linear` layers multiply the few-row inputs of decoding and verification,
+chosen by measurement on the machine at hand (docs/design.md, "CPU matmul paths").
+
+CPU BLAS libraries handle 1-16 row inputs very differently from one CPU to the next: on
+one machine `F.linear` is near memory bandwidth, on another the transposed product
+`(W @ xᵀ)ᵀ` or oneDNN with a pre-packed weight is 2-4x faster. No choice is hard-coded:
+for every weight shape of a model (grouped: all q_proj of a model share a shape) and every
+row count 1..ROWS_TUNED[-1], each candidate path is timed on the model's own weights, the
+fastest is kept, and the table is cached per machine (CPU model, instruction set, thread
+count, torch version) under the cache dir, so later loads apply it at once.
+
+A shape group also chooses its weight *storage*: the plain tensor (paths `linear`, `wxt`,
+`wxt_pad`) or oneDNN's packed layout (path `mkldnn`, for every row count). Packing
+replaces the weight (one copy in memory, never two); `unpack` restores it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+ROWS_TUNED = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)  # decode (1), verify (γ+1), small batches
+MIN_PASS_BYTES = 256 << 20  # a timing pass reads at least this much weight (or every layer)
+
+
+# ----------------------------------------------------------------------------- paths
+def _linear(x, w):
+    return F.linear(x, w)
+
+
+def _wxt(x, w):  # (W @ xᵀ)ᵀ: another BLAS kernel family, fast for few rows on some CPUs
+    return (w @ x.t()).t()
+
+
+def _wxt_pad(x, w):  # one row padded to two: avoids a slow GEMV on some BLAS builds
+    return (w @ x.repeat(2, 1).t()).t()[:1] if x.shape[0] == 1 else _wxt(x, w)
+
+
+def _mkldnn(x, packed):
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+def _pack_mkldnn(w: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(w, None)
+
+
+PATHS = {"linear": ("plain", _linear), "wxt": ("plain", _wxt), "wxt_pad": ("plain", _wxt_pad),
+         "mkldnn": ("mkldnn", _mkldnn)}
+STORAGE_LARGE_PATH = {"plain": "linear", "mkldnn": "mkldnn"}  # rows past the tuned range
+
+
+def storage_available(storage: str, dtype: torch.dtype) -> bool:
+    """oneDNN packing exists only where this torch build and CPU support it for the dtype."""
+    if storage == "plain":
+        return True
+    try:
+        _pack_mkldnn(torch.zeros(8, 8, dtype=dtype))
+        return True
+    except (RuntimeError, AttributeError):
+        return False
+
+
+# ----------------------------------------------------------------------------- plans
+@dataclass(frozen=True)
+class Plan:
+    """The storage of one shape group and its path per row count (index = rows)."""
+    storage: str
+    by_rows: tuple[str, ...]  # path for r rows at index r (index 0: the large-input path)
+
+    def fns(self):
+        return tuple(PATHS[p][1] for p in self.by_rows), PATHS[STORAGE_LARGE_PATH[self.storage]][1]
+
+
+def plan_from_entry(entry: dict) -> Plan:
+    """Best path per tuned row count; an untuned count uses the next larger tuned one."""
+    storage = entry["storage"]
+    allowed = [p for p, (s, _) in PATHS.items() if s == storage]
+    best = {int(r): min((ms, p) for p, ms in times.items() if p in allowed)[1]
+            for r, times in entry["ms"].items()}
+    top = max(best)
+    by_rows = [STORAGE_LARGE_PATH[storage]] + [best[min(t for t in best if t >= r)] for r in range(1, top + 1)]
+    return Plan(storage, tuple(by_rows))
+
+
+def apply_plan(layer, plan: Plan) -> None:
+    """Set a Linear's plan, packing (or unpacking) its weight to the plan's storage."""
+    if plan.storage == "mkldnn" and getattr(layer, "packed_weight", None) is None:
+        layer.packed_weight = _pack_mkldnn(layer.weight.detach())
+        layer.weight = None  # one copy: the packed one
+    elif plan.storage == "plain":
+        unpack_layer(layer)
+    layer.plan = plan
+    layer.plan_fns = plan.fns()
+
+
+def unpack_layer(layer) -> None:
+    if getattr(layer, "packed_weight", None) is not None:
+        layer.weight = torch.nn.Parameter(layer.packed_weight.to_dense(), requires_grad=False)
+        layer.packed_weight = None
+    layer.plan = layer.plan_fns = None
+
+
+def unpack(model) -> None:
+    """Back to plain weights and F.linear everywhere (e.g. before moving a model to a GPU)."""
+    for layer in _linears(model):
+        unpack_layer(layer)
+
+
+# ----------------------------------------------------------------------------- machine cache
+def machine() -> dict:
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            found = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.M)
+            name = found.group(1).strip() if found else name
+    except OSError:
+        pass
+    return {"cpu": name, "isa": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__}
+
+
+def cache_path() -> Path:
+    from .fetch import cache_dir
+
+    m = machine()
+    key = re.sub(r"[^A-Za-z0-9.]+", "-", f"{m['cpu']}-{m['isa']}-{m['threads']}t-torch{m['torch']}").strip("-")
+    return cache_dir() / "cpu_matmul" / f"{key}.json"
+
+
+def _load_table() -> dict:
+    try:
+        return json.loads(cache_path().read_text())["entries"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def _save_table(entries: dict) -> None:
+    path = cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"machine": machine(), "entries": entries}, indent=1, sort_keys=True))
+    tmp.replace(path)  # atomic: concurrent processes never read half a file
+
+
+# ----------------------------------------------------------------------------- measuring
+def _linears(model):
+    from .model import Linear
+
+    return [m for m in model.modules() if isinstance(m, Linear)]
+
+
+def shape_groups(model, dtype=None) -> dict[str, list]:
+    """Linear layers keyed by "dtype:out x in:storage options" (a tied LM head stays plain)."""
+    tied = model.embed_tokens.weight
+    groups: dict[str, list] = {}
+    for layer in _linears(model):
+        dt = dtype or (layer.weight if layer.weight is not None else layer.packed_weight).dtype
+        shared = layer.weight is tied
+        key = f"{str(dt).removeprefix('torch.')}:{layer.out_features}x{layer.in_features}:{'tied' if shared else 'own'}"
+        groups.setdefault(key, []).append(layer)
+    return groups
+
+
+def _dense(layer) -> torch.Tensor:
+    return layer.weight.detach() if layer.weight is not None else layer.packed_weight.to_dense()
+
+
+def _sample(layers, dtype) -> list[torch.Tensor]:
+    """Enough of a group's weights that a pass streams MIN_PASS_BYTES from memory, as
+    decoding does (every layer when the group is smaller). A single huge weight (an LM head)
+    is cut to its first output rows: same kernel, same inner size, a quarter of the time."""
+    out, total = [], 0
+    for layer in layers:
+        w = _dense(layer)
+        rows_needed = -(-MIN_PASS_BYTES // (w.shape[1] * w.element_size()))
+        if not out and w.shape[0] > 2 * rows_needed:
+            return [w[:rows_needed].to(dtype)]
+        out.append(w.to(dtype))
+        total += w.numel() * w.element_size()
+        if total >= MIN_PASS_BYTES and len(out) >= 2:
+            break
+    return out
+
+
+def _time_pass(fn, x, weights, reps: int) -> float:
+    """Best-of-`reps` seconds per layer for one pass over `weights` (the first pass also
+    warms up the kernel; it rarely wins the minimum)."""
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        for w in weights:
+            fn(x, w)
+        best = min(best, (time.perf_counter() - t) / len(weights))
+    return best
+
+
+def measure_group(layers, dtype, rows, storages, reps: int = 2, bar=None) -> dict:
+    """{rows: {path: ms per layer}} for the paths of the given storages on this group's weights."""
+    plain = _sample(layers, dtype)
+    scale = layers[0].out_features / plain[0].shape[0]  # a sliced LM head: scale to the whole
+    stores = {"plain": plain}
+    if "mkldnn" in storages:
+        stores["mkldnn"] = [_pack_mkldnn(w) for w in plain]
+    gen = torch.Generator().manual_seed(0)
+    ms = {}
+    for r in rows:
+        x = torch.randn(r, plain[0].shape[1], generator=gen).to(dtype)
+        ms[str(r)] = {}
+        for name, (storage, fn) in PATHS.items():
+            if storage not in stores or (name == "wxt_pad" and r != 1):
+                continue
+            ms[str(r)][name] = 1e3 * scale * _time_pass(fn, x, stores[storage], reps)
+            if bar is not None:
+                bar.update(1)
+    return ms
+
+
+def _choose_storage(ms: dict, storages) -> str:
+    """The storage whose best paths sum to the least time over the tuned row counts."""
+    def total(storage):
+        return sum(min(t for p, t in times.items() if PATHS[p][0] == storage) for times in ms.values())
+    return min(storages, key=total)
+
+
+def tune(model, rows=ROWS_TUNED, reps: int = 2, progress: bool = True, dtype=None) -> dict[str, dict]:
+    """Measure (or read from the machine cache) every shape group of `model`; returns entries."""
+    dtype = dtype or model.embed_tokens.weight.dtype
+    table = _load_table()
+    groups = shape_groups(model, dtype)
+    todo = {}
+    for key, layers in groups.items():
+        storages = ["plain"] + (["mkldnn"] if not key.endswith(":tied") and storage_available("mkldnn", dtype) else [])
+        missing = [r for r in rows if str(r) not in table.get(key, {}).get("ms", {})]
+        if missing:
+            todo[key] = (layers, storages, missing)
+    if todo:
+        n = sum(len(m) * (2 + len(s)) for _, s, m in todo.values())
+        with tqdm(total=n, desc="measuring CPU matmul paths (once per machine)", disable=not progress,
+                  leave=False) as bar:
+            for key, (layers, storages, missing) in todo.items():
+                entry = table.setdefault(key, {"ms": {}})
+                entry["ms"].update(measure_group(layers, dtype, missing, storages, reps, bar))
+                entry["storage"] = _choose_storage(entry["ms"], storages)
+        _save_table(table)
+    return {key: table[key] for key in groups}
+
+
+def apply(model, entries: dict[str, dict]) -> dict[str, Plan]:
+    plans = {}
+    for key, layers in shape_groups(model).items():
+        plans[key] = plan_from_entry(entries[key])
+        for layer in layers:
+            apply_plan(layer, plans[key])
+    return plans
+
+
+def optimize(model, progress: bool = True) -> dict[str, Plan]:
+    """Tune (cached per machine) and apply the fastest path per shape and row count."""
+    return apply(model, tune(model, progress=progress))
+
+
+def step_seconds(model, entries: dict[str, dict], rows: int = 1, dtype=None) -> float:
+    """Matmul time of one forward at `rows` rows with the best paths of each group's storage."""
+    total = 0.0
+    for key, layers in shape_groups(model, dtype).items():
+        storage, times = entries[key]["storage"], entries[key]["ms"][str(rows)]
+        total += len(layers) * min(t for p, t in times.items() if PATHS[p][0] == storage) / 1e3
+    return total
+
+
+def weight_bytes(model) -> int:
+    """Bytes of Linear weights one decode step reads (a tied LM head counted once)."""
+    seen, total = set(), 0
+    for layer in _linears(model):
+        w = layer.weight if layer.weight is not None else layer.packed_weight
+        if id(w) not in seen:
+            seen.add(id(w))
+            total += layer.out_features * layer.in_features * w.element_size()
+    return total
+
+
+def matvec_bound(model) -> dict:
+    """The bandwidth bound of decoding on this machine: weight bytes / measured matvec time.
+
+    Uses the cached (or freshly measured) one-row timings of the model's own weights.
+    """
+    entries = tune(model, rows=(1,), progress=False)
+    seconds = step_seconds(model, entries, 1)
+    nbytes = weight_bytes(model)
+    return {"weight_bytes": nbytes, "matvec_s": seconds, "matvec_gb_per_s": nbytes / seconds / 1e9,
+            "tokens_per_s_bound": 1.0 / seconds}
+
+
+def choose_dtype(model, candidates=(torch.float32, torch.bfloat16), rows=(1, 4), progress: bool = True):
+    """The dtype whose best paths run the model's matmuls fastest (decode and a γ=3 verify),
+    from measurements on this machine; returns (dtype, {dtype name: seconds})."""
+    seconds = {}
+    for dt in candidates:
+        entries = tune(model, rows=rows, progress=progress, dtype=dt)
+        seconds[str(dt).removeprefix("torch.")] = sum(step_seconds(model, entries, r, dt) for r in rows)
+    best = min(seconds, key=seconds.get)
+    return getattr(torch, best), seconds

@@ -1,0 +1,56 @@
+"""Measured step costs, the inputs of every draft-length choice that is made by cost.
+
+`sd` with `gamma="auto"` needs the draft's one-token step and the target's forward as a
+function of its width (1 … γmax+1 tokens per row: on a CPU a verify of 4 tokens can cost
+anything from 1x to 3x a decode step, depending on the BLAS); PEARL needs their ratio c.
+Both are timed on the real models, at the call's batch size, right after prefill.
+Each timed step writes K/V at positions >= cache.lens (scratch that later steps overwrite).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .common import DecodeState
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    batch: int
+    draft_s: float  # one draft step (one token per row)
+    target_s: tuple[float, ...]  # target_s[w - 1]: one target forward of w tokens per row
+
+    @property
+    def cost_ratio(self) -> float:
+        """c = draft step / target decode step (PEARL's window is round(1/c))."""
+        return self.draft_s / self.target_s[0]
+
+    def verify_s(self, width: int) -> float:
+        """Target forward of `width` tokens; past the measured range, extrapolated linearly."""
+        t = self.target_s
+        if width <= len(t):
+            return t[width - 1]
+        slope = (t[-1] - t[0]) / max(len(t) - 1, 1)
+        return t[-1] + slope * (width - len(t))
+
+
+def time_forward(model, st: DecodeState, width: int, repeats: int = 2) -> float:
+    """Best of `repeats` wall times of one forward of `width` tokens per row (the first call
+    also pays one-time costs such as kernel selection for a new shape; the minimum drops it)."""
+    tokens = st.tokens.gather(1, st.positions(st.n - 1, width))
+    sync = torch.cuda.synchronize if tokens.is_cuda else (lambda: None)
+    best = float("inf")
+    for _ in range(repeats):
+        sync()
+        t = time.perf_counter()
+        model.verify(tokens, attn_len=st.attn_len)
+        sync()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def measure_step_costs(target, draft, st: DecodeState, max_width: int, repeats: int = 2) -> StepCosts:
+    return StepCosts(st.batch, time_forward(draft, st, 1, repeats),
+                     tuple(time_forward(target, st, w, repeats) for w in range(1, max_width + 1)))
