@@ -1,6 +1,6 @@
 """Plain-PyTorch references of the kernels: the specification and the CPU fallback.
 
-Contracts (DESIGN §4):
+Contracts (docs/design.md, "Kernel contracts"):
   verify_attention(q[B,Q,Hq,D], k_cache[B,S,Hkv,D], v_cache, cache_lens[B] int32,
                    tree_mask=None | [B|1,Q,Q] bool, sm_scale=None) -> [B,Q,Hq,D]
   rejection_sample(target_logits[B,K+1,V], draft_tokens[B,K], draft_probs[B,K,V] | None,

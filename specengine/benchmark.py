@@ -17,18 +17,21 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .cpu_matmul import machine, matvec_bound
 from .errors import SpecEngineError
 from .prompts import humaneval
 
 HF_PROVIDERS = ("hf", "hf-assisted")
 
 
-def parse_provider(spec: str) -> tuple[str, int | None]:
+def parse_provider(spec: str) -> tuple[str, int | str | None]:
     name, _, g = spec.partition(":")
     if name not in ("ar", "sd", "pearl", *HF_PROVIDERS):
-        raise SpecEngineError(f"unknown provider {spec!r}; use ar, sd[:gamma], pearl[:gamma], hf, hf-assisted")
+        raise SpecEngineError(f"unknown provider {spec!r}; use ar, sd[:gamma|:auto], pearl[:gamma], hf, hf-assisted")
+    if g == "auto" and name == "sd":
+        return name, g
     if g and (name not in ("sd", "pearl") or not g.isdigit() or int(g) < 1):
-        raise SpecEngineError(f"bad provider {spec!r}: only sd and pearl take a gamma, e.g. sd:4")
+        raise SpecEngineError(f"bad provider {spec!r}: only sd and pearl take a gamma, e.g. sd:4 or sd:auto")
     return name, int(g) if g else None
 
 
@@ -40,8 +43,9 @@ def environment() -> dict:
         commit = None
     import transformers
 
+    cpu = machine()
     env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-           "machine": platform.processor() or platform.machine(), "cpu_threads": torch.get_num_threads(),
+           "cpu": cpu["cpu"], "cpu_isa": cpu["isa"], "cpu_threads": cpu["threads"],
            "commit": commit, "command": " ".join(sys.argv)}
     if torch.cuda.is_available():
         env.update(device=torch.cuda.get_device_name(), cuda=torch.version.cuda)
@@ -95,13 +99,15 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8, max_new_toke
         new = sum(n for _, n, _ in per_prompt)
         row = {"provider": spec, "new_tokens": new, "wall_time_s": wall, "tokens_per_s": new / wall}
         ours = [s for _, _, s in per_prompt if s]
-        if ours:
+        if ours:  # decoding alone (prefill excluded): what the matvec bound speaks about
+            row["decode_tokens_per_s"] = new / (wall - sum(s["prefill_s"] for s in ours))
             tf = sum(s["target_forwards"] for s in ours)
             row["tokens_per_target_forward"] = new / tf
             if "acceptance_rate" in ours[0]:
                 row["acceptance_rate"] = sum(s["accepted_drafts"] for s in ours) / max(
                     sum(s["proposed_drafts"] for s in ours), 1)
                 row["gamma"] = ours[0]["gamma"]
+                row["gamma_mean"] = sum(s["gamma_mean"] for s in ours) / len(ours)
                 row["draft_cost_ratio"] = sum(s["draft_cost_ratio"] or 0 for s in ours) / len(ours)
             if name == "pearl":
                 runs = sum(s["new_tokens"] / s["mean_accepted_tokens"] for s in ours)
@@ -111,15 +117,31 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8, max_new_toke
                     row[k] = sum(s[k] for s in ours) / len(ours)
         if reference is None:
             reference = outputs
-        row["same_tokens_as_first_provider"] = outputs == reference
+        row.update(agreement(outputs, reference))
         rows[spec] = row
     base = baseline or providers[0]
     for row in rows.values():
         row["speedup"] = row["tokens_per_s"] / rows[base]["tokens_per_s"]
-    return {"benchmark": "e2e", "baseline": base, "n_prompts": len(ids), "max_new_tokens": max_new_tokens,
-            "prompts": "HumanEval[:%d]" % len(ids), "greedy": True,
-            "dtype": str(engine.target.embed_tokens.weight.dtype).removeprefix("torch."),
-            "environment": environment(), "results": list(rows.values())}
+    report = {"benchmark": "e2e", "baseline": base, "n_prompts": len(ids), "max_new_tokens": max_new_tokens,
+              "prompts": "HumanEval[:%d]" % len(ids), "greedy": True,
+              "dtype": str(engine.target.embed_tokens.weight.dtype).removeprefix("torch."),
+              "dtype_choice": getattr(engine, "dtype_choice", None),
+              "environment": environment(), "results": list(rows.values())}
+    if engine.device.type == "cpu":  # what the memory system allows: weights / measured matvec time
+        bound = report["target_matvec_bound"] = matvec_bound(engine.target)
+        for row in report["results"]:
+            if row["provider"] == "ar":
+                row["decode_fraction_of_matvec_bound"] = row["decode_tokens_per_s"] / bound["tokens_per_s_bound"]
+    return report
+
+
+def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
+    """Exact-match rate over prompts and the earliest token index where any prompt differs."""
+    firsts = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), min(len(o), len(r)))
+              for o, r in zip(outputs, reference) if o != r]
+    return {"same_tokens_as_first_provider": not firsts,
+            "exact_match_rate": 1 - len(firsts) / max(len(reference), 1),
+            "first_divergence": min(firsts) if firsts else None}
 
 
 def _provider_fn(engine, hf, name, gamma, max_new_tokens):
@@ -135,7 +157,7 @@ def _provider_fn(engine, hf, name, gamma, max_new_tokens):
 
 def format_table(report: dict) -> str:
     cols = ["provider", "tokens_per_s", "speedup", "tokens_per_target_forward", "acceptance_rate",
-            "mean_accepted_tokens", "gamma", "draft_cost_ratio", "same_tokens_as_first_provider"]
+            "mean_accepted_tokens", "gamma_mean", "draft_cost_ratio", "same_tokens_as_first_provider"]
     lines = [" | ".join(cols), " | ".join("---" for _ in cols)]
     for r in report["results"]:
         cells = []
@@ -143,7 +165,18 @@ def format_table(report: dict) -> str:
             v = r.get(c, "")
             cells.append(f"{v:.3f}" if isinstance(v, float) else str(v))
         lines.append(" | ".join(cells))
-    return "\n".join(lines)
+    env = report["environment"]
+    head = [f"machine: {env['cpu']} ({env['cpu_isa']}), {env['cpu_threads']} threads" if env.get("device") == "cpu"
+            else f"device: {env.get('device')}", f"dtype: {report['dtype']}"]
+    bound = report.get("target_matvec_bound")
+    if bound:
+        head.append(f"target matvec bound: {bound['tokens_per_s_bound']:.2f} tokens/s "
+                    f"({bound['weight_bytes'] / 1e9:.2f} GB of weights at {bound['matvec_gb_per_s']:.1f} GB/s measured)")
+        ar = next((r for r in report["results"] if "decode_fraction_of_matvec_bound" in r), None)
+        if ar:
+            head.append(f"ar decoding (prefill excluded): {ar['decode_tokens_per_s']:.2f} tokens/s = "
+                        f"{100 * ar['decode_fraction_of_matvec_bound']:.0f}% of the bound")
+    return "\n".join(head + [""] + lines)
 
 
 def save(report: dict, path) -> Path:

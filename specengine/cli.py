@@ -19,13 +19,27 @@ def _engine_args(p: argparse.ArgumentParser, method_default=None):
     p.add_argument("--device", default="auto")
     p.add_argument("--draft-device", default=None, help="put the draft on its own device, e.g. cuda:1")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run every step eagerly on CUDA")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="auto",
+                   help="auto (bf16 on CUDA; on CPU fp32 or bf16, whichever measures faster) | float32 | "
+                        "bfloat16 | float16")
     p.add_argument("--max-seq-len", type=int, default=2048)
-    p.add_argument("--gamma", type=int, default=None,
-                   help="sd: draft tokens per round (default 4); pearl: window (default round(1/c), measured)")
+    p.add_argument("--gamma", type=_gamma, default=None,
+                   help="sd: draft tokens per round, or auto (default: chosen each round from measured "
+                        "costs and acceptance); pearl: window (default round(1/c), measured)")
+    p.add_argument("--cpu-matmul", default="auto",
+                   help="auto (fastest path per weight shape, measured once per machine) | linear")
     p.add_argument("--policy", default="fixed", help="fixed | heuristic | confidence")
     p.add_argument("--attention-backend", default="auto", help="torch | triton | auto (triton on CUDA)")
     p.add_argument("--sampler-backend", default="auto", help="torch | triton | auto (triton on CUDA)")
+
+
+def _gamma(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"gamma must be an integer or 'auto', got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run providers side by side on HumanEval prompts")
     _engine_args(b)
     b.add_argument("--providers", default="ar,sd",
-                   help="comma list of ar, sd, sd:<gamma>, pearl, pearl:<gamma>, hf, hf-assisted")
+                   help="comma list of ar, sd, sd:<gamma>, sd:auto, pearl, pearl:<gamma>, hf, hf-assisted")
     b.add_argument("--n-prompts", type=int, default=8)
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--baseline", default=None, help="provider the speedups are relative to (default: first)")
@@ -63,10 +77,10 @@ def _load(args):
     from .api import Engine
 
     return Engine.from_pretrained(args.target, draft=args.draft, method=args.method, device=args.device,
-                                  dtype=args.dtype, max_seq_len=args.max_seq_len, gamma=args.gamma or 4,
+                                  dtype=args.dtype, max_seq_len=args.max_seq_len, gamma=args.gamma or "auto",
                                   policy=args.policy, attention_backend=args.attention_backend,
                                   sampler_backend=args.sampler_backend, draft_device=args.draft_device,
-                                  cuda_graphs=not args.no_cuda_graphs)
+                                  cuda_graphs=not args.no_cuda_graphs, cpu_matmul=args.cpu_matmul)
 
 
 def cmd_generate(args):
@@ -92,7 +106,7 @@ def cmd_generate(args):
 
 
 def _stats_line(stats: dict) -> str:
-    keys = ("method", "new_tokens", "tokens_per_s", "tokens_per_target_forward", "acceptance_rate", "gamma",
+    keys = ("method", "new_tokens", "tokens_per_s", "tokens_per_target_forward", "acceptance_rate", "gamma_mean",
             "mean_accepted_tokens")
     return "[" + ", ".join(f"{k}={stats[k]:.3g}" if isinstance(stats[k], float) else f"{k}={stats[k]}"
                            for k in keys if k in stats) + "]"

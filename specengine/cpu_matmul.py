@@ -190,14 +190,15 @@ def _sample(layers, dtype) -> list[torch.Tensor]:
     return out
 
 
-def _time_pass(fn, x, weights, reps: int) -> float:
-    """Best-of-`reps` seconds per layer for one pass over `weights` (the first pass also
-    warms up the kernel; it rarely wins the minimum)."""
+def _time_pass(fn, x, weights, reps: int, xs=None) -> float:
+    """Best-of-`reps` seconds per weight for one pass fn(x, w) over `weights` (per-weight
+    inputs when `xs` is given). The first pass also warms up; it rarely wins the minimum."""
+    xs = xs or [x] * len(weights)
     best = float("inf")
     for _ in range(reps):
         t = time.perf_counter()
-        for w in weights:
-            fn(x, w)
+        for x_i, w in zip(xs, weights):
+            fn(x_i, w)
         best = min(best, (time.perf_counter() - t) / len(weights))
     return best
 
@@ -287,13 +288,14 @@ def weight_bytes(model) -> int:
     return total
 
 
-def matvec_bound(model) -> dict:
-    """The bandwidth bound of decoding on this machine: weight bytes / measured matvec time.
-
-    Uses the cached (or freshly measured) one-row timings of the model's own weights.
-    """
-    entries = tune(model, rows=(1,), progress=False)
-    seconds = step_seconds(model, entries, 1)
+def matvec_bound(model, repeats: int = 3) -> dict:
+    """The memory-bandwidth bound of decoding on this machine, measured: the best of
+    `repeats` passes over every Linear of the model with one-row inputs, in forward order,
+    through the paths decoding uses. A decode step cannot beat its own matrix-vector work."""
+    layers = _linears(model)
+    xs = [torch.randn(1, layer.in_features).to(model.embed_tokens.weight.dtype) for layer in layers]
+    with torch.inference_mode():
+        seconds = _time_pass(lambda x, layer: layer(x), None, layers, repeats, xs) * len(layers)
     nbytes = weight_bytes(model)
     return {"weight_bytes": nbytes, "matvec_s": seconds, "matvec_gb_per_s": nbytes / seconds / 1e9,
             "tokens_per_s_bound": 1.0 / seconds}

@@ -2,20 +2,34 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 from .api import Engine
+from .cpu_matmul import machine
 from .fetch import DEFAULT_DRAFT, DEFAULT_TARGET
 from .prompts import BUILTIN_PROMPT
+
+
+def _gamma(text):
+    return text if text == "auto" else int(text)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--gamma", type=int, default=3)
+    ap.add_argument("--gamma", type=_gamma, default="auto", help="draft length, or auto (measured costs)")
+    ap.add_argument("--dtype", default="auto")
     args = ap.parse_args(argv)
 
-    engine = Engine.from_pretrained(DEFAULT_TARGET, draft=DEFAULT_DRAFT, max_seq_len=1024, gamma=args.gamma)
-    print(f"target {DEFAULT_TARGET}  draft {DEFAULT_DRAFT}  device {engine.device}  fp32  greedy\n")
+    m = machine()
+    print(f"machine: {m['cpu']} ({m['isa']}), {m['threads']} threads, torch {m['torch']}")
+    t = time.perf_counter()
+    engine = Engine.from_pretrained(DEFAULT_TARGET, draft=DEFAULT_DRAFT, max_seq_len=1024, gamma=args.gamma,
+                                    dtype=args.dtype)
+    engine.warmup()
+    dtype = str(engine.target.embed_tokens.weight.dtype).removeprefix("torch.")
+    print(f"target {DEFAULT_TARGET}  draft {DEFAULT_DRAFT}  device {engine.device}  {dtype}  greedy  "
+          f"(load + one-time measurements {time.perf_counter() - t:.1f} s)\n")
     print("prompt:\n" + BUILTIN_PROMPT)
     runs = {m: engine.generate(BUILTIN_PROMPT, max_new_tokens=args.max_new_tokens, method=m, ignore_eos=True)
             for m in ("ar", "sd")}
@@ -25,7 +39,8 @@ def main(argv=None):
     print(f"identical tokens: {runs['ar'].token_ids == runs['sd'].token_ids}")
     print(f"ar: {ar['tokens_per_s']:.2f} tokens/s")
     print(f"sd: {sd['tokens_per_s']:.2f} tokens/s  speedup {sd['tokens_per_s'] / ar['tokens_per_s']:.2f}x  "
-          f"gamma {sd['gamma']}  acceptance_rate {sd['acceptance_rate']:.2f}  "
+          f"gamma {sd['policy'] if sd['policy'] == 'auto' else sd['gamma']} (mean {sd['gamma_mean']:.2f})  "
+          f"acceptance_rate {sd['acceptance_rate']:.2f}  "
           f"tokens_per_target_forward {sd['tokens_per_target_forward']:.2f}  "
           f"draft_cost_ratio {sd['draft_cost_ratio']:.2f}")
 

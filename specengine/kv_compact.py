@@ -1,5 +1,5 @@
 """KV-cache compaction after tree verification: move the accepted path's K/V into
-contiguous slots, every layer, K and V, in one call (DESIGN §4 `compact_kv`).
+contiguous slots, every layer, K and V, in one call (docs/design.md, "Kernel contracts").
 
 `compact_kv` runs the compiled extension `specengine._kvext` (C++ on CPU, CUDA kernel on
 GPU: one launch, no allocation, no host sync) when it was built, else the torch fallback

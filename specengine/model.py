@@ -18,7 +18,7 @@ from .kernels.reference import verify_attention_ref
 from .kv_cache import KVCache
 from .rope import apply_rope, rope_tables
 
-AttentionFn = Callable[..., torch.Tensor]  # the verify_attention contract (DESIGN §4)
+AttentionFn = Callable[..., torch.Tensor]  # the verify_attention contract (docs/design.md, "Kernel contracts")
 
 
 class Linear(nn.Linear):

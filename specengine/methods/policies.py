@@ -1,4 +1,4 @@
-"""Draft-length policies for `sd` (DESIGN §5): a small object the draft loop consults.
+"""Draft-length policies for `sd` (docs/design.md, "Methods"): a small object the draft loop consults.
 
 `gamma` is the number of draft steps of the next round. `num_draft` may cut a round's
 proposal short per row on the device (no host sync inside the draft loop); `update`
@@ -94,7 +94,7 @@ class AutoGammaPolicy(FixedPolicy):
     needs_costs = True
 
     def __init__(self, gamma_max: int = 8, prior_alpha: float = 0.7, prior_weight: float = 4.0,
-                 decay: float = 0.95):
+                 decay: float = 0.9):
         super().__init__(min(4, gamma_max))
         self.gamma_max = gamma_max
         self.accepted, self.rejected = prior_alpha * prior_weight, (1 - prior_alpha) * prior_weight

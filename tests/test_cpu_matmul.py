@@ -1,0 +1,144 @@
+"""CPU matmul paths chosen by measurement: every path computes F.linear, the choice follows
+the timings, the table is cached per machine, packed weights round-trip, tokens unchanged."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specengine import Engine, cpu_matmul
+from specengine.cpu_matmul import PATHS, Plan, plan_from_entry, storage_available
+from specengine.loading import load_model
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECENGINE_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def _weights(name, w):
+    storage = PATHS[name][0]
+    return cpu_matmul._pack_mkldnn(w) if storage == "mkldnn" else w
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 5e-2)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 17])
+@pytest.mark.parametrize("out_f,in_f", [(7, 33), (96, 64), (130, 257)])
+def test_every_path_computes_linear(dtype, tol, rows, out_f, in_f):
+    g = torch.Generator().manual_seed(rows * out_f)
+    w = torch.randn(out_f, in_f, generator=g).to(dtype)
+    x = torch.randn(rows, in_f, generator=g).to(dtype)
+    ref = F.linear(x.float(), w.float())
+    for name, (storage, fn) in PATHS.items():
+        if not storage_available(storage, dtype):
+            continue
+        y = fn(x, _weights(name, w))
+        assert y.shape == (rows, out_f) and y.dtype == dtype, name
+        torch.testing.assert_close(y.float(), ref, atol=tol * in_f ** 0.5, rtol=tol, msg=name)
+
+
+def test_plan_follows_timings():
+    entry = {"storage": "plain", "ms": {
+        "1": {"linear": 3.0, "wxt": 2.0, "wxt_pad": 1.0, "mkldnn": 0.1},
+        "2": {"linear": 1.0, "wxt": 2.0, "mkldnn": 0.1},
+        "4": {"linear": 5.0, "wxt": 2.0, "mkldnn": 0.1}}}
+    plan = plan_from_entry(entry)
+    # mkldnn is faster but not this group's storage; row 3 was not tuned: the next tuned (4)
+    assert plan.by_rows == ("linear", "wxt_pad", "linear", "wxt", "wxt")
+    entry["storage"] = "mkldnn"
+    assert set(plan_from_entry(entry).by_rows) == {"mkldnn"}
+
+
+def test_storage_is_the_least_total_time():
+    ms = {"1": {"linear": 3.0, "mkldnn": 2.0}, "4": {"linear": 1.0, "wxt": 0.5, "mkldnn": 2.0}}
+    assert cpu_matmul._choose_storage(ms, ["plain", "mkldnn"]) == "plain"  # 3.5 < 4.0
+    ms["4"]["mkldnn"] = 1.0
+    assert cpu_matmul._choose_storage(ms, ["plain", "mkldnn"]) == "mkldnn"  # 3.0 < 3.5
+    assert cpu_matmul._choose_storage(ms, ["plain"]) == "plain"
+
+
+def test_table_is_cached_per_machine(tiny_dir, cache, monkeypatch):
+    model = load_model(tiny_dir)[0]
+    calls = []
+    real = cpu_matmul.measure_group
+    monkeypatch.setattr(cpu_matmul, "measure_group", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    entries = cpu_matmul.tune(model, progress=False)
+    assert calls and all(rows == list(cpu_matmul.ROWS_TUNED) for rows in calls)
+    path = cpu_matmul.cache_path()
+    assert path.parent == cache / "cpu_matmul" and path.exists()
+    saved = json.loads(path.read_text())
+    assert saved["machine"]["threads"] == torch.get_num_threads() and saved["machine"]["torch"] == torch.__version__
+    assert set(entries) == set(cpu_matmul.shape_groups(model)) <= set(saved["entries"])
+    calls.clear()
+    assert cpu_matmul.tune(model, progress=False) == entries and not calls  # second time: no measuring
+    # another machine (here: another thread count) gets its own table
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 977)
+    assert cpu_matmul.cache_path() != path
+
+
+def _logits(model, tokens):
+    model.setup_cache(1, 64)
+    with torch.inference_mode():
+        prefill = model.prefill(tokens, torch.tensor([tokens.shape[1]]))
+        model.cache.set_lens(torch.tensor([5], dtype=torch.int32))
+        verify = model.verify(tokens[:, :4])
+        return prefill, verify
+
+
+@pytest.mark.parametrize("storage", ["plain", "mkldnn"])
+def test_applied_plans_keep_logits_and_unpack_restores_weights(tiny_dir, storage):
+    if not storage_available(storage, torch.float32):
+        pytest.skip("oneDNN packing not available in this torch build")
+    model = load_model(tiny_dir)[0]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    tokens = torch.tensor([[5, 9, 13, 21, 33, 40, 7, 8, 9, 10, 11]])
+    ref = _logits(model, tokens)
+    for key, layers in cpu_matmul.shape_groups(model).items():
+        names = [p for p, (s, _) in PATHS.items() if s == storage and p != "wxt_pad"]
+        plan = Plan(storage, tuple(names[i % len(names)] for i in range(17)))  # paths vary by rows
+        for layer in layers:
+            cpu_matmul.apply_plan(layer, plan if not key.endswith(":tied") else Plan("plain", ("linear",) * 17))
+    packed = [m for m in cpu_matmul._linears(model) if m.packed_weight is not None]
+    assert bool(packed) == (storage == "mkldnn") and all(m.weight is None for m in packed)  # one copy
+    for a, b in zip(ref, _logits(model, tokens)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    cpu_matmul.unpack(model)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_choose_dtype_follows_measurement(tiny_dir, monkeypatch):
+    model = load_model(tiny_dir)[0]
+    fake = {torch.float32: 2.0, torch.bfloat16: 1.0}
+    monkeypatch.setattr(cpu_matmul, "tune", lambda m, rows, progress, dtype: dtype)
+    monkeypatch.setattr(cpu_matmul, "step_seconds", lambda m, entries, r, dt: fake[entries])
+    assert cpu_matmul.choose_dtype(model)[0] == torch.bfloat16
+    fake[torch.float32] = 0.5
+    best, seconds = cpu_matmul.choose_dtype(model)
+    assert best == torch.float32 and seconds == {"float32": 1.0, "bfloat16": 2.0}
+
+
+def test_matvec_bound_is_measured(tiny_dir):
+    model = load_model(tiny_dir)[0]
+    b = cpu_matmul.matvec_bound(model)
+    assert b["weight_bytes"] == sum(m.weight.numel() * 4 for m in cpu_matmul._linears(model)
+                                    if m.weight is not model.embed_tokens.weight) + \
+        (model.lm_head.weight.numel() * 4 if model.config.tie_word_embeddings else 0)
+    assert b["matvec_s"] > 0 and b["tokens_per_s_bound"] == pytest.approx(1 / b["matvec_s"])
+
+
+def test_engine_tokens_same_with_tuned_and_plain_linear(tiny_pair, tokenizer):
+    target, _, perturbed = tiny_pair
+    prompts = ["def f(x):", "abc abc abc", "for i in"]
+    eng = Engine(target, tokenizer, draft=perturbed, max_seq_len=128, cpu_matmul="linear")
+    assert all(m.plan_fns is None for m in cpu_matmul._linears(target))
+    ref = {m: [r.token_ids for r in eng.generate(prompts, max_new_tokens=24, method=m, gamma=3, ignore_eos=True)]
+           for m in ("ar", "sd")}
+    assert ref["ar"] == ref["sd"]
+    eng.set_cpu_matmul("auto")
+    assert all(m.plan_fns is not None for m in cpu_matmul._linears(target))
+    for m in ("ar", "sd"):
+        out = [r.token_ids for r in eng.generate(prompts, max_new_tokens=24, method=m, gamma=3, ignore_eos=True)]
+        assert out == ref["ar"]
+    eng.set_cpu_matmul("linear")  # the shared fixtures go back to plain weights

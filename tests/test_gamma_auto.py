@@ -1,0 +1,103 @@
+"""gamma="auto": the draft length that maximizes expected tokens per second, from measured
+step costs and the running acceptance rate; lossless like every other policy."""
+import itertools
+
+import pytest
+import torch
+
+from specengine import Engine, SpecEngineError
+from specengine.methods.policies import AutoGammaPolicy, best_gamma, expected_tokens, make_policy
+from specengine.methods.step_costs import StepCosts
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 1.0])
+@pytest.mark.parametrize("gamma", [1, 2, 5])
+def test_expected_tokens_matches_enumeration(alpha, gamma):
+    # enumerate accept/reject patterns: a round commits (accepted prefix) + 1
+    total = 0.0
+    for pattern in itertools.product([1, 0], repeat=gamma):
+        prob = 1.0
+        for ok in pattern:
+            prob *= alpha if ok else 1 - alpha
+        n_acc = next((i for i, ok in enumerate(pattern) if not ok), gamma)
+        total += prob * (n_acc + 1)
+    assert expected_tokens(alpha, gamma) == pytest.approx(total)
+
+
+def _brute(alpha, costs, gamma_max):
+    rates = {g: expected_tokens(alpha, g) / (g * costs.draft_s + costs.verify_s(g + 1)) for g in range(1, gamma_max + 1)}
+    return max(rates, key=rates.get)
+
+
+FLAT = StepCosts(1, draft_s=0.05, target_s=(1.0,) * 9)  # a GPU-like verify: width is free
+STEEP = StepCosts(1, draft_s=0.2, target_s=tuple(1.0 + 0.6 * w for w in range(9)))  # a CPU BLAS
+
+
+@pytest.mark.parametrize("costs", [FLAT, STEEP])
+@pytest.mark.parametrize("alpha", [0.1, 0.5, 0.8, 0.95])
+def test_best_gamma_is_the_argmax(costs, alpha):
+    assert best_gamma(alpha, costs, 8) == _brute(alpha, costs, 8)
+
+
+def test_best_gamma_moves_the_right_way():
+    assert best_gamma(0.95, FLAT, 8) == 8  # cheap draft, free width, high acceptance: draft long
+    assert best_gamma(0.95, STEEP, 8) < 8  # the verify gets dearer with width
+    assert best_gamma(0.05, STEEP, 8) == 1  # the draft is useless: propose as little as possible
+    assert STEEP.verify_s(12) == pytest.approx(1.0 + 0.6 * 11)  # linear past the measured range
+
+
+def test_policy_tracks_acceptance():
+    pol = make_policy("fixed", "auto")
+    assert isinstance(pol, AutoGammaPolicy) and pol.gamma_max == 8
+    pol.set_costs(FLAT)
+    for _ in range(30):  # every draft accepted: alpha -> 1, gamma -> max
+        pol.update([pol.gamma], [pol.gamma])
+    assert pol.alpha > 0.95 and pol.gamma == 8
+    for _ in range(30):  # always rejected at once
+        pol.update([0], [pol.gamma])
+    assert pol.alpha < 0.3 and pol.gamma <= 2
+    assert len(pol.history) == 60
+
+
+def test_running_alpha_estimates_the_true_rate():
+    g = torch.Generator().manual_seed(0)
+    pol = make_policy("fixed", "auto")
+    pol.set_costs(STEEP)
+    estimates = []
+    for _ in range(400):  # rounds of i.i.d. acceptance at 0.6, truncated at the first rejection
+        ok = (torch.rand(pol.gamma, generator=g) < 0.6).tolist() + [False]
+        pol.update([ok.index(False)], [pol.gamma])
+        estimates.append(pol.alpha)
+    assert sum(estimates[100:]) / 300 == pytest.approx(0.6, abs=0.05)
+
+
+def test_auto_with_other_policies_starts_from_their_default():
+    assert make_policy("heuristic", "auto").name == "heuristic"
+    with pytest.raises(SpecEngineError, match="gamma must be an integer >= 1 or 'auto'"):
+        make_policy("fixed", "eight")
+
+
+def test_sd_auto_equals_ar_and_measures_costs_once(tiny_pair, tokenizer):
+    target, _, perturbed = tiny_pair
+    eng = Engine(target, tokenizer, draft=perturbed, max_seq_len=128)  # gamma defaults to "auto"
+    prompts = ["def f(x):", "abc abc abc", "for i in"]
+    ar = [r.token_ids for r in eng.generate(prompts, max_new_tokens=30, method="ar", ignore_eos=True)]
+    out = eng.generate(prompts, max_new_tokens=30, method="sd", ignore_eos=True)
+    assert [r.token_ids for r in out] == ar
+    s = out[0].stats
+    assert s["policy"] == "auto" and 1 <= s["gamma_mean"] <= 8 and 1 <= s["gamma"] <= 8
+    costs = eng._step_costs[3]
+    assert len(costs.target_s) == 9 and costs.draft_s > 0 and all(t > 0 for t in costs.target_s)
+    eng.generate(prompts, max_new_tokens=4, method="sd", ignore_eos=True)
+    assert eng._step_costs[3] is costs  # measured once per engine and batch size
+    single = eng.generate(prompts[0], max_new_tokens=30, method="sd", gamma="auto", ignore_eos=True)
+    assert single.token_ids == ar[0] and set(eng._step_costs) == {1, 3}
+
+
+def test_sampling_with_auto_gamma_is_seeded(tiny_pair, tokenizer):
+    target, _, perturbed = tiny_pair
+    eng = Engine(target, tokenizer, draft=perturbed, max_seq_len=128)
+    kw = dict(max_new_tokens=20, temperature=0.9, seed=3, ignore_eos=True)
+    a, b = eng.generate("def f(", **kw), eng.generate("def f(", **kw)
+    assert a.token_ids == b.token_ids and a.stats["policy"] == "auto"
+    assert torch.tensor(a.token_ids).lt(target.config.vocab_size).all()
