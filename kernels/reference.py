@@ -6,48 +6,15 @@ Contracts (docs/design.md, "Kernel contracts"):
   rejection_sample(target_logits[B,K+1,V], draft_tokens[B,K], draft_probs[B,K,V] | None,
                    num_draft[B], temperature[B], seed[B], offset[]) -> (tokens[B,K+1], n_acc[B])
 
-Random numbers come from a counter-based hash of (seed, offset, row, position, index,
-stream), so results are reproducible, independent per row and safe inside a CUDA graph
-(no generator state). A Triton kernel can compute the very same numbers.
+The sampler's random numbers come from the counter-based generator in `rng.py`, which
+the Triton kernel reproduces bit for bit.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
 
-_M32 = 0xFFFFFFFF
-# Streams keep the draws of different purposes independent.
-STREAM_ACCEPT, STREAM_SAMPLE, STREAM_DRAFT = 1, 2, 3
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """lowbias32 integer hash on uint32 values held in int64 (wrapping products, then masked)."""
-    x = x & _M32
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _M32
-    x = x ^ (x >> 15)
-    x = (x * 0x846CA68B) & _M32
-    return x ^ (x >> 16)
-
-
-def counter_uniform(seed, offset, row, pos, idx, stream: int) -> torch.Tensor:
-    """Uniform float32 in (0, 1) from integer counters (broadcasting int64 tensors)."""
-    h = _mix32(seed ^ (stream * 0x9E3779B9))
-    h = _mix32(h ^ (seed >> 32))
-    h = _mix32(h ^ offset)
-    h = _mix32(h ^ row)
-    h = _mix32(h ^ pos)
-    h = _mix32(h ^ idx)
-    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
-
-
-def categorical_from_counter(probs: torch.Tensor, seed, offset, row, pos, stream: int) -> torch.Tensor:
-    """Sample from unnormalized `probs[N, V]` by the exponential race argmax(p / E), E ~ Exp(1)."""
-    idx = torch.arange(probs.shape[-1], device=probs.device)
-    u = counter_uniform(seed[:, None], offset, row[:, None], pos[:, None], idx[None, :], stream)
-    return torch.argmax(probs / -torch.log(u), dim=-1)
+from .rng import STREAM_ACCEPT, STREAM_SAMPLE, categorical_from_counter, counter_uniform
 
 
 def verify_attention_ref(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None):
@@ -127,12 +94,3 @@ def rejection_sample_ref(target_logits, draft_tokens, draft_probs, num_draft, te
     out = torch.cat([out, torch.full((B, 1), -1, dtype=out.dtype, device=dev)], dim=1)
     out.scatter_(1, n_acc[:, None], last[:, None])
     return out, n_acc.to(torch.int32)
-
-
-def total_variation_bound(num_categories: int, num_samples: int, delta: float = 1e-6) -> float:
-    """TV distance the empirical distribution stays under with prob >= 1 - delta.
-
-    Bretagnolle–Huber–Carol: P(sum|p_hat - p| >= l) <= 2^k exp(-n l^2 / 2).
-    """
-    lam = math.sqrt(2.0 * (num_categories * math.log(2.0) + math.log(1.0 / delta)) / num_samples)
-    return lam / 2.0

@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._rng import counter_uniform, stream_key
-from .reference import STREAM_ACCEPT, STREAM_SAMPLE
+from .rng_triton import counter_uniform, stream_key
+from .rng import STREAM_ACCEPT, STREAM_SAMPLE
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 

@@ -1,4 +1,4 @@
-"""The counter-based hash of `reference.counter_uniform`, in Triton, bit for bit.
+"""The counter-based hash of `rng.counter_uniform`, in Triton, bit for bit.
 
 Arithmetic is done on uint32 values held in int64 (wrapping products, then masked),
 exactly as the torch reference does, so both paths draw the same numbers.

@@ -6,20 +6,19 @@ from typing import Iterator
 
 import torch
 
+from .backends import sampler_op
+from .cpu_matmul import choose_dtype, optimize, unpack
+from .cross_device import CrossDeviceDraft
 from .errors import SpecEngineError
 from .generation import Generation, check_capacity
-from .backends import attention_op, sampler_op
-from .cross_device import CrossDeviceDraft
-from .graphs import GraphRunner, padded_width
-from .kernels.reference import rejection_sample_ref, verify_attention_ref
+from .kernels.reference import rejection_sample_ref
 from .loading import load_model, load_tokenizer
-from .methods.pearl import GAMMA_MAX as PEARL_GAMMA_MAX
+from .methods import METHODS
 from .methods.policies import make_policy
 from .methods.step_costs import measure_step_costs
-from .cpu_matmul import choose_dtype, optimize, unpack
+from .runner import ModelRunner
 from .sampling import SamplingParams
 
-METHODS = ("ar", "sd", "pearl")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
@@ -55,7 +54,11 @@ class Engine:
 
     def __init__(self, target, tokenizer, draft=None, method: str | None = None, max_seq_len: int = 2048,
                  gamma: int | str = "auto", policy: str = "fixed", attention_backend: str = "auto",
-                 sampler_backend: str = "auto", cuda_graphs: bool = True, cpu_matmul: str = "auto"):
+                 sampler_backend: str = "auto", cuda_graphs: bool = True, cpu_matmul: str = "auto",
+                 max_batch: int = 1):
+        """target / draft: our `Transformer` modules (see `from_pretrained` to load them).
+        A draft on another device than the target runs there (PEARL on two GPUs).
+        max_batch: the largest batch CUDA graphs are captured for (larger batches run eagerly)."""
         if draft is target:
             raise SpecEngineError("draft and target must be separate model objects (each owns its KV cache)")
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
@@ -64,20 +67,25 @@ class Engine:
                 f"target {target.config.vocab_size}; they must share one tokenizer")
         if not isinstance(max_seq_len, int) or max_seq_len < 2:
             raise SpecEngineError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise SpecEngineError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         window = target.config.sliding_window
         if window is not None and window < max_seq_len:
             raise SpecEngineError(
                 f"the target uses a sliding window of {window} tokens, which specengine does not "
                 f"implement; use max_seq_len <= {window}")
-        self.target, self.draft, self.tokenizer = target, draft, tokenizer
-        self.device = target.embed_tokens.weight.device
-        self.max_seq_len = max_seq_len
+        self.tokenizer, self.max_seq_len = tokenizer, max_seq_len
+        self.target = ModelRunner(target, attention_backend, cuda_graphs, max_batch)
+        self.device = self.target.device
+        self.draft = None
+        if draft is not None:
+            runner = ModelRunner(draft, attention_backend, cuda_graphs, max_batch)
+            self.draft = runner if runner.device == self.device else CrossDeviceDraft(runner, self.device)
         self.method = method or ("sd" if draft is not None else "ar")
         self.gamma, self.policy = gamma, policy
         self._check_method(self.method)
         make_policy(policy, gamma)  # validate early
         self.set_backends(attention_backend, sampler_backend)
-        self.set_cuda_graphs(cuda_graphs)
         self._step_costs = {}  # batch -> StepCosts, measured on first need (sd gamma="auto", pearl)
         self._side_stream = None
         self.set_cpu_matmul(cpu_matmul)
@@ -88,7 +96,7 @@ class Engine:
                         device="auto", dtype="auto", max_seq_len: int = 2048, gamma: int | str = "auto",
                         policy: str = "fixed", attention_backend: str = "auto",
                         sampler_backend: str = "auto", draft_device=None, cuda_graphs: bool = True,
-                        cpu_matmul: str = "auto") -> "Engine":
+                        cpu_matmul: str = "auto", max_batch: int = 1) -> "Engine":
         """Load target (and draft) from a registry name, HF directory, hub-cache id or .gguf.
 
         dtype="auto": bfloat16 on CUDA; on a CPU, float32 or bfloat16, whichever runs the
@@ -100,10 +108,8 @@ class Engine:
         ddev = dev if draft_device is None else _device(draft_device)
         tmodel, tpath, tchoice = _load(target, dtype, dev)
         dmodel, _, dchoice = _load(draft, dtype, ddev) if draft is not None else (None, None, None)
-        if dmodel is not None and ddev != dev:
-            dmodel = CrossDeviceDraft(dmodel, dev)
         engine = cls(tmodel, load_tokenizer(tpath), dmodel, method, max_seq_len, gamma, policy,
-                     attention_backend, sampler_backend, cuda_graphs, cpu_matmul)
+                     attention_backend, sampler_backend, cuda_graphs, cpu_matmul, max_batch)
         engine.dtype_choice = {"target": tchoice, "draft": dchoice} if dtype == "auto" else None
         return engine
 
@@ -112,56 +118,54 @@ class Engine:
         measured on this machine once (cached); "linear": plain F.linear everywhere."""
         if mode not in ("auto", "linear"):
             raise SpecEngineError(f"unknown cpu_matmul mode {mode!r}; choose from auto, linear")
-        for model in self._models():
-            if model.embed_tokens.weight.device.type != "cpu":
+        for runner in self._runners():
+            if runner.device.type != "cpu":
                 continue
             if mode == "auto":
-                optimize(model)
+                optimize(runner.model)
             else:
-                unpack(model)
+                unpack(runner.model)
         self.cpu_matmul = mode
 
-    def step_costs(self, st, max_width: int):
-        """Measured draft step and target forward costs for st's batch (widths 1..max_width),
+    def step_costs(self, state, max_width: int):
+        """Measured draft step and target forward costs for the state's batch (widths 1..max_width),
         cached per engine and batch size."""
-        have = self._step_costs.get(st.batch)
+        have = self._step_costs.get(state.batch)
         if have is None or len(have.target_s) < max_width:
-            have = self._step_costs[st.batch] = measure_step_costs(self.target, self.draft, st, max_width)
+            have = self._step_costs[state.batch] = measure_step_costs(self.target, self.draft, state, max_width)
         return have
 
-    def warmup(self, batch: int = 1) -> None:
-        """Pay one-time costs now rather than in the first timed call: measure the step costs
-        that `gamma="auto"` and pearl use (the CPU matmul paths are tuned at construction)."""
-        if self.draft is not None:
-            self.generate([[0]] * batch if batch > 1 else [0], max_new_tokens=2, ignore_eos=True,
-                          method="sd", gamma="auto")
+    def warmup(self, batch: int = 1) -> dict:
+        """Pay one-time costs now rather than in the first timed call (which does it otherwise):
+        allocate the KV buffers and capture the CUDA graphs of every bucket (Triton autotuning
+        runs there), and measure the step costs that `gamma="auto"` and pearl use. The CPU
+        matmul paths are tuned at construction. Returns what the graphs hold, per model."""
+        prompt = [[0]] * batch if batch > 1 else [0]
+        method = "sd" if self.draft is not None else "ar"
+        self.generate(prompt, max_new_tokens=2, ignore_eos=True, method=method, gamma="auto")
+        return {name: (r.graphs.memory_bytes if r.graphs is not None else 0)
+                for name, r in zip(("target", "draft"), self._runners())}
 
     def set_backends(self, attention: str = "auto", sampler: str = "auto") -> None:
         """Pick the attention and rejection-sampling implementations ("torch" | "triton" | "auto")."""
-        for model in self._models():
-            model.attn_fn = attention_op(attention, model.embed_tokens.weight.device)
-            if model.graphs is not None:  # captured steps baked in the old kernels
-                model.graphs.reset()
-        attn = self.target.attn_fn
+        for runner in self._runners():
+            runner.set_attention(attention)
         self.sampler = sampler_op(sampler, self.device)
-        self.attention_backend = "torch" if attn is verify_attention_ref else "triton"
+        self.attention_backend = self.target.attention_backend
         self.sampler_backend = "torch" if self.sampler is rejection_sample_ref else "triton"
 
     def set_cuda_graphs(self, enabled: bool = True, capture=None) -> None:
-        """Replay captured CUDA graphs for decode/verify steps (CUDA only; eager elsewhere).
+        """Replay CUDA graphs for decode/verify steps (CUDA only; eager elsewhere), captured
+        when the next call allocates its buffers. `capture` stands in for torch.cuda.graph
+        capture (tests use one on CPU)."""
+        for runner in self._runners():
+            runner.set_cuda_graphs(enabled, capture)
 
-        `capture` replaces torch.cuda.graph capture (tests use a stand-in on CPU).
-        """
-        for model in self._models():
-            on_cuda = model.embed_tokens.weight.is_cuda
-            model.graphs = GraphRunner(model, enabled=enabled, capture=capture) \
-                if enabled and (on_cuda or capture is not None) else None
-
-    def _models(self):
-        """Our Transformers (the draft unwrapped when it lives on another device)."""
+    def _runners(self):
+        """The ModelRunners (the draft's unwrapped when it lives on another device)."""
         yield self.target
         if self.draft is not None:
-            yield getattr(self.draft, "model", self.draft)
+            yield getattr(self.draft, "runner", self.draft)
 
     def side_stream(self):
         """The second CUDA stream PEARL runs the draft on (None off CUDA)."""
@@ -173,7 +177,7 @@ class Engine:
     def _check_method(self, method):
         if method not in METHODS:
             raise SpecEngineError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-        if method != "ar" and self.draft is None:
+        if METHODS[method].needs_draft and self.draft is None:
             raise SpecEngineError(f"method {method!r} needs a draft model (pass draft=...)")
 
     def _eos_ids(self) -> set[int]:
@@ -238,23 +242,13 @@ class Engine:
             raise SpecEngineError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         params = SamplingParams(temperature, top_k, top_p, seed)
         prompts, batched = self.encode(prompt)
-        if method == "sd":
-            pol = make_policy(policy or self.policy, self.gamma if gamma is None else gamma)
-            headroom = pol.gamma_max
-        elif method == "pearl":  # the window: the user's gamma, else measured (at most GAMMA_MAX)
-            gamma = None if gamma == "auto" else gamma
-            if gamma is not None and (not isinstance(gamma, int) or gamma < 1):
-                raise SpecEngineError(f"pearl window gamma must be an integer >= 1, got {gamma!r}")
-            pol, headroom = gamma, gamma or PEARL_GAMMA_MAX
-        else:
-            pol, headroom = None, 0
-        # a round may write up to its padded (graph-bucket) width past a row's length
-        check_capacity(prompts, max_new_tokens, self.max_seq_len, 2 * padded_width(headroom + 1))
+        chosen = METHODS[method](self, gamma, policy)
+        check_capacity(prompts, max_new_tokens, self.max_seq_len, chosen.headroom)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
             raise SpecEngineError("stop strings must be non-empty strings")
         eos = set() if ignore_eos else self.eos_ids
-        return Generation(self, prompts, params, max_new_tokens, method, pol, eos, stops), batched
+        return Generation(self, prompts, params, max_new_tokens, chosen, eos, stops), batched
 
     @torch.inference_mode()
     def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,

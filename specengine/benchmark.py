@@ -60,7 +60,7 @@ class _HFRunner:
     def __init__(self, engine, target_path, draft_path):
         from transformers import AutoModelForCausalLM
 
-        kw = dict(dtype=engine.target.embed_tokens.weight.dtype)
+        kw = dict(dtype=engine.target.dtype)
         self.target = AutoModelForCausalLM.from_pretrained(target_path, **kw).to(engine.device).eval()
         self.draft = AutoModelForCausalLM.from_pretrained(draft_path, **kw).to(engine.device).eval() \
             if draft_path else None
@@ -124,11 +124,11 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8, max_new_toke
         row["speedup"] = row["tokens_per_s"] / rows[base]["tokens_per_s"]
     report = {"benchmark": "e2e", "baseline": base, "n_prompts": len(ids), "max_new_tokens": max_new_tokens,
               "prompts": "HumanEval[:%d]" % len(ids), "greedy": True,
-              "dtype": str(engine.target.embed_tokens.weight.dtype).removeprefix("torch."),
+              "dtype": str(engine.target.dtype).removeprefix("torch."),
               "dtype_choice": getattr(engine, "dtype_choice", None),
               "environment": environment(), "results": list(rows.values())}
     if engine.device.type == "cpu":  # what the memory system allows: weights / measured matvec time
-        bound = report["target_matvec_bound"] = matvec_bound(engine.target)
+        bound = report["target_matvec_bound"] = matvec_bound(engine.target.model)
         for row in report["results"]:
             if row["provider"] == "ar":
                 row["decode_fraction_of_matvec_bound"] = row["decode_tokens_per_s"] / bound["tokens_per_s_bound"]

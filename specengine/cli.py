@@ -19,6 +19,7 @@ def _engine_args(p: argparse.ArgumentParser, method_default=None):
     p.add_argument("--device", default="auto")
     p.add_argument("--draft-device", default=None, help="put the draft on its own device, e.g. cuda:1")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run every step eagerly on CUDA")
+    p.add_argument("--max-batch", type=int, default=1, help="largest batch CUDA graphs are captured for")
     p.add_argument("--dtype", default="auto",
                    help="auto (bf16 on CUDA; on CPU fp32 or bf16, whichever measures faster) | float32 | "
                         "bfloat16 | float16")
@@ -80,7 +81,8 @@ def _load(args):
                                   dtype=args.dtype, max_seq_len=args.max_seq_len, gamma=args.gamma or "auto",
                                   policy=args.policy, attention_backend=args.attention_backend,
                                   sampler_backend=args.sampler_backend, draft_device=args.draft_device,
-                                  cuda_graphs=not args.no_cuda_graphs, cpu_matmul=args.cpu_matmul)
+                                  cuda_graphs=not args.no_cuda_graphs, cpu_matmul=args.cpu_matmul,
+                                  max_batch=args.max_batch)
 
 
 def cmd_generate(args):

@@ -27,19 +27,19 @@ class _CacheView:
 
 
 class CrossDeviceDraft:
-    """Wraps a Transformer living on another device; same entry points as the model."""
+    """Wraps the ModelRunner of a model on another device; same entry points as the runner."""
 
-    def __init__(self, model, home: torch.device):
-        self.model, self.home = model, torch.device(home)
-        self.config = model.config
+    def __init__(self, runner, home: torch.device):
+        self.runner, self.home = runner, torch.device(home)
+        self.config = runner.config
         self.cache = None
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+        return self.runner.device
 
-    def setup_cache(self, batch: int, max_seq_len: int):
-        self.cache = _CacheView(self.model.setup_cache(batch, max_seq_len), self.home)
+    def allocate(self, batch: int, max_seq_len: int):
+        self.cache = _CacheView(self.runner.allocate(batch, max_seq_len), self.home)
         return self.cache
 
     def _call(self, fn, tokens, **kw):
@@ -47,11 +47,11 @@ class CrossDeviceDraft:
         return out.to(self.home, non_blocking=True)
 
     def prefill(self, tokens, lens, attn_len=None):
-        return self.model.prefill(tokens.to(self.device), lens.to(self.device), attn_len=attn_len).to(self.home)
+        return self.runner.prefill(tokens.to(self.device), lens.to(self.device), attn_len=attn_len).to(self.home)
 
     def verify(self, tokens, tree_mask=None, attn_len=None):
         mask = None if tree_mask is None else tree_mask.to(self.device)
-        return self._call(self.model.verify, tokens, tree_mask=mask, attn_len=attn_len)
+        return self._call(self.runner.verify, tokens, tree_mask=mask, attn_len=attn_len)
 
     def decode(self, token, attn_len=None):
-        return self._call(self.model.decode, token, attn_len=attn_len)
+        return self._call(self.runner.decode, token, attn_len=attn_len)

@@ -27,7 +27,7 @@ def main(argv=None):
     engine = Engine.from_pretrained(DEFAULT_TARGET, draft=DEFAULT_DRAFT, max_seq_len=1024, gamma=args.gamma,
                                     dtype=args.dtype)
     engine.warmup()
-    dtype = str(engine.target.embed_tokens.weight.dtype).removeprefix("torch.")
+    dtype = str(engine.target.dtype).removeprefix("torch.")
     print(f"target {DEFAULT_TARGET}  draft {DEFAULT_DRAFT}  device {engine.device}  {dtype}  greedy  "
           f"(load + one-time measurements {time.perf_counter() - t:.1f} s)\n")
     print("prompt:\n" + BUILTIN_PROMPT)

@@ -1,20 +1,27 @@
-"""CUDA graphs for the model's forward steps, captured per shape bucket, over static buffers.
+"""CUDA graphs for one model's forward steps, captured at warm-up over static buffers.
 
-A step is keyed by (batch, Q bucket, attention-length bucket). Inputs are copied into
-static buffers, the graph is replayed, and the logits are read from a static output.
+A graph is keyed by (batch bucket, Q bucket, attention-length bucket) and captured once,
+at `ModelRunner.warmup()`, on the model's own device (nano-vllm's ModelRunner is the
+pattern). All graphs of a model share:
+- one static token buffer [max_batch, max Q bucket] (each graph reads a corner of it),
+- one static logits buffer [max_batch, max Q bucket, V] fp32 (each graph writes a corner),
+- one memory pool: intermediates are dead after each replay, so graphs reuse them.
+Total memory is measured and reported (`memory_bytes`); shapes whose logits alone would
+exceed `memory_limit` are not captured and run eagerly.
+
 Padding rules (why padded work is harmless):
-- Q padding: extra query columns carry token 0 at positions cache.lens + Q .. lens + Qb - 1.
+- Q padding: extra query columns carry token 0 at positions lens + Q .. lens + Qb - 1.
   Their K/V land past every row's length (masked, overwritten later) and no real query
-  sees them (chain causality); their logits are dropped. The caller's capacity check
-  reserves room for the padded width (`padded_width`).
+  sees them (chain causality); their logits are not returned. The capacity check reserves
+  room for the padded width (`padded_width`).
+- batch padding: rows B..b-1 of the bucket are unused cache rows whose lengths the runner
+  keeps at 0; whatever they compute is never read.
 - attention-length bucket: the graph reads a fixed prefix of the cache, at least as long
   as any row needs this step; positions past a row's length are masked anyway.
-Shapes without a graph (Q above the largest bucket, a tree mask, hidden states asked for,
-CPU tensors, or `enabled=False`) run eagerly: the same function, the same results.
+Tree masks, hidden-state requests, Q above the largest bucket, batches above the declared
+maximum and shapes not captured run eagerly: the same function, the same results.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
@@ -31,6 +38,15 @@ def padded_width(q: int, buckets=Q_BUCKETS) -> int:
     return q_bucket(q, buckets) or q
 
 
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to max_batch (max_batch itself included)."""
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return tuple(out + [max_batch])
+
+
 def len_bucket(length: int, max_len: int, smallest: int = 256) -> int:
     """Power-of-two attention-length bucket >= length (capped at the buffer length)."""
     b = smallest
@@ -39,68 +55,93 @@ def len_bucket(length: int, max_len: int, smallest: int = 256) -> int:
     return min(b, max_len)
 
 
-@dataclass
-class _Graph:
-    graph: object  # torch.cuda.CUDAGraph, or a callable replay for tests
-    tokens: torch.Tensor  # static input [B, Qb]
-    logits: torch.Tensor  # static output [B, Qb, V]
+def len_buckets(max_len: int, smallest: int = 256) -> tuple[int, ...]:
+    out, b = [], smallest
+    while b < max_len:
+        out.append(b)
+        b *= 2
+    return tuple(out + [max_len])
 
 
-def cuda_capture(fn, tokens: torch.Tensor, pool=None):
-    """Capture fn(tokens) into a CUDA graph (warm-up on a side stream first, as torch requires)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn(tokens)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = fn(tokens)
-    return graph, out
+def cuda_capture(fn, pool, device: torch.device):
+    """Capture fn() into a CUDA graph on `device` (warm-up on a side stream first, as torch
+    requires: allocations, lazy initialization and Triton autotuning happen there, never
+    inside the capture)."""
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            fn()
+    return graph
 
 
 class GraphRunner:
-    """Replays captured forwards of one model; eager fallback for everything else.
+    """Replays captured forwards of one model; `usable` says when a step has a graph.
 
-    `capture(fn, static_tokens, pool) -> (replayable, static_out)` is torch.cuda.graph
-    capture on GPU; tests pass a stand-in that keeps the same static-buffer contract.
+    forward(tokens [b, qb], rows b, attn_len) -> logits [b, qb, V] is the runner's eager
+    forward over the first b cache rows. `capture(fn, pool, device) -> graph with replay()`
+    is CUDA-graph capture on a GPU; tests pass a stand-in with the same contract.
     """
 
-    def __init__(self, model, enabled: bool = True, capture=None, buckets=Q_BUCKETS):
-        self.model = model
-        self.buckets = buckets
+    def __init__(self, forward, device: torch.device, vocab_size: int, max_batch: int, max_seq_len: int,
+                 capture=None, q_buckets=Q_BUCKETS, memory_limit: int = 2 << 30):
+        self.forward, self.device, self.vocab_size = forward, device, vocab_size
+        self.max_batch, self.max_seq_len = max_batch, max_seq_len
         self.capture = capture or cuda_capture
-        self.enabled = enabled
-        self.graphs: dict[tuple, _Graph] = {}
-        self.pool = None
+        self.q_buckets, self.memory_limit = q_buckets, memory_limit
+        self.graphs: dict[tuple[int, int, int], object] = {}
+        self.skipped: list[tuple[int, int, int]] = []
         self.replays = 0
+        self.memory_bytes = 0
+        qmax = q_buckets[-1]
+        self.tokens = torch.zeros(max_batch, qmax, dtype=torch.int64, device=device)
+        self.logits = torch.zeros(max_batch, qmax, vocab_size, dtype=torch.float32, device=device)
 
-    def usable(self, tokens: torch.Tensor, tree_mask, return_hidden: bool) -> bool:
-        on_device = tokens.is_cuda or self.capture is not cuda_capture
-        return (self.enabled and on_device and tree_mask is None and not return_hidden
-                and q_bucket(tokens.shape[1], self.buckets) is not None)
+    def capture_all(self) -> None:
+        """Capture every (batch, Q, length) bucket, largest first so smaller graphs reuse the
+        pool's memory; measure what the graphs hold."""
+        on_cuda = self.device.type == "cuda"
+        before = torch.cuda.memory_reserved(self.device) if on_cuda else 0
+        pool = torch.cuda.graph_pool_handle() if on_cuda else None
+        keys = [(b, q, n) for b in batch_buckets(self.max_batch) for q in self.q_buckets
+                for n in len_buckets(self.max_seq_len)]
+        for b, q, n in sorted(keys, key=lambda k: (k[0] * k[1], k[2]), reverse=True):
+            if 2 * b * q * self.vocab_size * 4 > self.memory_limit:  # logits + their fp32 cast
+                self.skipped.append((b, q, n))
+                continue
+            self.graphs[(b, q, n)] = self.capture(self._step(b, q, n), pool, self.device)
+        after = torch.cuda.memory_reserved(self.device) if on_cuda else 0
+        self.memory_bytes = after - before + self.tokens.nbytes + self.logits.nbytes
 
-    def reset(self) -> None:
-        """Drop the graphs (the KV buffer they point at was reallocated)."""
-        self.graphs.clear()
-        self.pool = None
+    def _step(self, b: int, q: int, n: int):
+        tokens, logits = self.tokens[:b, :q], self.logits[:b, :q]
+
+        def step():
+            logits.copy_(self.forward(tokens, b, n))
+        return step
+
+    def key(self, tokens: torch.Tensor, attn_len: int | None):
+        B, Q = tokens.shape
+        qb = q_bucket(Q, self.q_buckets)
+        bb = next((b for b in batch_buckets(self.max_batch) if b >= B), None)
+        if qb is None or bb is None:
+            return None
+        key = (bb, qb, len_bucket(attn_len or self.max_seq_len, self.max_seq_len))
+        return key if key in self.graphs else None
+
+    def usable(self, tokens: torch.Tensor, tree_mask, return_hidden: bool, attn_len: int | None = None) -> bool:
+        return tree_mask is None and not return_hidden and self.key(tokens, attn_len) is not None
 
     def __call__(self, tokens: torch.Tensor, attn_len: int | None) -> torch.Tensor:
         B, Q = tokens.shape
-        qb = q_bucket(Q, self.buckets)
-        lb = len_bucket(attn_len or self.model.cache.max_seq_len, self.model.cache.max_seq_len)
-        key = (B, qb, lb)
-        g = self.graphs.get(key)
-        if g is None:
-            static = torch.zeros(B, qb, dtype=tokens.dtype, device=tokens.device)
-            static[:, :Q] = tokens
-            if self.pool is None and tokens.is_cuda:
-                self.pool = torch.cuda.graph_pool_handle()  # one memory pool for all of them
-            graph, out = self.capture(lambda t: self.model.forward(t, attn_len=lb), static, self.pool)
-            g = self.graphs[key] = _Graph(graph, static, out)
-        g.tokens.zero_()
-        g.tokens[:, :Q] = tokens
-        g.graph.replay()
+        key = self.key(tokens, attn_len)
+        self.tokens[:key[0], :key[1]].zero_()
+        self.tokens[:B, :Q].copy_(tokens)
+        self.graphs[key].replay()
         self.replays += 1
-        return g.logits[:, :Q]
+        return self.logits[:B, :Q]

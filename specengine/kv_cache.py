@@ -3,6 +3,12 @@
 `kv[layer, 0|1, row, position, kv_head, head_dim]`; `lens[row]` (int32, on the device)
 counts the valid positions of each row. Rolling a chain back is only lowering `lens`:
 entries past a row's length are masked out of attention and overwritten later.
+The RoPE tables live here too: they are static buffers of the same length.
+
+Writes are clamped inside the buffer (a bad position can never corrupt memory) and
+`high_water` records, on the device, the furthest position any forward wrote; the
+driver checks it once per round, in the round's one host sync (docs/design.md, "Data
+path of one round").
 """
 from __future__ import annotations
 
@@ -10,9 +16,20 @@ import torch
 
 
 class KVCache:
-    def __init__(self, num_layers, batch, max_seq_len, num_kv_heads, head_dim, dtype, device):
+    def __init__(self, num_layers, batch, max_seq_len, num_kv_heads, head_dim, dtype, device, rope):
         self.kv = torch.zeros(num_layers, 2, batch, max_seq_len, num_kv_heads, head_dim, dtype=dtype, device=device)
         self.lens = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.high_water = torch.zeros((), dtype=torch.int64, device=device)  # max position written + 1
+        self.rope_cos, self.rope_sin = rope  # [max_seq_len, head_dim] fp32
+
+    def rows(self, n: int) -> "KVCache":
+        """A view of the first n rows (same storage, lengths and high-water mark)."""
+        if n == self.batch:
+            return self
+        view = object.__new__(KVCache)
+        view.kv, view.lens = self.kv[:, :, :n], self.lens[:n]
+        view.high_water, view.rope_cos, view.rope_sin = self.high_water, self.rope_cos, self.rope_sin
+        return view
 
     @property
     def batch(self) -> int:
@@ -21,6 +38,12 @@ class KVCache:
     @property
     def max_seq_len(self) -> int:
         return self.kv.shape[3]
+
+    def write_positions(self, width: int) -> torch.Tensor:
+        """[B,width] positions lens[b] + j a forward of `width` tokens writes (recorded, clamped)."""
+        pos = self.lens.to(torch.int64)[:, None] + torch.arange(width, device=self.lens.device)[None, :]
+        torch.maximum(self.high_water, pos[:, -1].max() + 1, out=self.high_water)
+        return pos.clamp(max=self.max_seq_len - 1)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
         """Store k/v [B,T,Hkv,D] at positions pos [B,T] of every row (no host sync)."""
@@ -40,3 +63,4 @@ class KVCache:
 
     def reset(self) -> None:
         self.lens.zero_()
+        self.high_water.zero_()

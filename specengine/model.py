@@ -100,6 +100,10 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
+    """The decoder as a plain module: it computes, and never decides where its state lives.
+    The KV cache and the attention function come in as arguments (the ModelRunner owns
+    them, runner.py)."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
@@ -109,70 +113,33 @@ class Transformer(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.cache: KVCache | None = None
-        self.attn_fn: AttentionFn = verify_attention_ref
-        self.graphs = None  # a graphs.GraphRunner: replays captured steps on CUDA
 
-    # ----------------------------------------------------------------- set-up
-    def setup_cache(self, batch: int, max_seq_len: int) -> KVCache:
-        """Allocate the static KV buffer and RoPE tables (once per batch size / length)."""
-        p = self.embed_tokens.weight
-        c = self.config
-        if self.cache is None or self.cache.batch != batch or self.cache.max_seq_len != max_seq_len \
-                or self.cache.kv.dtype != p.dtype or self.cache.kv.device != p.device:
-            self.cache = KVCache(c.num_layers, batch, max_seq_len, c.num_kv_heads, c.head_dim, p.dtype, p.device)
-            self.rope_cos, self.rope_sin = rope_tables(c.hf_config, c.head_dim, max_seq_len, p.device)
-            if self.graphs is not None:  # captured graphs point at the old buffers
-                self.graphs.reset()
-        self.cache.reset()
-        return self.cache
+    def new_cache(self, batch: int, max_seq_len: int) -> KVCache:
+        """A static KV buffer (and RoPE tables) for this model, on its device and in its dtype."""
+        p, c = self.embed_tokens.weight, self.config
+        rope = rope_tables(c.hf_config, c.head_dim, max_seq_len, p.device)
+        return KVCache(c.num_layers, batch, max_seq_len, c.num_kv_heads, c.head_dim, p.dtype, p.device, rope)
 
-    # ----------------------------------------------------------------- forward
-    def forward(self, tokens, tree_mask=None, attn_len=None, logits_at=None, return_hidden=False):
-        """tokens [B,T] written at cache.lens[b] + (0..T-1) (tree: + depth of the node).
+    def forward(self, tokens, cache: KVCache, attn_fn: AttentionFn = verify_attention_ref, tree_mask=None,
+                attn_len=None, logits_at=None, return_hidden=False):
+        """tokens [B,T] written at cache.lens[b] + (0..T-1) (tree: rotated as depth of the node).
 
         attn_len: optional host bound on cache.lens + T to read less of the buffer.
         logits_at: optional [B,N] indices into T; LM head only there (prefill).
         Returns logits [B,T|N,V] (fp32), and the final hidden states when asked.
         """
-        cache = self.cache
         B, T = tokens.shape
-        offs = torch.arange(T, device=tokens.device)[None, :]
+        write_pos = cache.write_positions(T)
+        pos = write_pos
         if tree_mask is not None:  # a node sits at its depth = number of ancestors
-            offs = tree_mask.to(torch.int64).sum(-1).expand(B, T) - 1
-        pos = cache.lens.to(torch.int64)[:, None] + offs
-        cos, sin = self.rope_cos[pos], self.rope_sin[pos]
-        write_pos = cache.lens.to(torch.int64)[:, None] + torch.arange(T, device=tokens.device)[None, :]
+            depth = tree_mask.to(torch.int64).sum(-1).expand(B, T) - 1
+            pos = (cache.lens.to(torch.int64)[:, None] + depth).clamp(max=cache.max_seq_len - 1)
+        cos, sin = cache.rope_cos[pos], cache.rope_sin[pos]
         x = self.embed_tokens(tokens)
         for i, layer in enumerate(self.layers):
-            x = layer(x, i, cache, write_pos, cos, sin, tree_mask, attn_len, self.attn_fn)
+            x = layer(x, i, cache, write_pos, cos, sin, tree_mask, attn_len, attn_fn)
         if logits_at is not None:
             x = x.gather(1, logits_at[..., None].expand(B, logits_at.shape[1], x.shape[-1]))
         h = self.norm(x)
         logits = self.lm_head(h).float()
         return (logits, h) if return_hidden else logits
-
-    def prefill(self, tokens: torch.Tensor, lens: torch.Tensor, attn_len=None) -> torch.Tensor:
-        """Right-padded prompts [B,T] with true lengths lens[B]; sets cache.lens = lens.
-
-        Returns the logits at each row's last prompt token [B,V].
-        """
-        self.cache.reset()
-        last = (lens.to(torch.int64) - 1).clamp_min(0)[:, None]
-        logits = self.forward(tokens, attn_len=attn_len, logits_at=last)
-        self.cache.set_lens(lens.to(torch.int32))
-        return logits[:, 0]
-
-    def decode(self, token: torch.Tensor, attn_len=None, return_hidden=False):
-        """One new token per row [B] -> logits [B,V] (cache.lens is not advanced)."""
-        out = self.verify(token[:, None], attn_len=attn_len, return_hidden=return_hidden)
-        return (out[0][:, 0], out[1][:, 0]) if return_hidden else out[:, 0]
-
-    def verify(self, tokens: torch.Tensor, tree_mask=None, attn_len=None, return_hidden=False):
-        """Q new tokens per row [B,Q] (chain, or a tree with tree_mask [B|1,Q,Q]) -> [B,Q,V].
-
-        Replays a captured CUDA graph when one fits (see graphs.py), else runs eagerly.
-        """
-        if self.graphs is not None and self.graphs.usable(tokens, tree_mask, return_hidden):
-            return self.graphs(tokens, attn_len)
-        return self.forward(tokens, tree_mask=tree_mask, attn_len=attn_len, return_hidden=return_hidden)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import SpecEngineError
-from .kernels.reference import STREAM_DRAFT, categorical_from_counter
+from .kernels.rng import STREAM_DRAFT, categorical_from_counter
 
 
 @dataclass(frozen=True)

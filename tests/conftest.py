@@ -112,7 +112,7 @@ def small_vocab_models(path, vocab: int = 8, noise: float = 0.3):
 def assert_sampler_matches_target(sampler, stochastic: bool, device: str = "cpu", seed: int = 5):
     """One round over 2e5 rows: the first emitted token ~ p1 and, given d1 accepted, the
     second ~ p2, each within the TV bound from its sample count (rejection_sample contract)."""
-    from specengine.kernels import total_variation_bound
+    from specengine.statistics import total_variation_bound
 
     V, K, N, temp = 6, 2, 200_000, 0.8
     g = torch.Generator().manual_seed(11)

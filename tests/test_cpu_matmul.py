@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from specengine import Engine, cpu_matmul
 from specengine.cpu_matmul import PATHS, Plan, plan_from_entry, storage_available
 from specengine.loading import load_model
+from specengine.runner import ModelRunner
 
 
 @pytest.fixture
@@ -78,11 +79,12 @@ def test_table_is_cached_per_machine(tiny_dir, cache, monkeypatch):
 
 
 def _logits(model, tokens):
-    model.setup_cache(1, 64)
+    runner = ModelRunner(model)
+    runner.allocate(1, 64)
     with torch.inference_mode():
-        prefill = model.prefill(tokens, torch.tensor([tokens.shape[1]]))
-        model.cache.set_lens(torch.tensor([5], dtype=torch.int32))
-        verify = model.verify(tokens[:, :4])
+        prefill = runner.prefill(tokens, torch.tensor([tokens.shape[1]]))
+        runner.cache.set_lens(torch.tensor([5], dtype=torch.int32))
+        verify = runner.verify(tokens[:, :4])
         return prefill, verify
 
 

@@ -1,31 +1,33 @@
 """Graph runner logic on CPU with a stand-in capture that keeps the CUDA-graph contract
-(static input/output buffers, replay recomputes into the same output); real CUDA-graph
-replay vs eager is a `gpu` test."""
+(static buffers, captured once at warm-up, replay recomputes into the same output);
+real CUDA-graph replay vs eager is a `gpu` test."""
 import pytest
 import torch
 
 from specengine import Engine
-from specengine.graphs import GraphRunner, len_bucket, padded_width, q_bucket
+from specengine.graphs import batch_buckets, len_bucket, len_buckets, padded_width, q_bucket
+from specengine.runner import ModelRunner
 
 
 class FakeGraph:
-    def __init__(self, fn, static):
-        self.fn, self.static = fn, static
-        self.out = fn(static).clone()
+    def __init__(self, fn):
+        self.fn = fn
+        fn()  # capture: runs once, like the warm-up passes
 
     def replay(self):
-        self.out.copy_(self.fn(self.static))
+        self.fn()
 
 
-def fake_capture(fn, static, pool):
-    g = FakeGraph(fn, static)
-    return g, g.out
+def fake_capture(fn, pool, device):
+    return FakeGraph(fn)
 
 
 def test_buckets():
     assert [q_bucket(q) for q in (1, 2, 3, 5, 8, 9, 32)] == [1, 2, 4, 8, 8, 16, 32]
     assert q_bucket(33) is None and padded_width(33) == 33 and padded_width(5) == 8
     assert len_bucket(10, 4096) == 256 and len_bucket(300, 4096) == 512 and len_bucket(5000, 4096) == 4096
+    assert batch_buckets(1) == (1,) and batch_buckets(6) == (1, 2, 4, 6)
+    assert len_buckets(1000) == (256, 512, 1000) and len_buckets(128) == (128,)
 
 
 @pytest.fixture()
@@ -38,63 +40,79 @@ def model(tiny_dir):
 @pytest.mark.parametrize("Q", [1, 3, 5, 7, 16])
 def test_padded_replay_equals_eager_and_leaves_committed_kv_alone(model, Q):
     g = torch.Generator().manual_seed(Q)
-    model.setup_cache(3, 128)
     prompt = torch.randint(0, model.config.vocab_size, (3, 20), generator=g)
-    model.prefill(prompt, torch.tensor([20, 7, 13]))
-    lens = model.cache.lens.clone()
     tokens = torch.randint(0, model.config.vocab_size, (3, Q), generator=g)
-    kv_before = model.cache.kv.clone()
-    eager = model.verify(tokens, attn_len=64)
-    kv_eager = model.cache.kv.clone()
-    model.cache.kv.copy_(kv_before)
-    runner = GraphRunner(model, capture=fake_capture)
-    model.graphs = runner
-    try:
-        got = model.verify(tokens, attn_len=64)
-        got2 = model.verify(tokens, attn_len=64)  # a replay of the same graph
-    finally:
-        model.graphs = None
-    assert runner.replays == 2 and len(runner.graphs) == 1
+    eager_runner = ModelRunner(model, cuda_graphs=False)
+    eager_runner.allocate(3, 128)
+    eager_runner.prefill(prompt, torch.tensor([20, 7, 13]))
+    lens = eager_runner.cache.lens.clone()
+    eager = eager_runner.verify(tokens, attn_len=64)
+    kv_eager = eager_runner.cache.kv.clone()
+
+    runner = ModelRunner(model, max_batch=4, capture=fake_capture)  # batch 3 pads to the bucket 4
+    runner.allocate(3, 128)
+    graphs = runner.graphs
+    assert graphs is not None and len(graphs.graphs) == 3 * 6 * 1  # batch 1,2,4 x Q buckets x one length
+    assert runner.cache.batch == 3 and runner._buffer.batch == 4
+    runner.prefill(prompt, torch.tensor([20, 7, 13]))
+    got = runner.verify(tokens, attn_len=64)
+    got2 = runner.verify(tokens, attn_len=64)  # a replay of the same graph
+    assert graphs.replays == 2
     assert torch.allclose(got, eager, atol=1e-5) and torch.equal(got, got2)
+    assert got.data_ptr() == graphs.logits.data_ptr()  # one shared logits buffer serves every graph
     for b in range(3):  # every position a real token wrote or the prefix holds: identical
         n = int(lens[b]) + Q
-        assert torch.allclose(model.cache.kv[:, :, b, :n], kv_eager[:, :, b, :n], atol=1e-6)
+        assert torch.allclose(runner.cache.kv[:, :, b, :n], kv_eager[:, :, b, :n], atol=1e-6)
 
 
 def test_fallbacks_run_eagerly(model):
-    model.setup_cache(1, 128)
-    runner = GraphRunner(model, capture=fake_capture)
-    tokens = torch.zeros(1, 3, dtype=torch.long)
-    assert runner.usable(tokens, None, False)
-    assert not runner.usable(tokens, torch.ones(1, 3, 3, dtype=torch.bool), False)  # trees: eager
-    assert not runner.usable(tokens, None, True)  # hidden states: eager
-    assert not runner.usable(torch.zeros(1, 40, dtype=torch.long), None, False)  # above the buckets
-    assert not GraphRunner(model, enabled=False, capture=fake_capture).usable(tokens, None, False)
-    assert not GraphRunner(model).usable(tokens, None, False)  # real capture needs CUDA tensors
+    runner = ModelRunner(model, max_batch=2, capture=fake_capture)
+    runner.allocate(1, 128)
+    graphs, tokens = runner.graphs, torch.zeros(1, 3, dtype=torch.long)
+    assert graphs.usable(tokens, None, False)
+    assert not graphs.usable(tokens, torch.ones(1, 3, 3, dtype=torch.bool), False)  # trees: eager
+    assert not graphs.usable(tokens, None, True)  # hidden states: eager
+    assert not graphs.usable(torch.zeros(1, 40, dtype=torch.long), None, False)  # above the buckets
+    assert not graphs.usable(torch.zeros(3, 1, dtype=torch.long), None, False)  # above max_batch
+    assert ModelRunner(model, cuda_graphs=False, capture=fake_capture).graphs is None
+    assert not ModelRunner(model).use_graphs  # real capture needs CUDA
+
+
+def test_graph_memory_is_bounded(model):
+    V = model.config.vocab_size
+    runner = ModelRunner(model, max_batch=2, capture=fake_capture, graph_memory_limit=2 * 2 * 4 * V * 4)
+    runner.allocate(1, 64)
+    # logits of (2 rows x 4 queries) fit the limit; 2 x 8 and above do not and run eagerly
+    captured = {(b, q) for b, q, _ in runner.graphs.graphs}
+    assert (2, 4) in captured and (2, 8) not in captured and (1, 8) in captured
+    assert all(b * q > 8 for b, q, _ in runner.graphs.skipped)
+    assert runner.graphs.memory_bytes >= runner.graphs.logits.nbytes
 
 
 @pytest.mark.parametrize("method,gamma", [("ar", None), ("sd", 3), ("pearl", 3)])
 def test_engine_tokens_identical_with_graph_runner(tiny_dir, method, gamma):
-    eng = Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=256)
+    eng = Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=256, max_batch=2)
     prompts = ["def add(a, b):\n", "x = [1"]
     ref = [r.token_ids for r in eng.generate(prompts, max_new_tokens=24, method=method, gamma=gamma, ignore_eos=True)]
     eng.set_cuda_graphs(True, capture=fake_capture)
     out = eng.generate(prompts, max_new_tokens=24, method=method, gamma=gamma, ignore_eos=True)
     assert [r.token_ids for r in out] == ref
-    assert eng.target.graphs.replays > 0
-    assert len(eng.target.graphs.graphs) <= 4  # a few buckets serve the whole call
+    graphs = eng.target.graphs
+    assert graphs.replays > 0 and len(graphs.graphs) == 2 * 6 * 1  # captured at the call's start
+    eng.generate(prompts, max_new_tokens=4, method=method, gamma=gamma, ignore_eos=True)
+    assert eng.target.graphs is graphs  # the same buffer: no new capture
     eng.set_cuda_graphs(False)
     assert eng.target.graphs is None
 
 
-def test_reallocated_cache_drops_graphs(model):
-    model.setup_cache(1, 64)
-    model.graphs = GraphRunner(model, capture=fake_capture)
-    model.verify(torch.zeros(1, 2, dtype=torch.long))
-    assert model.graphs.graphs
-    model.setup_cache(2, 64)  # new buffers: old graphs would read freed memory
-    assert not model.graphs.graphs
-    model.graphs = None
+def test_reallocated_cache_recaptures(model):
+    runner = ModelRunner(model, capture=fake_capture)
+    runner.allocate(1, 64)
+    first = runner.graphs
+    runner.allocate(1, 64)
+    assert runner.graphs is first  # same buffer, same graphs
+    runner.allocate(1, 128)  # new buffers: old graphs would read freed memory
+    assert runner.graphs is not first and runner.graphs.max_seq_len == 128
 
 
 @pytest.mark.gpu
@@ -102,9 +120,11 @@ def test_reallocated_cache_drops_graphs(model):
 @pytest.mark.parametrize("method", ["ar", "sd", "pearl"])
 def test_cuda_graph_replay_gives_eager_tokens(tiny_dir, method):
     eng = Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), device="cuda", max_seq_len=512,
-                                 cuda_graphs=False)
+                                 cuda_graphs=False, max_batch=2)
     prompts = ["def add(a, b):\n", "x = [1"]
     ref = [r.token_ids for r in eng.generate(prompts, max_new_tokens=40, method=method, gamma=3, ignore_eos=True)]
     eng.set_cuda_graphs(True)
+    memory = eng.warmup(batch=2)
     out = eng.generate(prompts, max_new_tokens=40, method=method, gamma=3, ignore_eos=True)
     assert [r.token_ids for r in out] == ref and eng.target.graphs.replays > 0
+    assert 0 < memory["target"] < 2 << 30

@@ -4,6 +4,7 @@ import torch
 from conftest import save_tiny
 
 from specengine.loading import load_model
+from specengine.runner import ModelRunner
 
 
 @pytest.mark.parametrize("kind,kw", [
@@ -16,8 +17,8 @@ from specengine.loading import load_model
 @torch.inference_mode()
 def test_prefill_and_20_decode_steps_match_transformers(tmp_path, kind, kw):
     hf = save_tiny(tmp_path, kind, seed=3, **kw)
-    ours, _ = load_model(tmp_path)
-    ours.setup_cache(2, 128)
+    ours = ModelRunner(load_model(tmp_path)[0])
+    ours.allocate(2, 128)
     ids = torch.randint(0, hf.config.vocab_size, (2, 31), generator=torch.Generator().manual_seed(0))
     ref = hf(ids).logits  # full causal forward over prompt + continuation
     prompt = 11
@@ -34,8 +35,8 @@ def test_prefill_and_20_decode_steps_match_transformers(tmp_path, kind, kw):
 def test_sharded_checkpoint_and_ragged_prefill(tmp_path):
     hf = save_tiny(tmp_path, "qwen2", seed=4, shard="20KB")
     assert len(list(tmp_path.glob("*.safetensors"))) > 1
-    ours, _ = load_model(tmp_path)
-    ours.setup_cache(3, 64)
+    ours = ModelRunner(load_model(tmp_path)[0])
+    ours.allocate(3, 64)
     lens = [9, 4, 1]
     rows = [torch.randint(0, hf.config.vocab_size, (n,), generator=torch.Generator().manual_seed(n)) for n in lens]
     padded = torch.zeros(3, 9, dtype=torch.long)
@@ -50,8 +51,8 @@ def test_sharded_checkpoint_and_ragged_prefill(tmp_path):
 def test_verify_with_tree_mask_equals_causal_path(tmp_path):
     """Every tree node's logits equal a plain causal forward over its root-to-node path."""
     hf = save_tiny(tmp_path, "llama", seed=5)
-    ours, _ = load_model(tmp_path)
-    ours.setup_cache(1, 64)
+    ours = ModelRunner(load_model(tmp_path)[0])
+    ours.allocate(1, 64)
     prefix = torch.randint(0, hf.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(1))
     ours.prefill(prefix, torch.tensor([6]))
     parent = [-1, 0, 0, 1, 1, 2, 4]  # a 7-node tree

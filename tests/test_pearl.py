@@ -5,7 +5,7 @@ import torch
 from conftest import save_tiny, small_vocab_models
 
 from specengine import Engine, SamplingParams
-from specengine.kernels import total_variation_bound
+from specengine.statistics import total_variation_bound
 from specengine.loading import load_model
 from specengine.sampling import probs_of
 
@@ -18,29 +18,18 @@ class PoisonedDraft:
 
     def __init__(self, model, poison):
         self.inner, self.poison = model, set(poison)
-        self.config = model.config
-        self.embed_tokens = model.embed_tokens
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def setup_cache(self, *a):
-        return self.inner.setup_cache(*a)
-
-    def forward(self, tokens, tree_mask=None, attn_len=None, logits_at=None, return_hidden=False):
-        lens = self.inner.cache.lens.clone()
-        logits = self.inner.forward(tokens, tree_mask, attn_len, logits_at, return_hidden)
+    def __call__(self, tokens, cache, attn_fn, tree_mask=None, attn_len=None, logits_at=None, return_hidden=False):
+        lens = cache.lens.clone()
+        logits = self.inner(tokens, cache, attn_fn, tree_mask, attn_len, logits_at, return_hidden)
         for b in range(tokens.shape[0]):
             for j in range(tokens.shape[1]):
                 if int(lens[b]) + j + 1 in self.poison:  # the logits of row j predict position lens+j+1
                     logits[b, j, logits[b, j].argmax()] = float("-inf")
         return logits
-
-    def verify(self, tokens, tree_mask=None, attn_len=None, return_hidden=False):
-        return self.forward(tokens, tree_mask, attn_len)
-
-    def decode(self, token, attn_len=None, return_hidden=False):
-        return self.forward(token[:, None], attn_len=attn_len)[:, 0]
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +56,13 @@ def test_every_mode_transition(models, tokenizer, ar_out, tiny_dir):
     gen, _ = eng._start(PROMPTS[0], max_new_tokens=40, method="pearl", gamma=g, ignore_eos=True)
     for _ in gen.rounds():
         pass
-    trace = gen.policy.trace
+    trace = gen.method.modes.trace
     assert trace[:10] == [
         ("pre", 1, 0), ("pre", 1, 1), ("post", g, g), ("post", g, g), ("post", g, 0),
         ("pre", 1, 1), ("post", g, 1), ("pre", 1, 1), ("post", g, g - 1), ("pre", 1, 1),
     ]
     assert gen.rows[0].ids == ar_out[0].token_ids
-    assert gen.policy.rejections == 4
+    assert gen.method.modes.rejections == 4
 
 
 @pytest.mark.parametrize("draft", ["same", "perturbed"])
@@ -151,14 +140,17 @@ def test_sampling_distribution_of_three_tokens(tmp_path, tokenizer, gamma, kw):
 
 
 def test_draft_on_its_own_device_adapter(models, tokenizer, ar_out, tiny_dir):
-    """draft_device= wraps the draft so inputs/outputs cross devices; same tokens (CPU->CPU here,
-    cuda:0 -> cuda:1 on a two-GPU machine)."""
+    """A draft on another device than the target is wrapped so inputs/outputs cross devices;
+    same tokens (the adapter forced CPU->CPU here, cuda:0 -> cuda:1 on a two-GPU machine)."""
     from specengine.cross_device import CrossDeviceDraft
 
-    home = "cuda:0" if torch.cuda.device_count() > 1 else "cpu"
-    other = "cuda:1" if torch.cuda.device_count() > 1 else "cpu"
-    draft = CrossDeviceDraft(load_model(tiny_dir, device=other)[0], torch.device(home))
-    eng = Engine(models[0], tokenizer, draft, max_seq_len=256)
+    if torch.cuda.device_count() > 1:
+        eng = Engine(load_model(tiny_dir, device="cuda:0")[0], tokenizer, load_model(tiny_dir, device="cuda:1")[0],
+                     max_seq_len=256)
+    else:
+        eng = Engine(models[0], tokenizer, load_model(tiny_dir)[0], max_seq_len=256)
+        eng.draft = CrossDeviceDraft(eng.draft, eng.device)
+    assert isinstance(eng.draft, CrossDeviceDraft)
     for method in ("pearl", "sd"):
         out = eng.generate(PROMPTS, max_new_tokens=40, method=method, gamma=3, ignore_eos=True)
         assert [r.token_ids for r in out] == [r.token_ids for r in ar_out]

@@ -7,6 +7,7 @@ import torch
 from specengine import Engine
 from specengine.fetch import cache_dir, fetch
 from specengine.loading import load_model, resolve
+from specengine.runner import ModelRunner
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -16,11 +17,11 @@ def test_smollm2_logits_match_transformers():
     from transformers import AutoModelForCausalLM
 
     path = fetch("smollm2-135m-instruct")
-    ours, _ = load_model("smollm2-135m-instruct")
+    ours = ModelRunner(load_model("smollm2-135m-instruct")[0])
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = torch.randint(0, 49152, (1, 40), generator=torch.Generator().manual_seed(0))
     ref = hf(ids).logits[0]
-    ours.setup_cache(1, 64)
+    ours.allocate(1, 64)
     last = ours.prefill(ids[:, :20], torch.tensor([20]))
     assert (last[0] - ref[19]).abs().max() <= 1e-4
     ours.cache.set_lens(torch.tensor([20], dtype=torch.int32))

@@ -5,7 +5,7 @@ import torch
 from conftest import small_vocab_models
 
 from specengine import Engine, SamplingParams
-from specengine.kernels import total_variation_bound
+from specengine.statistics import total_variation_bound
 from specengine.sampling import probs_of
 
 V, N, PROMPT = 8, 100_000, [3, 5, 2]
@@ -54,7 +54,7 @@ def test_draft_distribution_differs_from_target(small_vocab):
     joint = torch.zeros(V, V)
     with torch.no_grad():
         for a in range(V):
-            draft.setup_cache(1, 16)
+            draft.allocate(1, 16)
             logits = draft.verify(torch.tensor([PROMPT + [a]]))[0]
             joint[a] = probs_of(logits[-2], params)[a] * probs_of(logits[-1], params)
     tv = 0.5 * (joint.flatten() - exact_joint(hf, params)).abs().sum()

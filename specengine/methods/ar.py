@@ -8,18 +8,22 @@ from __future__ import annotations
 import torch
 
 from ..sampling import filter_logits
+from .base import Method
 from .common import DecodeState, RoundOutput
 
 
-def ar_round(target, st: DecodeState, timer) -> RoundOutput:
-    B = st.batch
-    with timer.phase("target"):
-        logits = target.decode(st.last_tokens(), attn_len=st.attn_len)
-    none = torch.zeros(B, 0, dtype=torch.int64, device=logits.device)
-    zeros = torch.zeros(B, dtype=torch.int32, device=logits.device)
-    out, n_acc = st.sampler(filter_logits(logits[:, None], st.params), none, None, zeros,
-                            st.temperature, st.seed, st.offset)
-    one = n_acc + 1
-    st.commit(out, one)
-    target.cache.set_lens(st.n - 1)
-    return RoundOutput(out, n_acc, zeros, one, target_forwards=1)
+class AutoRegressive(Method):
+    name = "ar"
+    needs_draft = False
+
+    def round(self, state: DecodeState, timer) -> RoundOutput:
+        B = state.batch
+        with timer.phase("target"):
+            logits = self.engine.target.decode(state.last_tokens(), attn_len=state.attn_len)
+        no_drafts = torch.zeros(B, 0, dtype=torch.int64, device=logits.device)
+        zeros = torch.zeros(B, dtype=torch.int32, device=logits.device)
+        out, n_acc = state.sampler(filter_logits(logits[:, None], state.params), no_drafts, None, zeros,
+                                   state.temperature, state.seed, state.offset)
+        one = n_acc + 1
+        state.commit(out, one)
+        return RoundOutput(out, n_acc, zeros, one, target_forwards=1)

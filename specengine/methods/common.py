@@ -41,9 +41,9 @@ class DecodeState:
 
     def commit(self, out_tokens: torch.Tensor, n_new: torch.Tensor) -> None:
         """Append out_tokens[b, :n_new[b]] to the active rows and move to fresh random numbers."""
-        K1 = out_tokens.shape[1]
-        j = torch.arange(K1, device=out_tokens.device)[None, :]
-        idx = self.positions(self.n, K1)
+        width = out_tokens.shape[1]
+        j = torch.arange(width, device=out_tokens.device)[None, :]
+        idx = self.positions(self.n, width)
         keep = (j < n_new.to(torch.int64)[:, None]) & self.active[:, None]
         self.tokens.scatter_(1, idx, torch.where(keep, out_tokens, self.tokens.gather(1, idx)))
         self.n += n_new.to(torch.int64) * self.active
@@ -59,3 +59,4 @@ class RoundOutput:
     n_committed: torch.Tensor  # [B] tokens appended this round (n_acc + 1 unless a bonus is withheld)
     target_forwards: int = 1
     draft_forwards: int = 0
+    draft_lens: torch.Tensor | None = None  # [B] the draft cache's valid length after the round

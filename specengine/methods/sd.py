@@ -2,7 +2,8 @@
 
 One round: the draft proposes γ tokens autoregressively; the target scores
 [last committed, d1..dγ] in one forward; the rejection sampler accepts a prefix and adds
-one corrected or bonus token; both caches are rolled back by setting their lengths.
+one corrected or bonus token; the driver rolls both caches back by setting their lengths.
+γ comes from a draft-length policy (`policies.py`), `auto` by default.
 
 Draft cache bookkeeping: after a round the draft holds the committed prefix plus
 d1..d_{γ-1}, so it is 1 or 2 tokens behind the new committed length (2 when all drafts
@@ -14,47 +15,72 @@ from __future__ import annotations
 import torch
 
 from ..sampling import filter_logits, sample_draft
+from .base import Method, speculative_stats
 from .common import DecodeState, RoundOutput
+from .policies import make_policy
 
 
-def draft_catch_up(draft, st: DecodeState, upto: torch.Tensor) -> torch.Tensor:
-    """Feed the draft the tokens of st.tokens[:, :upto] it has not seen (1 or 2 per row);
+def draft_catch_up(draft, state: DecodeState, upto: torch.Tensor) -> torch.Tensor:
+    """Feed the draft the tokens of state.tokens[:, :upto] it has not seen (1 or 2 per row);
     returns the logits after the last one [B,V]."""
-    dlen = draft.cache.lens.to(torch.int64)
-    logits = draft.verify(st.tokens.gather(1, st.positions(dlen, 2)), attn_len=st.attn_len)
-    which = (upto - 1 - dlen).clamp(0, 1)
+    seen = draft.cache.lens.to(torch.int64)
+    logits = draft.verify(state.tokens.gather(1, state.positions(seen, 2)), attn_len=state.attn_len)
+    which = (upto - 1 - seen).clamp(0, 1)
     draft.cache.set_lens(upto)
-    return logits[torch.arange(st.batch, device=logits.device), which]
+    return logits[torch.arange(state.batch, device=logits.device), which]
 
 
-def draft_chain(draft, st: DecodeState, gamma: int, upto: torch.Tensor | None = None):
-    """γ draft tokens per row [B,γ] continuing st.tokens[:, :upto] (default: the committed
+def draft_chain(draft, state: DecodeState, gamma: int, upto: torch.Tensor | None = None):
+    """γ draft tokens per row [B,γ] continuing state.tokens[:, :upto] (default: the committed
     tokens), their q [B,γ,V] (None if greedy) and the draft's confidences [B,γ]."""
-    logits = draft_catch_up(draft, st, st.n if upto is None else upto)
+    logits = draft_catch_up(draft, state, state.n if upto is None else upto)
     toks, qs, confs = [], [], []
     for j in range(gamma):
         if j:
-            logits = draft.decode(toks[-1], attn_len=st.attn_len)
+            logits = draft.decode(toks[-1], attn_len=state.attn_len)
             draft.cache.set_lens(draft.cache.lens + 1)
-        tok, q, conf = sample_draft(logits, st.params, st.seed, st.offset, j)
+        tok, q, conf = sample_draft(logits, state.params, state.seed, state.offset, j)
         toks.append(tok), qs.append(q), confs.append(conf)
-    q = None if st.params.greedy else torch.stack(qs, 1)
+    q = None if state.params.greedy else torch.stack(qs, 1)
     return torch.stack(toks, 1), q, torch.stack(confs, 1)
 
 
-def sd_round(target, draft, st: DecodeState, policy, timer) -> RoundOutput:
-    gamma = policy.gamma
-    n0 = st.n.clone()
-    with timer.phase("draft"):
-        drafts, q, conf = draft_chain(draft, st, gamma)
-        num_draft = policy.num_draft(conf)
-    with timer.phase("target"):
-        logits = target.verify(torch.cat([st.last_tokens()[:, None], drafts], 1), attn_len=st.attn_len)
-    out, n_acc = st.sampler(filter_logits(logits, st.params), drafts, q, num_draft,
-                            st.temperature, st.seed, st.offset)
-    st.commit(out, n_acc + 1)
-    target.cache.set_lens(st.n - 1)
-    # the draft saw d1..d_{γ-1}: valid up to n0 + min(n_acc, γ-1), never past the new n - 1
-    seen = n0 + torch.clamp(n_acc.to(torch.int64), max=gamma - 1)
-    draft.cache.set_lens(torch.minimum(seen, st.n - 1))
-    return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1, draft_forwards=gamma)
+class SpeculativeDecoding(Method):
+    name = "sd"
+
+    def __init__(self, engine, gamma=None, policy=None):
+        super().__init__(engine)
+        self.policy = make_policy(policy or engine.policy, engine.gamma if gamma is None else gamma)
+        self.gammas: list[int] = []  # γ of every round
+
+    @property
+    def max_width(self) -> int:
+        return self.policy.gamma_max + 1
+
+    def begin(self, generation) -> None:
+        if self.policy.needs_costs:  # gamma="auto": γ from measured step costs
+            self.policy.set_costs(self.engine.step_costs(generation.state, self.max_width))
+
+    def round(self, state: DecodeState, timer) -> RoundOutput:
+        target, draft, gamma = self.engine.target, self.engine.draft, self.policy.gamma
+        self.gammas.append(gamma)
+        start = state.n.clone()
+        with timer.phase("draft"):
+            drafts, q, conf = draft_chain(draft, state, gamma)
+            num_draft = self.policy.num_draft(conf)
+        with timer.phase("target"):
+            logits = target.verify(torch.cat([state.last_tokens()[:, None], drafts], 1), attn_len=state.attn_len)
+        out, n_acc = state.sampler(filter_logits(logits, state.params), drafts, q, num_draft,
+                                   state.temperature, state.seed, state.offset)
+        state.commit(out, n_acc + 1)
+        # the draft saw d1..d_{γ-1}: valid up to start + min(n_acc, γ-1), never past the new n - 1
+        seen = start + torch.clamp(n_acc.to(torch.int64), max=gamma - 1)
+        return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1, draft_forwards=gamma,
+                           draft_lens=torch.minimum(seen, state.n - 1))
+
+    def after_round(self, n_acc, num_draft) -> None:
+        self.policy.update(n_acc, num_draft)
+
+    def stats(self, generation) -> dict:
+        return {"policy": self.policy.name, "gamma": self.policy.gamma,
+                "gamma_mean": sum(self.gammas) / max(len(self.gammas), 1), **speculative_stats(generation)}

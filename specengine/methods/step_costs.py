@@ -36,21 +36,21 @@ class StepCosts:
         return t[-1] + slope * (width - len(t))
 
 
-def time_forward(model, st: DecodeState, width: int, repeats: int = 2) -> float:
+def time_forward(model, state: DecodeState, width: int, repeats: int = 2) -> float:
     """Best of `repeats` wall times of one forward of `width` tokens per row (the first call
     also pays one-time costs such as kernel selection for a new shape; the minimum drops it)."""
-    tokens = st.tokens.gather(1, st.positions(st.n - 1, width))
+    tokens = state.tokens.gather(1, state.positions(state.n - 1, width))
     sync = torch.cuda.synchronize if tokens.is_cuda else (lambda: None)
     best = float("inf")
     for _ in range(repeats):
         sync()
         t = time.perf_counter()
-        model.verify(tokens, attn_len=st.attn_len)
+        model.verify(tokens, attn_len=state.attn_len)
         sync()
         best = min(best, time.perf_counter() - t)
     return best
 
 
-def measure_step_costs(target, draft, st: DecodeState, max_width: int, repeats: int = 2) -> StepCosts:
-    return StepCosts(st.batch, time_forward(draft, st, 1, repeats),
-                     tuple(time_forward(target, st, w, repeats) for w in range(1, max_width + 1)))
+def measure_step_costs(target, draft, state: DecodeState, max_width: int, repeats: int = 2) -> StepCosts:
+    return StepCosts(state.batch, time_forward(draft, state, 1, repeats),
+                     tuple(time_forward(target, state, w, repeats) for w in range(1, max_width + 1)))

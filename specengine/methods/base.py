@@ -1,0 +1,61 @@
+"""The method interface: what one round of a decoding method does (docs/design.md, "Methods").
+
+A method is one file under `methods/` and one entry in the registry (`methods/__init__.py`);
+the driver (generation.py) knows nothing else about it. Per generate call:
+  method = Cls(engine, gamma, policy)   validate the call's options
+  method.begin(generation)              after prefill (measure costs, set up state)
+  method.round(state, timer)            -> RoundOutput, device tensors only, no host sync
+  method.after_round(n_acc, num_draft)  host bookkeeping on what the round's one sync read
+  method.stats(generation)              method-specific numbers for GenerationResult.stats
+"""
+from __future__ import annotations
+
+from ..graphs import padded_width
+from .common import DecodeState, RoundOutput
+
+
+class Method:
+    name = ""
+    needs_draft = True
+
+    def __init__(self, engine, gamma=None, policy=None):
+        self.engine = engine
+
+    @property
+    def max_width(self) -> int:
+        """The most tokens per row any forward of a round feeds (draft catch-up included)."""
+        return 1
+
+    @property
+    def headroom(self) -> int:
+        """Positions past a row's committed length a round may write: its widest forward,
+        padded to the graph bucket, for the target and for a draft running ahead of it.
+        The one place this is computed (capacity check and attention bound use it)."""
+        return 2 * padded_width(self.max_width)
+
+    def begin(self, generation) -> None:
+        pass
+
+    def round(self, state: DecodeState, timer) -> RoundOutput:
+        raise NotImplementedError
+
+    def after_round(self, n_acc: list[int], num_draft: list[int]) -> None:
+        pass
+
+    def stats(self, generation) -> dict:
+        return {}
+
+
+def speculative_stats(generation) -> dict:
+    """What every draft-and-verify method reports (docs/design.md, "Metrics")."""
+    counters, times = generation.counters, generation.timer.totals()
+    per_draft = times.get("draft", 0.0) / max(counters.draft_forwards, 1)
+    per_target = times.get("target", 0.0) / max(counters.target_forwards, 1)
+    return {
+        "draft_forwards": counters.draft_forwards,
+        "proposed_drafts": counters.proposed,
+        "accepted_drafts": counters.accepted,
+        "acceptance_rate": counters.accepted / max(counters.proposed, 1),
+        "mean_accepted_tokens": counters.round_tokens / max(counters.row_rounds, 1),
+        "draft_cost_ratio": per_draft / per_target if per_target > 0 else None,
+    }

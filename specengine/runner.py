@@ -1,0 +1,112 @@
+"""ModelRunner: runs one model. It owns the model's KV buffer, its attention backend and its
+CUDA graphs; the model itself stays a plain module (docs/design.md, "Layers").
+
+Entry points mirror the engine's needs: `allocate` (a static buffer for a call's batch),
+`prefill`, `decode`, `verify` (chain or tree); all write K/V at `cache.lens[b] + j` and
+return logits; callers set `cache.lens` (rollback is lowering it). On CUDA with graphs on,
+the buffer is allocated for `max_batch` rows and every (batch, Q, length) bucket is
+captured when the buffer is allocated (`warmup`), never in the middle of a generation.
+"""
+from __future__ import annotations
+
+import torch
+
+from .backends import attention_op
+from .graphs import Q_BUCKETS, GraphRunner, len_buckets
+from .kernels.reference import verify_attention_ref
+from .kv_cache import KVCache
+
+
+class ModelRunner:
+    def __init__(self, model, attention: str = "auto", cuda_graphs: bool = True, max_batch: int = 1,
+                 capture=None, graph_memory_limit: int = 2 << 30):
+        self.model, self.config = model, model.config
+        self.max_batch, self.graph_memory_limit = max_batch, graph_memory_limit
+        self._buffer: KVCache | None = None  # the whole allocation (>= the call's rows)
+        self.cache: KVCache | None = None  # the rows of the current call
+        self.graphs: GraphRunner | None = None
+        self._warmed: KVCache | None = None  # the buffer warm-up (autotune, graphs) last ran on
+        self.set_attention(attention)
+        self.set_cuda_graphs(cuda_graphs, capture)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    # ------------------------------------------------------------------ configuration
+    def set_attention(self, name: str = "auto") -> None:
+        """"torch" | "triton" | "auto" (Triton on CUDA). Captured graphs baked the old kernel."""
+        self.attn_fn = attention_op(name, self.device)
+        self.attention_backend = "torch" if self.attn_fn is verify_attention_ref else "triton"
+        self.graphs = self._warmed = None
+
+    def set_cuda_graphs(self, enabled: bool = True, capture=None) -> None:
+        """Replay captured graphs for decode/verify (CUDA; `capture` stands in on CPU in tests)."""
+        self.capture = capture
+        self.use_graphs = enabled and (self.device.type == "cuda" or capture is not None)
+        self.graphs = self._warmed = None
+
+    # ------------------------------------------------------------------ buffers and graphs
+    def allocate(self, batch: int, max_seq_len: int) -> KVCache:
+        """The KV buffer for a call of `batch` rows (reused when it fits), lengths reset."""
+        rows = max(batch, self.max_batch) if self.use_graphs else batch
+        buf = self._buffer
+        stale = buf is None or buf.batch < rows or buf.max_seq_len != max_seq_len or buf.kv.dtype != self.dtype \
+            or buf.kv.device != self.device
+        if stale or (buf.kv.is_inference() and not torch.is_inference_mode_enabled()):  # can't write those here
+            self._buffer = self.model.new_cache(rows, max_seq_len)
+            self.graphs = None  # they point at the old buffer; warm-up captures anew
+        self._buffer.reset()  # every row, padded graph rows included, starts at length 0
+        self.cache = self._buffer.rows(batch)
+        if self._warmed is not self._buffer and (self.use_graphs or self.device.type == "cuda"):
+            self.warmup()
+        return self.cache
+
+    def warmup(self) -> None:
+        """Before any generation on this buffer: run every (Q, length) bucket once, so Triton
+        autotunes here (its keys are shapes that never change per call), then capture every
+        bucket's graph when graphs are on. Never during a capture or inside a round."""
+        buf = self._buffer
+        tokens = torch.zeros(1, Q_BUCKETS[-1], dtype=torch.int64, device=self.device)
+        for q in Q_BUCKETS:
+            for n in {len_buckets(buf.max_seq_len)[0], buf.max_seq_len}:  # short: no KV split; long: split
+                self._forward_rows(tokens[:, :q], 1, n)
+        if self.use_graphs:
+            self.graphs = GraphRunner(self._forward_rows, self.device, self.config.vocab_size, self.max_batch,
+                                      buf.max_seq_len, capture=self.capture, memory_limit=self.graph_memory_limit)
+            self.graphs.capture_all()
+        buf.reset()
+        self._warmed = buf
+
+    def _forward_rows(self, tokens, rows: int, attn_len: int):
+        return self.model(tokens, self._buffer.rows(rows), self.attn_fn, attn_len=attn_len)
+
+    # ------------------------------------------------------------------ forwards
+    def forward(self, tokens, tree_mask=None, attn_len=None, logits_at=None, return_hidden=False):
+        return self.model(tokens, self.cache, self.attn_fn, tree_mask=tree_mask, attn_len=attn_len,
+                          logits_at=logits_at, return_hidden=return_hidden)
+
+    def prefill(self, tokens: torch.Tensor, lens: torch.Tensor, attn_len=None) -> torch.Tensor:
+        """Right-padded prompts [B,T] with true lengths lens[B]; sets cache.lens = lens.
+        Returns the logits at each row's last prompt token [B,V]."""
+        self.cache.lens.zero_()
+        last = (lens.to(torch.int64) - 1).clamp_min(0)[:, None]
+        logits = self.forward(tokens, attn_len=attn_len, logits_at=last)
+        self.cache.set_lens(lens.to(torch.int32))
+        return logits[:, 0]
+
+    def decode(self, token: torch.Tensor, attn_len=None, return_hidden=False):
+        """One new token per row [B] -> logits [B,V] (cache.lens is not advanced)."""
+        out = self.verify(token[:, None], attn_len=attn_len, return_hidden=return_hidden)
+        return (out[0][:, 0], out[1][:, 0]) if return_hidden else out[:, 0]
+
+    def verify(self, tokens: torch.Tensor, tree_mask=None, attn_len=None, return_hidden=False):
+        """Q new tokens per row [B,Q] (chain, or a tree with tree_mask [B|1,Q,Q]) -> [B,Q,V].
+        Replays a captured graph when one fits, else runs eagerly (same results)."""
+        if self.graphs is not None and self.graphs.usable(tokens, tree_mask, return_hidden, attn_len):
+            return self.graphs(tokens, attn_len)
+        return self.forward(tokens, tree_mask=tree_mask, attn_len=attn_len, return_hidden=return_hidden)
