@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench bench-pearl bench-kernels fetch clean
+.PHONY: install demo test test-fast bench bench-pearl bench-kernels compile-check fetch clean
 
 $(STAMP): pyproject.toml setup.py csrc/compact_kv.cpp csrc/compact_kv_cuda.cu csrc/compact_kv.h
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -53,3 +53,9 @@ clean:
 bench-kernels: $(STAMP)
 	$(VENV)/bin/pytest bench/bench_verify_attention.py bench/bench_rejection_sampling.py \
 	  -p no:cacheprovider -q --benchmark-only --benchmark-json bench/results/kernels_$$(hostname).json
+
+# Every Triton kernel, every autotune config and variant, compiled ahead of time for sm_90
+# and sm_80 (no GPU needed); registers / shared / local memory per variant.
+compile-check: $(STAMP)
+	env -u TRITON_INTERPRET $(PY) -m specengine.kernels.compile_check --full \
+	  --json bench/results/compile_check_full.json

@@ -1,0 +1,165 @@
+"""Ahead-of-time compilation of every Triton kernel for real GPUs, without a GPU.
+
+The interpreter (how the tests run the kernels on a CPU) accepts code that the real
+compiler rejects and says nothing about registers, shared memory or spills. Here each
+kernel is compiled with `triton.compile` for `GPUTarget("cuda", 90, 64)` (H100/H200) and
+`("cuda", 80, 32)` (A100), for each dtype, autotune config and variant, down to a cubin
+(the Triton wheel carries ptxas); `cuobjdump --dump-resource-usage` then reads the
+registers, shared memory and local memory (spills) per thread.
+
+    python -m specengine.kernels.compile_check            # representative configs
+    python -m specengine.kernels.compile_check --full     # every config (make compile-check)
+
+A variant fails when it does not compile, spills (LOCAL_LIMIT_BYTES of local memory per
+thread), or needs more shared memory than the target has.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+TARGETS = {"sm_90": ("cuda", 90, 64), "sm_80": ("cuda", 80, 32)}
+SHARED_LIMIT = {"sm_90": 227 * 1024, "sm_80": 163 * 1024}  # per block, opt-in maximum
+LOCAL_LIMIT_BYTES = 0  # no spills: a kernel that spills on the hot path is a bug here
+DTYPES = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
+
+
+@dataclass
+class Variant:
+    kernel: str
+    target: str
+    params: dict
+    regs: int | None = None
+    shared: int | None = None
+    local: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.local <= LOCAL_LIMIT_BYTES and self.shared <= SHARED_LIMIT[self.target]
+
+
+def _attention_variants(full: bool):
+    from . import verify_attention as va
+
+    fast = dict(BLOCK_N=64, num_warps=4, num_stages=2)
+    configs = [dict(BLOCK_N=c.kwargs["BLOCK_N"], num_warps=c.num_warps, num_stages=c.num_stages)
+               for c in va._configs()] if full else [fast]
+    for dt, tree, split, cfg in itertools.product(DTYPES, (False, True), (False, True), configs):
+        for D, BLOCK_M in ([(64, 16), (128, 16), (128, 64)] if full else [(128, 16)]):
+            p = f"*{dt}"
+            sig = dict(q_ptr=p, k_ptr=p, v_ptr=p, lens_ptr="*i32", mask_ptr="*i8" if tree else p, out_ptr=p,
+                       m_part="*fp32", l_part="*fp32", acc_part="*fp32", qk_scale="fp32")
+            sig.update({n: "i32" for n in ("s_qb", "s_qq", "s_qh", "s_kb", "s_ks", "s_kh", "s_vb", "s_vs", "s_vh",
+                                           "s_ob", "s_oq", "s_oh", "s_mb", "s_mi", "s_mj", "NQ", "G", "HKV",
+                                           "NSPLIT", "MPAD", "CHUNK")})
+            const = dict(D=D, BLOCK_M=BLOCK_M, BLOCK_N=cfg["BLOCK_N"], HAS_TREE=tree, SPLIT=split,
+                         IEEE=dt == "fp32")
+            yield "verify_attention", va._verify_attention_kernel.fn, sig, const, \
+                dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]), {"dtype": dt, **const, **cfg}
+    for dt in DTYPES:
+        sig = dict(m_part="*fp32", l_part="*fp32", acc_part="*fp32", out_ptr=f"*{dt}")
+        sig.update({n: "i32" for n in ("s_ob", "s_oq", "s_oh", "NQ", "G", "HKV", "NSPLIT", "MPAD")})
+        const = dict(D=128, BLOCK_M=16)
+        yield "merge_splits", va._merge_splits_kernel, sig, const, dict(num_warps=4), dict(dtype=dt, **const)
+
+
+def _sampler_variants(full: bool):
+    from . import rejection_sampling as rs
+
+    shapes = [(1, 2048, 8), (16, 128, 8), (1, 2048, 32)] if full else [(1, 2048, 8)]
+    for dt, has_q, (bb, bv, bk) in itertools.product(DTYPES, (False, True), shapes):
+        sig = dict(logits_ptr=f"*{dt}", drafts_ptr="*i64", q_ptr="*fp32" if has_q else f"*{dt}",
+                   num_draft_ptr="*i32", temp_ptr="*fp32", seed_ptr="*i64", offset_ptr="*i64", out_ptr="*i64",
+                   n_acc_ptr="*i32")
+        sig.update({n: "i32" for n in ("B", "s_lb", "s_lk", "s_db", "s_dk", "s_qb", "s_qk", "s_ob", "K", "V")})
+        sig.update(KEY_ACCEPT="i64", KEY_SAMPLE="i64")
+        const = dict(HAS_Q=has_q, BLOCK_B=bb, BLOCK_V=bv, BLOCK_K=bk)
+        yield "rejection_sample", rs._rejection_sample_kernel, sig, const, \
+            dict(num_warps=8 if bv >= 2048 else 4), dict(dtype=dt, **const)
+
+
+def variants(full: bool = False):
+    yield from _attention_variants(full)
+    yield from _sampler_variants(full)
+
+
+def _resource_usage(cubin: bytes) -> tuple[int, int, int]:
+    """(registers, static shared bytes, local bytes) per thread from cuobjdump."""
+    import re
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    fields = dict(re.findall(r"(REG|SHARED|LOCAL|STACK):(\d+)", text.split("Function", 1)[1]))
+    return int(fields["REG"]), int(fields["SHARED"]), int(fields["LOCAL"]) + int(fields.get("STACK", 0))
+
+
+def compile_variant(kernel, fn, sig, const, options, params, target: str) -> Variant:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    v = Variant(kernel, target, params)
+    try:
+        src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in const}}, constexprs=const)
+        compiled = triton.compile(src, target=GPUTarget(*TARGETS[target]), options=options)
+        v.regs, static_shared, v.local = _resource_usage(compiled.asm["cubin"])
+        v.shared = max(static_shared, compiled.metadata.shared)
+    except Exception as e:  # a compile failure is the finding: report it, keep going
+        v.error = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    return v
+
+
+def run(full: bool = False, targets=tuple(TARGETS), progress: bool = True) -> list[Variant]:
+    from tqdm.auto import tqdm
+
+    jobs = [(job, t) for job in variants(full) for t in targets]
+    return [compile_variant(*job, t) for job, t in tqdm(jobs, desc="compiling Triton kernels", disable=not progress)]
+
+
+def table(results: list[Variant]) -> str:
+    lines = ["kernel | target | variant | regs | shared B | local B | ok", "--- | --- | --- | --- | --- | --- | ---"]
+    for v in results:
+        params = ", ".join(f"{k}={val}" for k, val in v.params.items())
+        lines.append(f"{v.kernel} | {v.target} | {params} | {v.regs} | {v.shared} | {v.local} | "
+                     f"{'yes' if v.ok else 'NO: ' + (v.error or 'spills or shared memory')}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--full", action="store_true", help="every autotune config and shape variant")
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args(argv)
+    results = run(args.full)
+    print(table(results))
+    if args.json:
+        import platform
+
+        import triton
+
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, check=False).stdout.strip() or None
+        env = {"triton": triton.__version__, "python": platform.python_version(), "commit": commit,
+               "command": " ".join(sys.argv), "local_limit_bytes": LOCAL_LIMIT_BYTES}
+        Path(args.json).write_text(json.dumps({"environment": env, "results": [asdict(v) | {"ok": v.ok}
+                                                                               for v in results]}, indent=1) + "\n")
+    bad = [v for v in results if not v.ok]
+    print(f"{len(results) - len(bad)} of {len(results)} variants compile without spills", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Every Triton kernel compiles ahead of time for sm_90 and sm_80 with the real compiler
+(no GPU needed), and its registers / shared memory / local memory are read from the cubin.
+
+Runs `python -m specengine.kernels.compile_check` in a subprocess: under the interpreter
+(TRITON_INTERPRET=1, how the other kernel tests run here) `triton.jit` gives no
+compilable function."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cc") / "compile.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "specengine.kernels.compile_check", "--json", str(out)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert out.exists(), proc.stderr[-2000:]
+    return json.loads(out.read_text())["results"]
+
+
+def test_every_kernel_variant_compiles_for_both_targets(report):
+    failed = [(v["kernel"], v["target"], v["params"], v["error"]) for v in report if v["error"]]
+    assert not failed
+    assert {v["kernel"] for v in report} == {"verify_attention", "merge_splits", "rejection_sample"}
+    for kernel in ("verify_attention", "merge_splits", "rejection_sample"):
+        targets = {v["target"] for v in report if v["kernel"] == kernel}
+        dtypes = {v["params"]["dtype"] for v in report if v["kernel"] == kernel}
+        assert targets == {"sm_90", "sm_80"} and dtypes == {"fp32", "fp16", "bf16"}
+    assert {(v["params"]["HAS_TREE"], v["params"]["SPLIT"]) for v in report if v["kernel"] == "verify_attention"} \
+        == {(False, False), (False, True), (True, False), (True, True)}
+
+
+def test_resources_are_read_and_fit_the_targets(report):
+    limits = {"sm_90": 227 * 1024, "sm_80": 163 * 1024}
+    for v in report:
+        assert 0 < v["regs"] <= 255 and 0 < v["shared"] <= limits[v["target"]], v
+
+
+def test_sampler_and_merge_kernels_do_not_spill(report):
+    # verify_attention at head_dim 128 still spills (see bench/README.md, compile check);
+    # the sampler and the split merge must not, on either target
+    spills = [(v["kernel"], v["target"], v["params"], v["local"]) for v in report
+              if v["kernel"] != "verify_attention" and v["local"] > 0]
+    assert not spills
