@@ -79,12 +79,15 @@ class Plan:
         return tuple(PATHS[p][1] for p in self.by_rows), PATHS[STORAGE_LARGE_PATH[self.storage]][1]
 
 
+def fastest(times: dict[str, float], storage: str) -> tuple[float, str]:
+    """(ms, path) of the fastest measured path that works on weights in `storage`."""
+    return min((ms, p) for p, ms in times.items() if PATHS[p][0] == storage)
+
+
 def plan_from_entry(entry: dict) -> Plan:
     """Best path per tuned row count; an untuned count uses the next larger tuned one."""
     storage = entry["storage"]
-    allowed = [p for p, (s, _) in PATHS.items() if s == storage]
-    best = {int(r): min((ms, p) for p, ms in times.items() if p in allowed)[1]
-            for r, times in entry["ms"].items()}
+    best = {int(r): fastest(times, storage)[1] for r, times in entry["ms"].items()}
     top = max(best)
     by_rows = [STORAGE_LARGE_PATH[storage]] + [best[min(t for t in best if t >= r)] for r in range(1, top + 1)]
     return Plan(storage, tuple(by_rows))
@@ -227,7 +230,7 @@ def measure_group(layers, dtype, rows, storages, reps: int = 2, bar=None) -> dic
 def _choose_storage(ms: dict, storages) -> str:
     """The storage whose best paths sum to the least time over the tuned row counts."""
     def total(storage):
-        return sum(min(t for p, t in times.items() if PATHS[p][0] == storage) for times in ms.values())
+        return sum(fastest(times, storage)[0] for times in ms.values())
     return min(storages, key=total)
 
 
@@ -273,7 +276,7 @@ def step_seconds(model, entries: dict[str, dict], rows: int = 1, dtype=None) -> 
     total = 0.0
     for key, layers in shape_groups(model, dtype).items():
         storage, times = entries[key]["storage"], entries[key]["ms"][str(rows)]
-        total += len(layers) * min(t for p, t in times.items() if PATHS[p][0] == storage) / 1e3
+        total += len(layers) * fastest(times, storage)[0] / 1e3
     return total
 
 
