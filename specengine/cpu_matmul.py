@@ -15,6 +15,7 @@ replaces the weight (one copy in memory, never two); `unpack` restores it.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -57,6 +58,7 @@ PATHS = {"linear": ("plain", _linear), "wxt": ("plain", _wxt), "wxt_pad": ("plai
 STORAGE_LARGE_PATH = {"plain": "linear", "mkldnn": "mkldnn"}  # rows past the tuned range
 
 
+@functools.lru_cache(maxsize=None)
 def storage_available(storage: str, dtype: torch.dtype) -> bool:
     """oneDNN packing exists only where this torch build and CPU support it for the dtype."""
     if storage == "plain":

@@ -105,9 +105,10 @@ class Generation:
             marks = torch.stack([r.cache.high_water.to(state.tokens.device) for r in self._runners()])
             host = torch.cat([out.tokens.flatten(), out.n_acc.to(torch.int64), out.num_draft.to(torch.int64),
                               out.n_committed.to(torch.int64), marks]).tolist()  # the round's one sync
-            if max(host[-len(marks):]) > self.engine.max_seq_len:
+            high_water = max(host[-len(marks):])
+            if high_water > self.engine.max_seq_len:
                 raise SpecEngineError(
-                    f"internal error: a {self.method.name} round wrote past the KV cache ({max(host[-len(marks):])} "
+                    f"internal error: a {self.method.name} round wrote past the KV cache ({high_water} "
                     f"> max_seq_len={self.engine.max_seq_len}); the capacity check missed it, please report this")
             toks = host[: B * width]
             n_acc, num_draft, n_new = (host[B * width + i * B: B * width + (i + 1) * B] for i in range(3))

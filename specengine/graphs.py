@@ -38,29 +38,27 @@ def padded_width(q: int, buckets=Q_BUCKETS) -> int:
     return q_bucket(q, buckets) or q
 
 
-def batch_buckets(max_batch: int) -> tuple[int, ...]:
-    """1, 2, 4, ... up to max_batch (max_batch itself included)."""
-    out, b = [], 1
-    while b < max_batch:
+def doubling_buckets(limit: int, smallest: int = 1) -> tuple[int, ...]:
+    """smallest, 2·smallest, 4·smallest, ... below limit, then limit itself."""
+    out, b = [], smallest
+    while b < limit:
         out.append(b)
         b *= 2
-    return tuple(out + [max_batch])
+    return tuple(out + [limit])
+
+
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to max_batch (max_batch itself included)."""
+    return doubling_buckets(max_batch)
+
+
+def len_buckets(max_len: int, smallest: int = 256) -> tuple[int, ...]:
+    return doubling_buckets(max_len, smallest)
 
 
 def len_bucket(length: int, max_len: int, smallest: int = 256) -> int:
     """Power-of-two attention-length bucket >= length (capped at the buffer length)."""
-    b = smallest
-    while b < length:
-        b *= 2
-    return min(b, max_len)
-
-
-def len_buckets(max_len: int, smallest: int = 256) -> tuple[int, ...]:
-    out, b = [], smallest
-    while b < max_len:
-        out.append(b)
-        b *= 2
-    return tuple(out + [max_len])
+    return next((b for b in len_buckets(max_len, smallest) if b >= length), max_len)
 
 
 def cuda_capture(fn, pool, device: torch.device):
@@ -98,6 +96,7 @@ class GraphRunner:
         self.skipped: list[tuple[int, int, int]] = []
         self.replays = 0
         self.memory_bytes = 0
+        self.batch_sizes, self.lengths = batch_buckets(max_batch), len_buckets(max_seq_len)
         qmax = q_buckets[-1]
         self.tokens = torch.zeros(max_batch, qmax, dtype=torch.int64, device=device)
         self.logits = torch.zeros(max_batch, qmax, vocab_size, dtype=torch.float32, device=device)
@@ -108,8 +107,7 @@ class GraphRunner:
         on_cuda = self.device.type == "cuda"
         before = torch.cuda.memory_reserved(self.device) if on_cuda else 0
         pool = torch.cuda.graph_pool_handle() if on_cuda else None
-        keys = [(b, q, n) for b in batch_buckets(self.max_batch) for q in self.q_buckets
-                for n in len_buckets(self.max_seq_len)]
+        keys = [(b, q, n) for b in self.batch_sizes for q in self.q_buckets for n in self.lengths]
         for b, q, n in sorted(keys, key=lambda k: (k[0] * k[1], k[2]), reverse=True):
             if 2 * b * q * self.vocab_size * 4 > self.memory_limit:  # logits + their fp32 cast
                 self.skipped.append((b, q, n))
@@ -125,21 +123,21 @@ class GraphRunner:
             logits.copy_(self.forward(tokens, b, n))
         return step
 
-    def key(self, tokens: torch.Tensor, attn_len: int | None):
+    def usable(self, tokens: torch.Tensor, tree_mask, return_hidden: bool, attn_len: int | None = None):
+        """The key of the captured graph that runs this step, or None (run it eagerly)."""
+        if tree_mask is not None or return_hidden:
+            return None
         B, Q = tokens.shape
         qb = q_bucket(Q, self.q_buckets)
-        bb = next((b for b in batch_buckets(self.max_batch) if b >= B), None)
+        bb = next((b for b in self.batch_sizes if b >= B), None)
         if qb is None or bb is None:
             return None
-        key = (bb, qb, len_bucket(attn_len or self.max_seq_len, self.max_seq_len))
+        key = (bb, qb, next((n for n in self.lengths if n >= (attn_len or self.max_seq_len)), self.max_seq_len))
         return key if key in self.graphs else None
 
-    def usable(self, tokens: torch.Tensor, tree_mask, return_hidden: bool, attn_len: int | None = None) -> bool:
-        return tree_mask is None and not return_hidden and self.key(tokens, attn_len) is not None
-
-    def __call__(self, tokens: torch.Tensor, attn_len: int | None) -> torch.Tensor:
+    def __call__(self, tokens: torch.Tensor, key: tuple[int, int, int]) -> torch.Tensor:
+        """Replay the graph `usable` chose for these tokens; logits [B,Q,V] (a view of the shared buffer)."""
         B, Q = tokens.shape
-        key = self.key(tokens, attn_len)
         self.tokens[:key[0], :key[1]].zero_()
         self.tokens[:B, :Q].copy_(tokens)
         self.graphs[key].replay()

@@ -107,6 +107,7 @@ class ModelRunner:
     def verify(self, tokens: torch.Tensor, tree_mask=None, attn_len=None, return_hidden=False):
         """Q new tokens per row [B,Q] (chain, or a tree with tree_mask [B|1,Q,Q]) -> [B,Q,V].
         Replays a captured graph when one fits, else runs eagerly (same results)."""
-        if self.graphs is not None and self.graphs.usable(tokens, tree_mask, return_hidden, attn_len):
-            return self.graphs(tokens, attn_len)
+        key = self.graphs.usable(tokens, tree_mask, return_hidden, attn_len) if self.graphs is not None else None
+        if key is not None:
+            return self.graphs(tokens, key)
         return self.forward(tokens, tree_mask=tree_mask, attn_len=attn_len, return_hidden=return_hidden)
