@@ -46,9 +46,10 @@ class Method:
         return {}
 
 
-def speculative_stats(generation) -> dict:
-    """What every draft-and-verify method reports (docs/design.md, "Metrics")."""
-    counters, times = generation.counters, generation.timer.totals()
+def speculative_stats(generation, times: dict[str, float]) -> dict:
+    """What every draft-and-verify method reports (docs/design.md, "Metrics"); `times` are
+    the call's phase totals (read once: on CUDA that resolves every event)."""
+    counters = generation.counters
     per_draft = times.get("draft", 0.0) / max(counters.draft_forwards, 1)
     per_target = times.get("target", 0.0) / max(counters.target_forwards, 1)
     return {

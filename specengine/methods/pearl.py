@@ -151,7 +151,7 @@ class Pearl(Method):
         times = generation.timer.totals()
         return {
             "policy": "pearl", "gamma": self.gamma, "gamma_mean": float(self.gamma),
-            **speculative_stats(generation),
+            **speculative_stats(generation, times),
             "mean_accepted_tokens": new_tokens / max(runs, 1),
             "measured_cost_ratio": self.cost_ratio,
             "round_draft_s": times.get("draft", 0.0) / rounds,

@@ -83,4 +83,5 @@ class SpeculativeDecoding(Method):
 
     def stats(self, generation) -> dict:
         return {"policy": self.policy.name, "gamma": self.policy.gamma,
-                "gamma_mean": sum(self.gammas) / max(len(self.gammas), 1), **speculative_stats(generation)}
+                "gamma_mean": sum(self.gammas) / max(len(self.gammas), 1),
+                **speculative_stats(generation, generation.timer.totals())}
