@@ -35,10 +35,11 @@ def extensions():
         return {}, []
     with_cuda = torch.version.cuda is not None and CUDA_HOME is not None and os.environ.get("SPECENGINE_CUDA", "1") != "0"
     sources = ["csrc/compact_kv.cpp"]
-    args = {"cxx": ["-O3", "-std=c++17"]}
+    # no -std flag: BuildExtension adds the standard this torch was built with
+    args = {"cxx": ["-O3"]}
     if with_cuda:
         sources.append("csrc/compact_kv_cuda.cu")
-        args["nvcc"] = ["-O3", "-std=c++17"]
+        args["nvcc"] = ["-O3"]
         ext = CUDAExtension("specengine._kvext", sources, extra_compile_args=args, define_macros=[("WITH_CUDA", None)])
     else:
         ext = CppExtension("specengine._kvext", sources, extra_compile_args=args)

@@ -12,10 +12,10 @@ namespace {
 template <typename scalar_t, int MAX_N>
 void launch(torch::Tensor& kv, torch::Tensor& src, torch::Tensor& dst, torch::Tensor& cnt) {
   const int64_t B = kv.size(2), S = kv.size(3), E = kv.size(4) * kv.size(5);
-  const int threads = 128;
+  constexpr int threads = compact_kv_threads<scalar_t, MAX_N>();
   TORCH_CHECK(kv.size(0) * 2 * B <= 65535, "layers * 2 * batch must be <= 65535 (CUDA grid y)");
   dim3 grid((E + threads - 1) / threads, kv.size(0) * 2 * B);
-  compact_kv_kernel<scalar_t, MAX_N><<<grid, threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+  compact_kv_kernel<scalar_t, MAX_N, threads><<<grid, threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
       kv.data_ptr<scalar_t>(), src.data_ptr<int64_t>(), dst.data_ptr<int32_t>(), cnt.data_ptr<int32_t>(), B, S, E,
       src.size(1));
   C10_CUDA_KERNEL_LAUNCH_CHECK();

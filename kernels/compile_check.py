@@ -24,10 +24,13 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+
 TARGETS = {"sm_90": ("cuda", 90, 64), "sm_80": ("cuda", 80, 32)}
 SHARED_LIMIT = {"sm_90": 227 * 1024, "sm_80": 163 * 1024}  # per block, opt-in maximum
 LOCAL_LIMIT_BYTES = 0  # no spills: a kernel that spills on the hot path is a bug here
-DTYPES = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
+DTYPES = ("fp32", "fp16", "bf16")
+DTORCH = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 @dataclass
@@ -46,23 +49,30 @@ class Variant:
 
 
 def _attention_variants(full: bool):
+    """Full: every autotune config the prune keeps, head_dim 64 and 128, every BLOCK_M the
+    launcher picks for the dtype. Representative: head_dim 128, BLOCK_M 16, one kept config."""
     from . import verify_attention as va
 
-    fast = dict(BLOCK_N=64, num_warps=4, num_stages=2)
-    configs = [dict(BLOCK_N=c.kwargs["BLOCK_N"], num_warps=c.num_warps, num_stages=c.num_stages)
-               for c in va._configs()] if full else [fast]
-    for dt, tree, split, cfg in itertools.product(DTYPES, (False, True), (False, True), configs):
-        for D, BLOCK_M in ([(64, 16), (128, 16), (128, 64)] if full else [(128, 16)]):
-            p = f"*{dt}"
-            sig = dict(q_ptr=p, k_ptr=p, v_ptr=p, lens_ptr="*i32", mask_ptr="*i8" if tree else p, out_ptr=p,
-                       m_part="*fp32", l_part="*fp32", acc_part="*fp32", qk_scale="fp32")
-            sig.update({n: "i32" for n in ("s_qb", "s_qq", "s_qh", "s_kb", "s_ks", "s_kh", "s_vb", "s_vs", "s_vh",
-                                           "s_ob", "s_oq", "s_oh", "s_mb", "s_mi", "s_mj", "NQ", "G", "HKV",
-                                           "NSPLIT", "MPAD", "CHUNK")})
-            const = dict(D=D, BLOCK_M=BLOCK_M, BLOCK_N=cfg["BLOCK_N"], HAS_TREE=tree, SPLIT=split,
-                         IEEE=dt == "fp32")
-            yield "verify_attention", va._verify_attention_kernel.fn, sig, const, \
-                dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]), {"dtype": dt, **const, **cfg}
+    for dt, tree, split in itertools.product(DTYPES, (False, True), (False, True)):
+        kind = "fp32" if dt == "fp32" else "half"
+        configs = [dict(BLOCK_N=c.kwargs["BLOCK_N"], num_warps=c.num_warps, num_stages=c.num_stages)
+                   for c in va._configs()]
+        shapes = [(D, bm) for D in (64, 128) for bm in (16, 64) if va.block_m_for(bm, getattr(torch, DTORCH[dt])) == bm]
+        if not full:
+            shapes = [(128, 16)]
+        for D, BLOCK_M in shapes:
+            kept = [c for c in configs if va.spill_free(kind, BLOCK_M, c["BLOCK_N"], c["num_warps"])]
+            for cfg in kept if full else kept[:1]:
+                p = f"*{dt}"
+                sig = dict(q_ptr=p, k_ptr=p, v_ptr=p, lens_ptr="*i32", mask_ptr="*i8" if tree else p, out_ptr=p,
+                           m_part="*fp32", l_part="*fp32", acc_part="*fp32", qk_scale="fp32")
+                sig.update({n: "i32" for n in ("s_qb", "s_qq", "s_qh", "s_kb", "s_ks", "s_kh", "s_vb", "s_vs",
+                                               "s_vh", "s_ob", "s_oq", "s_oh", "s_mb", "s_mi", "s_mj", "NQ", "G",
+                                               "HKV", "NSPLIT", "MPAD", "CHUNK")})
+                const = dict(D=D, BLOCK_M=BLOCK_M, BLOCK_N=cfg["BLOCK_N"], HAS_TREE=tree, SPLIT=split,
+                             IEEE=dt == "fp32")
+                yield "verify_attention", va._verify_attention_kernel.fn, sig, const, \
+                    dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]), {"dtype": dt, **const, **cfg}
     for dt in DTYPES:
         sig = dict(m_part="*fp32", l_part="*fp32", acc_part="*fp32", out_ptr=f"*{dt}")
         sig.update({n: "i32" for n in ("s_ob", "s_oq", "s_oh", "NQ", "G", "HKV", "NSPLIT", "MPAD")})
@@ -70,24 +80,67 @@ def _attention_variants(full: bool):
         yield "merge_splits", va._merge_splits_kernel, sig, const, dict(num_warps=4), dict(dtype=dt, **const)
 
 
+def _i32(*names):
+    return {n: "i32" for n in names}
+
+
 def _sampler_variants(full: bool):
     from . import rejection_sampling as rs
+    from . import rejection_sampling_split as rss
 
+    common = dict(drafts_ptr="*i64", num_draft_ptr="*i32", temp_ptr="*fp32", seed_ptr="*i64", offset_ptr="*i64")
     shapes = [(1, 2048, 8), (16, 128, 8), (1, 2048, 32)] if full else [(1, 2048, 8)]
     for dt, has_q, (bb, bv, bk) in itertools.product(DTYPES, (False, True), shapes):
-        sig = dict(logits_ptr=f"*{dt}", drafts_ptr="*i64", q_ptr="*fp32" if has_q else f"*{dt}",
-                   num_draft_ptr="*i32", temp_ptr="*fp32", seed_ptr="*i64", offset_ptr="*i64", out_ptr="*i64",
-                   n_acc_ptr="*i32")
-        sig.update({n: "i32" for n in ("B", "s_lb", "s_lk", "s_db", "s_dk", "s_qb", "s_qk", "s_ob", "K", "V")})
-        sig.update(KEY_ACCEPT="i64", KEY_SAMPLE="i64")
+        q = "*fp32" if has_q else f"*{dt}"
+        sig = dict(logits_ptr=f"*{dt}", drafts_ptr="*i64", q_ptr=q, num_draft_ptr="*i32", temp_ptr="*fp32",
+                   seed_ptr="*i64", offset_ptr="*i64", out_ptr="*i64", n_acc_ptr="*i32",
+                   **_i32("B", "s_lb", "s_lk", "s_db", "s_dk", "s_qb", "s_qk", "s_ob", "K", "V"),
+                   KEY_ACCEPT="i64", KEY_SAMPLE="i64")
         const = dict(HAS_Q=has_q, BLOCK_B=bb, BLOCK_V=bv, BLOCK_K=bk)
         yield "rejection_sample", rs._rejection_sample_kernel, sig, const, \
             dict(num_warps=8 if bv >= 2048 else 4), dict(dtype=dt, **const)
+
+    # the vocab-split path (small batches): four kernels
+    for dt in DTYPES:
+        sig = dict(logits_ptr=f"*{dt}", num_draft_ptr="*i32", temp_ptr="*fp32", m_part="*fp32", s_part="*fp32",
+                   a_part="*i64", **_i32("s_lb", "s_lk", "K1", "V", "NSPLIT", "CHUNK"))
+        yield "split_stats", rss._split_stats_kernel, sig, dict(BLOCK_V=2048), dict(num_warps=8), \
+            dict(dtype=dt, BLOCK_V=2048)
+        for has_q in ((False, True) if full else (True,)):
+            q = "*fp32" if has_q else f"*{dt}"
+            sig = dict(logits_ptr=f"*{dt}", q_ptr=q, **common, n_acc_ptr="*i32", m_part="*fp32", s_part="*fp32",
+                       a_part="*i64", end_ptr="*fp32", end_arg_ptr="*i64",
+                       **_i32("B", "s_lb", "s_lk", "s_db", "s_dk", "s_qb", "s_qk", "K", "V", "NSPLIT"),
+                       KEY_ACCEPT="i64")
+            const = dict(HAS_Q=has_q, BLOCK_B=1, NS_P=128)
+            yield "split_accept", rss._split_accept_kernel, sig, const, dict(num_warps=4), dict(dtype=dt, **const)
+            sig = dict(logits_ptr=f"*{dt}", q_ptr=q, **common, n_acc_ptr="*i32", end_ptr="*fp32", br_part="*fp32",
+                       ir_part="*i64", bp_part="*fp32", ip_part="*i64",
+                       **_i32("s_lb", "s_lk", "s_db", "s_dk", "s_qb", "s_qk", "K", "V", "NSPLIT", "CHUNK"),
+                       KEY_SAMPLE="i64")
+            const = dict(HAS_Q=has_q, BLOCK_V=2048)
+            yield "split_race", rss._split_race_kernel, sig, const, dict(num_warps=8), dict(dtype=dt, **const)
+    sig = dict(drafts_ptr="*i64", temp_ptr="*fp32", n_acc_ptr="*i32", end_arg_ptr="*i64", br_part="*fp32",
+               ir_part="*i64", bp_part="*fp32", ip_part="*i64", out_ptr="*i64",
+               **_i32("B", "s_db", "s_dk", "s_ob", "K", "NSPLIT"))
+    const = dict(BLOCK_B=1, NS_P=128, BLOCK_K=8)
+    yield "split_finalize", rss._split_finalize_kernel, sig, const, dict(num_warps=4), dict(dtype="any", **const)
+
+
+def _draft_variants(full: bool):
+    from . import draft_sampling as ds
+
+    for dt, greedy in itertools.product(DTYPES, (True, False)):
+        sig = dict(logits_ptr=f"*{dt}", s_lb="i32", seed_ptr="*i64", offset_ptr="*i64", tok_ptr="*i64",
+                   q_ptr="*fp32", s_qb="i32", conf_ptr="*fp32", temperature="fp32", pos="i32", V="i32", KEY="i64")
+        const = dict(GREEDY=greedy, BLOCK_V=4096)
+        yield "draft_sample", ds._draft_sample_kernel, sig, const, dict(num_warps=8), dict(dtype=dt, **const)
 
 
 def variants(full: bool = False):
     yield from _attention_variants(full)
     yield from _sampler_variants(full)
+    yield from _draft_variants(full)
 
 
 def _resource_usage(cubin: bytes) -> tuple[int, int, int]:

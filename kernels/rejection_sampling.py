@@ -1,11 +1,14 @@
 """Fused speculative rejection sampling: one launch for the whole batch.
 
-A program takes BLOCK_B rows (one row for large vocabularies). Per row it walks the draft positions in order, each over vocab tiles: an online
+A program takes BLOCK_B rows (one row for large vocabularies). Per row it walks the draft
+positions in order, each over vocab tiles: an online
 max / sum / argmax of the tempered target logits (never materializing p), then the
 accept test for the draft token. At the first rejection (or at num_draft, for the bonus)
 one more pass samples from norm(max(p - q, 0)) (or p) by the exponential race
 argmax(r / E), with E from the counter-based hash: the same numbers as the torch
 reference (`reference.rejection_sample_ref`, the spec), no generator state, graph-safe.
+Small batches on a GPU split each row's vocabulary across programs instead
+(`rejection_sampling_split.py`); the helpers below are shared by both paths.
 """
 from __future__ import annotations
 
@@ -22,8 +25,9 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _row_stats(row_base, V, t_eff, live, BLOCK_V: tl.constexpr):
-    """Per row: max, sum(exp(x - max)) and first argmax of x = logits / T (vocab tiles).
+def _row_stats(row_base, v_start, v_end, t_eff, live, BLOCK_V: tl.constexpr):
+    """Per row: max, sum(exp(x - max)) and first argmax of x = logits / T over the vocab
+    range [v_start, v_end) (tiles of BLOCK_V).
 
     row_base [BB] pointers to each row's logits; rows that are not `live` read nothing.
     """
@@ -32,9 +36,9 @@ def _row_stats(row_base, V, t_eff, live, BLOCK_V: tl.constexpr):
     s = tl.zeros((BB,), tl.float32)
     best = tl.full((BB,), float("-inf"), tl.float32)
     arg = tl.zeros((BB,), tl.int64)
-    for v0 in range(0, V, BLOCK_V):
+    for v0 in range(v_start, v_end, BLOCK_V):
         offs = v0 + tl.arange(0, BLOCK_V)
-        x = tl.load(row_base[:, None] + offs[None, :], mask=live[:, None] & (offs[None, :] < V),
+        x = tl.load(row_base[:, None] + offs[None, :], mask=live[:, None] & (offs[None, :] < v_end),
                     other=float("-inf")).to(tl.float32) / t_eff[:, None]
         tmax = tl.max(x, 1)
         targ = tl.argmax(x, 1).to(tl.int64) + v0
@@ -49,69 +53,37 @@ def _row_stats(row_base, V, t_eff, live, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _rejection_sample_kernel(
-    logits_ptr, drafts_ptr, q_ptr, num_draft_ptr, temp_ptr, seed_ptr, offset_ptr, out_ptr, n_acc_ptr,
-    B, s_lb, s_lk, s_db, s_dk, s_qb, s_qk, s_ob,
-    K, V, KEY_ACCEPT, KEY_SAMPLE,
-    HAS_Q: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    rows = (tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)).to(tl.int64)
-    row_ok = rows < B
-    nd = tl.load(num_draft_ptr + rows, mask=row_ok, other=0).to(tl.int32)
-    temp = tl.load(temp_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-    greedy = temp <= 0
-    t_eff = tl.where(greedy, 1.0, temp)
-    seed = tl.load(seed_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-    offset = tl.load(offset_ptr).to(tl.int64)
-    logits_rows = logits_ptr + rows * s_lb
+def _accept(logits_rows, drafts_ptr, q_ptr, rows, row_ok, i, live, m, s, arg, greedy, t_eff, seed, offset,
+            s_lk, s_db, s_dk, s_qb, s_qk, V, KEY_ACCEPT, HAS_Q: tl.constexpr):
+    """The accept test of draft position i given its statistics: greedy x == argmax, else
+    u * q(x) < p(x). Returns ok per row (False for rows that are not live)."""
+    BB: tl.constexpr = rows.shape[0]
+    x = tl.load(drafts_ptr + rows * s_db + i * s_dk, mask=row_ok, other=0)
+    x = tl.minimum(tl.maximum(x, 0), V - 1)
+    l_x = tl.load(logits_rows + i * s_lk + x, mask=live, other=0.0).to(tl.float32)
+    p_x = tl.exp(l_x / t_eff - m) / s
+    if HAS_Q:
+        q_x = tl.load(q_ptr + rows * s_qb + i * s_qk + x, mask=live, other=1.0).to(tl.float32)
+    else:
+        q_x = tl.full((BB,), 1.0, tl.float32)
+    u = counter_uniform(seed, offset, rows, tl.zeros((BB,), tl.int64) + i, tl.zeros((BB,), tl.int64), KEY_ACCEPT)
+    return live & tl.where(greedy, x == arg, u * q_x < p_x)
 
-    n_acc = tl.zeros((BLOCK_B,), tl.int32)
-    done = rows < 0  # all False
-    m_end = tl.full((BLOCK_B,), float("-inf"), tl.float32)
-    s_end = tl.zeros((BLOCK_B,), tl.float32)
-    arg_end = tl.zeros((BLOCK_B,), tl.int64)
-    # ---- accept / reject the draft positions in order; rows stop reading after a rejection
-    for i in range(0, K):
-        live = row_ok & (i < nd) & (done == 0)
-        m, s, arg = _row_stats(logits_rows + i * s_lk, V, t_eff, live, BLOCK_V)
-        x = tl.load(drafts_ptr + rows * s_db + i * s_dk, mask=row_ok, other=0)
-        x = tl.minimum(tl.maximum(x, 0), V - 1)
-        l_x = tl.load(logits_rows + i * s_lk + x, mask=live, other=0.0).to(tl.float32)
-        p_x = tl.exp(l_x / t_eff - m) / s
-        if HAS_Q:
-            q_x = tl.load(q_ptr + rows * s_qb + i * s_qk + x, mask=live, other=1.0).to(tl.float32)
-        else:
-            q_x = tl.full((BLOCK_B,), 1.0, tl.float32)
-        u = counter_uniform(seed, offset, rows, tl.zeros((BLOCK_B,), tl.int64) + i,
-                            tl.zeros((BLOCK_B,), tl.int64), KEY_ACCEPT)
-        ok = live & tl.where(greedy, x == arg, u * q_x < p_x)
-        rejected_here = live & (ok == 0)
-        n_acc += ok.to(tl.int32)
-        m_end = tl.where(rejected_here, m, m_end)
-        s_end = tl.where(rejected_here, s, s_end)
-        arg_end = tl.where(rejected_here, arg, arg_end)
-        done = done | rejected_here
 
-    # ---- rows that accepted all num_draft still need the bonus position's statistics
-    end_rows = logits_rows + n_acc * s_lk
-    m_b, s_b, arg_b = _row_stats(end_rows, V, t_eff, row_ok & (done == 0), BLOCK_V)
-    m_end = tl.where(done, m_end, m_b)
-    s_end = tl.where(done, s_end, s_b)
-    arg_end = tl.where(done, arg_end, arg_b)
-
-    # ---- sample the corrected / bonus token: argmax(r / E), E ~ Exp(1); greedy rows skip it
-    j_q = tl.minimum(n_acc, K - 1)
-    x_end = tl.load(drafts_ptr + rows * s_db + j_q * s_dk, mask=row_ok & (j_q >= 0), other=-1)
-    sampling = row_ok & (greedy == 0)
-    m_end = tl.where(sampling, m_end, 0.0)  # rows that do not sample: keep the math finite
-    s_end = tl.where(sampling, s_end, 1.0)
-    best_r = tl.full((BLOCK_B,), -1.0, tl.float32)
-    idx_r = tl.zeros((BLOCK_B,), tl.int64)
-    best_p = tl.full((BLOCK_B,), -1.0, tl.float32)
-    idx_p = tl.zeros((BLOCK_B,), tl.int64)
-    for v0 in range(0, V, BLOCK_V):
+@triton.jit
+def _race(end_rows, rows, v_start, v_end, sampling, done, n_acc, j_q, x_end, m_end, s_end, t_eff, seed, offset,
+          q_ptr, s_qb, s_qk, KEY_SAMPLE, HAS_Q: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The exponential race argmax(r / E) over [v_start, v_end) for the residual r =
+    max(p - q, 0) of rejected rows (p for the others) and for p itself (the fallback of an
+    all-zero residual). Returns (best r/E, its index, best p/E, its index): first index on ties."""
+    BB: tl.constexpr = rows.shape[0]
+    best_r = tl.full((BB,), -1.0, tl.float32)
+    idx_r = tl.zeros((BB,), tl.int64)
+    best_p = tl.full((BB,), -1.0, tl.float32)
+    idx_p = tl.zeros((BB,), tl.int64)
+    for v0 in range(v_start, v_end, BLOCK_V):
         offs = v0 + tl.arange(0, BLOCK_V)
-        inb = sampling[:, None] & (offs[None, :] < V)
+        inb = sampling[:, None] & (offs[None, :] < v_end)
         x = tl.load(end_rows[:, None] + offs[None, :], mask=inb, other=float("-inf")).to(tl.float32)
         p = tl.exp(x / t_eff[:, None] - m_end[:, None]) / s_end[:, None]
         if HAS_Q:
@@ -131,22 +103,104 @@ def _rejection_sample_kernel(
         best_r = tl.maximum(tr, best_r)
         idx_p = tl.where(tp > best_p, ap, idx_p)
         best_p = tl.maximum(tp, best_p)
-    sampled = tl.where(best_r > 0, idx_r, idx_p)  # an all-zero residual falls back to p
-    final = tl.where(greedy, arg_end, sampled)
+    return best_r, idx_r, best_p, idx_p
 
-    # ---- accepted drafts, then the final token, then -1
-    k = tl.arange(0, BLOCK_K)
-    kk = k[None, :]
+
+@triton.jit
+def _row_params(rows, row_ok, num_draft_ptr, temp_ptr, seed_ptr, offset_ptr):
+    nd = tl.load(num_draft_ptr + rows, mask=row_ok, other=0).to(tl.int32)
+    temp = tl.load(temp_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    greedy = temp <= 0
+    seed = tl.load(seed_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    return nd, greedy, tl.where(greedy, 1.0, temp), seed, tl.load(offset_ptr).to(tl.int64)
+
+
+@triton.jit
+def _end_draft(drafts_ptr, rows, row_ok, n_acc, s_db, s_dk, K):
+    """The q row the residual uses (the rejected position, or the last one) and its draft."""
+    j_q = tl.minimum(n_acc, K - 1)
+    return j_q, tl.load(drafts_ptr + rows * s_db + j_q * s_dk, mask=row_ok & (j_q >= 0), other=-1)
+
+
+@triton.jit
+def _write_tokens(out_ptr, drafts_ptr, rows, row_ok, n_acc, final, s_db, s_dk, s_ob, K, BLOCK_K: tl.constexpr):
+    """Accepted drafts, then the final token, then -1."""
+    kk = tl.arange(0, BLOCK_K)[None, :]
     d = tl.load(drafts_ptr + rows[:, None] * s_db + kk * s_dk, mask=row_ok[:, None] & (kk < K), other=-1)
     na = n_acc[:, None]
     out = tl.where(kk < na, d, tl.where(kk == na, final[:, None], -1))
     tl.store(out_ptr + rows[:, None] * s_ob + kk, out, mask=row_ok[:, None] & (kk < K + 1))
+
+
+@triton.jit
+def _rejection_sample_kernel(
+    logits_ptr, drafts_ptr, q_ptr, num_draft_ptr, temp_ptr, seed_ptr, offset_ptr, out_ptr, n_acc_ptr,
+    B, s_lb, s_lk, s_db, s_dk, s_qb, s_qk, s_ob,
+    K, V, KEY_ACCEPT, KEY_SAMPLE,
+    HAS_Q: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Whole rows per program (the large-batch path)."""
+    rows = (tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)).to(tl.int64)
+    row_ok = rows < B
+    nd, greedy, t_eff, seed, offset = _row_params(rows, row_ok, num_draft_ptr, temp_ptr, seed_ptr, offset_ptr)
+    logits_rows = logits_ptr + rows * s_lb
+
+    n_acc = tl.zeros((BLOCK_B,), tl.int32)
+    done = rows < 0  # all False
+    m_end = tl.full((BLOCK_B,), float("-inf"), tl.float32)
+    s_end = tl.zeros((BLOCK_B,), tl.float32)
+    arg_end = tl.zeros((BLOCK_B,), tl.int64)
+    # ---- accept / reject the draft positions in order; rows stop reading after a rejection
+    for i in range(0, K):
+        live = row_ok & (i < nd) & (done == 0)
+        m, s, arg = _row_stats(logits_rows + i * s_lk, 0, V, t_eff, live, BLOCK_V)
+        ok = _accept(logits_rows, drafts_ptr, q_ptr, rows, row_ok, i, live, m, s, arg, greedy, t_eff, seed, offset,
+                     s_lk, s_db, s_dk, s_qb, s_qk, V, KEY_ACCEPT, HAS_Q)
+        rejected_here = live & (ok == 0)
+        n_acc += ok.to(tl.int32)
+        m_end = tl.where(rejected_here, m, m_end)
+        s_end = tl.where(rejected_here, s, s_end)
+        arg_end = tl.where(rejected_here, arg, arg_end)
+        done = done | rejected_here
+
+    # ---- rows that accepted all num_draft still need the bonus position's statistics
+    end_rows = logits_rows + n_acc * s_lk
+    m_b, s_b, arg_b = _row_stats(end_rows, 0, V, t_eff, row_ok & (done == 0), BLOCK_V)
+    m_end = tl.where(done, m_end, m_b)
+    s_end = tl.where(done, s_end, s_b)
+    arg_end = tl.where(done, arg_end, arg_b)
+
+    # ---- sample the corrected / bonus token: argmax(r / E), E ~ Exp(1); greedy rows skip it
+    j_q, x_end = _end_draft(drafts_ptr, rows, row_ok, n_acc, s_db, s_dk, K)
+    sampling = row_ok & (greedy == 0)
+    m_end = tl.where(sampling, m_end, 0.0)  # rows that do not sample: keep the math finite
+    s_end = tl.where(sampling, s_end, 1.0)
+    best_r, idx_r, best_p, idx_p = _race(end_rows, rows, 0, V, sampling, done, n_acc, j_q, x_end, m_end, s_end,
+                                         t_eff, seed, offset, q_ptr, s_qb, s_qk, KEY_SAMPLE, HAS_Q, BLOCK_V)
+    sampled = tl.where(best_r > 0, idx_r, idx_p)  # an all-zero residual falls back to p
+    _write_tokens(out_ptr, drafts_ptr, rows, row_ok, n_acc, tl.where(greedy, arg_end, sampled),
+                  s_db, s_dk, s_ob, K, BLOCK_K)
     tl.store(n_acc_ptr + rows, n_acc, mask=row_ok)
 
 
+def _num_splits(rows: int, V: int, block_v: int, device: torch.device) -> int:
+    """Vocab splits per row: 1 (whole rows per program) once the batch alone fills the GPU,
+    else enough programs for about two waves over the SMs."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if rows >= sms:
+        return 1
+    return max(1, min(triton.cdiv(2 * sms, rows), triton.cdiv(V, block_v)))
+
+
 def rejection_sample(target_logits, draft_tokens, draft_probs, num_draft, temperature, seed, offset,
-                     block_v: int | None = None, block_b: int | None = None):
-    """Triton version of `reference.rejection_sample_ref` (same contract, same random numbers)."""
+                     block_v: int | None = None, block_b: int | None = None, num_splits: int | None = None):
+    """Triton version of `reference.rejection_sample_ref` (same contract, same random numbers).
+
+    num_splits: vocab chunks per row (None: chosen from the batch size and the GPU; 1 = the
+    one-kernel path; > 1 = `rejection_sampling_split`). Both give the same tokens.
+    """
     B, K1, V = target_logits.shape
     K = K1 - 1
     if draft_tokens.shape != (B, K):
@@ -158,20 +212,28 @@ def rejection_sample(target_logits, draft_tokens, draft_probs, num_draft, temper
     q = draft_probs if draft_probs is None or draft_probs.stride(-1) == 1 else draft_probs.contiguous()
     out = torch.empty(B, K1, dtype=torch.int64, device=logits.device)
     n_acc = torch.empty(B, dtype=torch.int32, device=logits.device)
+    num_draft, temperature = num_draft.to(torch.int32), temperature.to(torch.float32)
+    seed, offset = seed.to(torch.int64), offset.to(torch.int64)
+    keys = stream_key(STREAM_ACCEPT), stream_key(STREAM_SAMPLE)
     # Large vocabularies: one row per program, wide vocab tiles. Tiny vocabularies (and the
     # interpreter, which runs programs one by one): many rows per program.
     tile = 8192 if _INTERPRET else 2048  # elements per [BLOCK_B, BLOCK_V] tile
     if block_v is None:
         block_v = min(triton.next_power_of_2(V), tile)
+    splits = num_splits or _num_splits(B, V, block_v, logits.device)
+    if splits > 1:
+        from .rejection_sampling_split import rejection_sample_split
+
+        return rejection_sample_split(logits, drafts, q, num_draft, temperature, seed, offset, out, n_acc, keys,
+                                      splits, block_v)
     if block_b is None:
         block_b = max(1, min(triton.next_power_of_2(B), tile // block_v, 1024))
     q_arg = q if q is not None else logits  # never read when HAS_Q is False
     _rejection_sample_kernel[(triton.cdiv(B, block_b),)](
-        logits, drafts, q_arg, num_draft.to(torch.int32), temperature.to(torch.float32),
-        seed.to(torch.int64), offset.to(torch.int64), out, n_acc,
+        logits, drafts, q_arg, num_draft, temperature, seed, offset, out, n_acc,
         B, logits.stride(0), logits.stride(1), drafts.stride(0), drafts.stride(1) if K else 1,
         q_arg.stride(0), q_arg.stride(1), out.stride(0),
-        K, V, stream_key(STREAM_ACCEPT), stream_key(STREAM_SAMPLE),
+        K, V, *keys,
         HAS_Q=q is not None and K > 0, BLOCK_B=block_b, BLOCK_V=block_v, BLOCK_K=triton.next_power_of_2(K1),
         num_warps=8 if block_v >= 2048 else 4,
     )

@@ -21,16 +21,45 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634
 
 
+# (BLOCK_M, BLOCK_N, num_warps) that compile without spilling registers for sm_80 and sm_90 at
+# head_dim 128, in every variant (chain/tree, split or not), for 16-bit and for fp32 inputs
+# (fp32 runs exact ieee dots on CUDA cores, which hold far more in registers). Found by
+# sweeping the compile check; `make compile-check` re-verifies every pair this leaves.
+SPILL_FREE = {
+    "half": {(16, 16, 4), (16, 32, 4), (16, 32, 8), (16, 64, 8), (64, 16, 8)},
+    "fp32": {(16, 16, 8)},
+}
+
+
+def block_m_for(rows: int, dtype: torch.dtype) -> int:
+    """Packed query rows per program: up to 64 for 16-bit inputs, 16 for fp32 (see SPILL_FREE)."""
+    return max(16, min(16 if dtype == torch.float32 else 64, triton.next_power_of_2(rows)))
+
+
 def _configs():
     if _INTERPRET:  # one small config: the interpreter runs every program in numpy
         return [triton.Config({"BLOCK_N": 16}, num_warps=4)]
     return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s)
-            for n in (32, 64, 128) for w in (4, 8) for s in (2, 3)]
+            for n in (16, 32, 64) for w in (4, 8) for s in (2, 3)]
+
+
+def spill_free(kind: str, block_m: int, block_n: int, num_warps: int) -> bool:
+    return (block_m, block_n, num_warps) in SPILL_FREE[kind]
+
+
+def _prune(configs, named_args, **kwargs):
+    if _INTERPRET:
+        return configs
+    kind = "fp32" if named_args["q_ptr"].dtype == torch.float32 else "half"
+    block_m = kwargs.get("BLOCK_M", named_args.get("BLOCK_M"))
+    return [c for c in configs if spill_free(kind, block_m, c.kwargs["BLOCK_N"], c.num_warps)]
 
 
 # Keyed on what never changes within a model (head dim, GQA packing, tree or chain, split or
-# not; Triton adds the dtypes), so tuning happens once, at the runner's warm-up.
-@triton.autotune(configs=_configs(), key=["D", "BLOCK_M", "HAS_TREE", "SPLIT"])
+# not; Triton adds the dtypes), so tuning happens once, at the runner's warm-up; configs that
+# would spill for this dtype and BLOCK_M are pruned before timing.
+@triton.autotune(configs=_configs(), key=["D", "BLOCK_M", "HAS_TREE", "SPLIT"],
+                 prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _verify_attention_kernel(
     q_ptr, k_ptr, v_ptr, lens_ptr, mask_ptr, out_ptr, m_part, l_part, acc_part,
@@ -43,12 +72,16 @@ def _verify_attention_kernel(
     pid_m, pid_bh, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b = pid_bh // HKV
     kvh = pid_bh % HKV
+    # 64-bit row bases (b * batch stride can pass 2**31 elements), 32-bit offsets within a row
+    b64 = b.to(tl.int64)
+    k_base = k_ptr + b64 * s_kb + kvh * s_kh
+    v_base = v_ptr + b64 * s_vb + kvh * s_vh
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # packed (query i, head in group g)
     qi = rows // G
     head = kvh * G + rows % G
     row_ok = qi < NQ
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + b * s_qb + qi[:, None] * s_qq + head[:, None] * s_qh + d[None, :],
+    q = tl.load(q_ptr + b64 * s_qb + (qi[:, None] * s_qq + head[:, None] * s_qh + d[None, :]),
                 mask=row_ok[:, None], other=0.0)
     cached = tl.load(lens_ptr + b).to(tl.int32)
     start = pid_s * CHUNK
@@ -60,7 +93,8 @@ def _verify_attention_kernel(
     for n0 in range(start, end, BLOCK_N):
         s = n0 + tl.arange(0, BLOCK_N)
         s_ok = s < end
-        k = tl.load(k_ptr + b * s_kb + s[None, :] * s_ks + kvh * s_kh + d[:, None], mask=s_ok[None, :], other=0.0)
+        # K tile loaded [BLOCK_N, D], contiguous along D (vector loads), transposed in registers
+        k = tl.trans(tl.load(k_base + (s[:, None] * s_ks + d[None, :]), mask=s_ok[:, None], other=0.0))
         if IEEE:
             qk = tl.dot(q, k, input_precision="ieee")
         else:
@@ -68,7 +102,7 @@ def _verify_attention_kernel(
         qk = qk * qk_scale  # log2 domain
         j = s[None, :] - cached  # < 0: cached prefix; >= 0: new token j
         if HAS_TREE:
-            tm = tl.load(mask_ptr + b * s_mb + qi[:, None] * s_mi + j * s_mj,
+            tm = tl.load(mask_ptr + b64 * s_mb + (qi[:, None] * s_mi + j * s_mj),
                          mask=row_ok[:, None] & (j >= 0) & s_ok[None, :], other=0)
             visible = (j < 0) | (tm != 0)
         else:
@@ -79,7 +113,7 @@ def _verify_attention_kernel(
         p = tl.exp2(qk - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + b * s_vb + s[:, None] * s_vs + kvh * s_vh + d[None, :], mask=s_ok[:, None], other=0.0)
+        v = tl.load(v_base + (s[:, None] * s_vs + d[None, :]), mask=s_ok[:, None], other=0.0)
         if IEEE:
             pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -153,7 +187,7 @@ def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=N
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("k_cache / v_cache must be contiguous in head_dim")
     G = Hq // Hkv
-    BLOCK_M = max(16, min(64, triton.next_power_of_2(Q * G)))
+    BLOCK_M = block_m_for(Q * G, q.dtype)
     n_m = triton.cdiv(Q * G, BLOCK_M)
     splits = num_splits or _num_splits(B * Hkv * n_m, S, q.device)
     chunk = triton.cdiv(S, splits)

@@ -6,7 +6,7 @@ from typing import Iterator
 
 import torch
 
-from .backends import sampler_op
+from .backends import draft_sampler_op, sampler_op
 from .cpu_matmul import choose_dtype, optimize, unpack
 from .cross_device import CrossDeviceDraft
 from .errors import SpecEngineError
@@ -147,10 +147,11 @@ class Engine:
                 for name, r in zip(("target", "draft"), self._runners())}
 
     def set_backends(self, attention: str = "auto", sampler: str = "auto") -> None:
-        """Pick the attention and rejection-sampling implementations ("torch" | "triton" | "auto")."""
+        """Pick the attention and sampling (rejection and draft) implementations ("torch" | "triton" | "auto")."""
         for runner in self._runners():
             runner.set_attention(attention)
         self.sampler = sampler_op(sampler, self.device)
+        self.draft_sampler = draft_sampler_op(sampler, self.device)
         self.attention_backend = self.target.attention_backend
         self.sampler_backend = "torch" if self.sampler is rejection_sample_ref else "triton"
 

@@ -12,6 +12,7 @@ import torch
 
 from .errors import SpecEngineError
 from .kernels import rejection_sample_ref, triton_available, verify_attention_ref
+from .sampling import sample_draft
 
 BACKENDS = ("torch", "triton", "auto")
 
@@ -43,3 +44,12 @@ def sampler_op(name: str, device: torch.device):
     from .kernels.rejection_sampling import rejection_sample
 
     return rejection_sample
+
+
+def draft_sampler_op(name: str, device: torch.device):
+    """Draft-token sampling follows the sampler backend: the fused kernel or the reference."""
+    if _resolve(name, device, "sampler") == "torch":
+        return sample_draft
+    from .kernels.draft_sampling import sample_draft_fused
+
+    return sample_draft_fused

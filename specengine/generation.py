@@ -88,6 +88,7 @@ class Generation:
             params=self.params, temperature=temp,
             seed=torch.full((B,), self.params.seed, dtype=torch.int64, device=dev),
             offset=torch.zeros((), dtype=torch.int64, device=dev), sampler=eng.sampler,
+            draft_sampler=eng.draft_sampler,
         )
 
     # ------------------------------------------------------------------ rounds

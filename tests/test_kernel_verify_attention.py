@@ -44,6 +44,15 @@ def test_matches_reference_fp32(Q, Hq, Hkv, D, tree):
         assert (out - ref).abs().max().item() <= 1e-5, splits
 
 
+@pytest.mark.parametrize("B", [1, 33])
+def test_batch_1_and_33_gqa_7_to_1(B):
+    """Odd batch sizes with GQA 7:1 at head_dim 64 and 128 (the real pairs' packing)."""
+    for D in (64, 128):
+        q, k, v, lens = rand_case(B, 4, 7, 1, D, 21, seed=B + D)
+        ref = verify_attention_ref(q, k, v, lens)
+        assert (verify_attention(q, k, v, lens, num_splits=2) - ref).abs().max().item() <= 1e-5
+
+
 def test_broadcast_tree_mask_and_buffer_views():
     """A [1,Q,Q] mask shared by all rows, and K/V given as views of a shared layer buffer."""
     q, k, v, lens = rand_case(2, 5, 4, 2, 32, 24, seed=7)

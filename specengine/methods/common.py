@@ -24,6 +24,7 @@ class DecodeState:
     seed: torch.Tensor  # [B] int64
     offset: torch.Tensor  # [] int64, bumped once per round: fresh random numbers each round
     sampler: object  # the rejection_sample contract (torch reference or a kernel)
+    draft_sampler: object  # the sampling.sample_draft contract (torch reference or the fused kernel)
     attn_len: int | None = None  # host bound on positions any step reads this round
 
     @property

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import filter_logits, sample_draft
+from ..sampling import filter_logits
 from .base import Method, speculative_stats
 from .common import DecodeState, RoundOutput
 from .policies import make_policy
@@ -39,7 +39,7 @@ def draft_chain(draft, state: DecodeState, gamma: int, upto: torch.Tensor | None
         if j:
             logits = draft.decode(toks[-1], attn_len=state.attn_len)
             draft.cache.set_lens(draft.cache.lens + 1)
-        tok, q, conf = sample_draft(logits, state.params, state.seed, state.offset, j)
+        tok, q, conf = state.draft_sampler(logits, state.params, state.seed, state.offset, j)
         toks.append(tok), qs.append(q), confs.append(conf)
     q = None if state.params.greedy else torch.stack(qs, 1)
     return torch.stack(toks, 1), q, torch.stack(confs, 1)
