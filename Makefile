@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench bench-pearl bench-kernels compile-check fetch clean
+.PHONY: install demo test test-fast bench bench-pearl bench-specdec train-head bench-kernels compile-check fetch clean
 
 $(STAMP): pyproject.toml setup.py csrc/compact_kv.cpp csrc/compact_kv_cuda.cu csrc/compact_kv.h
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -45,6 +45,25 @@ bench: $(STAMP)
 bench-pearl: $(STAMP)
 	$(VENV)/bin/specengine bench --draft qwen2.5-coder-0.5b-instruct --providers ar,sd:3,pearl \
 	  --n-prompts 8 --max-new-tokens 128 --out bench/results/cpu_e2e_pearl_qwen25coder_1.5b_0.5b.json
+
+# Reproduce the SpecDec++ head shipped for the default pair (specengine/heads/; about 15
+# minutes on 2 CPU cores, most of it the teacher-forced forwards; resumable).
+HEAD_OUT ?= specengine/heads/qwen2.5-coder-0.5b-instruct.greedy.safetensors
+train-head: $(STAMP)
+	$(VENV)/bin/specengine train-head --draft qwen2.5-coder-0.5b-instruct --dtype float32 --mode greedy \
+	  --out $(HEAD_OUT) --work-dir build/head-work
+
+# SpecDec++ vs fixed γ and the training-free policies on the real pair: the default
+# threshold from held-out corpus text first, then HumanEval, greedy and T=1 (about 45 min).
+SPECDEC_PROVIDERS := ar,sd:2,sd:3,sd:4,sd@heuristic,sd@confidence,sd:8@specdec++=0.5,sd:8@specdec++=0.7,sd:8@specdec++=0.8,sd:8@specdec++=0.9
+bench-specdec: $(STAMP)
+	$(PY) bench/specdec_threshold_sweep.py --out bench/results/cpu_specdec_threshold_sweep.json
+	$(VENV)/bin/specengine bench --draft qwen2.5-coder-0.5b-instruct --dtype float32 \
+	  --providers $(SPECDEC_PROVIDERS) --n-prompts 4 --max-new-tokens 128 \
+	  --out bench/results/cpu_e2e_specdec_greedy.json
+	$(VENV)/bin/specengine bench --draft qwen2.5-coder-0.5b-instruct --dtype float32 --temperature 1 --seed 7 \
+	  --providers $(SPECDEC_PROVIDERS) --n-prompts 4 --max-new-tokens 128 \
+	  --out bench/results/cpu_e2e_specdec_t1.json
 
 fetch: $(STAMP)
 	$(VENV)/bin/specengine fetch

@@ -89,7 +89,7 @@ def _sampler_variants(full: bool):
     from . import rejection_sampling_split as rss
 
     common = dict(drafts_ptr="*i64", num_draft_ptr="*i32", temp_ptr="*fp32", seed_ptr="*i64", offset_ptr="*i64")
-    shapes = [(1, 2048, 8), (16, 128, 8), (1, 2048, 32)] if full else [(1, 2048, 8)]
+    shapes = [(1, 2048, 8), (4, 128, 8), (1, 1024, 8), (1, 2048, 32)] if full else [(1, 2048, 8)]
     for dt, has_q, (bb, bv, bk) in itertools.product(DTYPES, (False, True), shapes):
         q = "*fp32" if has_q else f"*{dt}"
         sig = dict(logits_ptr=f"*{dt}", drafts_ptr="*i64", q_ptr=q, num_draft_ptr="*i32", temp_ptr="*fp32",
@@ -112,8 +112,10 @@ def _sampler_variants(full: bool):
                        a_part="*i64", end_ptr="*fp32", end_arg_ptr="*i64",
                        **_i32("B", "s_lb", "s_lk", "s_db", "s_dk", "s_qb", "s_qk", "K", "V", "NSPLIT"),
                        KEY_ACCEPT="i64")
-            const = dict(HAS_Q=has_q, BLOCK_B=1, NS_P=128)
-            yield "split_accept", rss._split_accept_kernel, sig, const, dict(num_warps=4), dict(dtype=dt, **const)
+            for bb, nsp in ((1, 128), (16, 16)) if full else ((1, 128),):
+                const = dict(HAS_Q=has_q, BLOCK_B=bb, NS_P=nsp)
+                yield "split_accept", rss._split_accept_kernel, sig, const, dict(num_warps=4), \
+                    dict(dtype=dt, **const)
             sig = dict(logits_ptr=f"*{dt}", q_ptr=q, **common, n_acc_ptr="*i32", end_ptr="*fp32", br_part="*fp32",
                        ir_part="*i64", bp_part="*fp32", ip_part="*i64",
                        **_i32("s_lb", "s_lk", "s_db", "s_dk", "s_qb", "s_qk", "K", "V", "NSPLIT", "CHUNK"),
@@ -123,8 +125,9 @@ def _sampler_variants(full: bool):
     sig = dict(drafts_ptr="*i64", temp_ptr="*fp32", n_acc_ptr="*i32", end_arg_ptr="*i64", br_part="*fp32",
                ir_part="*i64", bp_part="*fp32", ip_part="*i64", out_ptr="*i64",
                **_i32("B", "s_db", "s_dk", "s_ob", "K", "NSPLIT"))
-    const = dict(BLOCK_B=1, NS_P=128, BLOCK_K=8)
-    yield "split_finalize", rss._split_finalize_kernel, sig, const, dict(num_warps=4), dict(dtype="any", **const)
+    for bb, nsp in ((1, 128), (16, 16)) if full else ((1, 128),):
+        const = dict(BLOCK_B=bb, NS_P=nsp, BLOCK_K=8)
+        yield "split_finalize", rss._split_finalize_kernel, sig, const, dict(num_warps=4), dict(dtype="any", **const)
 
 
 def _draft_variants(full: bool):
@@ -203,8 +206,11 @@ def main(argv=None) -> int:
 
         import triton
 
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, check=False).stdout.strip() or None
+        git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True,  # noqa: E731
+                                        cwd=Path(__file__).parent, check=False).stdout.strip()
+        commit = git("rev-parse", "--short", "HEAD") or None
+        if commit and git("status", "--porcelain", "--untracked-files=no"):
+            commit += "-dirty"
         env = {"triton": triton.__version__, "python": platform.python_version(), "commit": commit,
                "command": " ".join(sys.argv), "local_limit_bytes": LOCAL_LIMIT_BYTES}
         Path(args.json).write_text(json.dumps({"environment": env, "results": [asdict(v) | {"ok": v.ok}

@@ -216,8 +216,10 @@ def rejection_sample(target_logits, draft_tokens, draft_probs, num_draft, temper
     seed, offset = seed.to(torch.int64), offset.to(torch.int64)
     keys = stream_key(STREAM_ACCEPT), stream_key(STREAM_SAMPLE)
     # Large vocabularies: one row per program, wide vocab tiles. Tiny vocabularies (and the
-    # interpreter, which runs programs one by one): many rows per program.
-    tile = 8192 if _INTERPRET else 2048  # elements per [BLOCK_B, BLOCK_V] tile
+    # interpreter, which runs programs one by one): many rows per program, in tiles of at
+    # most 512 elements on a GPU (larger multi-row tiles spill: the int64 hash is heavy).
+    tile = 8192 if _INTERPRET else 2048  # elements per vocab tile of one row
+    row_tile = 8192 if _INTERPRET else 512  # elements per [BLOCK_B, BLOCK_V] tile, BLOCK_B > 1
     if block_v is None:
         block_v = min(triton.next_power_of_2(V), tile)
     splits = num_splits or _num_splits(B, V, block_v, logits.device)
@@ -227,7 +229,7 @@ def rejection_sample(target_logits, draft_tokens, draft_probs, num_draft, temper
         return rejection_sample_split(logits, drafts, q, num_draft, temperature, seed, offset, out, n_acc, keys,
                                       splits, block_v)
     if block_b is None:
-        block_b = max(1, min(triton.next_power_of_2(B), tile // block_v, 1024))
+        block_b = max(1, min(triton.next_power_of_2(B), row_tile // block_v, 1024))
     q_arg = q if q is not None else logits  # never read when HAS_Q is False
     _rejection_sample_kernel[(triton.cdiv(B, block_b),)](
         logits, drafts, q_arg, num_draft, temperature, seed, offset, out, n_acc,

@@ -154,7 +154,7 @@ def rejection_sample_split(logits, drafts, q, num_draft, temperature, seed, offs
     chunk = triton.cdiv(triton.cdiv(V, splits), block_v) * block_v
     splits = triton.cdiv(V, chunk)
     ns_p = triton.next_power_of_2(splits)
-    block_b = max(1, min(triton.next_power_of_2(B), 4096 // ns_p, 64))
+    block_b = max(1, min(triton.next_power_of_2(B), max(1, 256 // ns_p), 16))  # <= 256 partials per tile
     m_part = torch.empty(B * K1, splits, dtype=torch.float32, device=dev)
     s_part = torch.empty_like(m_part)
     a_part = torch.empty(B * K1, splits, dtype=torch.int64, device=dev)

@@ -55,10 +55,13 @@ class Engine:
     def __init__(self, target, tokenizer, draft=None, method: str | None = None, max_seq_len: int = 2048,
                  gamma: int | str = "auto", policy: str = "fixed", attention_backend: str = "auto",
                  sampler_backend: str = "auto", cuda_graphs: bool = True, cpu_matmul: str = "auto",
-                 max_batch: int = 1):
+                 max_batch: int = 1, threshold: float | None = None, acceptance_head=None):
         """target / draft: our `Transformer` modules (see `from_pretrained` to load them).
         A draft on another device than the target runs there (PEARL on two GPUs).
-        max_batch: the largest batch CUDA graphs are captured for (larger batches run eagerly)."""
+        max_batch: the largest batch CUDA graphs are captured for (larger batches run eagerly).
+        threshold: the confidence / specdec++ stopping threshold (None: the policy's default).
+        acceptance_head: a head file (or an AcceptanceHead) for policy="specdec++"; None: the
+        one shipped for this draft, if any (specengine/heads/)."""
         if draft is target:
             raise SpecEngineError("draft and target must be separate model objects (each owns its KV cache)")
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
@@ -82,9 +85,11 @@ class Engine:
             runner = ModelRunner(draft, attention_backend, cuda_graphs, max_batch)
             self.draft = runner if runner.device == self.device else CrossDeviceDraft(runner, self.device)
         self.method = method or ("sd" if draft is not None else "ar")
-        self.gamma, self.policy = gamma, policy
+        self.gamma, self.policy, self.threshold = gamma, policy, threshold
         self._check_method(self.method)
-        make_policy(policy, gamma)  # validate early
+        make_policy(policy, gamma, threshold=threshold)  # validate early
+        self._heads = {}  # mode -> AcceptanceHead, loaded on first use
+        self._head_source = acceptance_head
         self.set_backends(attention_backend, sampler_backend)
         self._step_costs = {}  # batch -> StepCosts, measured on first need (sd gamma="auto", pearl)
         self._side_stream = None
@@ -96,7 +101,8 @@ class Engine:
                         device="auto", dtype="auto", max_seq_len: int = 2048, gamma: int | str = "auto",
                         policy: str = "fixed", attention_backend: str = "auto",
                         sampler_backend: str = "auto", draft_device=None, cuda_graphs: bool = True,
-                        cpu_matmul: str = "auto", max_batch: int = 1) -> "Engine":
+                        cpu_matmul: str = "auto", max_batch: int = 1, threshold: float | None = None,
+                        acceptance_head=None) -> "Engine":
         """Load target (and draft) from a registry name, HF directory, hub-cache id or .gguf.
 
         dtype="auto": bfloat16 on CUDA; on a CPU, float32 or bfloat16, whichever runs the
@@ -109,9 +115,30 @@ class Engine:
         tmodel, tpath, tchoice = _load(target, dtype, dev)
         dmodel, _, dchoice = _load(draft, dtype, ddev) if draft is not None else (None, None, None)
         engine = cls(tmodel, load_tokenizer(tpath), dmodel, method, max_seq_len, gamma, policy,
-                     attention_backend, sampler_backend, cuda_graphs, cpu_matmul, max_batch)
+                     attention_backend, sampler_backend, cuda_graphs, cpu_matmul, max_batch, threshold,
+                     acceptance_head)
         engine.dtype_choice = {"target": tchoice, "draft": dchoice} if dtype == "auto" else None
         return engine
+
+    def acceptance_head(self, mode: str = "greedy"):
+        """The SpecDec++ head for this draft: the one given to the engine, else the one shipped
+        for this draft and decoding mode (or, failing that, the other mode's)."""
+        from .acceptance_head import AcceptanceHead, default_head_path, load_head
+
+        if mode not in self._heads:
+            config = self.draft.model.config
+            src = self._head_source
+            if src is None:
+                src = default_head_path(config, mode) or default_head_path(config, {"greedy": "sampled"}.get(
+                    mode, "greedy"))
+                if src is None:
+                    raise SpecEngineError(
+                        "policy 'specdec++' needs an acceptance head for this draft and none ships for it; "
+                        "train one with `specengine train-head` and pass acceptance_head=<file>")
+            head = src if isinstance(src, AcceptanceHead) else load_head(src)
+            head.check_fits(config)
+            self._heads[mode] = head.to(self.device).eval()  # hidden states arrive on the target's device
+        return self._heads[mode]
 
     def set_cpu_matmul(self, mode: str = "auto") -> None:
         """"auto": CPU Linear layers use the fastest matmul path per shape and row count,
@@ -236,14 +263,14 @@ class Engine:
 
     # ------------------------------------------------------------------ generation
     def _start(self, prompt, max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=None,
-               method=None, gamma=None, policy=None, ignore_eos=False) -> tuple[Generation, bool]:
+               method=None, gamma=None, policy=None, ignore_eos=False, threshold=None) -> tuple[Generation, bool]:
         method = method or self.method
         self._check_method(method)
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise SpecEngineError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         params = SamplingParams(temperature, top_k, top_p, seed)
         prompts, batched = self.encode(prompt)
-        chosen = METHODS[method](self, gamma, policy)
+        chosen = METHODS[method](self, gamma, policy, threshold)
         check_capacity(prompts, max_new_tokens, self.max_seq_len, chosen.headroom)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
@@ -254,10 +281,12 @@ class Engine:
     @torch.inference_mode()
     def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, stop=None, method: str | None = None,
-                 gamma: int | None = None, policy: str | None = None, ignore_eos: bool = False):
-        """Generate for one prompt (-> GenerationResult) or a batch (-> list of them)."""
+                 gamma: int | None = None, policy: str | None = None, ignore_eos: bool = False,
+                 threshold: float | None = None):
+        """Generate for one prompt (-> GenerationResult) or a batch (-> list of them).
+        threshold: the confidence / specdec++ policy's stopping threshold for this call."""
         gen, batched = self._start(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop,
-                                   method, gamma, policy, ignore_eos)
+                                   method, gamma, policy, ignore_eos, threshold)
         self.last_stats = None
         for _ in gen.rounds():
             pass

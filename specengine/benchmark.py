@@ -1,7 +1,8 @@
 """End-to-end benchmark: several providers side by side in one run, on HumanEval prompts.
 
-Providers: `ar`, `sd` or `sd:<gamma>` (ours), `hf` (transformers generate, target alone)
-and `hf-assisted` (transformers generate with assistant_model=draft). Every provider
+Providers: `ar`, `sd`, `sd:<gamma>`, `sd:auto`, `sd[:<gamma>]@<policy>[=<threshold>]` (e.g.
+`sd@heuristic`, `sd:8@specdec++=0.6`), `pearl[:<gamma>]` (ours), `hf` (transformers generate,
+target alone) and `hf-assisted` (transformers generate with assistant_model=draft). Every provider
 generates exactly `max_new_tokens` per prompt (EOS ignored) so rates compare like with
 like; `speedup` is relative to the named baseline measured in the same run.
 """
@@ -24,15 +25,25 @@ from .prompts import humaneval
 HF_PROVIDERS = ("hf", "hf-assisted")
 
 
-def parse_provider(spec: str) -> tuple[str, int | str | None]:
-    name, _, g = spec.partition(":")
+def parse_provider(spec: str) -> tuple[str, int | str | None, str | None, float | None]:
+    """-> (method, gamma, policy, threshold); `sd:3@specdec++=0.5` -> ("sd", 3, "specdec++", 0.5)."""
+    head, _, pol = spec.partition("@")
+    name, _, g = head.partition(":")
     if name not in ("ar", "sd", "pearl", *HF_PROVIDERS):
-        raise SpecEngineError(f"unknown provider {spec!r}; use ar, sd[:gamma|:auto], pearl[:gamma], hf, hf-assisted")
+        raise SpecEngineError(f"unknown provider {spec!r}; use ar, sd[:gamma|:auto][@policy[=threshold]], "
+                              "pearl[:gamma], hf, hf-assisted")
+    policy, _, th = pol.partition("=")
+    if pol and name != "sd":
+        raise SpecEngineError(f"bad provider {spec!r}: only sd takes a policy, e.g. sd@heuristic")
+    try:
+        threshold = float(th) if th else None
+    except ValueError:
+        raise SpecEngineError(f"bad provider {spec!r}: threshold must be a number") from None
     if g == "auto" and name == "sd":
-        return name, g
+        return name, g, policy or None, threshold
     if g and (name not in ("sd", "pearl") or not g.isdigit() or int(g) < 1):
         raise SpecEngineError(f"bad provider {spec!r}: only sd and pearl take a gamma, e.g. sd:4 or sd:auto")
-    return name, int(g) if g else None
+    return name, int(g) if g else None, policy or None, threshold
 
 
 def environment() -> dict:
@@ -78,17 +89,22 @@ class _HFRunner:
 
 
 def run_benchmark(engine, providers: list[str], n_prompts: int = 8, max_new_tokens: int = 128,
-                  target_path=None, draft_path=None, baseline: str | None = None) -> dict:
+                  target_path=None, draft_path=None, baseline: str | None = None, temperature: float = 0.0,
+                  seed: int = 0) -> dict:
+    """temperature > 0: every provider of ours samples with the same seed (tokens then agree
+    only where the methods draw the same numbers; speeds and acceptance are what compare)."""
     specs = [(p, *parse_provider(p)) for p in providers]
-    if any(name == "hf-assisted" for _, name, _ in specs) and draft_path is None:
+    if any(name == "hf-assisted" for _, name, *_ in specs) and draft_path is None:
         raise SpecEngineError("hf-assisted needs a draft model")
+    if temperature and any(name in HF_PROVIDERS for _, name, *_ in specs):
+        raise SpecEngineError("the hf providers are greedy only; drop them for temperature > 0")
     prompts = [p["prompt"] for p in humaneval(n_prompts)]
-    hf = _HFRunner(engine, target_path, draft_path) if any(n in HF_PROVIDERS for _, n, _ in specs) else None
+    hf = _HFRunner(engine, target_path, draft_path) if any(n in HF_PROVIDERS for _, n, *_ in specs) else None
     ids = [engine.encode(p)[0][0] for p in prompts]
     rows, reference = {}, None
-    for spec, name, gamma in specs:
+    for spec, name, gamma, policy, threshold in specs:
         per_prompt, outputs = [], []
-        run = _provider_fn(engine, hf, name, gamma, max_new_tokens)
+        run = _provider_fn(engine, hf, name, gamma, policy, threshold, temperature, seed)
         run(ids[0], 4)  # warm-up: first-call allocations and library start-up
         for p in tqdm(ids, desc=spec, leave=False):
             t = time.perf_counter()
@@ -108,6 +124,7 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8, max_new_toke
                     sum(s["proposed_drafts"] for s in ours), 1)
                 row["gamma"] = ours[0]["gamma"]
                 row["gamma_mean"] = sum(s["gamma_mean"] for s in ours) / len(ours)
+                row["policy"] = ours[0]["policy"]
                 row["draft_cost_ratio"] = sum(s["draft_cost_ratio"] or 0 for s in ours) / len(ours)
             if name == "pearl":
                 runs = sum(s["new_tokens"] / s["mean_accepted_tokens"] for s in ours)
@@ -123,7 +140,8 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8, max_new_toke
     for row in rows.values():
         row["speedup"] = row["tokens_per_s"] / rows[base]["tokens_per_s"]
     report = {"benchmark": "e2e", "baseline": base, "n_prompts": len(ids), "max_new_tokens": max_new_tokens,
-              "prompts": "HumanEval[:%d]" % len(ids), "greedy": True,
+              "prompts": "HumanEval[:%d]" % len(ids), "greedy": not temperature, "temperature": temperature,
+              "seed": seed,
               "dtype": str(engine.target.dtype).removeprefix("torch."),
               "dtype_choice": getattr(engine, "dtype_choice", None),
               "environment": environment(), "results": list(rows.values())}
@@ -144,13 +162,14 @@ def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
             "first_divergence": min(firsts) if firsts else None}
 
 
-def _provider_fn(engine, hf, name, gamma, max_new_tokens):
+def _provider_fn(engine, hf, name, gamma, policy, threshold, temperature, seed):
     if name in HF_PROVIDERS:
         return lambda ids, n: (hf.generate(ids, n, assisted=name == "hf-assisted"), None)
 
     def ours(ids, n):
-        r = engine.generate(ids, max_new_tokens=n, method=name, gamma=gamma,
-                            policy="fixed" if name == "sd" else None, ignore_eos=True)
+        r = engine.generate(ids, max_new_tokens=n, method=name, gamma=gamma, temperature=temperature, seed=seed,
+                            policy=(policy or "fixed") if name == "sd" else None, threshold=threshold,
+                            ignore_eos=True)
         return r.token_ids, r.stats
     return ours
 

@@ -1,4 +1,4 @@
-"""Command line: `specengine generate ...`, `specengine bench ...`, `specengine fetch ...`.
+"""Command line: `specengine generate | bench | fetch | train-head ...`.
 
 Every user error prints one line (`error: ...`) and exits with status 2.
 """
@@ -29,7 +29,11 @@ def _engine_args(p: argparse.ArgumentParser, method_default=None):
                         "costs and acceptance); pearl: window (default round(1/c), measured)")
     p.add_argument("--cpu-matmul", default="auto",
                    help="auto (fastest path per weight shape, measured once per machine) | linear")
-    p.add_argument("--policy", default="fixed", help="fixed | heuristic | confidence")
+    p.add_argument("--policy", default="fixed", help="fixed | heuristic | confidence | specdec++")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="confidence / specdec++ stopping threshold (default: the policy's)")
+    p.add_argument("--acceptance-head", default=None,
+                   help="specdec++ head file (default: the one shipped for the draft, if any)")
     p.add_argument("--attention-backend", default="auto", help="torch | triton | auto (triton on CUDA)")
     p.add_argument("--sampler-backend", default="auto", help="torch | triton | auto (triton on CUDA)")
 
@@ -63,11 +67,28 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run providers side by side on HumanEval prompts")
     _engine_args(b)
     b.add_argument("--providers", default="ar,sd",
-                   help="comma list of ar, sd, sd:<gamma>, sd:auto, pearl, pearl:<gamma>, hf, hf-assisted")
+                   help="comma list of ar, sd, sd:<gamma>, sd:auto, sd[:<gamma>]@<policy>[=<threshold>], "
+                        "pearl, pearl:<gamma>, hf, hf-assisted")
     b.add_argument("--n-prompts", type=int, default=8)
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--baseline", default=None, help="provider the speedups are relative to (default: first)")
+    b.add_argument("--temperature", type=float, default=0.0, help="> 0: our providers sample (same seed)")
+    b.add_argument("--seed", type=int, default=0)
     b.add_argument("--out", default=None, help="write the JSON report here")
+
+    t = sub.add_parser("train-head", help="train a SpecDec++ acceptance head for a (target, draft) pair")
+    _engine_args(t)
+    t.add_argument("--out", required=True, help="head file to write (.safetensors; a .json report beside it)")
+    t.add_argument("--mode", default="greedy", help="greedy | sampled: the decoding mode the labels are made for")
+    t.add_argument("--packages", default="transformers,numpy,setuptools",
+                   help="installed packages whose Python sources form the corpus")
+    t.add_argument("--n-train", type=int, default=48, help="training chunks")
+    t.add_argument("--n-val", type=int, default=8, help="held-out chunks (from held-out files)")
+    t.add_argument("--seq-len", type=int, default=256)
+    t.add_argument("--mix", type=float, default=0.15, help="fraction of target tokens in the mixed sequences")
+    t.add_argument("--reject-weight", type=float, default=6.0, help="BCE weight of rejections")
+    t.add_argument("--epochs", type=int, default=12)
+    t.add_argument("--work-dir", default=None, help="feature cache + checkpoint (resumable; default <out>.work)")
 
     f = sub.add_parser("fetch", help="download + convert a registry model into the cache")
     f.add_argument("names", nargs="*", default=[DEFAULT_TARGET, DEFAULT_DRAFT], help=", ".join(REGISTRY))
@@ -82,7 +103,8 @@ def _load(args):
                                   policy=args.policy, attention_backend=args.attention_backend,
                                   sampler_backend=args.sampler_backend, draft_device=args.draft_device,
                                   cuda_graphs=not args.no_cuda_graphs, cpu_matmul=args.cpu_matmul,
-                                  max_batch=args.max_batch)
+                                  max_batch=args.max_batch, threshold=args.threshold,
+                                  acceptance_head=args.acceptance_head)
 
 
 def cmd_generate(args):
@@ -122,12 +144,29 @@ def cmd_bench(args):
     engine = _load(args)
     report = run_benchmark(engine, providers, args.n_prompts, args.max_new_tokens,
                            target_path=resolve(args.target),
-                           draft_path=resolve(args.draft) if args.draft else None, baseline=args.baseline)
+                           draft_path=resolve(args.draft) if args.draft else None, baseline=args.baseline,
+                           temperature=args.temperature, seed=args.seed)
     print(format_table(report))
     if args.out:
         print(f"wrote {save(report, args.out)}")
     else:
         print(json.dumps(report, indent=2))
+
+
+def cmd_train_head(args):
+    from .train_head import HeadRecipe, train_head
+
+    if args.draft is None:
+        raise SpecEngineError("train-head needs --draft")
+    recipe = HeadRecipe(packages=tuple(p.strip() for p in args.packages.split(",") if p.strip()),
+                        n_train=args.n_train, n_val=args.n_val, seq_len=args.seq_len, mix=args.mix,
+                        mode=args.mode, reject_weight=args.reject_weight, epochs=args.epochs)
+    args.policy, args.acceptance_head = "fixed", None  # the engine only runs forwards here
+    report = train_head(_load(args), args.out, recipe, args.work_dir, draft_name=args.draft,
+                        command="specengine " + " ".join(sys.argv[1:]))
+    print(f"wrote {args.out}: {report.train_positions} train / {report.val_positions} held-out positions, "
+          f"held-out AUROC {report.val_auroc:.3f} (constant predictor 0.5), extraction {report.extract_seconds:.0f} s, "
+          f"training {report.train_seconds:.0f} s")
 
 
 def cmd_fetch(args):
@@ -140,7 +179,7 @@ def cmd_fetch(args):
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        {"generate": cmd_generate, "bench": cmd_bench, "fetch": cmd_fetch}[args.cmd](args)
+        {"generate": cmd_generate, "bench": cmd_bench, "fetch": cmd_fetch, "train-head": cmd_train_head}[args.cmd](args)
     except SpecEngineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -31,7 +31,7 @@ class CrossDeviceDraft:
 
     def __init__(self, runner, home: torch.device):
         self.runner, self.home = runner, torch.device(home)
-        self.config = runner.config
+        self.config, self.model = runner.config, runner.model
         self.cache = None
 
     @property
@@ -44,14 +44,16 @@ class CrossDeviceDraft:
 
     def _call(self, fn, tokens, **kw):
         out = fn(tokens.to(self.device, non_blocking=True), **kw)
+        if isinstance(out, tuple):  # (logits, hidden)
+            return tuple(t.to(self.home, non_blocking=True) for t in out)
         return out.to(self.home, non_blocking=True)
 
     def prefill(self, tokens, lens, attn_len=None):
         return self.runner.prefill(tokens.to(self.device), lens.to(self.device), attn_len=attn_len).to(self.home)
 
-    def verify(self, tokens, tree_mask=None, attn_len=None):
+    def verify(self, tokens, tree_mask=None, attn_len=None, return_hidden=False):
         mask = None if tree_mask is None else tree_mask.to(self.device)
-        return self._call(self.runner.verify, tokens, tree_mask=mask, attn_len=attn_len)
+        return self._call(self.runner.verify, tokens, tree_mask=mask, attn_len=attn_len, return_hidden=return_hidden)
 
-    def decode(self, token, attn_len=None):
-        return self._call(self.runner.decode, token, attn_len=attn_len)
+    def decode(self, token, attn_len=None, return_hidden=False):
+        return self._call(self.runner.decode, token, attn_len=attn_len, return_hidden=return_hidden)

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from specengine import Engine, benchmark
+from specengine import Engine, SpecEngineError, benchmark
 from specengine.benchmark import agreement, format_table, parse_provider, run_benchmark
 
 
@@ -17,8 +17,13 @@ def test_agreement_counts_exact_matches_and_first_divergence():
 
 
 def test_provider_specs():
-    assert parse_provider("sd:auto") == ("sd", "auto") and parse_provider("sd:3") == ("sd", 3)
-    assert parse_provider("pearl") == ("pearl", None)
+    assert parse_provider("sd:auto") == ("sd", "auto", None, None) and parse_provider("sd:3") == ("sd", 3, None, None)
+    assert parse_provider("pearl") == ("pearl", None, None, None)
+    assert parse_provider("sd@heuristic") == ("sd", None, "heuristic", None)
+    assert parse_provider("sd:8@specdec++=0.6") == ("sd", 8, "specdec++", 0.6)
+    for bad in ("pearl@heuristic", "sd@specdec++=x", "ar:3", "beam"):
+        with pytest.raises(SpecEngineError):
+            parse_provider(bad)
 
 
 def test_report_records_machine_bound_and_tokens(tiny_pair, tokenizer, monkeypatch, tmp_path):

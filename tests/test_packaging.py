@@ -35,3 +35,5 @@ def test_wheel_install_imports(tmp_path):
                          env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}).stdout.splitlines()
     assert out[0].startswith(str(site)) and out[1] == str(site / "specengine" / "kernels" / "__init__.py")
     assert out[2] == "None"
+    shipped = sorted((ROOT / "specengine" / "heads").glob("*.safetensors"))
+    assert shipped and all((site / "specengine" / "heads" / h.name).exists() for h in shipped)  # heads ship

@@ -44,6 +44,16 @@ def test_pearl_equals_ar_on_humaneval(pair, prompts, ar_tokens):
         assert r.stats["gamma"] >= 1 and 0 < r.stats["measured_cost_ratio"] < 1  # the 0.5B draft is cheaper
 
 
+def test_specdec_with_the_shipped_head_equals_ar(pair, prompts, ar_tokens):
+    """The head shipped for this draft loads automatically; its stopping rule varies K."""
+    eng = pair[0]
+    for p, ref in zip(prompts, ar_tokens):
+        r = eng.generate(p, max_new_tokens=NEW, method="sd", policy="specdec++", gamma=8, ignore_eos=True)
+        assert r.token_ids == ref
+        assert r.stats["policy"] == "specdec++" and 1 <= r.stats["gamma_mean"] < 8
+    assert eng.acceptance_head("greedy").meta.draft == DEFAULT_DRAFT
+
+
 def test_ar_equals_transformers_generate(pair, prompts, ar_tokens):
     from transformers import AutoModelForCausalLM
 

@@ -2,7 +2,7 @@
 
 A method is one file under `methods/` and one entry in the registry (`methods/__init__.py`);
 the driver (generation.py) knows nothing else about it. Per generate call:
-  method = Cls(engine, gamma, policy)   validate the call's options
+  method = Cls(engine, gamma, policy, threshold)   validate the call's options
   method.begin(generation)              after prefill (measure costs, set up state)
   method.round(state, timer)            -> RoundOutput, device tensors only, no host sync
   method.after_round(n_acc, num_draft)  host bookkeeping on what the round's one sync read
@@ -10,6 +10,7 @@ the driver (generation.py) knows nothing else about it. Per generate call:
 """
 from __future__ import annotations
 
+from ..errors import SpecEngineError
 from ..graphs import padded_width
 from .common import DecodeState, RoundOutput
 
@@ -18,8 +19,12 @@ class Method:
     name = ""
     needs_draft = True
 
-    def __init__(self, engine, gamma=None, policy=None):
+    def __init__(self, engine, gamma=None, policy=None, threshold=None):
         self.engine = engine
+        if threshold is not None and not self.takes_threshold:
+            raise SpecEngineError(f"threshold applies to sd's confidence and specdec++ policies, not to {self.name}")
+
+    takes_threshold = False
 
     @property
     def max_width(self) -> int:

@@ -11,9 +11,13 @@ import torch
 from ..errors import SpecEngineError
 
 
+DEFAULT_SPECDEC_THRESHOLD = 0.5  # bench/README.md, "SpecDec++": the validation sweep
+
+
 class FixedPolicy:
     name = "fixed"
     needs_costs = False
+    wants_hidden = False  # True: the draft loop feeds the draft's hidden states to observe()
 
     def __init__(self, gamma: int = 4):
         if not isinstance(gamma, int) or gamma < 1:
@@ -118,7 +122,54 @@ class AutoGammaPolicy(FixedPolicy):
             self.gamma = best_gamma(self.alpha, self.costs, self.gamma_max)
 
 
-POLICIES = {p.name: p for p in (FixedPolicy, HeuristicPolicy, ConfidencePolicy)}
+class SpecDecPolicy(FixedPolicy):
+    """SpecDec++ (arXiv 2405.19715): stop drafting once P(at least one rejection so far) =
+    1 - prod_i P(accept_i) exceeds `threshold`, with P(accept_i) from a trained acceptance
+    head on the draft's hidden state; K clamped to [k_min, gamma]. A row that stops keeps its
+    K; the loop ends when every row has stopped.
+
+    Where reading a flag is free (CPU: no device queue) the draft loop stops early on the
+    host; on CUDA it keeps the one-sync-per-round rule instead: it drafts the round's budget
+    (the previous round's longest proposal + 1, as `confidence` does) and the head truncates
+    on the device.
+    """
+    name = "specdec++"
+    wants_hidden = True
+
+    def __init__(self, gamma: int = 8, threshold: float = DEFAULT_SPECDEC_THRESHOLD, k_min: int = 1):
+        super().__init__(gamma)
+        if not 0 < threshold < 1:
+            raise SpecEngineError(f"specdec++ threshold must be in (0, 1), got {threshold!r}")
+        if not isinstance(k_min, int) or not 1 <= k_min <= self.gamma_max:
+            raise SpecEngineError(f"k_min must be an integer in [1, {self.gamma_max}], got {k_min!r}")
+        self.threshold, self.k_min, self.head = threshold, k_min, None
+        self.early_exit = True
+
+    def attach(self, head, early_exit: bool) -> None:
+        self.head, self.early_exit = head, early_exit
+
+    def begin_round(self, batch: int, device) -> None:
+        self._log_all_accept = torch.zeros(batch, device=device)
+        self._k = torch.full((batch,), self.gamma_max, dtype=torch.int32, device=device)
+
+    def observe(self, hidden: torch.Tensor, j: int) -> bool:
+        """After draft token j (0-based) of every row: update each row's K on the device;
+        True when every row has stopped and the host may end the loop (early exit only)."""
+        p = self.head.accept_prob(hidden).clamp_min(1e-6)
+        self._log_all_accept = self._log_all_accept + torch.log(p)
+        stop_now = (1 - torch.exp(self._log_all_accept) > self.threshold) & (j + 1 >= self.k_min)
+        self._k = torch.where(stop_now & (self._k > j + 1), torch.full_like(self._k, j + 1), self._k)
+        return self.early_exit and bool((self._k <= j + 1).all())
+
+    def num_draft(self, conf):
+        return self._k.clamp(max=conf.shape[1])
+
+    def update(self, n_acc, num_draft):
+        if not self.early_exit and num_draft:
+            self.gamma = min(self.gamma_max, max(num_draft) + 1)
+
+
+POLICIES = {p.name: p for p in (FixedPolicy, HeuristicPolicy, ConfidencePolicy, SpecDecPolicy)}
 
 
 def make_policy(name: str, gamma: int | str | None = None, **kw) -> FixedPolicy:
@@ -126,6 +177,10 @@ def make_policy(name: str, gamma: int | str | None = None, **kw) -> FixedPolicy:
     start from their own default γ."""
     if name not in POLICIES:
         raise SpecEngineError(f"unknown draft-length policy {name!r}; choose from {', '.join(POLICIES)}")
+    if kw.get("threshold", 0) is None:
+        kw.pop("threshold")
+    elif "threshold" in kw and name not in ("confidence", "specdec++"):
+        raise SpecEngineError(f"threshold applies to the confidence and specdec++ policies, not {name!r}")
     if gamma == "auto":
         return AutoGammaPolicy(**kw) if name == "fixed" else POLICIES[name](**kw)
     return POLICIES[name](gamma, **kw) if gamma is not None else POLICIES[name](**kw)

@@ -20,27 +20,37 @@ from .common import DecodeState, RoundOutput
 from .policies import make_policy
 
 
-def draft_catch_up(draft, state: DecodeState, upto: torch.Tensor) -> torch.Tensor:
+def draft_catch_up(draft, state: DecodeState, upto: torch.Tensor, return_hidden: bool = False):
     """Feed the draft the tokens of state.tokens[:, :upto] it has not seen (1 or 2 per row);
-    returns the logits after the last one [B,V]."""
+    returns the logits after the last one [B,V] (and its final hidden state [B,H])."""
     seen = draft.cache.lens.to(torch.int64)
-    logits = draft.verify(state.tokens.gather(1, state.positions(seen, 2)), attn_len=state.attn_len)
+    out = draft.verify(state.tokens.gather(1, state.positions(seen, 2)), attn_len=state.attn_len,
+                       return_hidden=return_hidden)
     which = (upto - 1 - seen).clamp(0, 1)
     draft.cache.set_lens(upto)
-    return logits[torch.arange(state.batch, device=logits.device), which]
+    rows = torch.arange(state.batch, device=which.device)
+    return (out[0][rows, which], out[1][rows, which]) if return_hidden else out[rows, which]
 
 
-def draft_chain(draft, state: DecodeState, gamma: int, upto: torch.Tensor | None = None):
-    """γ draft tokens per row [B,γ] continuing state.tokens[:, :upto] (default: the committed
-    tokens), their q [B,γ,V] (None if greedy) and the draft's confidences [B,γ]."""
-    logits = draft_catch_up(draft, state, state.n if upto is None else upto)
+def draft_chain(draft, state: DecodeState, gamma: int, upto: torch.Tensor | None = None, policy=None):
+    """Up to γ draft tokens per row [B,γ'] continuing state.tokens[:, :upto] (default: the
+    committed tokens), their q [B,γ',V] (None if greedy) and the draft's confidences [B,γ'].
+    A policy that wants hidden states (specdec++) sees each step's and may end the loop
+    early (γ' < γ) once every row has stopped."""
+    observe = policy is not None and policy.wants_hidden
+    if observe:
+        policy.begin_round(state.batch, state.tokens.device)
+    out = draft_catch_up(draft, state, state.n if upto is None else upto, return_hidden=observe)
     toks, qs, confs = [], [], []
     for j in range(gamma):
         if j:
-            logits = draft.decode(toks[-1], attn_len=state.attn_len)
+            out = draft.decode(toks[-1], attn_len=state.attn_len, return_hidden=observe)
             draft.cache.set_lens(draft.cache.lens + 1)
+        logits, hidden = out if observe else (out, None)
         tok, q, conf = state.draft_sampler(logits, state.params, state.seed, state.offset, j)
         toks.append(tok), qs.append(q), confs.append(conf)
+        if observe and policy.observe(hidden, j):
+            break
     q = None if state.params.greedy else torch.stack(qs, 1)
     return torch.stack(toks, 1), q, torch.stack(confs, 1)
 
@@ -48,9 +58,12 @@ def draft_chain(draft, state: DecodeState, gamma: int, upto: torch.Tensor | None
 class SpeculativeDecoding(Method):
     name = "sd"
 
-    def __init__(self, engine, gamma=None, policy=None):
+    takes_threshold = True
+
+    def __init__(self, engine, gamma=None, policy=None, threshold=None):
         super().__init__(engine)
-        self.policy = make_policy(policy or engine.policy, engine.gamma if gamma is None else gamma)
+        self.policy = make_policy(policy or engine.policy, engine.gamma if gamma is None else gamma,
+                                  threshold=engine.threshold if threshold is None else threshold)
         self.gammas: list[int] = []  # γ of every round
 
     @property
@@ -58,16 +71,21 @@ class SpeculativeDecoding(Method):
         return self.policy.gamma_max + 1
 
     def begin(self, generation) -> None:
+        if self.policy.wants_hidden:  # specdec++: the acceptance head for this draft and mode
+            mode = "greedy" if generation.state.params.greedy else "sampled"
+            # reading a flag per draft step is free only without an asynchronous device queue
+            self.policy.attach(self.engine.acceptance_head(mode), early_exit=self.engine.device.type == "cpu")
         if self.policy.needs_costs:  # gamma="auto": γ from measured step costs
             self.policy.set_costs(self.engine.step_costs(generation.state, self.max_width))
 
     def round(self, state: DecodeState, timer) -> RoundOutput:
         target, draft, gamma = self.engine.target, self.engine.draft, self.policy.gamma
-        self.gammas.append(gamma)
         start = state.n.clone()
         with timer.phase("draft"):
-            drafts, q, conf = draft_chain(draft, state, gamma)
+            drafts, q, conf = draft_chain(draft, state, gamma, policy=self.policy)
             num_draft = self.policy.num_draft(conf)
+        gamma = drafts.shape[1]  # a policy may have ended the loop early
+        self.gammas.append(gamma)
         with timer.phase("target"):
             logits = target.verify(torch.cat([state.last_tokens()[:, None], drafts], 1), attn_len=state.attn_len)
         out, n_acc = state.sampler(filter_logits(logits, state.params), drafts, q, num_draft,
