@@ -55,13 +55,15 @@ class Engine:
     def __init__(self, target, tokenizer, draft=None, method: str | None = None, max_seq_len: int = 2048,
                  gamma: int | str = "auto", policy: str = "fixed", attention_backend: str = "auto",
                  sampler_backend: str = "auto", cuda_graphs: bool = True, cpu_matmul: str = "auto",
-                 max_batch: int = 1, threshold: float | None = None, acceptance_head=None):
+                 max_batch: int = 1, threshold: float | None = None, acceptance_head=None, parallel_drafter=None):
         """target / draft: our `Transformer` modules (see `from_pretrained` to load them).
         A draft on another device than the target runs there (PEARL on two GPUs).
         max_batch: the largest batch CUDA graphs are captured for (larger batches run eagerly).
         threshold: the confidence / specdec++ stopping threshold (None: the policy's default).
         acceptance_head: a head file (or an AcceptanceHead) for policy="specdec++"; None: the
-        one shipped for this draft, if any (specengine/heads/)."""
+        one shipped for this draft, if any (specengine/heads/).
+        parallel_drafter: a drafter file (or a ParallelDrafter) for method="parallelspec"; None:
+        the one shipped for this draft, if any (specengine/drafters/)."""
         if draft is target:
             raise SpecEngineError("draft and target must be separate model objects (each owns its KV cache)")
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
@@ -90,6 +92,7 @@ class Engine:
         make_policy(policy, gamma, threshold=threshold)  # validate early
         self._heads = {}  # mode -> AcceptanceHead, loaded on first use
         self._head_source = acceptance_head
+        self._drafter, self._drafter_source = None, parallel_drafter
         self.set_backends(attention_backend, sampler_backend)
         self._step_costs = {}  # batch -> StepCosts, measured on first need (sd gamma="auto", pearl)
         self._side_stream = None
@@ -102,7 +105,7 @@ class Engine:
                         policy: str = "fixed", attention_backend: str = "auto",
                         sampler_backend: str = "auto", draft_device=None, cuda_graphs: bool = True,
                         cpu_matmul: str = "auto", max_batch: int = 1, threshold: float | None = None,
-                        acceptance_head=None) -> "Engine":
+                        acceptance_head=None, parallel_drafter=None) -> "Engine":
         """Load target (and draft) from a registry name, HF directory, hub-cache id or .gguf.
 
         dtype="auto": bfloat16 on CUDA; on a CPU, float32 or bfloat16, whichever runs the
@@ -116,7 +119,7 @@ class Engine:
         dmodel, _, dchoice = _load(draft, dtype, ddev) if draft is not None else (None, None, None)
         engine = cls(tmodel, load_tokenizer(tpath), dmodel, method, max_seq_len, gamma, policy,
                      attention_backend, sampler_backend, cuda_graphs, cpu_matmul, max_batch, threshold,
-                     acceptance_head)
+                     acceptance_head, parallel_drafter)
         engine.dtype_choice = {"target": tchoice, "draft": dchoice} if dtype == "auto" else None
         return engine
 
@@ -139,6 +142,31 @@ class Engine:
             head.check_fits(config)
             self._heads[mode] = head.to(self.device).eval()  # hidden states arrive on the target's device
         return self._heads[mode]
+
+    def parallel_drafter(self):
+        """ParallelSpec's drafter for this draft: the one given to the engine, else the one
+        shipped for this draft (specengine/drafters/, matched by fingerprint)."""
+        from .acceptance_head import model_fingerprint
+        from .parallel_drafter import DRAFTERS_DIR, ParallelDrafter, load_drafter, read_meta
+
+        if self._drafter is None:
+            if isinstance(self.draft, CrossDeviceDraft):
+                raise SpecEngineError("parallelspec needs the draft on the target's device")
+            src, model = self._drafter_source, self.draft.model
+            if isinstance(src, ParallelDrafter):
+                src.check_fits(model.config)
+                self._drafter = src
+            else:
+                if src is None:
+                    fp = model_fingerprint(model.config)
+                    src = next((p for p in sorted(DRAFTERS_DIR.glob("*.safetensors")) if read_meta(p).fingerprint == fp),
+                               None)
+                    if src is None:
+                        raise SpecEngineError(
+                            "method 'parallelspec' needs a parallel drafter for this draft and none ships for it; "
+                            "train one with `specengine train-parallel` and pass parallel_drafter=<file>")
+                self._drafter = load_drafter(src, model)
+        return self._drafter
 
     def set_cpu_matmul(self, mode: str = "auto") -> None:
         """"auto": CPU Linear layers use the fastest matmul path per shape and row count,

@@ -121,11 +121,12 @@ class Transformer(nn.Module):
         return KVCache(c.num_layers, batch, max_seq_len, c.num_kv_heads, c.head_dim, p.dtype, p.device, rope)
 
     def forward(self, tokens, cache: KVCache, attn_fn: AttentionFn = verify_attention_ref, tree_mask=None,
-                attn_len=None, logits_at=None, return_hidden=False):
+                attn_len=None, logits_at=None, return_hidden=False, inputs_embeds=None):
         """tokens [B,T] written at cache.lens[b] + (0..T-1) (tree: rotated as depth of the node).
 
         attn_len: optional host bound on cache.lens + T to read less of the buffer.
         logits_at: optional [B,N] indices into T; LM head only there (prefill).
+        inputs_embeds: optional [B,T,H] in place of the token embeddings (parallel drafter masks).
         Returns logits [B,T|N,V] (fp32), and the final hidden states when asked.
         """
         B, T = tokens.shape
@@ -135,7 +136,7 @@ class Transformer(nn.Module):
             depth = tree_mask.to(torch.int64).sum(-1).expand(B, T) - 1
             pos = (cache.lens.to(torch.int64)[:, None] + depth).clamp(max=cache.max_seq_len - 1)
         cos, sin = cache.rope_cos[pos], cache.rope_sin[pos]
-        x = self.embed_tokens(tokens)
+        x = self.embed_tokens(tokens) if inputs_embeds is None else inputs_embeds
         for i, layer in enumerate(self.layers):
             x = layer(x, i, cache, write_pos, cos, sin, tree_mask, attn_len, attn_fn)
         if logits_at is not None:

@@ -55,6 +55,17 @@ def draft_chain(draft, state: DecodeState, gamma: int, upto: torch.Tensor | None
     return torch.stack(toks, 1), q, torch.stack(confs, 1)
 
 
+def verify_and_commit(engine, state: DecodeState, drafts, q, num_draft, timer):
+    """One target forward over [last committed, drafts], rejection sampling, commit.
+    Returns (tokens [B,K+1], n_acc [B])."""
+    with timer.phase("target"):
+        logits = engine.target.verify(torch.cat([state.last_tokens()[:, None], drafts], 1), attn_len=state.attn_len)
+    out, n_acc = state.sampler(filter_logits(logits, state.params), drafts, q, num_draft,
+                               state.temperature, state.seed, state.offset)
+    state.commit(out, n_acc + 1)
+    return out, n_acc
+
+
 class SpeculativeDecoding(Method):
     name = "sd"
 
@@ -79,18 +90,14 @@ class SpeculativeDecoding(Method):
             self.policy.set_costs(self.engine.step_costs(generation.state, self.max_width))
 
     def round(self, state: DecodeState, timer) -> RoundOutput:
-        target, draft, gamma = self.engine.target, self.engine.draft, self.policy.gamma
+        draft, gamma = self.engine.draft, self.policy.gamma
         start = state.n.clone()
         with timer.phase("draft"):
             drafts, q, conf = draft_chain(draft, state, gamma, policy=self.policy)
             num_draft = self.policy.num_draft(conf)
         gamma = drafts.shape[1]  # a policy may have ended the loop early
         self.gammas.append(gamma)
-        with timer.phase("target"):
-            logits = target.verify(torch.cat([state.last_tokens()[:, None], drafts], 1), attn_len=state.attn_len)
-        out, n_acc = state.sampler(filter_logits(logits, state.params), drafts, q, num_draft,
-                                   state.temperature, state.seed, state.offset)
-        state.commit(out, n_acc + 1)
+        out, n_acc = verify_and_commit(self.engine, state, drafts, q, num_draft, timer)
         # the draft saw d1..d_{γ-1}: valid up to start + min(n_acc, γ-1), never past the new n - 1
         seen = start + torch.clamp(n_acc.to(torch.int64), max=gamma - 1)
         return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1, draft_forwards=gamma,

@@ -1,0 +1,89 @@
+"""`parallelspec`: a parallel drafter proposes k tokens in ONE draft forward (arXiv 2410.05589).
+
+One round: the draft reads its unseen committed tokens (1 .. k+1 of them: everything
+committed since the last round) followed by MASK_1 .. MASK_{k-1}; the last real token's
+logits propose d1 and MASK_i's propose d_{i+1}, each sampled from its own q. The target
+verifies [last committed, d1..dk] in one forward and the existing rejection sampler accepts
+a prefix (lossless: greedy exact, sampling with the drafter's own q). The draft cache keeps
+exactly the committed tokens: masks and unused slots lie past its length.
+
+Rows have different numbers of unseen tokens, so the draft forward is a tree over k+1 real
+slots and k-1 masks: a real slot sees the real slots before it; a mask sees the row's
+valid real slots and the masks before it. Positions follow from the tree (a node's depth),
+so MASK_1 sits at the next token's position in every row.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import SpecEngineError
+from .base import Method, speculative_stats
+from .common import DecodeState, RoundOutput
+from .sd import verify_and_commit
+
+
+def drafter_layout(unseen: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask_index [B,2k], tree_mask [B,2k,2k]) for k+1 real slots then k-1 masks."""
+    B, W, T = unseen.shape[0], k + 1, 2 * k
+    dev = unseen.device
+    j = torch.arange(T, device=dev)
+    mask_index = torch.where(j >= W, j - W + 1, 0).expand(B, T)
+    causal = j[None, :] <= j[:, None]  # [T,T]
+    is_mask = (j >= W)
+    real_ok = j[None, :] < unseen[:, None]  # [B,T] valid real slots (as keys)
+    # real query rows: causal over the real slots; mask query rows: valid real slots + earlier masks
+    real_rows = causal & ~is_mask[None, :]
+    mask_rows = (real_ok[:, None, :] & ~is_mask[None, None, :]) | (causal & is_mask[None, :])[None]
+    tree = torch.where(is_mask[None, :, None], mask_rows, real_rows[None])
+    return mask_index, tree
+
+
+class ParallelSpec(Method):
+    name = "parallelspec"
+
+    def __init__(self, engine, gamma=None, policy=None, threshold=None):
+        super().__init__(engine, threshold=threshold)
+        k = 4 if gamma in (None, "auto") else gamma
+        if not isinstance(k, int) or k < 1:
+            raise SpecEngineError(f"parallelspec k (gamma) must be an integer >= 1, got {gamma!r}")
+        self.k = k
+        self.drafter = None
+
+    @property
+    def max_width(self) -> int:
+        return 2 * self.k  # the draft forward: k+1 real slots and k-1 masks
+
+    def begin(self, generation) -> None:
+        self.drafter = self.engine.parallel_drafter()
+        if self.k > self.drafter.meta.k_max:
+            raise SpecEngineError(f"parallelspec k={self.k} exceeds the drafter's k_max={self.drafter.meta.k_max}")
+
+    def round(self, state: DecodeState, timer) -> RoundOutput:
+        draft, k = self.engine.draft, self.k
+        start = state.n.clone()
+        with timer.phase("draft"):
+            seen = draft.cache.lens.to(torch.int64)
+            unseen = (start - seen).clamp(1, k + 1)
+            real = state.tokens.gather(1, state.positions(seen, k + 1))
+            tokens = torch.cat([real, torch.zeros_like(real[:, : k - 1])], 1)
+            mask_index, tree = drafter_layout(unseen, k)
+            logits = self.drafter(tokens, mask_index, draft.cache, draft.attn_fn, tree,
+                                  attn_len=state.attn_len)
+            draft.cache.set_lens(start)
+            rows = torch.arange(state.batch, device=logits.device)
+            at = torch.cat([(unseen - 1)[:, None], k + 1 + torch.arange(k - 1, device=logits.device)[None, :]
+                            .expand(state.batch, k - 1)], 1)  # d1 from the last real slot, d2.. from masks
+            toks, qs = [], []
+            for i in range(k):
+                tok, q, _ = state.draft_sampler(logits[rows, at[:, i]], state.params, state.seed, state.offset, i)
+                toks.append(tok), qs.append(q)
+            drafts = torch.stack(toks, 1)
+            q = None if state.params.greedy else torch.stack(qs, 1)
+            num_draft = torch.full((state.batch,), k, dtype=torch.int32, device=drafts.device)
+        out, n_acc = verify_and_commit(self.engine, state, drafts, q, num_draft, timer)
+        return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1,
+                           draft_forwards=1, draft_lens=start)
+
+    def stats(self, generation) -> dict:
+        return {"policy": "parallel", "gamma": self.k, "gamma_mean": float(self.k),
+                **speculative_stats(generation, generation.timer.totals())}

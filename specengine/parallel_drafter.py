@@ -1,0 +1,158 @@
+"""ParallelSpec's parallel drafter (arXiv 2410.05589): k draft tokens from one forward.
+
+The draft model reads [its unseen committed tokens, MASK_1 .. MASK_{k-1}]: the last real
+token's logits propose token 1 as usual, MASK_i's logits propose token i+1. What is added to
+the draft is small and only acts on the mask positions:
+  - k_max - 1 learned mask embeddings (the input at MASK_i),
+  - LoRA adapters (rank r) on the attention and MLP projections, applied to mask rows only.
+Real tokens therefore run exactly the plain draft (same logits, same K/V), so the drafter
+shares the draft's cache with `sd`, and a mask's K/V, written past the committed length,
+is discarded by the length rollback like any rejected draft token.
+
+Both inference and training express "which token sees which" as a tree mask over the new
+tokens (the verify_attention contract): position ids follow from it (a node's depth), so a
+mask sits right after the last real token it sees, whatever the row's layout.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .acceptance_head import model_fingerprint
+from .errors import SpecEngineError
+
+DRAFTERS_DIR = Path(__file__).parent / "drafters"
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class DrafterMeta:
+    hidden_size: int
+    vocab_size: int
+    fingerprint: str
+    k_max: int
+    rank: int
+    draft: str = ""
+
+
+class _RowFlags:
+    """Which rows of the current forward are masks ([B,T,1] float), shared by the adapters."""
+    value: torch.Tensor | None = None
+
+
+class MaskedLoRA(nn.Module):
+    """base(x) + flags * B(A(x)) * scale: a low-rank update on mask rows only."""
+
+    def __init__(self, base: nn.Module, rank: int, flags: _RowFlags, alpha: float = 16.0):
+        super().__init__()
+        self.base, self.flags, self.scale = base, flags, alpha / rank
+        self.lora_a = nn.Parameter(torch.randn(rank, base.in_features) / base.in_features ** 0.5)
+        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank))  # starts as the plain draft
+
+    def forward(self, x):
+        y = self.base(x)
+        f = self.flags.value
+        if f is None:
+            return y
+        return y + f.to(y.dtype) * (F.linear(F.linear(x, self.lora_a.to(x.dtype)), self.lora_b.to(x.dtype)) * self.scale)
+
+
+class ParallelDrafter(nn.Module):
+    """Mask embeddings + mask-row LoRA around a draft `Transformer` (installed in place)."""
+
+    def __init__(self, draft, meta: DrafterMeta):
+        super().__init__()
+        self.meta, self.flags = meta, _RowFlags()
+        self.mask_embed = nn.Parameter(torch.randn(meta.k_max - 1, meta.hidden_size) * 0.02)
+        self.adapters = nn.ModuleDict()
+        for i, layer in enumerate(draft.layers):
+            for parent in (layer.self_attn, layer.mlp):
+                for name in LORA_TARGETS:
+                    if hasattr(parent, name) and not isinstance(getattr(parent, name), MaskedLoRA):
+                        lora = MaskedLoRA(getattr(parent, name), meta.rank, self.flags)
+                        setattr(parent, name, lora)
+                        self.adapters[f"{i}_{name}"] = lora
+        self.draft = [draft]  # not a submodule: its weights are not part of the drafter's state
+
+    @property
+    def model(self):
+        return self.draft[0]
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        out = {"mask_embed": self.mask_embed}
+        for key, lora in self.adapters.items():
+            out[f"{key}.lora_a"], out[f"{key}.lora_b"] = lora.lora_a, lora.lora_b
+        return out
+
+    def embed(self, tokens: torch.Tensor, mask_index: torch.Tensor) -> torch.Tensor:
+        """Token embeddings, with MASK_i's embedding where mask_index = i >= 1 (0 = real)."""
+        x = self.model.embed_tokens(tokens)
+        table = torch.cat([torch.zeros_like(self.mask_embed[:1]), self.mask_embed.to(x.dtype)])
+        return torch.where((mask_index > 0)[..., None], table[mask_index.clamp(max=self.meta.k_max - 1)], x)
+
+    def forward(self, tokens, mask_index, cache, attn_fn, tree_mask, attn_len=None):
+        """Logits [B,T,V] of a forward whose mask rows (mask_index > 0) use the adapters."""
+        self.flags.value = (mask_index > 0)[..., None].float()
+        try:
+            return self.model(tokens, cache, attn_fn, tree_mask=tree_mask, attn_len=attn_len,
+                              inputs_embeds=self.embed(tokens, mask_index))
+        finally:
+            self.flags.value = None
+
+    def check_fits(self, config) -> None:
+        m = self.meta
+        if (m.hidden_size, m.vocab_size) != (config.hidden_size, config.vocab_size) or \
+                m.fingerprint != model_fingerprint(config):
+            raise SpecEngineError(
+                f"parallel drafter was trained for another draft ({m.draft or 'unnamed'}, fingerprint {m.fingerprint}); "
+                f"this draft: {model_fingerprint(config)}; train one with `specengine train-parallel`")
+
+    def save(self, path, extra: dict | None = None) -> Path:
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        meta = {k: str(v) for k, v in asdict(self.meta).items()} | {"extra": json.dumps(extra or {})}
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.trainable_state().items()}, str(path),
+                  metadata=meta)
+        return path
+
+    def load_trainable(self, tensors: dict[str, torch.Tensor]) -> None:
+        state = self.trainable_state()
+        if set(tensors) != set(state):
+            raise SpecEngineError(f"drafter file holds {sorted(set(tensors) ^ set(state))[:4]}… that do not match")
+        with torch.no_grad():
+            for k, v in tensors.items():
+                if v.shape != state[k].shape:
+                    raise SpecEngineError(f"drafter tensor {k} has shape {tuple(v.shape)}, expected "
+                                          f"{tuple(state[k].shape)}")
+                state[k].copy_(v)
+
+
+def read_meta(path) -> DrafterMeta:
+    path = Path(path)
+    if not path.is_file():
+        raise SpecEngineError(f"parallel drafter file not found: {path}")
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            raw = json.loads(f.read(n)).get("__metadata__", {})
+        return DrafterMeta(int(raw["hidden_size"]), int(raw["vocab_size"]), raw["fingerprint"], int(raw["k_max"]),
+                           int(raw["rank"]), raw.get("draft", ""))
+    except (ValueError, KeyError, UnicodeDecodeError) as e:
+        raise SpecEngineError(f"{path} is not a parallel drafter file ({type(e).__name__}: {e})") from None
+
+
+def load_drafter(path, draft) -> ParallelDrafter:
+    from safetensors.torch import load_file
+
+    meta = read_meta(path)
+    drafter = ParallelDrafter(draft, meta)
+    drafter.check_fits(draft.config)
+    drafter.load_trainable(load_file(str(path)))
+    return drafter.to(draft.embed_tokens.weight.device, draft.embed_tokens.weight.dtype)

@@ -1,0 +1,241 @@
+"""Train ParallelSpec's parallel drafter for a (target, draft) pair: `specengine train-parallel`.
+
+Group-wise training (ParallelSpec, arXiv 2410.05589): one training sequence holds a real
+text chunk x_0..x_{L-1} followed by G groups of k-1 masks. Group g is anchored after real
+token a_g: its masks see x_0..x_{a_g} and the earlier masks of their own group only (a tree
+mask, so position ids follow: MASK_i of group g sits at position a_g + i). One forward
+therefore trains every group. MASK_i of group g learns the token x_{a_g+i+1}:
+  loss = CE(student, target's top-k distribution at position a_g + i)   (distillation)
+       + ce_weight * CE(student, x_{a_g+i+1})                            (the text)
+Only the mask embeddings and the mask-row LoRA adapters train; the draft is frozen, so real
+positions (and the draft's K/V) are unchanged.
+
+Data rules as for the SpecDec++ head (train_head.py): Python sources of installed packages,
+never HumanEval or MT-bench; provenance (package, version, path, sha256) recorded. The
+target's top-k logits per chunk are cached on disk and training checkpoints every step
+batch, so an interrupted run resumes.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .acceptance_head import model_fingerprint
+from .errors import SpecEngineError
+from .kernels.reference import verify_attention_ref
+from .parallel_drafter import DrafterMeta, ParallelDrafter
+from .rope import rope_tables
+from .train_head import make_chunks, python_corpus
+
+
+@dataclass
+class ParallelRecipe:
+    packages: tuple[str, ...] = ("transformers", "numpy", "setuptools")
+    n_train: int = 64  # chunks
+    n_val: int = 8
+    seq_len: int = 128
+    k_max: int = 4
+    groups: int = 16  # mask groups per chunk
+    rank: int = 8
+    topk: int = 32  # teacher logits kept per position
+    ce_weight: float = 0.5
+    epochs: int = 2
+    lr: float = 2e-3
+    batch: int = 2
+    seed: int = 0
+    val_fraction: float = 0.1
+
+
+class _FullSequenceCache:
+    """A KV 'cache' for one full-sequence training forward from length 0: each layer keeps
+    its own k/v (no shared buffer written in place, so autograd can see through it)."""
+
+    def __init__(self, model, batch: int, length: int, device):
+        c = model.config
+        self.rope_cos, self.rope_sin = rope_tables(c.hf_config, c.head_dim, length, device)
+        self.lens = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.max_seq_len = length
+        self._kv = {}
+
+    def write_positions(self, width):
+        return torch.arange(width, device=self.lens.device)[None, :].expand(self.lens.shape[0], width)
+
+    def write(self, layer, k, v, pos):
+        self._kv[layer] = (k, v)
+
+    def layer(self, layer, length=None):
+        return self._kv[layer]
+
+
+def group_layout(L: int, anchors: torch.Tensor, k: int):
+    """(mask_index [T], tree [T,T]) for L real tokens then one group of k-1 masks per anchor."""
+    G, m = anchors.shape[0], k - 1
+    T = L + G * m
+    j = torch.arange(T)
+    mask_index = torch.where(j >= L, (j - L) % m + 1, 0) if m else torch.zeros(T, dtype=torch.int64)
+    group = torch.where(j >= L, (j - L) // max(m, 1), -1)
+    tree = torch.zeros(T, T, dtype=torch.bool)
+    tree[:L, :L] = torch.ones(L, L, dtype=torch.bool).tril()
+    if m:
+        q = torch.arange(L, T)
+        g, i = group[q], mask_index[q]
+        tree[q[:, None], torch.arange(L)[None, :]] = torch.arange(L)[None, :] <= anchors[g][:, None]
+        same = (group[None, L:] == g[:, None]) & (mask_index[None, L:] <= i[:, None])
+        tree[q[:, None], torch.arange(L, T)[None, :]] = same
+    return mask_index, tree
+
+
+def choose_anchors(L: int, k: int, groups: int, gen: torch.Generator) -> torch.Tensor:
+    """G distinct anchors with room for k-1 targets after them (sorted)."""
+    lo, hi = 8, L - k - 1
+    if hi - lo < groups:
+        raise SpecEngineError(f"seq_len {L} too short for {groups} groups of k={k}")
+    return torch.sort(lo + torch.randperm(hi - lo, generator=gen)[:groups]).values
+
+
+@torch.inference_mode()
+def teacher_topk(engine, chunks: torch.Tensor, recipe: ParallelRecipe, cache_dir: Path, desc: str):
+    """The target's top-k log-probs and ids at every position [N,L,topk], cached per batch."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    vals, ids = [], []
+    for s in tqdm(range(0, len(chunks), recipe.batch), desc=f"teacher {desc}", unit="batch"):
+        f = cache_dir / f"teacher_{desc}_{s:05d}.pt"
+        if f.exists():
+            v, i = torch.load(f)
+        else:
+            c = chunks[s: s + recipe.batch]
+            engine.target.allocate(c.shape[0], c.shape[1])
+            logp = torch.log_softmax(engine.target.forward(c.to(engine.device)).float(), -1)
+            v, i = logp.topk(recipe.topk, -1)
+            v, i = v.cpu(), i.cpu().to(torch.int32)
+            torch.save((v, i), f)
+        vals.append(v), ids.append(i)
+    return torch.cat(vals), torch.cat(ids)
+
+
+def group_loss(drafter, chunk: torch.Tensor, t_vals, t_ids, anchors, recipe: ParallelRecipe, return_acc=False):
+    """Mean distillation + text loss over every mask of every group of a batch of chunks."""
+    B, L = chunk.shape
+    k = recipe.k_max
+    mask_index, tree = group_layout(L, anchors, k)
+    T = tree.shape[0]
+    dev = drafter.mask_embed.device
+    tokens = torch.cat([chunk, torch.zeros(B, T - L, dtype=torch.int64)], 1).to(dev)
+    cache = _FullSequenceCache(drafter.model, B, T, dev)
+    logits = drafter(tokens, mask_index.expand(B, T).to(dev), cache, verify_attention_ref, tree[None].to(dev))
+    q = torch.arange(L, T)
+    g, i = (q - L) // (k - 1), mask_index[q]
+    src = anchors[g] + i  # the real position whose next token MASK_i predicts
+    logq = torch.log_softmax(logits[:, L:].float(), -1)  # [B, G*(k-1), V]
+    tv, ti = t_vals[:, src].to(dev), t_ids[:, src].to(dev).long()
+    kd = -(torch.softmax(tv, -1) * logq.gather(-1, ti)).sum(-1).mean()
+    text = chunk[:, src + 1].to(dev)
+    ce = -logq.gather(-1, text[..., None]).squeeze(-1).mean()
+    loss = kd + recipe.ce_weight * ce
+    if not return_acc:
+        return loss
+    # greedy agreement of MASK_i with the target's argmax, per mask index
+    hit = (logq.argmax(-1) == ti[..., 0])
+    acc = [float(hit[:, i == m].float().mean()) for m in range(1, k)]
+    return loss, acc
+
+
+@dataclass
+class ParallelReport:
+    recipe: dict
+    files: list = field(default_factory=list)
+    teacher_seconds: float = 0.0
+    train_seconds: float = 0.0
+    losses: list = field(default_factory=list)
+    val_loss_before: float | None = None
+    val_loss_after: float | None = None
+    val_mask_agreement_before: list = field(default_factory=list)
+    val_mask_agreement_after: list = field(default_factory=list)
+
+
+def _evaluate(drafter, chunks, t_vals, t_ids, recipe, gen):
+    losses, accs = [], []
+    with torch.no_grad():
+        for s in range(0, len(chunks), recipe.batch):
+            anchors = choose_anchors(chunks.shape[1], recipe.k_max, recipe.groups, gen)
+            loss, acc = group_loss(drafter, chunks[s: s + recipe.batch], t_vals[s: s + recipe.batch],
+                                   t_ids[s: s + recipe.batch], anchors, recipe, return_acc=True)
+            losses.append(float(loss)), accs.append(acc)
+    return sum(losses) / len(losses), [sum(a[m] for a in accs) / len(accs) for m in range(recipe.k_max - 1)]
+
+
+def train_parallel(engine, out_path, recipe: ParallelRecipe | None = None, work_dir=None, draft_name: str = "",
+                   command: str = "") -> ParallelReport:
+    recipe = recipe or ParallelRecipe()
+    if engine.draft is None:
+        raise SpecEngineError("train-parallel needs a draft model")
+    if recipe.k_max < 2:
+        raise SpecEngineError("k_max must be >= 2 (k-1 masks)")
+    out_path = Path(out_path)
+    work = Path(work_dir) if work_dir else out_path.with_suffix(".work")
+    corpus = python_corpus(recipe.packages, recipe.val_fraction)
+    train_c, val_c, used = make_chunks(corpus, engine.tokenizer, recipe)
+    report = ParallelReport(recipe=asdict(recipe), files=[asdict(f) for f in used])
+    t0 = time.perf_counter()
+    tv, ti = teacher_topk(engine, train_c, recipe, work, "train")
+    vv, vi = teacher_topk(engine, val_c, recipe, work, "val")
+    report.teacher_seconds = time.perf_counter() - t0
+
+    model = engine.draft.model
+    from .cpu_matmul import unpack
+
+    unpack(model)  # autograd needs plain weights (packed oneDNN weights have no backward)
+    cfg = model.config
+    torch.manual_seed(recipe.seed)
+    meta = DrafterMeta(cfg.hidden_size, cfg.vocab_size, model_fingerprint(cfg), recipe.k_max, recipe.rank,
+                       draft_name)
+    drafter = ParallelDrafter(model, meta).to(engine.draft.device)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    params = list(drafter.trainable_state().values())
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.0)
+    ckpt = work / "parallel_checkpoint.pt"
+    step0 = 0
+    if ckpt.exists():
+        state = torch.load(ckpt)
+        drafter.load_trainable(state["drafter"])
+        opt.load_state_dict(state["opt"])
+        report.losses, step0 = state["losses"], state["step"]
+    report.val_loss_before, report.val_mask_agreement_before = _evaluate(
+        drafter, val_c, vv, vi, recipe, torch.Generator().manual_seed(99)) if step0 == 0 else (None, [])
+    steps = recipe.epochs * ((len(train_c) + recipe.batch - 1) // recipe.batch)
+    gen = torch.Generator().manual_seed(recipe.seed)
+    t0 = time.perf_counter()
+    with torch.enable_grad():
+        bar = tqdm(range(steps), desc="training drafter", initial=step0, total=steps)
+        for step in bar:
+            order = torch.randperm(len(train_c), generator=gen)  # consumed every step: resumes identically
+            anchors = choose_anchors(train_c.shape[1], recipe.k_max, recipe.groups, gen)
+            if step < step0:
+                continue
+            idx = order[: recipe.batch]
+            loss = group_loss(drafter, train_c[idx], tv[idx], ti[idx], anchors, recipe)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            report.losses.append(float(loss.detach()))
+            bar.set_postfix(loss=f"{report.losses[-1]:.3f}")
+            torch.save({"drafter": {k: v.detach() for k, v in drafter.trainable_state().items()},
+                        "opt": opt.state_dict(), "losses": report.losses, "step": step + 1}, ckpt)
+    report.train_seconds = time.perf_counter() - t0
+    for p in params:
+        p.requires_grad_(False)
+    report.val_loss_after, report.val_mask_agreement_after = _evaluate(
+        drafter, val_c, vv, vi, recipe, torch.Generator().manual_seed(99))
+    drafter.save(out_path, extra={"command": command})
+    out_path.with_suffix(".json").write_text(json.dumps(asdict(report), indent=1) + "\n")
+    engine._drafter = drafter  # the engine now drafts with it
+    return report
