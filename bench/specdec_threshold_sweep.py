@@ -1,7 +1,8 @@
 """Choose SpecDec++'s default threshold on held-out text, not on the evaluation prompts.
 
-Prompts are the starts of held-out files of the head's training corpus (the `val` split
-recorded in the head's JSON report), so HumanEval stays untouched until the benchmark.
+Prompts are the starts of held-out files of the head's training corpus (files of the
+recipe's packages whose path hash puts them in the `val` split, which training never reads),
+so HumanEval stays untouched until the benchmark.
 Every threshold runs the same prompts in one process; the fastest becomes the default
 (`methods/policies.py`, DEFAULT_SPECDEC_THRESHOLD).
 
@@ -22,21 +23,15 @@ from specengine.benchmark import environment
 
 
 def heldout_prompts(report_path: Path, n: int, chars: int) -> list[str]:
-    import importlib.util
+    import random
 
-    report = json.loads(report_path.read_text())
-    out = []
-    for f in report["files"]:
-        if f["split"] != "val":
-            continue
-        pkg, rel = f["path"].split("/", 1)
-        root = Path(list(importlib.util.find_spec(pkg).submodule_search_locations)[0])
-        text = (root / rel).read_text(errors="replace")
-        if len(text) >= chars:
-            out.append(text[:chars])
-        if len(out) == n:
-            break
-    return out
+    from specengine.train_head import python_corpus
+
+    recipe = json.loads(report_path.read_text())["recipe"]
+    val = [text for meta, text in python_corpus(recipe["packages"], recipe["val_fraction"])
+           if meta.split == "val" and len(text) >= chars and "__init__" not in meta.path]
+    random.Random(0).shuffle(val)
+    return [t[:chars] for t in val[:n]]
 
 
 def head_cost(engine, reps: int = 50) -> dict:
@@ -68,9 +63,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
-    ap.add_argument("--thresholds", default="0.3,0.5,0.7,0.8,0.9")
+    ap.add_argument("--thresholds", default="0.1,0.2,0.3,0.4,0.5,0.7")
     ap.add_argument("--gamma", type=int, default=8, help="the budget (k_max)")
-    ap.add_argument("--n-prompts", type=int, default=3)
+    ap.add_argument("--n-prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()

@@ -29,9 +29,9 @@ def parse_provider(spec: str) -> tuple[str, int | str | None, str | None, float 
     """-> (method, gamma, policy, threshold); `sd:3@specdec++=0.5` -> ("sd", 3, "specdec++", 0.5)."""
     head, _, pol = spec.partition("@")
     name, _, g = head.partition(":")
-    if name not in ("ar", "sd", "pearl", *HF_PROVIDERS):
+    if name not in ("ar", "sd", "pearl", "parallelspec", *HF_PROVIDERS):
         raise SpecEngineError(f"unknown provider {spec!r}; use ar, sd[:gamma|:auto][@policy[=threshold]], "
-                              "pearl[:gamma], hf, hf-assisted")
+                              "pearl[:gamma], parallelspec[:k], hf, hf-assisted")
     policy, _, th = pol.partition("=")
     if pol and name != "sd":
         raise SpecEngineError(f"bad provider {spec!r}: only sd takes a policy, e.g. sd@heuristic")
@@ -41,8 +41,8 @@ def parse_provider(spec: str) -> tuple[str, int | str | None, str | None, float 
         raise SpecEngineError(f"bad provider {spec!r}: threshold must be a number") from None
     if g == "auto" and name == "sd":
         return name, g, policy or None, threshold
-    if g and (name not in ("sd", "pearl") or not g.isdigit() or int(g) < 1):
-        raise SpecEngineError(f"bad provider {spec!r}: only sd and pearl take a gamma, e.g. sd:4 or sd:auto")
+    if g and (name not in ("sd", "pearl", "parallelspec") or not g.isdigit() or int(g) < 1):
+        raise SpecEngineError(f"bad provider {spec!r}: only sd, pearl and parallelspec take a gamma, e.g. sd:4")
     return name, int(g) if g else None, policy or None, threshold
 
 

@@ -1,4 +1,4 @@
-"""Command line: `specengine generate | bench | fetch | train-head ...`.
+"""Command line: `specengine generate | bench | fetch | train-head | train-parallel ...`.
 
 Every user error prints one line (`error: ...`) and exits with status 2.
 """
@@ -15,7 +15,8 @@ from .fetch import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY
 def _engine_args(p: argparse.ArgumentParser, method_default=None):
     p.add_argument("--target", default=DEFAULT_TARGET, help="registry name, HF dir, hub-cache id or .gguf")
     p.add_argument("--draft", default=None, help="draft model (same forms as --target)")
-    p.add_argument("--method", default=method_default, help="ar | sd | pearl (default: sd with a draft, else ar)")
+    p.add_argument("--method", default=method_default,
+                   help="ar | sd | pearl | parallelspec (default: sd with a draft, else ar)")
     p.add_argument("--device", default="auto")
     p.add_argument("--draft-device", default=None, help="put the draft on its own device, e.g. cuda:1")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run every step eagerly on CUDA")
@@ -34,8 +35,25 @@ def _engine_args(p: argparse.ArgumentParser, method_default=None):
                    help="confidence / specdec++ stopping threshold (default: the policy's)")
     p.add_argument("--acceptance-head", default=None,
                    help="specdec++ head file (default: the one shipped for the draft, if any)")
+    p.add_argument("--parallel-drafter", default=None,
+                   help="parallelspec drafter file (default: the one shipped for the draft, if any)")
     p.add_argument("--attention-backend", default="auto", help="torch | triton | auto (triton on CUDA)")
     p.add_argument("--sampler-backend", default="auto", help="torch | triton | auto (triton on CUDA)")
+
+
+def _training_parser(sub, name: str, what: str, recipe):
+    """The options every train-* command shares; defaults from the recipe dataclass."""
+    p = sub.add_parser(name, help=f"train {what} for a (target, draft) pair")
+    _engine_args(p)
+    p.add_argument("--out", required=True, help="file to write (.safetensors; a .json report beside it)")
+    p.add_argument("--packages", default=",".join(recipe.packages),
+                   help="installed packages whose Python sources form the corpus")
+    p.add_argument("--n-train", type=int, default=recipe.n_train, help="training chunks")
+    p.add_argument("--n-val", type=int, default=recipe.n_val, help="held-out chunks (from held-out files)")
+    p.add_argument("--seq-len", type=int, default=recipe.seq_len)
+    p.add_argument("--epochs", type=int, default=recipe.epochs)
+    p.add_argument("--work-dir", default=None, help="cache + checkpoint (resumable; default <out>.work)")
+    return p
 
 
 def _gamma(text: str):
@@ -76,19 +94,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--out", default=None, help="write the JSON report here")
 
-    t = sub.add_parser("train-head", help="train a SpecDec++ acceptance head for a (target, draft) pair")
-    _engine_args(t)
-    t.add_argument("--out", required=True, help="head file to write (.safetensors; a .json report beside it)")
+    from .train_head import HeadRecipe
+    from .train_parallel import ParallelRecipe
+
+    t = _training_parser(sub, "train-head", "a SpecDec++ acceptance head", HeadRecipe())
     t.add_argument("--mode", default="greedy", help="greedy | sampled: the decoding mode the labels are made for")
-    t.add_argument("--packages", default="transformers,numpy,setuptools",
-                   help="installed packages whose Python sources form the corpus")
-    t.add_argument("--n-train", type=int, default=48, help="training chunks")
-    t.add_argument("--n-val", type=int, default=8, help="held-out chunks (from held-out files)")
-    t.add_argument("--seq-len", type=int, default=256)
     t.add_argument("--mix", type=float, default=0.15, help="fraction of target tokens in the mixed sequences")
     t.add_argument("--reject-weight", type=float, default=6.0, help="BCE weight of rejections")
-    t.add_argument("--epochs", type=int, default=12)
-    t.add_argument("--work-dir", default=None, help="feature cache + checkpoint (resumable; default <out>.work)")
+
+    tp = _training_parser(sub, "train-parallel", "a ParallelSpec parallel drafter", ParallelRecipe())
+    tp.add_argument("--k-max", type=int, default=4, help="tokens per draft forward the drafter can propose")
+    tp.add_argument("--groups", type=int, default=16, help="mask groups per chunk")
+    tp.add_argument("--rank", type=int, default=8, help="LoRA rank of the mask-row adapters")
 
     f = sub.add_parser("fetch", help="download + convert a registry model into the cache")
     f.add_argument("names", nargs="*", default=[DEFAULT_TARGET, DEFAULT_DRAFT], help=", ".join(REGISTRY))
@@ -104,7 +121,7 @@ def _load(args):
                                   sampler_backend=args.sampler_backend, draft_device=args.draft_device,
                                   cuda_graphs=not args.no_cuda_graphs, cpu_matmul=args.cpu_matmul,
                                   max_batch=args.max_batch, threshold=args.threshold,
-                                  acceptance_head=args.acceptance_head)
+                                  acceptance_head=args.acceptance_head, parallel_drafter=args.parallel_drafter)
 
 
 def cmd_generate(args):
@@ -153,20 +170,38 @@ def cmd_bench(args):
         print(json.dumps(report, indent=2))
 
 
+def _trainer(args, what: str):
+    """(engine, corpus packages, the command line) for the train-* commands."""
+    if args.draft is None:
+        raise SpecEngineError(f"{what} needs --draft")
+    args.policy, args.acceptance_head, args.parallel_drafter = "fixed", None, None  # forwards only
+    packages = tuple(p.strip() for p in args.packages.split(",") if p.strip())
+    return _load(args), packages, "specengine " + " ".join(sys.argv[1:])
+
+
 def cmd_train_head(args):
     from .train_head import HeadRecipe, train_head
 
-    if args.draft is None:
-        raise SpecEngineError("train-head needs --draft")
-    recipe = HeadRecipe(packages=tuple(p.strip() for p in args.packages.split(",") if p.strip()),
-                        n_train=args.n_train, n_val=args.n_val, seq_len=args.seq_len, mix=args.mix,
-                        mode=args.mode, reject_weight=args.reject_weight, epochs=args.epochs)
-    args.policy, args.acceptance_head = "fixed", None  # the engine only runs forwards here
-    report = train_head(_load(args), args.out, recipe, args.work_dir, draft_name=args.draft,
-                        command="specengine " + " ".join(sys.argv[1:]))
+    engine, packages, command = _trainer(args, "train-head")
+    recipe = HeadRecipe(packages=packages, n_train=args.n_train, n_val=args.n_val, seq_len=args.seq_len,
+                        mix=args.mix, mode=args.mode, reject_weight=args.reject_weight, epochs=args.epochs)
+    report = train_head(engine, args.out, recipe, args.work_dir, draft_name=args.draft, command=command)
     print(f"wrote {args.out}: {report.train_positions} train / {report.val_positions} held-out positions, "
           f"held-out AUROC {report.val_auroc:.3f} (constant predictor 0.5), extraction {report.extract_seconds:.0f} s, "
           f"training {report.train_seconds:.0f} s")
+
+
+def cmd_train_parallel(args):
+    from .train_parallel import ParallelRecipe, train_parallel
+
+    engine, packages, command = _trainer(args, "train-parallel")
+    recipe = ParallelRecipe(packages=packages, n_train=args.n_train, n_val=args.n_val, seq_len=args.seq_len,
+                            k_max=args.k_max, groups=args.groups, rank=args.rank, epochs=args.epochs)
+    report = train_parallel(engine, args.out, recipe, args.work_dir, draft_name=args.draft, command=command)
+    before = "resumed" if report.val_loss_before is None else f"{report.val_loss_before:.3f}"
+    print(f"wrote {args.out}: held-out loss {before} -> {report.val_loss_after:.3f}, "
+          f"mask agreement with the target's argmax {report.val_mask_agreement_after}, "
+          f"teacher {report.teacher_seconds:.0f} s, training {report.train_seconds:.0f} s")
 
 
 def cmd_fetch(args):
@@ -179,7 +214,8 @@ def cmd_fetch(args):
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        {"generate": cmd_generate, "bench": cmd_bench, "fetch": cmd_fetch, "train-head": cmd_train_head}[args.cmd](args)
+        {"generate": cmd_generate, "bench": cmd_bench, "fetch": cmd_fetch, "train-head": cmd_train_head,
+         "train-parallel": cmd_train_parallel}[args.cmd](args)
     except SpecEngineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ def test_provider_specs():
     assert parse_provider("pearl") == ("pearl", None, None, None)
     assert parse_provider("sd@heuristic") == ("sd", None, "heuristic", None)
     assert parse_provider("sd:8@specdec++=0.6") == ("sd", 8, "specdec++", 0.6)
+    assert parse_provider("parallelspec:3") == ("parallelspec", 3, None, None)
     for bad in ("pearl@heuristic", "sd@specdec++=x", "ar:3", "beam"):
         with pytest.raises(SpecEngineError):
             parse_provider(bad)

@@ -103,9 +103,7 @@ def test_masks_never_change_the_committed_draft_cache(tiny_dir, tiny_pair, token
     n = int(eng.draft.cache.lens[0])
     ids = (eng.encode("def f(x):")[0][0] + r.token_ids)[:n]
     cached = eng.draft.cache.kv[:, :, 0, :n].clone()
-    ref = Engine(tiny_pair[0], tokenizer, draft=load_model(tiny_dir)[0], max_seq_len=64)
-    ref.draft.model.load_state_dict(draft.state_dict(), strict=False)
-    with torch.no_grad():
+    with torch.no_grad():  # the same draft weights without any adapter, prefilled from scratch
         plain = fresh_draft(tiny_dir)
         cache = plain.new_cache(1, 64)
         plain(torch.tensor([ids]), cache)

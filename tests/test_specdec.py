@@ -143,3 +143,11 @@ def test_weighted_bce_and_auroc():
     assert weighted_bce(logit, y, 6.0) > weighted_bce(logit, y, 1.0)  # rejections weigh more
     assert auroc(torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0, 0, 1, 1])) == 0.75
     assert auroc(torch.tensor([0.5, 0.5]), torch.tensor([0, 1])) == 0.5  # ties count half
+
+
+def test_cli_train_commands_need_a_draft(capsys):
+    from specengine.cli import main
+
+    for cmd in ("train-head", "train-parallel"):
+        assert main([cmd, "--out", "x.safetensors"]) == 2
+        assert f"{cmd} needs --draft" in capsys.readouterr().err
