@@ -149,3 +149,18 @@ def test_bad_drafter_files_and_options(tiny_dir, tiny_pair, tokenizer, tmp_path,
         eng.generate("abc", max_new_tokens=4, method="parallelspec", gamma=6)
     with pytest.raises(SpecEngineError, match="integer >= 1"):
         eng.generate("abc", max_new_tokens=4, method="parallelspec", gamma=0)
+
+
+@pytest.mark.parametrize("gamma", [2, 4])
+def test_pearl_with_the_parallel_drafter_equals_ar(trained, gamma):
+    """PEARL whose window is drafted in one forward (policy="parallel"): same tokens as ar,
+    one draft forward per round."""
+    eng, _, _ = trained
+    prompts = ["def f(x):", "import os\n", "ab"]
+    ref = eng.generate(prompts, max_new_tokens=20, method="ar", ignore_eos=True)
+    out = eng.generate(prompts, max_new_tokens=20, method="pearl", policy="parallel", gamma=gamma, ignore_eos=True)
+    assert [r.token_ids for r in out] == [r.token_ids for r in ref]
+    s = out[0].stats
+    assert s["policy"] == "pearl+parallel" and s["draft_forwards"] == s["target_forwards"]
+    with pytest.raises(SpecEngineError, match="policy 'parallel'"):
+        eng.generate("ab", max_new_tokens=4, method="pearl", policy="heuristic")

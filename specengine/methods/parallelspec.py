@@ -22,9 +22,11 @@ from .common import DecodeState, RoundOutput
 from .sd import verify_and_commit
 
 
-def drafter_layout(unseen: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mask_index [B,2k], tree_mask [B,2k,2k]) for k+1 real slots then k-1 masks."""
-    B, W, T = unseen.shape[0], k + 1, 2 * k
+def drafter_layout(unseen: torch.Tensor, k: int, real_width: int | None = None):
+    """(mask_index [B,T], tree_mask [B,T,T]) for `real_width` real slots (default k+1) then
+    k-1 masks, T = real_width + k - 1."""
+    W = k + 1 if real_width is None else real_width
+    B, T = unseen.shape[0], W + k - 1
     dev = unseen.device
     j = torch.arange(T, device=dev)
     mask_index = torch.where(j >= W, j - W + 1, 0).expand(B, T)
@@ -36,6 +38,27 @@ def drafter_layout(unseen: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
     mask_rows = (real_ok[:, None, :] & ~is_mask[None, None, :]) | (causal & is_mask[None, :])[None]
     tree = torch.where(is_mask[None, :, None], mask_rows, real_rows[None])
     return mask_index, tree
+
+
+def parallel_draft(draft, drafter, state: DecodeState, k: int, upto: torch.Tensor, real_width: int):
+    """k draft tokens per row [B,k] continuing state.tokens[:, :upto] in ONE draft forward,
+    their q [B,k,V] (None if greedy). The draft reads its unseen tokens (1..real_width per
+    row) then the masks; afterwards its cache holds exactly tokens[:, :upto]."""
+    seen = draft.cache.lens.to(torch.int64)
+    unseen = (upto - seen).clamp(1, real_width)
+    real = state.tokens.gather(1, state.positions(seen, real_width))
+    tokens = torch.cat([real, torch.zeros_like(real[:, : k - 1])], 1)
+    mask_index, tree = drafter_layout(unseen, k, real_width)
+    logits = drafter(tokens, mask_index, draft.cache, draft.attn_fn, tree, attn_len=state.attn_len)
+    draft.cache.set_lens(upto)
+    rows = torch.arange(state.batch, device=logits.device)
+    masks = real_width + torch.arange(k - 1, device=logits.device)[None, :].expand(state.batch, k - 1)
+    at = torch.cat([(unseen - 1)[:, None], masks], 1)  # d1 from the last real slot, d2.. from the masks
+    toks, qs = [], []
+    for i in range(k):
+        tok, q, _ = state.draft_sampler(logits[rows, at[:, i]], state.params, state.seed, state.offset, i)
+        toks.append(tok), qs.append(q)
+    return torch.stack(toks, 1), None if state.params.greedy else torch.stack(qs, 1)
 
 
 class ParallelSpec(Method):
@@ -61,24 +84,8 @@ class ParallelSpec(Method):
     def round(self, state: DecodeState, timer) -> RoundOutput:
         draft, k = self.engine.draft, self.k
         start = state.n.clone()
-        with timer.phase("draft"):
-            seen = draft.cache.lens.to(torch.int64)
-            unseen = (start - seen).clamp(1, k + 1)
-            real = state.tokens.gather(1, state.positions(seen, k + 1))
-            tokens = torch.cat([real, torch.zeros_like(real[:, : k - 1])], 1)
-            mask_index, tree = drafter_layout(unseen, k)
-            logits = self.drafter(tokens, mask_index, draft.cache, draft.attn_fn, tree,
-                                  attn_len=state.attn_len)
-            draft.cache.set_lens(start)
-            rows = torch.arange(state.batch, device=logits.device)
-            at = torch.cat([(unseen - 1)[:, None], k + 1 + torch.arange(k - 1, device=logits.device)[None, :]
-                            .expand(state.batch, k - 1)], 1)  # d1 from the last real slot, d2.. from masks
-            toks, qs = [], []
-            for i in range(k):
-                tok, q, _ = state.draft_sampler(logits[rows, at[:, i]], state.params, state.seed, state.offset, i)
-                toks.append(tok), qs.append(q)
-            drafts = torch.stack(toks, 1)
-            q = None if state.params.greedy else torch.stack(qs, 1)
+        with timer.phase("draft"):  # everything committed since the last round: 1..k+1 tokens
+            drafts, q = parallel_draft(draft, self.drafter, state, k, start, real_width=k + 1)
             num_draft = torch.full((state.batch,), k, dtype=torch.int32, device=drafts.device)
         out, n_acc = verify_and_commit(self.engine, state, drafts, q, num_draft, timer)
         return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1,

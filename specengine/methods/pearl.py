@@ -28,6 +28,7 @@ from ..errors import SpecEngineError
 from ..sampling import filter_logits
 from .base import Method, speculative_stats
 from .common import DecodeState, RoundOutput
+from .parallelspec import parallel_draft
 from .sd import draft_chain
 
 GAMMA_MAX = 16  # the longest window round(1/c) may choose
@@ -69,16 +70,28 @@ class Pearl(Method):
         gamma = None if gamma == "auto" else gamma
         if gamma is not None and (not isinstance(gamma, int) or gamma < 1):
             raise SpecEngineError(f"pearl window gamma must be an integer >= 1, got {gamma!r}")
+        if policy not in (None, "fixed", "parallel"):
+            raise SpecEngineError(f"pearl takes policy 'parallel' (the ParallelSpec drafter) or none, got {policy!r}")
+        # "parallel": the window is drafted by ParallelSpec's drafter in one forward (default 4)
+        self.parallel, self.drafter = policy == "parallel", None
+        if self.parallel and gamma is None:
+            gamma = 4
         self.gamma = gamma  # None: round(1/c) once c is measured, in begin()
         self.cost_ratio = None
         self.modes: PearlModes | None = None
 
     @property
     def max_width(self) -> int:
+        if self.parallel:  # the draft forward: γ+1 real slots and γ-1 masks
+            return 2 * self.gamma
         return (self.gamma or GAMMA_MAX) + 1
 
     def begin(self, generation) -> None:
         state = generation.state
+        if self.parallel:
+            self.drafter = self.engine.parallel_drafter()
+            if self.gamma > self.drafter.meta.k_max:
+                raise SpecEngineError(f"pearl window {self.gamma} exceeds the drafter's k_max={self.drafter.meta.k_max}")
         self.cost_ratio = self.engine.step_costs(state, 1).cost_ratio
         self.gamma = self.gamma or gamma_for(self.cost_ratio)
         self.modes = PearlModes(torch.zeros(state.batch, dtype=torch.bool, device=state.tokens.device))
@@ -96,6 +109,8 @@ class Pearl(Method):
 
         def run_draft():
             with timer.phase("draft"):
+                if self.parallel:  # unseen tokens per row stay <= γ (committed + pending of last round)
+                    return (*parallel_draft(draft, self.drafter, state, gamma, drafted_end, gamma + 1), None)
                 return draft_chain(draft, state, gamma, upto=drafted_end)
 
         def run_target():
@@ -132,7 +147,8 @@ class Pearl(Method):
         if q is not None:
             modes.pending_q = q[:, 1:]
         draft_lens = torch.where(keep, draft.cache.lens.to(torch.int64), state.n - 1)
-        return RoundOutput(out, n_acc, num_draft, n_new, target_forwards=1, draft_forwards=gamma,
+        return RoundOutput(out, n_acc, num_draft, n_new, target_forwards=1,
+                           draft_forwards=1 if self.parallel else gamma,
                            draft_lens=draft_lens)
 
     def after_round(self, n_acc, num_draft) -> None:
@@ -150,7 +166,7 @@ class Pearl(Method):
         runs = self.modes.rejections + sum(1 for r in rows if r.ids)
         times = generation.timer.totals()
         return {
-            "policy": "pearl", "gamma": self.gamma, "gamma_mean": float(self.gamma),
+            "policy": "pearl+parallel" if self.parallel else "pearl", "gamma": self.gamma, "gamma_mean": float(self.gamma),
             **speculative_stats(generation, times),
             "mean_accepted_tokens": new_tokens / max(runs, 1),
             "measured_cost_ratio": self.cost_ratio,
