@@ -125,6 +125,16 @@ def make_chunks(corpus, tokenizer, recipe: HeadRecipe):
     return as_tensor(chunks["train"]), as_tensor(chunks["val"]), used
 
 
+def data_key(recipe, fields) -> str:
+    """A short hash of the recipe fields a cache depends on: a changed recipe never reads
+    another recipe's cached features or checkpoint."""
+    blob = json.dumps({f: getattr(recipe, f) for f in fields}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+DATA_FIELDS = ("packages", "n_train", "n_val", "seq_len", "prefix", "mix", "mode", "seed", "val_fraction")
+
+
 def _forward(runner, tokens, return_hidden=False):
     runner.allocate(tokens.shape[0], tokens.shape[1])
     return runner.forward(tokens.to(runner.device), return_hidden=return_hidden)
@@ -260,8 +270,9 @@ def train_head(engine, out_path, recipe: HeadRecipe | None = None, work_dir=None
     train_c, val_c, used = make_chunks(corpus, engine.tokenizer, recipe)
     report = TrainReport(recipe=asdict(recipe), files=[asdict(f) for f in used])
     t0 = time.perf_counter()
-    x, y = extract_features(engine, train_c, recipe, work, "train")
-    xv, yv = extract_features(engine, val_c, recipe, work, "val")
+    features = work / f"features-{data_key(recipe, DATA_FIELDS)}"
+    x, y = extract_features(engine, train_c, recipe, features, "train")
+    xv, yv = extract_features(engine, val_c, recipe, features, "val")
     report.extract_seconds = time.perf_counter() - t0
     report.train_positions, report.val_positions = len(x), len(xv)
     torch.manual_seed(recipe.seed)
@@ -271,7 +282,7 @@ def train_head(engine, out_path, recipe: HeadRecipe | None = None, work_dir=None
     head = AcceptanceHead(meta)
     t0 = time.perf_counter()
     with torch.enable_grad():
-        report.losses = train(head, x, y, recipe, work / "checkpoint.pt")
+        report.losses = train(head, x, y, recipe, work / f"checkpoint-{data_key(recipe, sorted(asdict(recipe)))}.pt")
     report.train_seconds = time.perf_counter() - t0
     with torch.no_grad():
         prob = head.accept_prob(xv.float())

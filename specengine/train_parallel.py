@@ -18,6 +18,7 @@ batch, so an interrupted run resumes.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from .errors import SpecEngineError
 from .kernels.reference import verify_attention_ref
 from .parallel_drafter import DrafterMeta, ParallelDrafter
 from .rope import rope_tables
-from .train_head import make_chunks, python_corpus
+from .train_head import data_key, make_chunks, python_corpus
 
 
 @dataclass
@@ -46,10 +47,13 @@ class ParallelRecipe:
     topk: int = 32  # teacher logits kept per position
     ce_weight: float = 0.5
     epochs: int = 2
-    lr: float = 2e-3
+    lr: float = 1e-3  # peak; cosine decay to 0, gradients clipped at norm 1
     batch: int = 2
     seed: int = 0
     val_fraction: float = 0.1
+
+
+TEACHER_FIELDS = ("packages", "n_train", "n_val", "seq_len", "topk", "seed", "val_fraction")
 
 
 class _FullSequenceCache:
@@ -183,8 +187,9 @@ def train_parallel(engine, out_path, recipe: ParallelRecipe | None = None, work_
     train_c, val_c, used = make_chunks(corpus, engine.tokenizer, recipe)
     report = ParallelReport(recipe=asdict(recipe), files=[asdict(f) for f in used])
     t0 = time.perf_counter()
-    tv, ti = teacher_topk(engine, train_c, recipe, work, "train")
-    vv, vi = teacher_topk(engine, val_c, recipe, work, "val")
+    teacher = work / f"teacher-{data_key(recipe, TEACHER_FIELDS)}"
+    tv, ti = teacher_topk(engine, train_c, recipe, teacher, "train")
+    vv, vi = teacher_topk(engine, val_c, recipe, teacher, "val")
     report.teacher_seconds = time.perf_counter() - t0
 
     model = engine.draft.model
@@ -202,16 +207,19 @@ def train_parallel(engine, out_path, recipe: ParallelRecipe | None = None, work_
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.0)
-    ckpt = work / "parallel_checkpoint.pt"
+    steps = recipe.epochs * ((len(train_c) + recipe.batch - 1) // recipe.batch)
+    # a constant 2e-3 diverged after ~60 steps on the real pair (bench/README.md): decay it
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s / steps, 1.0))))
+    ckpt = work / f"checkpoint-{data_key(recipe, sorted(asdict(recipe)))}.pt"  # a changed recipe starts afresh
     step0 = 0
     if ckpt.exists():
         state = torch.load(ckpt)
         drafter.load_trainable(state["drafter"])
         opt.load_state_dict(state["opt"])
+        sched.load_state_dict(state["sched"])
         report.losses, step0 = state["losses"], state["step"]
     report.val_loss_before, report.val_mask_agreement_before = _evaluate(
         drafter, val_c, vv, vi, recipe, torch.Generator().manual_seed(99)) if step0 == 0 else (None, [])
-    steps = recipe.epochs * ((len(train_c) + recipe.batch - 1) // recipe.batch)
     gen = torch.Generator().manual_seed(recipe.seed)
     t0 = time.perf_counter()
     with torch.enable_grad():
@@ -225,11 +233,14 @@ def train_parallel(engine, out_path, recipe: ParallelRecipe | None = None, work_
             loss = group_loss(drafter, train_c[idx], tv[idx], ti[idx], anchors, recipe)
             opt.zero_grad()
             loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
+            sched.step()
             report.losses.append(float(loss.detach()))
             bar.set_postfix(loss=f"{report.losses[-1]:.3f}")
             torch.save({"drafter": {k: v.detach() for k, v in drafter.trainable_state().items()},
-                        "opt": opt.state_dict(), "losses": report.losses, "step": step + 1}, ckpt)
+                        "opt": opt.state_dict(), "sched": sched.state_dict(), "losses": report.losses,
+                        "step": step + 1}, ckpt)
     report.train_seconds = time.perf_counter() - t0
     for p in params:
         p.requires_grad_(False)

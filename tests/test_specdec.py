@@ -44,12 +44,18 @@ def test_training_loss_falls_and_heldout_auroc_beats_a_constant(trained):
 def test_extraction_resumes_from_its_cache(trained, tmp_path):
     eng, path, report = trained
     work = path.with_suffix(".work")
-    cached = sorted(work.glob("train_*.pt"))
+    cached = sorted(work.rglob("train_*.pt"))
     assert cached
     stamp = [f.stat().st_mtime_ns for f in cached]
     again = train_head(eng, tmp_path / "again.safetensors", RECIPE, work_dir=work)
     assert [f.stat().st_mtime_ns for f in cached] == stamp  # features read back, not recomputed
     assert again.train_positions == report.train_positions
+    from dataclasses import replace
+
+    from specengine.train_head import DATA_FIELDS, data_key
+
+    assert data_key(replace(RECIPE, n_train=9), DATA_FIELDS) != data_key(RECIPE, DATA_FIELDS)  # no stale reuse
+    assert data_key(replace(RECIPE, epochs=99), DATA_FIELDS) == data_key(RECIPE, DATA_FIELDS)
 
 
 @pytest.mark.parametrize("threshold", [0.2, 0.5, 0.8])
