@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..sampling import filter_logits
 from .rejection_sampling import _row_stats
 from .rng import STREAM_DRAFT
 from .rng_triton import counter_uniform, stream_key
@@ -83,6 +84,4 @@ def draft_sample(logits: torch.Tensor, temperature: float, seed: torch.Tensor, o
 
 def sample_draft_fused(logits, params, seed, offset, pos: int):
     """`sampling.sample_draft`'s contract: the filter (if any), then one fused launch."""
-    from ..sampling import filter_logits
-
     return draft_sample(filter_logits(logits, params), params.temperature, seed, offset, pos)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .artifacts import save_artifact, shipped
 from .errors import SpecEngineError
 
 HEADS_DIR = Path(__file__).parent / "heads"
@@ -81,14 +82,7 @@ class AcceptanceHead(nn.Module):
                 f"{m.draft or 'unnamed'}; this draft: {fp}); train one with `specengine train-head`")
 
     def save(self, path, extra: dict | None = None) -> Path:
-        from safetensors.torch import save_file
-
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        meta = {k: str(v) for k, v in asdict(self.meta).items()}
-        meta["extra"] = json.dumps(extra or {})
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}, str(path), metadata=meta)
-        return path
+        return save_artifact(path, self.state_dict(), self.meta, extra)
 
 
 def load_head(path, device=None) -> AcceptanceHead:
@@ -119,12 +113,5 @@ def load_head(path, device=None) -> AcceptanceHead:
 
 
 def default_head_path(draft_config, mode: str) -> Path | None:
-    """The head shipped for this draft (matched by fingerprint), if any."""
-    fp = model_fingerprint(draft_config)
-    for path in sorted(HEADS_DIR.glob("*.safetensors")):
-        with open(path, "rb") as f:  # header only: no tensors read
-            n = int.from_bytes(f.read(8), "little")
-            meta = json.loads(f.read(n)).get("__metadata__", {})
-        if meta.get("fingerprint") == fp and meta.get("mode") == mode:
-            return path
-    return None
+    """The head shipped for this draft (matched by fingerprint) and mode, if any."""
+    return shipped(HEADS_DIR, fingerprint=model_fingerprint(draft_config), mode=mode)

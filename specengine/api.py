@@ -132,8 +132,8 @@ class Engine:
             config = self.draft.model.config
             src = self._head_source
             if src is None:
-                src = default_head_path(config, mode) or default_head_path(config, {"greedy": "sampled"}.get(
-                    mode, "greedy"))
+                other = "sampled" if mode == "greedy" else "greedy"
+                src = default_head_path(config, mode) or default_head_path(config, other)
                 if src is None:
                     raise SpecEngineError(
                         "policy 'specdec++' needs an acceptance head for this draft and none ships for it; "
@@ -146,8 +146,7 @@ class Engine:
     def parallel_drafter(self):
         """ParallelSpec's drafter for this draft: the one given to the engine, else the one
         shipped for this draft (specengine/drafters/, matched by fingerprint)."""
-        from .acceptance_head import model_fingerprint
-        from .parallel_drafter import DRAFTERS_DIR, ParallelDrafter, load_drafter, read_meta
+        from .parallel_drafter import ParallelDrafter, load_drafter, shipped_drafter
 
         if self._drafter is None:
             if isinstance(self.draft, CrossDeviceDraft):
@@ -158,9 +157,7 @@ class Engine:
                 self._drafter = src
             else:
                 if src is None:
-                    fp = model_fingerprint(model.config)
-                    src = next((p for p in sorted(DRAFTERS_DIR.glob("*.safetensors")) if read_meta(p).fingerprint == fp),
-                               None)
+                    src = shipped_drafter(model.config)
                     if src is None:
                         raise SpecEngineError(
                             "method 'parallelspec' needs a parallel drafter for this draft and none ships for it; "

@@ -15,8 +15,7 @@ mask sits right after the last real token it sees, whatever the row's layout.
 """
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .acceptance_head import model_fingerprint
+from .artifacts import read_metadata, save_artifact, shipped
 from .errors import SpecEngineError
 
 DRAFTERS_DIR = Path(__file__).parent / "drafters"
@@ -113,14 +113,7 @@ class ParallelDrafter(nn.Module):
                 f"this draft: {model_fingerprint(config)}; train one with `specengine train-parallel`")
 
     def save(self, path, extra: dict | None = None) -> Path:
-        from safetensors.torch import save_file
-
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        meta = {k: str(v) for k, v in asdict(self.meta).items()} | {"extra": json.dumps(extra or {})}
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.trainable_state().items()}, str(path),
-                  metadata=meta)
-        return path
+        return save_artifact(path, self.trainable_state(), self.meta, extra)
 
     def load_trainable(self, tensors: dict[str, torch.Tensor]) -> None:
         state = self.trainable_state()
@@ -135,17 +128,17 @@ class ParallelDrafter(nn.Module):
 
 
 def read_meta(path) -> DrafterMeta:
-    path = Path(path)
-    if not path.is_file():
-        raise SpecEngineError(f"parallel drafter file not found: {path}")
+    raw = read_metadata(path, "parallel drafter")
     try:
-        with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            raw = json.loads(f.read(n)).get("__metadata__", {})
         return DrafterMeta(int(raw["hidden_size"]), int(raw["vocab_size"]), raw["fingerprint"], int(raw["k_max"]),
                            int(raw["rank"]), raw.get("draft", ""))
-    except (ValueError, KeyError, UnicodeDecodeError) as e:
+    except (ValueError, KeyError) as e:
         raise SpecEngineError(f"{path} is not a parallel drafter file ({type(e).__name__}: {e})") from None
+
+
+def shipped_drafter(config) -> Path | None:
+    """The drafter shipped for this draft (matched by fingerprint), if any."""
+    return shipped(DRAFTERS_DIR, fingerprint=model_fingerprint(config))
 
 
 def load_drafter(path, draft) -> ParallelDrafter:

@@ -135,6 +135,17 @@ def data_key(recipe, fields) -> str:
 DATA_FIELDS = ("packages", "n_train", "n_val", "seq_len", "prefix", "mix", "mode", "seed", "val_fraction")
 
 
+def prepare_data(engine, recipe, out_path, work_dir, what: str):
+    """What every train-* run starts from: (out path, work dir, train chunks, held-out
+    chunks, the source files used, as dicts for the report)."""
+    if engine.draft is None:
+        raise SpecEngineError(f"{what} needs a draft model")
+    out_path = Path(out_path)
+    work = Path(work_dir) if work_dir else out_path.with_suffix(".work")
+    train_c, val_c, used = make_chunks(python_corpus(recipe.packages, recipe.val_fraction), engine.tokenizer, recipe)
+    return out_path, work, train_c, val_c, [asdict(f) for f in used]
+
+
 def _forward(runner, tokens, return_hidden=False):
     runner.allocate(tokens.shape[0], tokens.shape[1])
     return runner.forward(tokens.to(runner.device), return_hidden=return_hidden)
@@ -262,13 +273,8 @@ def train_head(engine, out_path, recipe: HeadRecipe | None = None, work_dir=None
     recipe = recipe or HeadRecipe()
     if recipe.mode not in ("greedy", "sampled"):
         raise SpecEngineError(f"mode must be 'greedy' or 'sampled', got {recipe.mode!r}")
-    if engine.draft is None:
-        raise SpecEngineError("train-head needs a draft model")
-    out_path = Path(out_path)
-    work = Path(work_dir) if work_dir else out_path.with_suffix(".work")
-    corpus = python_corpus(recipe.packages, recipe.val_fraction)
-    train_c, val_c, used = make_chunks(corpus, engine.tokenizer, recipe)
-    report = TrainReport(recipe=asdict(recipe), files=[asdict(f) for f in used])
+    out_path, work, train_c, val_c, files = prepare_data(engine, recipe, out_path, work_dir, "train-head")
+    report = TrainReport(recipe=asdict(recipe), files=files)
     t0 = time.perf_counter()
     features = work / f"features-{data_key(recipe, DATA_FIELDS)}"
     x, y = extract_features(engine, train_c, recipe, features, "train")

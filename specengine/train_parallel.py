@@ -24,7 +24,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .acceptance_head import model_fingerprint
@@ -32,7 +31,7 @@ from .errors import SpecEngineError
 from .kernels.reference import verify_attention_ref
 from .parallel_drafter import DrafterMeta, ParallelDrafter
 from .rope import rope_tables
-from .train_head import data_key, make_chunks, python_corpus
+from .train_head import data_key, prepare_data
 
 
 @dataclass
@@ -177,15 +176,10 @@ def _evaluate(drafter, chunks, t_vals, t_ids, recipe, gen):
 def train_parallel(engine, out_path, recipe: ParallelRecipe | None = None, work_dir=None, draft_name: str = "",
                    command: str = "") -> ParallelReport:
     recipe = recipe or ParallelRecipe()
-    if engine.draft is None:
-        raise SpecEngineError("train-parallel needs a draft model")
     if recipe.k_max < 2:
         raise SpecEngineError("k_max must be >= 2 (k-1 masks)")
-    out_path = Path(out_path)
-    work = Path(work_dir) if work_dir else out_path.with_suffix(".work")
-    corpus = python_corpus(recipe.packages, recipe.val_fraction)
-    train_c, val_c, used = make_chunks(corpus, engine.tokenizer, recipe)
-    report = ParallelReport(recipe=asdict(recipe), files=[asdict(f) for f in used])
+    out_path, work, train_c, val_c, files = prepare_data(engine, recipe, out_path, work_dir, "train-parallel")
+    report = ParallelReport(recipe=asdict(recipe), files=files)
     t0 = time.perf_counter()
     teacher = work / f"teacher-{data_key(recipe, TEACHER_FIELDS)}"
     tv, ti = teacher_topk(engine, train_c, recipe, teacher, "train")
