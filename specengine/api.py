@@ -288,14 +288,15 @@ class Engine:
 
     # ------------------------------------------------------------------ generation
     def _start(self, prompt, max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=None,
-               method=None, gamma=None, policy=None, ignore_eos=False, threshold=None) -> tuple[Generation, bool]:
+               method=None, gamma=None, policy=None, ignore_eos=False, threshold=None,
+               tree=None) -> tuple[Generation, bool]:
         method = method or self.method
         self._check_method(method)
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise SpecEngineError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         params = SamplingParams(temperature, top_k, top_p, seed)
         prompts, batched = self.encode(prompt)
-        chosen = METHODS[method](self, gamma, policy, threshold)
+        chosen = METHODS[method](self, gamma, policy, threshold, tree=tree)
         check_capacity(prompts, max_new_tokens, self.max_seq_len, chosen.headroom)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
@@ -307,11 +308,13 @@ class Engine:
     def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, stop=None, method: str | None = None,
                  gamma: int | None = None, policy: str | None = None, ignore_eos: bool = False,
-                 threshold: float | None = None):
+                 threshold: float | None = None, tree=None):
         """Generate for one prompt (-> GenerationResult) or a batch (-> list of them).
-        threshold: the confidence / specdec++ policy's stopping threshold for this call."""
+        threshold: the confidence / specdec++ policy's stopping threshold for this call.
+        tree: sd / parallelspec draft a token tree instead of a chain: "KxD:N" (top-K per
+        depth, D levels, N nodes kept), a dict or a TreeShape (docs/design.md, "Token trees")."""
         gen, batched = self._start(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop,
-                                   method, gamma, policy, ignore_eos, threshold)
+                                   method, gamma, policy, ignore_eos, threshold, tree)
         self.last_stats = None
         for _ in gen.rounds():
             pass

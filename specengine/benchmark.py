@@ -31,10 +31,11 @@ def parse_provider(spec: str) -> tuple[str, int | str | None, str | None, float 
     name, _, g = head.partition(":")
     if name not in ("ar", "sd", "pearl", "parallelspec", *HF_PROVIDERS):
         raise SpecEngineError(f"unknown provider {spec!r}; use ar, sd[:gamma|:auto][@policy[=threshold]], "
-                              "pearl[:gamma], parallelspec[:k], hf, hf-assisted")
+                              "pearl[:gamma][@parallel], parallelspec[:k], hf, hf-assisted")
     policy, _, th = pol.partition("=")
-    if pol and name != "sd":
-        raise SpecEngineError(f"bad provider {spec!r}: only sd takes a policy, e.g. sd@heuristic")
+    if pol and name not in ("sd", "pearl"):
+        raise SpecEngineError(f"bad provider {spec!r}: only sd and pearl take a policy, e.g. sd@heuristic, "
+                              "pearl@parallel")
     try:
         threshold = float(th) if th else None
     except ValueError:
@@ -126,6 +127,8 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8, max_new_toke
                 row["gamma_mean"] = sum(s["gamma_mean"] for s in ours) / len(ours)
                 row["policy"] = ours[0]["policy"]
                 row["draft_cost_ratio"] = sum(s["draft_cost_ratio"] or 0 for s in ours) / len(ours)
+                row["draft_s_per_round"] = sum(s["draft_s"] for s in ours) / max(sum(s["rounds"] for s in ours), 1)
+                row["acceptance_by_position"] = _pooled_positions(ours)
             if name == "pearl":
                 runs = sum(s["new_tokens"] / s["mean_accepted_tokens"] for s in ours)
                 row["mean_accepted_tokens"] = new / runs
@@ -153,6 +156,14 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8, max_new_toke
     return report
 
 
+def _pooled_positions(stats: list[dict]) -> list[float]:
+    """alpha_i over every prompt's rounds: P(draft i accepted | drafts 1..i-1 accepted)."""
+    n = max(len(s["reached_by_position"]) for s in stats)
+    reached = [sum(s["reached_by_position"][i] for s in stats if i < len(s["reached_by_position"])) for i in range(n)]
+    acc = [sum(s["accepted_by_position"][i] for s in stats if i < len(s["accepted_by_position"])) for i in range(n)]
+    return [a / r for a, r in zip(acc, reached) if r]
+
+
 def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
     """Exact-match rate over prompts and the earliest token index where any prompt differs."""
     firsts = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), min(len(o), len(r)))
@@ -168,7 +179,7 @@ def _provider_fn(engine, hf, name, gamma, policy, threshold, temperature, seed):
 
     def ours(ids, n):
         r = engine.generate(ids, max_new_tokens=n, method=name, gamma=gamma, temperature=temperature, seed=seed,
-                            policy=(policy or "fixed") if name == "sd" else None, threshold=threshold,
+                            policy=(policy or "fixed") if name == "sd" else policy, threshold=threshold,
                             ignore_eos=True)
         return r.token_ids, r.stats
     return ours

@@ -122,20 +122,65 @@ def teacher_topk(engine, chunks: torch.Tensor, recipe: ParallelRecipe, cache_dir
     return torch.cat(vals), torch.cat(ids)
 
 
+class _PrefixThenMasks:
+    """The mask rows' training 'cache': each layer's real K/V (computed once, without grad)
+    followed by the masks' own, read in full by `_explicit_mask_attention`."""
+
+    def __init__(self, real: _FullSequenceCache, batch: int, length: int):
+        self.rope_cos, self.rope_sin, self.real = real.rope_cos, real.rope_sin, real
+        self.lens = torch.zeros(batch, dtype=torch.int32, device=real.lens.device)
+        self.max_seq_len = length
+        self._kv = {}
+
+    def write_positions(self, width):
+        return None  # unused: write() appends
+
+    def write(self, layer, k, v, pos):
+        rk, rv = self.real.layer(layer)
+        self._kv[layer] = (torch.cat([rk, k], 1), torch.cat([rv, v], 1))
+
+    def layer(self, layer, length=None):
+        return self._kv[layer]
+
+
+def _explicit_mask_attention(q, k, v, cache_lens, mask):
+    """q [B,M,H,D] over all of k/v [B,S,Hkv,D] under an explicit [M,S] mask (training only)."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask.reshape(1, 1, *mask.shape[-2:]),
+        enable_gqa=q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)
+
+
+def mask_logits(drafter, chunk: torch.Tensor, anchors: torch.Tensor, k: int) -> torch.Tensor:
+    """Logits [B, G*(k-1), V] of every mask of every group: the same numbers as one forward
+    over the whole group layout, but the real tokens run once without grad and only the
+    mask rows are differentiated (the real rows hold no trainable weight)."""
+    B, L = chunk.shape
+    mask_index, tree = group_layout(L, anchors, k)
+    T = tree.shape[0]
+    dev = drafter.mask_embed.device
+    real = _FullSequenceCache(drafter.model, B, T, dev)
+    with torch.no_grad():
+        first = torch.zeros(B, 1, dtype=torch.int64, device=dev)  # no LM head over the real rows
+        drafter.model(chunk.to(dev), real, verify_attention_ref, logits_at=first)
+    # with cache.lens = 0 a mask row's depth in its [M,T] mask row is its position: anchor + i
+    tokens = torch.zeros(B, T - L, dtype=torch.int64, device=dev)
+    return drafter(tokens, mask_index[L:].expand(B, T - L).to(dev), _PrefixThenMasks(real, B, T),
+                   _explicit_mask_attention, tree[L:].to(dev))
+
+
 def group_loss(drafter, chunk: torch.Tensor, t_vals, t_ids, anchors, recipe: ParallelRecipe, return_acc=False):
     """Mean distillation + text loss over every mask of every group of a batch of chunks."""
     B, L = chunk.shape
     k = recipe.k_max
-    mask_index, tree = group_layout(L, anchors, k)
-    T = tree.shape[0]
     dev = drafter.mask_embed.device
-    tokens = torch.cat([chunk, torch.zeros(B, T - L, dtype=torch.int64)], 1).to(dev)
-    cache = _FullSequenceCache(drafter.model, B, T, dev)
-    logits = drafter(tokens, mask_index.expand(B, T).to(dev), cache, verify_attention_ref, tree[None].to(dev))
+    mask_index = group_layout(L, anchors, k)[0]
+    T = mask_index.shape[0]
+    logits = mask_logits(drafter, chunk, anchors, k)
     q = torch.arange(L, T)
     g, i = (q - L) // (k - 1), mask_index[q]
     src = anchors[g] + i  # the real position whose next token MASK_i predicts
-    logq = torch.log_softmax(logits[:, L:].float(), -1)  # [B, G*(k-1), V]
+    logq = torch.log_softmax(logits.float(), -1)  # [B, G*(k-1), V]
     tv, ti = t_vals[:, src].to(dev), t_ids[:, src].to(dev).long()
     kd = -(torch.softmax(tv, -1) * logq.gather(-1, ti)).sum(-1).mean()
     text = chunk[:, src + 1].to(dev)

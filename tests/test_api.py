@@ -72,3 +72,19 @@ def test_seeded_sampling_is_reproducible(engine, method):
     c = engine.generate(["ab", "cd"], seed=4, **kw)
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
     assert [r.token_ids for r in a] != [r.token_ids for r in c]
+
+
+def test_acceptance_by_position():
+    from specengine.generation import Counters
+
+    c = Counters()
+    for n_acc, num_draft in [(0, 3), (3, 3), (1, 3), (1, 1)]:  # rounds: reject d1; all; d1 only; one draft, taken
+        c.count_positions(n_acc, num_draft)
+    assert c.reached == [4, 2, 1] and c.accepted_at == [3, 1, 1]
+    assert c.acceptance_by_position() == [0.75, 0.5, 1.0]
+
+
+def test_acceptance_by_position_of_a_draft_equal_to_the_target(engine):
+    r = engine.generate("ab", max_new_tokens=12, ignore_eos=True, method="sd", gamma=3)
+    assert r.stats["acceptance_by_position"] == [1.0, 1.0, 1.0]  # the draft is the target: nothing rejected
+    assert sum(r.stats["accepted_by_position"]) == r.stats["accepted_drafts"]

@@ -9,7 +9,7 @@ from specengine.kernels.reference import verify_attention_ref
 from specengine.loading import load_model
 from specengine.methods.parallelspec import drafter_layout
 from specengine.parallel_drafter import DrafterMeta, ParallelDrafter, load_drafter
-from specengine.train_parallel import ParallelRecipe, _FullSequenceCache, group_layout, train_parallel
+from specengine.train_parallel import ParallelRecipe, _FullSequenceCache, group_layout, mask_logits, train_parallel
 
 RECIPE = ParallelRecipe(packages=("tqdm", "safetensors"), n_train=6, n_val=2, seq_len=40, k_max=4, groups=6,
                         rank=4, topk=8, epochs=4, lr=1e-2, batch=2)
@@ -64,6 +64,8 @@ def test_group_wise_mask_equals_each_group_alone(tiny_dir):
                             torch.ones(n, n, dtype=torch.bool).tril()[None])
             rows = slice(L + g * (k - 1), L + (g + 1) * (k - 1))
             torch.testing.assert_close(together[0, rows], alone[0, a + 1:], atol=1e-4, rtol=1e-4)
+        # training's split forward (real rows once without grad, then the masks) gives the same logits
+        torch.testing.assert_close(mask_logits(drafter, x, anchors, k)[0], together[0, L:], atol=1e-4, rtol=1e-4)
         # real rows are the plain draft's, whatever the adapters hold
         plain = draft(x, _FullSequenceCache(draft, 1, L, "cpu"), verify_attention_ref)
         torch.testing.assert_close(together[0, :L], plain[0], atol=1e-5, rtol=1e-5)

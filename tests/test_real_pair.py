@@ -9,6 +9,7 @@ from specengine.prompts import humaneval
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 NEW = 32
+MIN_MASK1_ACCEPTANCE = 0.1  # an untrained drafter's MASK_1: ~0.03 (bench/README.md)
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,22 @@ def test_specdec_with_the_shipped_head_equals_ar(pair, prompts, ar_tokens):
         assert r.token_ids == ref
         assert r.stats["policy"] == "specdec++" and 1 <= r.stats["gamma_mean"] < 8
     assert eng.acceptance_head("greedy").meta.draft == DEFAULT_DRAFT
+
+
+def test_parallelspec_with_the_shipped_drafter_equals_ar(pair, prompts, ar_tokens):
+    """The drafter shipped for this draft loads automatically: parallelspec (k proposals from one
+    draft forward) and PEARL drafting with it both reproduce ar; its masks are accepted."""
+    eng = pair[0]
+    for p, ref in zip(prompts, ar_tokens):
+        for k in (2, 4):
+            r = eng.generate(p, max_new_tokens=NEW, method="parallelspec", gamma=k, ignore_eos=True)
+            assert r.token_ids == ref
+            assert r.stats["draft_forwards"] == r.stats["target_forwards"]  # one draft forward per round
+        r = eng.generate(p, max_new_tokens=NEW, method="pearl", policy="parallel", ignore_eos=True)
+        assert r.token_ids == ref
+    assert eng.parallel_drafter().meta.draft == DEFAULT_DRAFT
+    r = eng.generate(prompts[0], max_new_tokens=NEW, method="parallelspec", gamma=4, ignore_eos=True)
+    assert r.stats["acceptance_by_position"][1] > MIN_MASK1_ACCEPTANCE  # MASK_1 proposes usable tokens
 
 
 def test_ar_equals_transformers_generate(pair, prompts, ar_tokens):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ..errors import SpecEngineError
 from ..graphs import padded_width
+from ..tree import TreeShape
 from .common import DecodeState, RoundOutput
 
 
@@ -19,12 +20,16 @@ class Method:
     name = ""
     needs_draft = True
 
-    def __init__(self, engine, gamma=None, policy=None, threshold=None):
+    def __init__(self, engine, gamma=None, policy=None, threshold=None, tree=None):
         self.engine = engine
         if threshold is not None and not self.takes_threshold:
             raise SpecEngineError(f"threshold applies to sd's confidence and specdec++ policies, not to {self.name}")
+        if tree is not None and not self.takes_tree:
+            raise SpecEngineError(f"tree drafting applies to sd and parallelspec, not to {self.name}")
+        self.tree = None if tree is None else TreeShape.parse(tree)
 
     takes_threshold = False
+    takes_tree = False
 
     @property
     def max_width(self) -> int:
@@ -50,6 +55,10 @@ class Method:
     def stats(self, generation) -> dict:
         return {}
 
+    def tree_stats(self) -> dict:
+        t = self.tree
+        return {} if t is None else {"tree": f"{t.topk}x{t.depth}:{t.nodes}", "tree_nodes": t.nodes}
+
 
 def speculative_stats(generation, times: dict[str, float]) -> dict:
     """What every draft-and-verify method reports (docs/design.md, "Metrics"); `times` are
@@ -63,5 +72,10 @@ def speculative_stats(generation, times: dict[str, float]) -> dict:
         "accepted_drafts": counters.accepted,
         "acceptance_rate": counters.accepted / max(counters.proposed, 1),
         "mean_accepted_tokens": counters.round_tokens / max(counters.row_rounds, 1),
+        "acceptance_by_position": counters.acceptance_by_position(),
+        "reached_by_position": list(counters.reached),
+        "accepted_by_position": list(counters.accepted_at),
+        "rounds": counters.rounds,
+        "draft_s": times.get("draft", 0.0),
         "draft_cost_ratio": per_draft / per_target if per_target > 0 else None,
     }

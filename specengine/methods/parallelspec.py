@@ -20,6 +20,7 @@ from ..errors import SpecEngineError
 from .base import Method, speculative_stats
 from .common import DecodeState, RoundOutput
 from .sd import verify_and_commit
+from .trees import positional_tree, verify_tree_and_commit
 
 
 def drafter_layout(unseen: torch.Tensor, k: int, real_width: int | None = None):
@@ -40,10 +41,10 @@ def drafter_layout(unseen: torch.Tensor, k: int, real_width: int | None = None):
     return mask_index, tree
 
 
-def parallel_draft(draft, drafter, state: DecodeState, k: int, upto: torch.Tensor, real_width: int):
-    """k draft tokens per row [B,k] continuing state.tokens[:, :upto] in ONE draft forward,
-    their q [B,k,V] (None if greedy). The draft reads its unseen tokens (1..real_width per
-    row) then the masks; afterwards its cache holds exactly tokens[:, :upto]."""
+def parallel_logits(draft, drafter, state: DecodeState, k: int, upto: torch.Tensor, real_width: int):
+    """Logits [B,k,V] of the k proposals continuing state.tokens[:, :upto], from ONE draft
+    forward over the row's unseen tokens (1..real_width) then the masks; afterwards the
+    draft cache holds exactly tokens[:, :upto]."""
     seen = draft.cache.lens.to(torch.int64)
     unseen = (upto - seen).clamp(1, real_width)
     real = state.tokens.gather(1, state.positions(seen, real_width))
@@ -51,12 +52,18 @@ def parallel_draft(draft, drafter, state: DecodeState, k: int, upto: torch.Tenso
     mask_index, tree = drafter_layout(unseen, k, real_width)
     logits = drafter(tokens, mask_index, draft.cache, draft.attn_fn, tree, attn_len=state.attn_len)
     draft.cache.set_lens(upto)
-    rows = torch.arange(state.batch, device=logits.device)
     masks = real_width + torch.arange(k - 1, device=logits.device)[None, :].expand(state.batch, k - 1)
     at = torch.cat([(unseen - 1)[:, None], masks], 1)  # d1 from the last real slot, d2.. from the masks
+    return logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1]))
+
+
+def parallel_draft(draft, drafter, state: DecodeState, k: int, upto: torch.Tensor, real_width: int):
+    """k draft tokens per row [B,k] continuing state.tokens[:, :upto] in ONE draft forward,
+    and their q [B,k,V] (None if greedy)."""
+    logits = parallel_logits(draft, drafter, state, k, upto, real_width)
     toks, qs = [], []
     for i in range(k):
-        tok, q, _ = state.draft_sampler(logits[rows, at[:, i]], state.params, state.seed, state.offset, i)
+        tok, q, _ = state.draft_sampler(logits[:, i].contiguous(), state.params, state.seed, state.offset, i)
         toks.append(tok), qs.append(q)
     return torch.stack(toks, 1), None if state.params.greedy else torch.stack(qs, 1)
 
@@ -64,17 +71,21 @@ def parallel_draft(draft, drafter, state: DecodeState, k: int, upto: torch.Tenso
 class ParallelSpec(Method):
     name = "parallelspec"
 
-    def __init__(self, engine, gamma=None, policy=None, threshold=None):
-        super().__init__(engine, threshold=threshold)
+    takes_tree = True
+
+    def __init__(self, engine, gamma=None, policy=None, threshold=None, tree=None):
+        super().__init__(engine, threshold=threshold, tree=tree)
         k = 4 if gamma in (None, "auto") else gamma
         if not isinstance(k, int) or k < 1:
             raise SpecEngineError(f"parallelspec k (gamma) must be an integer >= 1, got {gamma!r}")
-        self.k = k
+        if self.tree is not None and gamma is not None:
+            raise SpecEngineError("parallelspec with a tree takes its depth from the tree ('KxD:N'), not gamma")
+        self.k = k if self.tree is None else self.tree.depth
         self.drafter = None
 
     @property
-    def max_width(self) -> int:
-        return 2 * self.k  # the draft forward: k+1 real slots and k-1 masks
+    def max_width(self) -> int:  # the draft forward: k+1 real slots and k-1 masks; a tree's verify
+        return max(2 * self.k, 0 if self.tree is None else self.tree.nodes + 1)
 
     def begin(self, generation) -> None:
         self.drafter = self.engine.parallel_drafter()
@@ -83,6 +94,11 @@ class ParallelSpec(Method):
 
     def round(self, state: DecodeState, timer) -> RoundOutput:
         draft, k = self.engine.draft, self.k
+        if self.tree is not None:
+            with timer.phase("draft"):
+                logits = parallel_logits(draft, self.drafter, state, k, state.n, real_width=k + 1)
+                tree = positional_tree(state.last_tokens(), torch.log_softmax(logits.float(), -1), self.tree)
+            return verify_tree_and_commit(self.engine, state, tree, self.tree, timer, draft_forwards=1)
         start = state.n.clone()
         with timer.phase("draft"):  # everything committed since the last round: 1..k+1 tokens
             drafts, q = parallel_draft(draft, self.drafter, state, k, start, real_width=k + 1)
@@ -92,5 +108,5 @@ class ParallelSpec(Method):
                            draft_forwards=1, draft_lens=start)
 
     def stats(self, generation) -> dict:
-        return {"policy": "parallel", "gamma": self.k, "gamma_mean": float(self.k),
+        return {"policy": "parallel", "gamma": self.k, **self.tree_stats(), "gamma_mean": float(self.k),
                 **speculative_stats(generation, generation.timer.totals())}

@@ -65,8 +65,8 @@ def overlap(device: torch.device, side_stream, draft_fn, target_fn):
 class Pearl(Method):
     name = "pearl"
 
-    def __init__(self, engine, gamma=None, policy=None, threshold=None):
-        super().__init__(engine, threshold=threshold)
+    def __init__(self, engine, gamma=None, policy=None, threshold=None, tree=None):
+        super().__init__(engine, threshold=threshold, tree=tree)
         gamma = None if gamma == "auto" else gamma
         if gamma is not None and (not isinstance(gamma, int) or gamma < 1):
             raise SpecEngineError(f"pearl window gamma must be an integer >= 1, got {gamma!r}")

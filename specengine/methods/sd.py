@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import SpecEngineError
 from ..sampling import filter_logits
 from .base import Method, speculative_stats
 from .common import DecodeState, RoundOutput
@@ -70,18 +71,27 @@ class SpeculativeDecoding(Method):
     name = "sd"
 
     takes_threshold = True
+    takes_tree = True
 
-    def __init__(self, engine, gamma=None, policy=None, threshold=None):
-        super().__init__(engine)
+    def __init__(self, engine, gamma=None, policy=None, threshold=None, tree=None):
+        super().__init__(engine, tree=tree)
+        if self.tree is not None and (gamma is not None or policy not in (None, "fixed") or threshold is not None):
+            raise SpecEngineError("sd with a tree takes its shape from the tree ('KxD:N'), not gamma/policy/threshold")
+        if self.tree is not None:
+            gamma, policy = self.tree.depth, "fixed"
         self.policy = make_policy(policy or engine.policy, engine.gamma if gamma is None else gamma,
                                   threshold=engine.threshold if threshold is None else threshold)
         self.gammas: list[int] = []  # γ of every round
 
     @property
     def max_width(self) -> int:
+        if self.tree is not None:  # the verify forward, or the last draft forward over D-1 levels
+            return max(self.tree.nodes + 1, (self.tree.depth - 1) * self.tree.topk, 2)
         return self.policy.gamma_max + 1
 
     def begin(self, generation) -> None:
+        if self.tree is not None:
+            return
         if self.policy.wants_hidden:  # specdec++: the acceptance head for this draft and mode
             mode = "greedy" if generation.state.params.greedy else "sampled"
             # reading a flag per draft step is free only without an asynchronous device queue
@@ -91,6 +101,12 @@ class SpeculativeDecoding(Method):
 
     def round(self, state: DecodeState, timer) -> RoundOutput:
         draft, gamma = self.engine.draft, self.policy.gamma
+        if self.tree is not None:
+            from .trees import draft_tree, verify_tree_and_commit
+
+            with timer.phase("draft"):
+                tree = draft_tree(draft, state, self.tree)
+            return verify_tree_and_commit(self.engine, state, tree, self.tree, timer, draft_forwards=self.tree.depth)
         start = state.n.clone()
         with timer.phase("draft"):
             drafts, q, conf = draft_chain(draft, state, gamma, policy=self.policy)
@@ -104,9 +120,10 @@ class SpeculativeDecoding(Method):
                            draft_lens=torch.minimum(seen, state.n - 1))
 
     def after_round(self, n_acc, num_draft) -> None:
-        self.policy.update(n_acc, num_draft)
+        if self.tree is None:
+            self.policy.update(n_acc, num_draft)
 
     def stats(self, generation) -> dict:
-        return {"policy": self.policy.name, "gamma": self.policy.gamma,
+        return {"policy": self.policy.name, "gamma": self.policy.gamma, **self.tree_stats(),
                 "gamma_mean": sum(self.gammas) / max(len(self.gammas), 1),
                 **speculative_stats(generation, generation.timer.totals())}

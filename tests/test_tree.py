@@ -1,0 +1,153 @@
+"""Token trees: layout, the lossless acceptance rule, and path compaction."""
+import pytest
+import torch
+
+from specengine import SpecEngineError
+from specengine.kernels.reference import rejection_sample_ref
+from specengine.statistics import total_variation_bound
+from specengine.tree import TokenTree, TreeShape, ancestor_mask, children_table, tree_accept
+
+#        0
+#      / | \
+#     1  2  3
+#    / \     \
+#   4   5     6
+#   |
+#   7
+PARENT = torch.tensor([[-1, 0, 0, 0, 1, 1, 3, 4]])
+
+
+def test_ancestor_mask_and_children():
+    m = ancestor_mask(PARENT)[0]
+    assert m[7].nonzero().flatten().tolist() == [0, 1, 4, 7]
+    assert m[6].nonzero().flatten().tolist() == [0, 3, 6]
+    assert m[0].nonzero().flatten().tolist() == [0]
+    kids = children_table(PARENT, 3)[0]
+    assert kids[0].tolist() == [1, 2, 3] and kids[1].tolist() == [4, 5, -1] and kids[7].tolist() == [-1, -1, -1]
+
+
+def test_tree_shape_parsing():
+    assert TreeShape.parse("4x5:16") == TreeShape(4, 5, 16) and TreeShape.parse("2x3").nodes == 6
+    assert TreeShape.parse({"topk": 3, "depth": 2}).nodes == 6
+    for bad in ("4y5", "0x3", "4x5:0", 7, "64x8"):
+        with pytest.raises(SpecEngineError):
+            TreeShape.parse(bad)
+
+
+def test_greedy_accepts_the_longest_argmax_path():
+    V = 10
+    logits = torch.randn(1, 8, V)
+    # make the path 0 -> 1 -> 4 -> 7 the target's argmax chain, then node 7's argmax is the bonus
+    tokens = torch.tensor([[9, 2, 3, 4, 5, 6, 7, 8]])
+    for node, child in ((0, 1), (1, 4), (4, 7)):
+        logits[0, node, tokens[0, child]] = 50.0
+    tree = TokenTree(tokens, PARENT, None)
+    out, n_acc, path = tree_accept(logits, tree, torch.zeros(1), torch.zeros(1, dtype=torch.int64),
+                                   torch.tensor(0), max_depth=3, max_children=3)
+    assert n_acc.tolist() == [3] and path[0].tolist() == [1, 4, 7]
+    assert out[0].tolist() == [2, 5, 8, int(logits[0, 7].argmax())]
+    # break the chain at depth 2: node 1's argmax is no child -> the correction is that argmax
+    logits[0, 1, tokens[0, 4]] = -50.0
+    out, n_acc, _ = tree_accept(logits, tree, torch.zeros(1), torch.zeros(1, dtype=torch.int64), torch.tensor(0), 3, 3)
+    assert n_acc.tolist() == [1] and out[0, :2].tolist() == [2, int(logits[0, 1].argmax())]
+
+
+def test_a_chain_tree_equals_the_chain_sampler_in_greedy():
+    g = torch.Generator().manual_seed(0)
+    B, K, V = 6, 4, 7
+    logits = torch.randn(B, K + 1, V, generator=g) * 3
+    drafts = torch.where(torch.rand(B, K, generator=g) < 0.7, logits[:, :K].argmax(-1), torch.randint(0, V, (B, K)))
+    tree = TokenTree(torch.cat([torch.zeros(B, 1, dtype=torch.int64), drafts], 1),
+                     torch.arange(-1, K).expand(B, K + 1).clone(), None)
+    zeros = torch.zeros(B)
+    ref, ref_n = rejection_sample_ref(logits, drafts, None, torch.full((B,), K), zeros,
+                                      torch.zeros(B, dtype=torch.int64), torch.tensor(0))
+    out, n_acc, _ = tree_accept(logits, tree, zeros, torch.zeros(B, dtype=torch.int64), torch.tensor(0), K, 1)
+    assert torch.equal(out, ref) and torch.equal(n_acc, ref_n)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_tree_sampling_reproduces_the_target_distribution(temperature):
+    """First token ~ p_root; given that it is child x, the second ~ p_x: what the target
+    would sample token by token (1e5 rows, one seed each; TV within the sampling bound)."""
+    g = torch.Generator().manual_seed(3)
+    V, N = 6, 100_000
+    logits = torch.randn(1, 8, V, generator=g) * 1.5
+    tokens = torch.tensor([[0, 2, 4, 1, 2, 5, 3, 0]])  # root children 2, 4, 1 (node 1, 2, 3)
+    tree = TokenTree(tokens.expand(N, 8), PARENT.expand(N, 8), None)
+    seeds = torch.arange(N, dtype=torch.int64)
+    out, n_acc, _ = tree_accept(logits.expand(N, 8, V), tree, torch.full((N,), temperature), seeds,
+                                torch.tensor(5), max_depth=3, max_children=3)
+    p = torch.softmax(logits[0] / temperature, -1)
+    first = torch.bincount(out[:, 0], minlength=V).double() / N
+    bound = total_variation_bound(V, N)
+    assert 0.5 * (first - p[0].double()).abs().sum() < bound
+    for node in (1, 2, 3):  # given the first token is this child, the second follows p_node
+        rows = out[:, 0] == tokens[0, node]
+        n = int(rows.sum())
+        second = torch.bincount(out[rows, 1], minlength=V).double() / n
+        assert 0.5 * (second - p[node].double()).abs().sum() < total_variation_bound(V, n)
+
+
+# ---------------------------------------------------------------- end to end (tiny models)
+from specengine import Engine  # noqa: E402
+
+PROMPTS = ["def add(a, b):\n", "x = [1, 2", "q"]  # ragged: every row has its own tree
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_pair, tokenizer):
+    target, same, perturbed = tiny_pair
+    return {"same": Engine(target, tokenizer, same, max_seq_len=256),
+            "perturbed": Engine(target, tokenizer, perturbed, max_seq_len=256)}
+
+
+@pytest.fixture(scope="module")
+def ar_out(engines):
+    return [r.token_ids for r in engines["same"].generate(PROMPTS, max_new_tokens=40, method="ar", ignore_eos=True)]
+
+
+@pytest.mark.parametrize("draft", ["same", "perturbed"])
+@pytest.mark.parametrize("tree", ["1x3", "2x3", "3x4:8", "4x5:12", "2x1"])
+def test_sd_tree_equals_ar(engines, ar_out, draft, tree):
+    out = engines[draft].generate(PROMPTS, max_new_tokens=40, method="sd", tree=tree, ignore_eos=True)
+    assert [r.token_ids for r in out] == ar_out
+    if draft == "same":  # the draft is the target: its top-1 child of the root is always accepted
+        assert out[0].stats["acceptance_by_position"][0] == 1.0
+
+
+@pytest.mark.parametrize("tree", ["3x3", "3x4:7"])
+def test_drafted_tree_scores_are_the_draft_path_log_probs(engines, tree):
+    """Every node's score = the draft's log-probs summed along its root path, computed by
+    running the plain draft on prompt + path: the tree forwards see exactly their ancestors."""
+    from specengine.kernels.reference import verify_attention_ref
+    from specengine.methods.trees import draft_tree
+
+    eng = engines["perturbed"]
+    gen, _ = eng._start(PROMPTS[:2], max_new_tokens=8, method="sd", tree=tree)
+    shape, state = gen.method.tree, gen.state
+    t = draft_tree(eng.draft, state, shape)
+    assert t.tokens.shape[1] == shape.nodes + 1
+    model = eng.draft.model
+    for b in range(2):
+        prompt = state.tokens[b, : int(state.n[b])].tolist()
+        for j in range(1, t.tokens.shape[1]):
+            path, u = [], j
+            while u > 0:
+                path.append(int(t.tokens[b, u])), (u := int(t.parent[b, u]))
+            seq = prompt + path[::-1]
+            cache = model.new_cache(1, len(seq))
+            logp = torch.log_softmax(model(torch.tensor([seq]), cache, verify_attention_ref)[0], -1)
+            expect = sum(float(logp[len(prompt) - 1 + i, tok]) for i, tok in enumerate(path[::-1]))
+            assert abs(expect - float(t.score[b, j])) < 1e-3, (b, j)
+            assert int(t.depth[b, j]) == len(path)
+
+
+def test_tree_options_are_checked(engines):
+    eng = engines["same"]
+    with pytest.raises(SpecEngineError, match="tree"):
+        eng.generate("q", max_new_tokens=4, method="ar", tree="2x2")
+    with pytest.raises(SpecEngineError, match="not gamma"):
+        eng.generate("q", max_new_tokens=4, method="sd", tree="2x2", gamma=3)
+    with pytest.raises(SpecEngineError, match="KxD"):
+        eng.generate("q", max_new_tokens=4, method="sd", tree="wide")
