@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench bench-pearl bench-specdec train-head bench-kernels compile-check fetch clean
+.PHONY: install demo test test-fast bench bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean
 
 $(STAMP): pyproject.toml setup.py csrc/compact_kv.cpp csrc/compact_kv_cuda.cu csrc/compact_kv.h
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -65,6 +65,24 @@ bench-specdec: $(STAMP)
 	$(VENV)/bin/specengine bench --draft qwen2.5-coder-0.5b-instruct --dtype float32 --temperature 1 --seed 7 \
 	  --providers $(SPECDEC_PROVIDERS) --n-prompts 4 --max-new-tokens 128 \
 	  --out bench/results/cpu_e2e_specdec_t1.json
+
+# Reproduce the ParallelSpec drafter shipped for the default pair (specengine/drafters/;
+# about 50 minutes on 2 CPU cores: ~11 min teacher forwards, 120 steps; resumable).
+DRAFTER_OUT ?= specengine/drafters/qwen2.5-coder-0.5b-instruct.safetensors
+train-parallel: $(STAMP)
+	$(VENV)/bin/specengine train-parallel --draft qwen2.5-coder-0.5b-instruct --dtype float32 --k-max 6 --rank 4 \
+	  --n-train 240 --n-val 8 --seq-len 128 --groups 96 --epochs 1 --out $(DRAFTER_OUT) --work-dir build/drafter-work
+
+# ParallelSpec (k 2-6, and inside PEARL) vs ar, the best fixed-γ sd and transformers, then
+# token trees vs chains, on the real pair, fp32 greedy, 4 HumanEval prompts x 128 tokens.
+PARALLEL_PROVIDERS := hf,hf-assisted,ar,sd:3,sd:4,parallelspec:2,parallelspec:3,parallelspec:4,parallelspec:5,parallelspec:6,pearl,pearl@parallel
+TREE_PROVIDERS := ar,sd:4,sd[tree=4x4],sd:8,sd[tree=4x4:8],sd[tree=2x4:4],parallelspec:4,parallelspec[tree=3x4:8],parallelspec[tree=4x4]
+bench-parallelspec: $(STAMP)
+	$(VENV)/bin/specengine bench --draft qwen2.5-coder-0.5b-instruct --dtype float32 --providers $(PARALLEL_PROVIDERS) \
+	  --baseline ar --n-prompts 4 --max-new-tokens 128 --out bench/results/cpu_e2e_parallelspec.json
+bench-trees: $(STAMP)
+	$(VENV)/bin/specengine bench --draft qwen2.5-coder-0.5b-instruct --dtype float32 --providers "$(TREE_PROVIDERS)" \
+	  --n-prompts 4 --max-new-tokens 128 --out bench/results/cpu_e2e_trees.json
 
 fetch: $(STAMP)
 	$(VENV)/bin/specengine fetch

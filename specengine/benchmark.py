@@ -25,26 +25,42 @@ from .prompts import humaneval
 HF_PROVIDERS = ("hf", "hf-assisted")
 
 
-def parse_provider(spec: str) -> tuple[str, int | str | None, str | None, float | None]:
-    """-> (method, gamma, policy, threshold); `sd:3@specdec++=0.5` -> ("sd", 3, "specdec++", 0.5)."""
+def parse_provider(spec: str) -> tuple[str, int | str | None, str | None, float | None, str | None]:
+    """-> (method, gamma, policy, threshold, tree); `sd:3@specdec++=0.5` -> ("sd", 3, "specdec++", 0.5, None),
+    `sd[tree=4x5:16]` -> ("sd", None, None, None, "4x5:16")."""
+    spec, tree = _split_tree(spec)
+    if tree is not None:
+        name, *rest = parse_provider(spec)
+        if name not in ("sd", "parallelspec") or any(x is not None for x in rest[:-1]):
+            raise SpecEngineError(f"bad provider {spec}[tree=...]: only plain sd and parallelspec take a tree")
+        return name, None, None, None, tree
     head, _, pol = spec.partition("@")
     name, _, g = head.partition(":")
     if name not in ("ar", "sd", "pearl", "parallelspec", *HF_PROVIDERS):
         raise SpecEngineError(f"unknown provider {spec!r}; use ar, sd[:gamma|:auto][@policy[=threshold]], "
                               "pearl[:gamma][@parallel], parallelspec[:k], hf, hf-assisted")
     policy, _, th = pol.partition("=")
-    if pol and name not in ("sd", "pearl"):
-        raise SpecEngineError(f"bad provider {spec!r}: only sd and pearl take a policy, e.g. sd@heuristic, "
-                              "pearl@parallel")
+    if pol and not (name == "sd" or (name, pol) == ("pearl", "parallel")):
+        raise SpecEngineError(f"bad provider {spec!r}: only sd takes a policy (e.g. sd@heuristic); pearl takes "
+                              "@parallel (the ParallelSpec drafter)")
     try:
         threshold = float(th) if th else None
     except ValueError:
         raise SpecEngineError(f"bad provider {spec!r}: threshold must be a number") from None
     if g == "auto" and name == "sd":
-        return name, g, policy or None, threshold
+        return name, g, policy or None, threshold, None
     if g and (name not in ("sd", "pearl", "parallelspec") or not g.isdigit() or int(g) < 1):
         raise SpecEngineError(f"bad provider {spec!r}: only sd, pearl and parallelspec take a gamma, e.g. sd:4")
-    return name, int(g) if g else None, policy or None, threshold
+    return name, int(g) if g else None, policy or None, threshold, None
+
+
+def _split_tree(spec: str) -> tuple[str, str | None]:
+    if not spec.endswith("]"):
+        return spec, None
+    head, sep, tail = spec[:-1].partition("[tree=")
+    if not sep or not tail:
+        raise SpecEngineError(f"bad provider {spec!r}: a tree is written sd[tree=KxD:N]")
+    return head, tail
 
 
 def environment() -> dict:
@@ -103,9 +119,9 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8, max_new_toke
     hf = _HFRunner(engine, target_path, draft_path) if any(n in HF_PROVIDERS for _, n, *_ in specs) else None
     ids = [engine.encode(p)[0][0] for p in prompts]
     rows, reference = {}, None
-    for spec, name, gamma, policy, threshold in specs:
+    for spec, name, gamma, policy, threshold, tree in specs:
         per_prompt, outputs = [], []
-        run = _provider_fn(engine, hf, name, gamma, policy, threshold, temperature, seed)
+        run = _provider_fn(engine, hf, name, gamma, policy, threshold, temperature, seed, tree)
         run(ids[0], 4)  # warm-up: first-call allocations and library start-up
         for p in tqdm(ids, desc=spec, leave=False):
             t = time.perf_counter()
@@ -173,13 +189,14 @@ def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
             "first_divergence": min(firsts) if firsts else None}
 
 
-def _provider_fn(engine, hf, name, gamma, policy, threshold, temperature, seed):
+def _provider_fn(engine, hf, name, gamma, policy, threshold, temperature, seed, tree=None):
     if name in HF_PROVIDERS:
         return lambda ids, n: (hf.generate(ids, n, assisted=name == "hf-assisted"), None)
 
     def ours(ids, n):
         r = engine.generate(ids, max_new_tokens=n, method=name, gamma=gamma, temperature=temperature, seed=seed,
-                            policy=(policy or "fixed") if name == "sd" else policy, threshold=threshold,
+                            policy=(policy or "fixed") if name == "sd" and tree is None else policy,
+                            threshold=threshold, tree=tree,
                             ignore_eos=True)
         return r.token_ids, r.stats
     return ours

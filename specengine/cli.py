@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    g.add_argument("--tree", default=None, help="sd / parallelspec: draft a token tree 'KxD[:N]' "
+                   "(top-K per depth, D levels, N nodes kept), e.g. 4x5:16")
     g.add_argument("--no-stream", action="store_true", help="print the text at the end only")
     g.add_argument("--json", action="store_true", help="print the result and stats as JSON")
 
@@ -86,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(b)
     b.add_argument("--providers", default="ar,sd",
                    help="comma list of ar, sd, sd:<gamma>, sd:auto, sd[:<gamma>]@<policy>[=<threshold>], "
-                        "pearl, pearl:<gamma>, hf, hf-assisted")
+                        "sd[tree=KxD:N], pearl, pearl:<gamma>[@parallel], parallelspec[:k], "
+                        "parallelspec[tree=KxD:N], hf, hf-assisted")
     b.add_argument("--n-prompts", type=int, default=8)
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--baseline", default=None, help="provider the speedups are relative to (default: first)")
@@ -130,7 +133,7 @@ def cmd_generate(args):
     if args.chat:
         prompt = [{"role": "user", "content": prompt}]
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-              top_p=args.top_p, seed=args.seed, stop=args.stop, gamma=args.gamma)
+              top_p=args.top_p, seed=args.seed, stop=args.stop, gamma=args.gamma, tree=args.tree)
     if args.json or args.no_stream:
         r = engine.generate(prompt, **kw)
         if args.json:

@@ -17,12 +17,16 @@ def test_agreement_counts_exact_matches_and_first_divergence():
 
 
 def test_provider_specs():
-    assert parse_provider("sd:auto") == ("sd", "auto", None, None) and parse_provider("sd:3") == ("sd", 3, None, None)
-    assert parse_provider("pearl") == ("pearl", None, None, None)
-    assert parse_provider("sd@heuristic") == ("sd", None, "heuristic", None)
-    assert parse_provider("sd:8@specdec++=0.6") == ("sd", 8, "specdec++", 0.6)
-    assert parse_provider("parallelspec:3") == ("parallelspec", 3, None, None)
-    for bad in ("pearl@heuristic", "sd@specdec++=x", "ar:3", "beam"):
+    assert parse_provider("sd:auto") == ("sd", "auto", None, None, None)
+    assert parse_provider("sd:3") == ("sd", 3, None, None, None)
+    assert parse_provider("pearl") == ("pearl", None, None, None, None)
+    assert parse_provider("pearl:3@parallel") == ("pearl", 3, "parallel", None, None)
+    assert parse_provider("sd@heuristic") == ("sd", None, "heuristic", None, None)
+    assert parse_provider("sd:8@specdec++=0.6") == ("sd", 8, "specdec++", 0.6, None)
+    assert parse_provider("parallelspec:3") == ("parallelspec", 3, None, None, None)
+    assert parse_provider("sd[tree=4x5:16]") == ("sd", None, None, None, "4x5:16")
+    assert parse_provider("parallelspec[tree=3x4]") == ("parallelspec", None, None, None, "3x4")
+    for bad in ("pearl@heuristic", "sd@specdec++=x", "ar:3", "beam", "sd:3[tree=2x2]", "ar[tree=2x2]", "sd[tree=]"):
         with pytest.raises(SpecEngineError):
             parse_provider(bad)
 

@@ -166,3 +166,16 @@ def test_pearl_with_the_parallel_drafter_equals_ar(trained, gamma):
     assert s["policy"] == "pearl+parallel" and s["draft_forwards"] == s["target_forwards"]
     with pytest.raises(SpecEngineError, match="policy 'parallel'"):
         eng.generate("ab", max_new_tokens=4, method="pearl", policy="heuristic")
+
+
+@pytest.mark.parametrize("tree", ["2x3", "3x4:6"])
+def test_parallelspec_tree_equals_ar(trained, tree):
+    """A token tree from the parallel drafter's one forward (top-K per position, best N by
+    joint draft probability): same tokens as ar, one draft forward per round."""
+    eng, _, _ = trained
+    prompts = ["def f(x):", "import os\n", "ab"]
+    ref = eng.generate(prompts, max_new_tokens=20, method="ar", ignore_eos=True)
+    out = eng.generate(prompts, max_new_tokens=20, method="parallelspec", tree=tree, ignore_eos=True)
+    assert [r.token_ids for r in out] == [r.token_ids for r in ref]
+    s = out[0].stats
+    assert s["draft_forwards"] == s["target_forwards"] and s["tree"].startswith(tree.split(":")[0])

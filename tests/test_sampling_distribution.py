@@ -14,7 +14,7 @@ V, N, PROMPT = 8, 100_000, [3, 5, 2]
 @pytest.fixture(scope="module")
 def small_vocab(tmp_path_factory, tokenizer):
     hf, target, draft = small_vocab_models(tmp_path_factory.mktemp("v8"), V)
-    return hf, Engine(target, tokenizer, draft, max_seq_len=16)
+    return hf, Engine(target, tokenizer, draft, max_seq_len=32)
 
 
 def exact_joint(hf, params: SamplingParams) -> torch.Tensor:
@@ -31,13 +31,17 @@ def exact_joint(hf, params: SamplingParams) -> torch.Tensor:
     ("sd", 2, dict(temperature=1.0)),
     ("sd", 1, dict(temperature=0.7, top_k=5)),
     ("sd", 3, dict(temperature=1.3, top_p=0.8)),
+    ("sd", None, dict(temperature=1.0, tree="3x2")),  # token trees: sibling-by-sibling residual rule
+    ("sd", None, dict(temperature=0.8, top_k=6, tree="2x3:5")),
 ])
 def test_two_token_joint_matches_target(small_vocab, method, gamma, kw):
     hf, eng = small_vocab
+    kw = dict(kw)
+    tree = kw.pop("tree", None)
     params = SamplingParams(seed=1234, **kw)
     exact = exact_joint(hf, params)
     out = eng.generate([PROMPT] * N, max_new_tokens=2, method=method, gamma=gamma, seed=1234,
-                       ignore_eos=True, **kw)
+                       ignore_eos=True, tree=tree, **kw)
     pairs = torch.tensor([r.token_ids for r in out])
     emp = torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V).double() / N
     tv = 0.5 * (emp - exact.double()).abs().sum().item()
