@@ -71,6 +71,16 @@ def test_parallelspec_with_the_shipped_drafter_equals_ar(pair, prompts, ar_token
     assert r.stats["acceptance_by_position"][1] > MIN_MASK1_ACCEPTANCE  # MASK_1 proposes usable tokens
 
 
+def test_token_trees_equal_ar(pair, prompts, ar_tokens):
+    """Tree drafting from the AR draft and from the shipped parallel drafter, verified in one
+    target forward with a tree mask, paths compacted: ar's tokens."""
+    eng = pair[0]
+    for p, ref in zip(prompts, ar_tokens):
+        assert eng.generate(p, max_new_tokens=NEW, method="sd", tree="4x4:8", ignore_eos=True).token_ids == ref
+        r = eng.generate(p, max_new_tokens=NEW, method="parallelspec", tree="3x3", ignore_eos=True)
+        assert r.token_ids == ref and r.stats["tree"] == "3x3:9"
+
+
 def test_ar_equals_transformers_generate(pair, prompts, ar_tokens):
     from transformers import AutoModelForCausalLM
 

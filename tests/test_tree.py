@@ -170,3 +170,18 @@ def test_compacted_caches_equal_a_fresh_prefill(engines, tree):
             fresh = runner.model.new_cache(1, len(seq))
             runner.model(torch.tensor([seq[:valid]]), fresh, verify_attention_ref)
             torch.testing.assert_close(runner.cache.kv[:, :, b, :valid], fresh.kv[:, :, 0, :valid], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_sd_tree_on_cuda_equals_ar(tiny_pair, tokenizer, backend):
+    """On a GPU: tree verification through the Triton kernel's tree_mask (or the reference),
+    compaction through the CUDA extension (or torch): ar's tokens, fp32."""
+    import copy
+
+    target, _, perturbed = (copy.deepcopy(m).to("cuda") for m in tiny_pair)  # the session's models stay on CPU
+    eng = Engine(target, tokenizer, perturbed, max_seq_len=256, attention_backend=backend)
+    ref = [r.token_ids for r in eng.generate(PROMPTS, max_new_tokens=40, method="ar", ignore_eos=True)]
+    out = eng.generate(PROMPTS, max_new_tokens=40, method="sd", tree="3x4:8", ignore_eos=True)
+    assert [r.token_ids for r in out] == ref
