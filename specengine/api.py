@@ -9,6 +9,7 @@ import torch
 from .backends import draft_sampler_op, sampler_op
 from .cpu_matmul import choose_dtype, optimize, unpack
 from .cross_device import CrossDeviceDraft
+from .detokenize import partial_stop
 from .errors import SpecEngineError
 from .generation import Generation, check_capacity
 from .kernels.reference import rejection_sample_ref
@@ -334,16 +335,17 @@ class Engine:
             gen, batched = self._start(prompt, **kw)
         if batched:
             raise SpecEngineError("stream() takes one prompt; use generate() for a batch")
+        gen.track_text = True  # incremental detokenization: O(new tokens) per round, not the whole text
         rounds, row, sent = gen.rounds(), gen.rows[0], ""
         while True:
             with torch.inference_mode():
                 if next(rounds, None) is None:
                     break
-            text = self.decode(row.ids)
+            text = row.detok.text if row.detok is not None else ""  # holds back split characters
             if row.stop_text_end is not None:
                 text = text[: row.stop_text_end]
-            elif text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the rest
-                continue
+            elif row.finish_reason is None:  # hold back a tail that may be the start of a stop string
+                text = text[: len(text) - partial_stop(text, gen.stop_strings)]
             if len(text) > len(sent):
                 yield text[len(sent):]
                 sent = text

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .detokenize import IncrementalDetokenizer, find_stop
 from .errors import SpecEngineError
 from .methods.base import Method
 from .methods.common import DecodeState
@@ -34,6 +35,7 @@ class RowState:
     ids: list[int] = field(default_factory=list)  # generated ids (kept ones)
     finish_reason: str | None = None
     stop_text_end: int | None = None  # where a stop string starts in the text, if one hit
+    detok: IncrementalDetokenizer | None = None  # the row's text, kept when stops or streaming need it
 
 
 @dataclass
@@ -71,6 +73,7 @@ class Generation:
         self.engine, self.params, self.method = engine, params, method
         self.max_new = max_new_tokens
         self.stop_ids, self.stop_strings = stop_ids, stop_strings
+        self.track_text = bool(stop_strings)  # stream() turns it on too
         self.rows = [RowState(len(p)) for p in prompts]
         self.counters = Counters()
         self.t0 = time.perf_counter()
@@ -168,11 +171,15 @@ class Generation:
             if len(row.ids) + len(kept) >= self.max_new:
                 row.finish_reason = "length"
                 break
-        if self.stop_strings:
-            text = self.engine.decode(row.ids + kept)
-            hits = [i for i in (text.find(s) for s in self.stop_strings) if i >= 0]
-            if hits:
-                row.finish_reason, row.stop_text_end = "stop", min(hits)
+        if self.track_text:
+            row.detok = row.detok or IncrementalDetokenizer(self.engine.tokenizer)
+            searched = len(row.detok.text)
+            row.detok.push(kept)
+            if row.finish_reason is not None:
+                row.detok.flush()
+            hit = find_stop(row.detok.text, self.stop_strings, searched)
+            if hit is not None:
+                row.finish_reason, row.stop_text_end = "stop", hit
         return kept
 
     # ------------------------------------------------------------------ results
