@@ -36,7 +36,7 @@ def test_tree_shape_parsing():
 
 def test_greedy_accepts_the_longest_argmax_path():
     V = 10
-    logits = torch.randn(1, 8, V)
+    logits = torch.randn(1, 8, V, generator=torch.Generator().manual_seed(0))
     # make the path 0 -> 1 -> 4 -> 7 the target's argmax chain, then node 7's argmax is the bonus
     tokens = torch.tensor([[9, 2, 3, 4, 5, 6, 7, 8]])
     for node, child in ((0, 1), (1, 4), (4, 7)):
@@ -47,7 +47,7 @@ def test_greedy_accepts_the_longest_argmax_path():
     assert n_acc.tolist() == [3] and path[0].tolist() == [1, 4, 7]
     assert out[0].tolist() == [2, 5, 8, int(logits[0, 7].argmax())]
     # break the chain at depth 2: node 1's argmax is no child -> the correction is that argmax
-    logits[0, 1, tokens[0, 4]] = -50.0
+    logits[0, 1, tokens[0, 4]] = logits[0, 1, tokens[0, 5]] = -50.0  # neither child 4 nor child 5
     out, n_acc, _ = tree_accept(logits, tree, torch.zeros(1), torch.zeros(1, dtype=torch.int64), torch.tensor(0), 3, 3)
     assert n_acc.tolist() == [1] and out[0, :2].tolist() == [2, int(logits[0, 1].argmax())]
 
