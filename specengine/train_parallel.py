@@ -171,14 +171,11 @@ def mask_logits(drafter, chunk: torch.Tensor, anchors: torch.Tensor, k: int) -> 
 
 def group_loss(drafter, chunk: torch.Tensor, t_vals, t_ids, anchors, recipe: ParallelRecipe, return_acc=False):
     """Mean distillation + text loss over every mask of every group of a batch of chunks."""
-    B, L = chunk.shape
     k = recipe.k_max
     dev = drafter.mask_embed.device
-    mask_index = group_layout(L, anchors, k)[0]
-    T = mask_index.shape[0]
     logits = mask_logits(drafter, chunk, anchors, k)
-    q = torch.arange(L, T)
-    g, i = (q - L) // (k - 1), mask_index[q]
+    j = torch.arange(logits.shape[1])  # mask rows in group_layout's order: group-major, MASK_1..MASK_{k-1}
+    g, i = j // (k - 1), j % (k - 1) + 1
     src = anchors[g] + i  # the real position whose next token MASK_i predicts
     logq = torch.log_softmax(logits.float(), -1)  # [B, G*(k-1), V]
     tv, ti = t_vals[:, src].to(dev), t_ids[:, src].to(dev).long()

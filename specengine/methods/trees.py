@@ -98,12 +98,12 @@ def verify_tree_and_commit(engine, state: DecodeState, tree: TokenTree, shape: T
     """One target forward over the tree, lossless acceptance, K/V compaction, commit."""
     start = state.n.clone()
     with timer.phase("target"):
-        logits = engine.target.verify(tree.tokens, tree_mask=ancestor_mask(tree.parent), attn_len=state.attn_len)
+        logits = engine.target.verify(tree.tokens, tree_mask=tree.mask(), attn_len=state.attn_len)
     out, n_acc, path = tree_accept(filter_logits(logits, state.params), tree, state.temperature, state.seed,
                                    state.offset, shape.depth, shape.topk)
     root_slot = start - 1
     compact_path(engine.target.cache, root_slot, path, n_acc)
-    draft_lens = None
+    draft_lens = start  # the parallel drafter's cache holds the committed tokens only
     if tree.draft_depth:  # the draft wrote the nodes shallower than draft_depth at root_slot + source
         fed = n_acc.to(torch.int64).clamp(max=tree.draft_depth - 1)
         compact_path(engine.draft.cache, root_slot, tree.source.gather(1, path.clamp(min=0)), fed)
@@ -111,4 +111,4 @@ def verify_tree_and_commit(engine, state: DecodeState, tree: TokenTree, shape: T
     state.commit(out, n_acc + 1)
     num_draft = torch.full_like(n_acc, shape.depth)  # per-depth acceptance: alpha_d = P(depth d | d-1)
     return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1, draft_forwards=draft_forwards,
-                       draft_lens=draft_lens if draft_lens is not None else start)
+                       draft_lens=draft_lens)
