@@ -32,8 +32,12 @@ SPILL_FREE = {
 
 
 def block_m_for(rows: int, dtype: torch.dtype) -> int:
-    """Packed query rows per program: up to 64 for 16-bit inputs, 16 for fp32 (see SPILL_FREE)."""
-    return max(16, min(16 if dtype == torch.float32 else 64, triton.next_power_of_2(rows)))
+    """Packed query rows per program: the smallest BLOCK_M with a spill-free config that holds
+    `rows`, else the largest (16 or 64 for 16-bit inputs, 16 for fp32; see SPILL_FREE). Only
+    these, so the autotuner's prune always keeps a config (a BLOCK_M of 32 had none: every
+    bf16 step of 17-32 packed rows failed on the first GPU run)."""
+    sizes = sorted({m for m, _, _ in SPILL_FREE["fp32" if dtype == torch.float32 else "half"]})
+    return next((m for m in sizes if m >= rows), sizes[-1])
 
 
 def _configs():

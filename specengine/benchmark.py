@@ -9,6 +9,7 @@ like; `speedup` is relative to the named baseline measured in the same run.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -72,11 +73,17 @@ def environment() -> dict:
     import transformers
 
     cpu = machine()
+    commit = commit or os.environ.get("SPECENGINE_COMMIT")  # a copy without .git (the GPU machine)
     env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
            "cpu": cpu["cpu"], "cpu_isa": cpu["isa"], "cpu_threads": cpu["threads"],
            "commit": commit, "command": " ".join(sys.argv)}
     if torch.cuda.is_available():
         env.update(device=torch.cuda.get_device_name(), cuda=torch.version.cuda)
+        try:
+            import triton
+            env["triton"] = triton.__version__
+        except ImportError:
+            env["triton"] = None
     else:
         env["device"] = "cpu"
     return env
