@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .backends import attention_op
+from .draft_graph import DraftChainGraphs
 from .graphs import Q_BUCKETS, GraphRunner, len_buckets
 from .kernels.reference import verify_attention_ref
 from .kv_cache import KVCache
@@ -26,6 +27,8 @@ class ModelRunner:
         self.cache: KVCache | None = None  # the rows of the current call
         self.graphs: GraphRunner | None = None
         self._warmed: KVCache | None = None  # the buffer warm-up (autotune, graphs) last ran on
+        self._chain: DraftChainGraphs | None = None
+        self.chain_graph = True  # as a draft: one graph for a whole chain (False: a graph per step)
         self.set_attention(attention)
         self.set_cuda_graphs(cuda_graphs, capture)
 
@@ -42,13 +45,13 @@ class ModelRunner:
         """"torch" | "triton" | "auto" (Triton on CUDA). Captured graphs baked the old kernel."""
         self.attn_fn = attention_op(name, self.device)
         self.attention_backend = "torch" if self.attn_fn is verify_attention_ref else "triton"
-        self.graphs = self._warmed = None
+        self.graphs = self._warmed = self._chain = None
 
     def set_cuda_graphs(self, enabled: bool = True, capture=None) -> None:
         """Replay captured graphs for decode/verify (CUDA; `capture` stands in on CPU in tests)."""
         self.capture = capture
         self.use_graphs = enabled and (self.device.type == "cuda" or capture is not None)
-        self.graphs = self._warmed = None
+        self.graphs = self._warmed = self._chain = None
 
     # ------------------------------------------------------------------ buffers and graphs
     def allocate(self, batch: int, max_seq_len: int) -> KVCache:
@@ -59,7 +62,7 @@ class ModelRunner:
             or buf.kv.device != self.device
         if stale or (buf.kv.is_inference() and not torch.is_inference_mode_enabled()):  # can't write those here
             self._buffer = self.model.new_cache(rows, max_seq_len)
-            self.graphs = None  # they point at the old buffer; warm-up captures anew
+            self.graphs = self._chain = None  # they point at the old buffer; warm-up captures anew
         self._buffer.reset()  # every row, padded graph rows included, starts at length 0
         self.cache = self._buffer.rows(batch)
         if self._warmed is not self._buffer and (self.use_graphs or self.device.type == "cuda"):
@@ -81,6 +84,14 @@ class ModelRunner:
             self.graphs.capture_all()
         buf.reset()
         self._warmed = buf
+
+    def chain_graphs(self) -> DraftChainGraphs | None:
+        """Whole-chain draft graphs over this buffer (None when graphs are off)."""
+        if not (self.use_graphs and self.chain_graph and self.graphs is not None):
+            return None
+        if self._chain is None:
+            self._chain = DraftChainGraphs(self, capture=self.capture)
+        return self._chain
 
     def _forward_rows(self, tokens, rows: int, attn_len: int):
         return self.model(tokens, self._buffer.rows(rows), self.attn_fn, attn_len=attn_len)

@@ -105,6 +105,28 @@ def test_engine_tokens_identical_with_graph_runner(tiny_dir, method, gamma):
     assert eng.target.graphs is None
 
 
+@pytest.mark.parametrize("method", ["sd", "pearl"])
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8, seed=3), dict(temperature=1.0, top_k=5, seed=4)])
+def test_whole_chain_draft_graph_gives_eager_tokens(tiny_pair, tokenizer, method, sampling):
+    """The draft's whole chain as one (stand-in) graph: the same tokens as eager drafting, for a
+    draft that disagrees with the target (rollbacks), 3 rows padded to the batch bucket 4,
+    greedy and sampled; one chain graph per (batch, γ, length, sampling) key, replayed."""
+    target, _, draft = tiny_pair
+    eng = Engine(target, tokenizer, draft, max_seq_len=256, max_batch=4)
+    prompts = ["def add(a, b):\n", "x = [1", "for i in range(3"]
+    kw = dict(max_new_tokens=30, method=method, gamma=3, ignore_eos=True, **sampling)
+    ref = [r.token_ids for r in eng.generate(prompts, **kw)]
+    eng.set_cuda_graphs(True, capture=fake_capture)
+    out = eng.generate(prompts, **kw)
+    chain = eng.draft._chain
+    assert chain is not None and chain.replays > 0 and len(chain.graphs) >= 1
+    assert all(k[0] == 4 and k[1] == 3 for k in chain.graphs)
+    assert [r.token_ids for r in out] == ref
+    assert int(eng.draft._buffer.lens[3]) == 0  # the padding row is left at length 0
+    eng.draft.chain_graph = False  # a graph per draft step instead: same tokens
+    assert [r.token_ids for r in eng.generate(prompts, **kw)] == ref
+
+
 def test_reallocated_cache_recaptures(model):
     runner = ModelRunner(model, capture=fake_capture)
     runner.allocate(1, 64)
@@ -128,3 +150,22 @@ def test_cuda_graph_replay_gives_eager_tokens(tiny_dir, method):
     out = eng.generate(prompts, max_new_tokens=40, method=method, gamma=3, ignore_eos=True)
     assert [r.token_ids for r in out] == ref and eng.target.graphs.replays > 0
     assert 0 < memory["target"] < 2 << 30
+    if method == "sd":  # the draft ran as whole-chain graphs
+        assert eng.draft._chain is not None and eng.draft._chain.replays > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8, seed=3)])
+def test_cuda_whole_chain_draft_graph_gives_eager_tokens(tiny_pair, tokenizer, sampling):
+    """A perturbed draft (rollbacks), 3 rows in the batch bucket 4, bf16: eager vs the chain graph."""
+    import copy
+
+    target, _, perturbed = (copy.deepcopy(m).to("cuda", torch.bfloat16) for m in tiny_pair)
+    eng = Engine(target, tokenizer, perturbed, max_seq_len=512, max_batch=4, cuda_graphs=False)
+    prompts = ["def add(a, b):\n", "x = [1", "for i in range(3"]
+    kw = dict(max_new_tokens=40, method="sd", gamma=4, ignore_eos=True, **sampling)
+    ref = [r.token_ids for r in eng.generate(prompts, **kw)]
+    eng.set_cuda_graphs(True)
+    assert [r.token_ids for r in eng.generate(prompts, **kw)] == ref
+    assert eng.draft._chain.replays > 0 and int(eng.draft._buffer.lens[3]) == 0

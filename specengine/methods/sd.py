@@ -39,9 +39,17 @@ def draft_chain(draft, state: DecodeState, gamma: int, upto: torch.Tensor | None
     A policy that wants hidden states (specdec++) sees each step's and may end the loop
     early (γ' < γ) once every row has stopped."""
     observe = policy is not None and policy.wants_hidden
+    upto = state.n if upto is None else upto
+    chain = None if observe else getattr(draft, "chain_graphs", lambda: None)()
+    if chain is not None:  # the whole chain as one CUDA graph replay (draft_graph.py)
+        seen = draft.cache.lens.to(torch.int64)
+        tok2 = state.tokens.gather(1, state.positions(seen, 2))
+        out = chain.run(state, gamma, tok2, (upto - 1 - seen).clamp(0, 1), draft.cache.lens, upto)
+        if out is not None:
+            return out
     if observe:
         policy.begin_round(state.batch, state.tokens.device)
-    out = draft_catch_up(draft, state, state.n if upto is None else upto, return_hidden=observe)
+    out = draft_catch_up(draft, state, upto, return_hidden=observe)
     toks, qs, confs = [], [], []
     for j in range(gamma):
         if j:

@@ -1,0 +1,99 @@
+"""One CUDA graph for a whole chain draft: the catch-up forward, γ−1 decode steps and the
+γ draft samplings, replayed as a single launch (docs/design.md, "Model runner and CUDA
+graphs"). Per-step graphs still pay a launch, a copy into the static token buffer and a
+Python round trip per draft token; here the draft of a round is one replay.
+
+A graph is keyed by (batch bucket, γ, attention-length bucket, sampling parameters) and
+captured on the first round that needs it (a capture is two eager runs plus the capture;
+the chain is idempotent: it sets the draft's lengths from a static input before feeding, so
+the warm-up runs leave the same state the replay does). Static inputs: the two catch-up
+tokens per row, which of their logits continues the chain, the length to set, seeds and
+the round's offset. Padding rows (B..b−1) are unused cache rows: their lengths are set to
+0 before and after each replay, so they never hold anything another call could read.
+"""
+from __future__ import annotations
+
+import torch
+
+from .graphs import batch_buckets, cuda_capture, len_bucket
+
+
+class DraftChainGraphs:
+    def __init__(self, runner, max_gamma: int = 16, capture=None):
+        self.runner, self.capture = runner, capture or cuda_capture
+        buf = runner._buffer
+        self.max_batch, self.max_seq_len, self.max_gamma = buf.batch, buf.max_seq_len, max_gamma
+        dev, V, bm = runner.device, runner.config.vocab_size, buf.batch
+        self.tok2 = torch.zeros(bm, 2, dtype=torch.int64, device=dev)
+        self.which = torch.zeros(bm, dtype=torch.int64, device=dev)
+        self.seen = torch.zeros(bm, dtype=torch.int32, device=dev)
+        self.upto = torch.zeros(bm, dtype=torch.int32, device=dev)
+        self.seed = torch.zeros(bm, dtype=torch.int64, device=dev)
+        self.offset = torch.zeros((), dtype=torch.int64, device=dev)
+        self.toks = torch.zeros(bm, max_gamma, dtype=torch.int64, device=dev)
+        self.confs = torch.zeros(bm, max_gamma, dtype=torch.float32, device=dev)
+        self.q = None  # [bm, max_gamma, V] fp32, allocated on the first sampled capture
+        self.vocab = V
+        self.graphs: dict[tuple, object] = {}
+        self.pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None
+        self.replays = 0
+
+    def key(self, batch: int, gamma: int, attn_len: int | None, params) -> tuple | None:
+        b = next((x for x in batch_buckets(self.max_batch) if x >= batch), None)
+        if b is None or gamma > self.max_gamma:
+            return None
+        n = len_bucket(attn_len or self.max_seq_len, self.max_seq_len)
+        return b, gamma, n, (params.temperature, params.top_k, params.top_p)  # seeds are an input
+
+    def _chain(self, b: int, gamma: int, n: int, params, sampler):
+        runner, buf = self.runner, self.runner._buffer.rows(b)
+        rows = torch.arange(b, device=runner.device)
+
+        def chain():
+            buf.lens.copy_(self.seen[:b])  # the catch-up feeds the unseen tokens from there
+            logits = runner._forward_rows(self.tok2[:b], b, n)[rows, self.which[:b]]
+            buf.lens.copy_(self.upto[:b])
+            for j in range(gamma):
+                if j:
+                    logits = runner._forward_rows(self.toks[:b, j - 1:j], b, n)[:, 0]
+                    buf.lens.add_(1)
+                tok, q, conf = sampler(logits, params, self.seed[:b], self.offset, j)
+                self.toks[:b, j].copy_(tok)
+                self.confs[:b, j].copy_(conf)
+                if q is not None:
+                    self.q[:b, j].copy_(q)
+        return chain
+
+    def run(self, state, gamma: int, tok2, which, seen, upto):
+        """The chain draft_chain would compute (tokens [B,γ], q [B,γ,V] | None, confs [B,γ]),
+        from one graph replay; None when no graph fits (then the caller runs it eagerly)."""
+        B = state.batch
+        key = self.key(B, gamma, state.attn_len, state.params)
+        if key is None:
+            return None
+        b = key[0]
+        if not state.params.greedy and self.q is None:
+            self.q = torch.zeros(self.max_batch, self.max_gamma, self.vocab, dtype=torch.float32,
+                                 device=self.runner.device)
+        self.tok2[:B].copy_(tok2)
+        self.which[:B].copy_(which)
+        self.seen[:B].copy_(seen)
+        self.upto[:B].copy_(upto.to(torch.int32))
+        self.seed[:B].copy_(state.seed)
+        self.offset.copy_(state.offset)
+        buf = self.runner._buffer
+        pad = buf.lens[B:b]
+        self.seen[B:b].zero_()  # padding rows: catch-up at 0, lengths end at γ; reset below
+        self.upto[B:b].fill_(1)
+        self.which[B:b].zero_()
+        self.tok2[B:b].zero_()
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self.graphs[key] = self.capture(self._chain(*key[:3], state.params, state.draft_sampler),
+                                                    self.pool, self.runner.device)
+        graph.replay()
+        self.replays += 1
+        pad.zero_()
+        # copies: the static outputs are overwritten by the next replay (PEARL keeps drafts a round)
+        q = None if state.params.greedy else self.q[:B, :gamma].clone()
+        return self.toks[:B, :gamma].clone(), q, self.confs[:B, :gamma].clone()
