@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean
+.PHONY: gpu-check install demo test test-fast bench bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean
 
 $(STAMP): pyproject.toml setup.py csrc/compact_kv.cpp csrc/compact_kv_cuda.cu csrc/compact_kv.h
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -103,3 +103,9 @@ compile-check: $(STAMP)
 	  --json bench/results/compile_check_full.json
 	$(PY) -m specengine.ext_check --fetch-only
 	$(PY) -m specengine.ext_check
+
+# GPU bring-up on a CUDA machine (its own python3 with torch, triton, transformers; no network):
+# installs with the sm_90 extension, runs pytest -m gpu, the kernel and end-to-end GPU
+# benchmarks, then the suite on CUDA; JSON under bench/results/. About 10 minutes on an H100.
+gpu-check:
+	SPECENGINE_COMMIT=$$(git rev-parse --short HEAD 2>/dev/null) bash scripts/gpu_check.sh $(GPU_PARTS)

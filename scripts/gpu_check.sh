@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # GPU bring-up in one script (issue: GPU bring-up; docs/design.md "GPU check").
-#   scripts/gpu_check.sh tests   install (CUDA extension for sm_90), pytest -m gpu, the suite on CUDA
-#   scripts/gpu_check.sh bench   kernel microbenchmarks + end-to-end GPU benchmark
-#   scripts/gpu_check.sh all     both (default)
+#   scripts/gpu_check.sh tests   install (CUDA extension for sm_90), pytest -m gpu
+#   scripts/gpu_check.sh bench   kernel microbenchmarks + end-to-end GPU benchmark (after tests)
+#   scripts/gpu_check.sh suite   the rest of the suite with every kernel on CUDA (after tests)
+#   scripts/gpu_check.sh         tests bench suite, in that order (about 10 minutes on an H100)
 # Runs with the machine's own python3 (torch/triton/transformers preinstalled, no network).
 # Every result is JSON under bench/results/ (and copied to $OUT when that is set).
 set -uo pipefail
-PART=${1:-all}
+PARTS=" ${*:-tests bench suite} "
 PY=${PYTHON:-python3}
 RES=bench/results
 mkdir -p "$RES" build/gpu-logs
@@ -32,18 +33,19 @@ env["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_versi
 print(json.dumps(env, indent=1))
 PY
 
-if [ "$PART" = tests ] || [ "$PART" = all ]; then
+if [[ $PARTS == *" tests "* ]]; then
   export TORCH_CUDA_ARCH_LIST=9.0 SPECENGINE_BUILD_EXT=1
   step install $PY -m pip install -q --no-deps --no-build-isolation --no-cache-dir -e .
   step ext $PY -c "from specengine import kv_compact as k; assert k.extension_available(), 'KV extension not built'; print('kv extension:', k._kvext.__file__)"
-  step gpu-tests $PY -m pytest -q -p no:cacheprovider -m gpu --junitxml=$RES/gpu_tests_$DEV.xml tests
-  step suite-on-cuda timeout ${SUITE_TIMEOUT:-330} $PY -m pytest -q -p no:cacheprovider -m "not real and not gpu" -n 8 --timeout 300 \
-    --junitxml=$RES/gpu_suite_$DEV.xml tests
+  step gpu-tests timeout ${GPU_TESTS_TIMEOUT:-300} $PY -m pytest -q -p no:cacheprovider -m gpu --junitxml=$RES/gpu_tests_$DEV.xml tests
 fi
-if [ "$PART" = bench ] || [ "$PART" = all ]; then
-  step kernels $PY -m pytest bench/bench_verify_attention.py bench/bench_rejection_sampling.py bench/bench_compact_kv.py \
-    -p no:cacheprovider -q --benchmark-only --benchmark-json $RES/gpu_kernels_$DEV.json
-  step e2e $PY bench/gpu_e2e.py --out $RES/gpu_e2e_$DEV.json
+if [[ $PARTS == *" bench "* ]]; then
+  step kernels timeout ${KERNELS_TIMEOUT:-300} $PY bench/gpu_kernels.py --out $RES/gpu_kernels_$DEV.json
+  step e2e timeout ${E2E_TIMEOUT:-400} $PY bench/gpu_e2e.py --out $RES/gpu_e2e_$DEV.json
+fi
+if [[ $PARTS == *" suite "* ]]; then
+  step suite-on-cuda timeout ${SUITE_TIMEOUT:-330} $PY -m pytest -q -p no:cacheprovider -m "not real and not gpu" -n 8 --timeout 120 -v \
+    --junitxml=$RES/gpu_suite_$DEV.xml tests
 fi
 if [ -n "${OUT:-}" ]; then cp $RES/gpu_* "$OUT"/ 2>/dev/null; tar czf "$OUT/logs.tgz" build/gpu-logs; fi
 exit $status
