@@ -34,7 +34,9 @@ class DraftChainGraphs:
         self.confs = torch.zeros(bm, max_gamma, dtype=torch.float32, device=dev)
         self.q = None  # [bm, max_gamma, V] fp32, allocated on the first sampled capture
         self.vocab = V
+        self.rows = torch.arange(bm, device=dev)
         self.graphs: dict[tuple, object] = {}
+        self._fns: dict[tuple, object] = {}  # the captured closures, kept alive with their graphs
         self.pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None
         self.replays = 0
 
@@ -46,8 +48,9 @@ class DraftChainGraphs:
         return b, gamma, n, (params.temperature, params.top_k, params.top_p)  # seeds are an input
 
     def _chain(self, b: int, gamma: int, n: int, params, sampler):
-        runner, buf = self.runner, self.runner._buffer.rows(b)
-        rows = torch.arange(b, device=runner.device)
+        # every tensor the graph reads is an attribute of self: a graph holds raw pointers, and a
+        # tensor local to this closure would be freed (and its memory reused) after the capture
+        runner, buf, rows = self.runner, self.runner._buffer.rows(b), self.rows[:b]
 
         def chain():
             buf.lens.copy_(self.seen[:b])  # the catch-up feeds the unseen tokens from there
@@ -89,8 +92,8 @@ class DraftChainGraphs:
         self.tok2[B:b].zero_()
         graph = self.graphs.get(key)
         if graph is None:
-            graph = self.graphs[key] = self.capture(self._chain(*key[:3], state.params, state.draft_sampler),
-                                                    self.pool, self.runner.device)
+            fn = self._fns[key] = self._chain(*key[:3], state.params, state.draft_sampler)
+            graph = self.graphs[key] = self.capture(fn, self.pool, self.runner.device)
         graph.replay()
         self.replays += 1
         pad.zero_()
