@@ -255,15 +255,16 @@ def main(argv=None) -> int:
             result.setdefault("errors", {})[key] = repr(e)
         save()
 
+    target = random_model("qwen2.5-1.5b", 0)
+    if "spec" in args.only:
+        guarded("spec", lambda: spec_section(target, random_model("qwen2.5-0.5b", 1), "random 1.5b/0.5b"))
+        guarded("projected", lambda: projections(result["spec"]))
+    if "allaccept" in args.only:
+        guarded("spec", lambda: spec_section(target, copy.deepcopy(target), "all-accept 1.5b/1.5b copy"))
+    del target
+    torch.cuda.empty_cache()
     if "ar" in args.only:
         guarded("ar", lambda: ar_section(peak, bw, args.small))
-    if "spec" in args.only or "allaccept" in args.only:
-        target = random_model("qwen2.5-1.5b", 0)
-        if "spec" in args.only:
-            guarded("spec", lambda: spec_section(target, random_model("qwen2.5-0.5b", 1), "random 1.5b/0.5b"))
-            guarded("projected", lambda: projections(result["spec"]))
-        if "allaccept" in args.only:
-            guarded("spec", lambda: spec_section(target, copy.deepcopy(target), "all-accept 1.5b/1.5b copy"))
     return 1 if result.get("errors") else 0
 
 

@@ -207,8 +207,8 @@ def main(argv=None) -> int:
     props = torch.cuda.get_device_properties(0)
     result = {"environment": env, "copy_bandwidth_Bps": bw, "sms": props.multi_processor_count, "rows": []}
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e12:.2f} TB/s (read + write)", flush=True)
-    for part, fn in (("rejection", lambda: rejection_rows(bw)), ("attention", attention_rows),
-                     ("compact", compact_rows)):
+    for part, fn in (("rejection", lambda: rejection_rows(bw)), ("compact", compact_rows),
+                     ("attention", attention_rows)):
         if part in args.only:
             try:
                 result["rows"] += fn()
