@@ -111,14 +111,15 @@ def run(eng, batch, ctx, profile=False, **kw) -> dict:
 
 def gpu_busy(prof, rounds: int) -> dict:
     """Union of GPU activity intervals (kernels, copies) and time in sampling kernels, per round."""
-    spans, sampling = [], 0.0
+    spans, sampling, by_name = [], 0.0, {}
     for e in prof.profiler.kineto_results.events():
         if e.device_type() != torch.autograd.DeviceType.CUDA:
             continue
         s, d = e.start_ns(), e.duration_ns()
         spans.append((s, s + d))
-        name = e.name().lower()
-        if "rejection" in name or "sample" in name or "topk" in name or "sort" in name:
+        name = e.name()
+        by_name[name] = by_name.get(name, 0) + d
+        if any(k in name.lower() for k in ("rejection", "sample", "topk", "sort")):
             sampling += d
     spans.sort()
     busy, end = 0, None
@@ -129,12 +130,12 @@ def gpu_busy(prof, rounds: int) -> dict:
         elif t > end:
             busy += t - end
             end = t
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]  # where the GPU time goes
     return dict(gpu_busy_s_per_round=busy / 1e9 / max(rounds, 1), sampling_s_per_round=sampling / 1e9 / max(rounds, 1),
-                gpu_kernels=len(spans))
+                gpu_kernels=len(spans), top_kernels_s_per_round={k[:120]: v / 1e9 / max(rounds, 1) for k, v in top})
 
 
-def ar_section(peak: float, bw: float, only_small: bool) -> list[dict]:
-    rows = []
+def ar_section(rows: list, peak: float, bw: float, only_small: bool) -> None:
     for name in ("qwen2.5-1.5b",) if only_small else ("qwen2.5-1.5b", "qwen2.5-7b"):
         model = random_model(name, 0)
         eng = Engine(model, NoTokenizer(), None, method="ar", max_seq_len=MAX_SEQ, max_batch=8)
@@ -155,19 +156,20 @@ def ar_section(peak: float, bw: float, only_small: bool) -> list[dict]:
                     rows.append(r)
         del eng, model
         torch.cuda.empty_cache()
-    return rows
 
 
-def spec_section(target, draft, label: str) -> list[dict]:
+def spec_section(rows: list, target, draft, label: str) -> None:
     """sd γ 2/4/6 (whole-chain draft graph and per-step graphs) and pearl (± second stream)."""
     eng = Engine(target, NoTokenizer(), draft, max_seq_len=MAX_SEQ, max_batch=8)
-    rows, ref = [], None
     run(eng, 1, 512, method="ar")
     ar = run(eng, 1, 512, method="ar")
     ar_prof = run(eng, 1, 512, method="ar", profile=True)
-    ar.update(gpu_busy_s_per_round=ar_prof["gpu_busy_s_per_round"], sampling_s_per_round=ar_prof["sampling_s_per_round"])
+    ar.update(gpu_busy_s_per_round=ar_prof["gpu_busy_s_per_round"], sampling_s_per_round=ar_prof["sampling_s_per_round"],
+              top_kernels_s_per_round=ar_prof["top_kernels_s_per_round"])
     ref = ar.pop("token_ids")
-    rows.append(dict(ar, pair=label, provider="ar"))
+    ar_row = dict(ar, pair=label, provider="ar")
+    ar_row["engine_overhead"] = 1 - ar_row["gpu_busy_s_per_round"] / ar_row["round_s"]
+    rows.append(ar_row)
     configs = [(f"sd:{g}", dict(method="sd", gamma=g), {}) for g in (2, 4, 6)]
     configs += [("sd:4 per-step graphs", dict(method="sd", gamma=4), {"chain_graph": False})]
     configs += [("pearl:4", dict(method="pearl", gamma=4), {}),
@@ -180,7 +182,8 @@ def spec_section(target, draft, label: str) -> list[dict]:
         r = run(eng, 1, 512, **kw)
         p = run(eng, 1, 512, profile=True, **kw)
         r.update(gpu_busy_s_per_round=p["gpu_busy_s_per_round"], sampling_s_per_round=p["sampling_s_per_round"],
-                 gpu_kernels_per_round=p["gpu_kernels"] / max(p["rounds"], 1))
+                 gpu_kernels_per_round=p["gpu_kernels"] / max(p["rounds"], 1),
+                 top_kernels_s_per_round=p["top_kernels_s_per_round"])
         r["engine_overhead"] = 1 - r["gpu_busy_s_per_round"] / r["round_s"]
         r["draft_s_per_round"] = r["draft_s"] / max(r["rounds"], 1)
         r["verify_s_per_round"] = r["target_s"] / max(r["rounds"], 1)
@@ -195,18 +198,14 @@ def spec_section(target, draft, label: str) -> list[dict]:
               f"{r['engine_overhead']:.1%}  tau {r['tokens_per_target_forward']:.2f}  same {r['same_tokens_as_ar']}",
               flush=True)
     eng.draft.chain_graph = True
-    ar_row = rows[0]
-    ar_row["engine_overhead"] = 1 - ar_row["gpu_busy_s_per_round"] / ar_row["round_s"]
-    return rows
 
 
-def projections(spec_rows: list[dict]) -> list[dict]:
+def projections(out: list, spec_rows: list[dict]) -> None:
     """τ(γ) from the real pair's per-position acceptance on CPU (sd:4, greedy HumanEval) x the
     GPU round time at γ (random weights, batch 1, ctx 512). PROJECTED."""
     src = Path(__file__).parent / "results" / "cpu_e2e_parallelspec.json"
     alpha = next(r["acceptance_by_position"] for r in json.loads(src.read_text())["results"] if r["provider"] == "sd:4")
     ar = next(r for r in spec_rows if r["provider"] == "ar" and r["pair"] == "random 1.5b/0.5b")
-    out = []
     for g in (2, 4, 6):
         rnd = next(r for r in spec_rows if r["provider"] == f"sd:{g}" and r["pair"] == "random 1.5b/0.5b")
         a = [alpha[min(i, len(alpha) - 1)] for i in range(g)]  # γ 6: α5, α6 taken as α4 (assumed)
@@ -220,7 +219,6 @@ def projections(spec_rows: list[dict]) -> list[dict]:
                         projected_speedup_vs_ar=tps / ar["tokens_per_s"], source=str(src.name)))
         print(f"PROJECTED real pair sd:{g}: tau {tau:.2f} x round {rnd['round_s'] * 1e3:.2f} ms -> {tps:.0f} tok/s "
               f"({tps / ar['tokens_per_s']:.2f}x ar)", flush=True)
-    return out
 
 
 def main(argv=None) -> int:
@@ -248,25 +246,29 @@ def main(argv=None) -> int:
 
     def guarded(key, fn):
         try:
-            result[key] += fn()
+            fn(result[key])  # appends row by row
         except Exception as e:  # record and go on
             import traceback
             traceback.print_exc()
             result.setdefault("errors", {})[key] = repr(e)
-        save()
+        finally:  # also when a time limit interrupts the run
+            save()
 
     target = random_model("qwen2.5-1.5b", 0)
     if "spec" in args.only:
-        guarded("spec", lambda: spec_section(target, random_model("qwen2.5-0.5b", 1), "random 1.5b/0.5b"))
-        guarded("projected", lambda: projections(result["spec"]))
+        guarded("spec", lambda rows: spec_section(rows, target, random_model("qwen2.5-0.5b", 1), "random 1.5b/0.5b"))
+        guarded("projected", lambda rows: projections(rows, result["spec"]))
     if "allaccept" in args.only:
-        guarded("spec", lambda: spec_section(target, copy.deepcopy(target), "all-accept 1.5b/1.5b copy"))
+        guarded("spec", lambda rows: spec_section(rows, target, copy.deepcopy(target), "all-accept 1.5b/1.5b copy"))
     del target
     torch.cuda.empty_cache()
     if "ar" in args.only:
-        guarded("ar", lambda: ar_section(peak, bw, args.small))
+        guarded("ar", lambda rows: ar_section(rows, peak, bw, args.small))
     return 1 if result.get("errors") else 0
 
 
 if __name__ == "__main__":
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` -> save what was measured
     sys.exit(main())

@@ -63,8 +63,8 @@ def copy_bandwidth() -> float:
     return 2 * x.numel() / (ms * 1e-3)
 
 
-def rejection_rows(bw: float) -> list[dict]:
-    rows, V = [], 151936
+def rejection_rows(rows: list, bw: float) -> None:
+    V = 151936
     for B in (1, 8, 32):
         for K in (3, 7):
             for temperature in (0.0, 1.0):
@@ -94,7 +94,6 @@ def rejection_rows(bw: float) -> list[dict]:
                       f"  roofline {roof:7.1f} us  ({t_triton / roof:.2f}x roof, {t_torch / t_triton:.1f}x torch)"
                       f"  graph: triton {g_triton} torch {g_torch}  same={same}", flush=True)
                 del logits, q
-    return rows
 
 
 def _sdpa_mask(q, k, v, lens, tree_mask=None):
@@ -121,11 +120,10 @@ def _sdpa_flash(q, kx, vx):
     return F.scaled_dot_product_attention(q.transpose(1, 2), kx, vx, attn_mask=mask).transpose(1, 2)
 
 
-def attention_rows() -> list[dict]:
-    rows, dt = [], torch.bfloat16
-    cases = [("chain", m, B, Q, ctx) for m in HEADS for B in (1, 8) for Q in (1, 5)
-             for ctx in (512, 1024, 2048, 4096, 8192, 16384)]
-    cases += [("tree", "qwen2.5-1.5b", B, nodes, ctx) for B in (1, 8) for nodes in (32, 64) for ctx in (1024, 4096)]
+def attention_rows(rows: list) -> None:
+    dt = torch.bfloat16
+    cases = [("tree", "qwen2.5-1.5b", B, nodes, ctx) for B in (1, 8) for nodes in (32, 64) for ctx in (1024, 4096)]
+    cases += [("chain", m, B, Q, ctx) for m in HEADS for B in (1, 8) for Q in (1, 5) for ctx in (512, 4096, 16384)]
     for kind, model, B, Q, ctx in cases:
         Hq, Hkv, D = HEADS[model]
         S = ctx + Q
@@ -169,11 +167,9 @@ def attention_rows() -> list[dict]:
               f"sdpa {row.get('sdpa_best_graph_us')} ({row.get('x_sdpa_best_graph')})  err {err:.1e}", flush=True)
         rows.append(row)
         del qs, ks, vs
-    return rows
 
 
-def compact_rows() -> list[dict]:
-    rows = []
+def compact_rows(rows: list) -> None:
     for model, (L, H, D) in {"qwen2.5-1.5b": (28, 2, 128), "qwen2.5-7b": (28, 4, 128)}.items():
         for count in (4, 16):
             B, S = 4, 4096
@@ -190,7 +186,6 @@ def compact_rows() -> list[dict]:
                                                                             check=False))
             print(f"compact_kv {model} count={count}: {row}", flush=True)
             rows.append(row)
-    return rows
 
 
 def main(argv=None) -> int:
@@ -207,19 +202,23 @@ def main(argv=None) -> int:
     props = torch.cuda.get_device_properties(0)
     result = {"environment": env, "copy_bandwidth_Bps": bw, "sms": props.multi_processor_count, "rows": []}
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e12:.2f} TB/s (read + write)", flush=True)
-    for part, fn in (("rejection", lambda: rejection_rows(bw)), ("compact", compact_rows),
+    for part, fn in (("rejection", lambda rows: rejection_rows(rows, bw)), ("compact", compact_rows),
                      ("attention", attention_rows)):
         if part in args.only:
             try:
-                result["rows"] += fn()
+                fn(result["rows"])  # appends row by row
             except Exception as e:  # record and go on: one broken kernel must not hide the rest
                 import traceback
                 traceback.print_exc()
                 result.setdefault("errors", {})[part] = repr(e)
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=1)
+            finally:  # also when a time limit interrupts the run (SIGTERM -> KeyboardInterrupt below)
+                with open(args.out, "w") as f:
+                    json.dump(result, f, indent=1)
     return 1 if result.get("errors") else 0
 
 
 if __name__ == "__main__":
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` -> save what was measured
     sys.exit(main())

@@ -37,7 +37,7 @@ if [[ $PARTS == *" tests "* ]]; then
   export TORCH_CUDA_ARCH_LIST=9.0 SPECENGINE_BUILD_EXT=1
   step install $PY -m pip install -q --no-deps --no-build-isolation --no-cache-dir -e .
   step ext $PY -c "from specengine import kv_compact as k; assert k.extension_available(), 'KV extension not built'; print('kv extension:', k._kvext.__file__)"
-  step gpu-tests timeout ${GPU_TESTS_TIMEOUT:-300} $PY -m pytest -q -p no:cacheprovider -m gpu --junitxml=$RES/gpu_tests_$DEV.xml tests
+  step gpu-tests timeout ${GPU_TESTS_TIMEOUT:-300} $PY -m pytest -q -p no:cacheprovider -m gpu --junitxml=build/gpu-logs/gpu_tests_$DEV.xml tests
 fi
 if [[ $PARTS == *" bench "* ]]; then
   step kernels timeout ${KERNELS_TIMEOUT:-300} $PY bench/gpu_kernels.py --out $RES/gpu_kernels_$DEV.json
@@ -45,7 +45,7 @@ if [[ $PARTS == *" bench "* ]]; then
 fi
 if [[ $PARTS == *" suite "* ]]; then
   step suite-on-cuda timeout ${SUITE_TIMEOUT:-330} $PY -m pytest -q -p no:cacheprovider -m "not real and not gpu" -n 8 --timeout 120 -v \
-    --junitxml=$RES/gpu_suite_$DEV.xml tests
+    --junitxml=build/gpu-logs/gpu_suite_$DEV.xml tests
 fi
 if [ -n "${OUT:-}" ]; then cp $RES/gpu_* "$OUT"/ 2>/dev/null; tar czf "$OUT/logs.tgz" build/gpu-logs; fi
 exit $status

@@ -73,7 +73,7 @@ def environment() -> dict:
     import transformers
 
     cpu = machine()
-    commit = commit or os.environ.get("SPECENGINE_COMMIT")  # a copy without .git (the GPU machine)
+    commit = os.environ.get("SPECENGINE_COMMIT") or commit  # set by gpu_check: a copied tree's .git may be stale
     env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
            "cpu": cpu["cpu"], "cpu_isa": cpu["isa"], "cpu_threads": cpu["threads"],
            "commit": commit, "command": " ".join(sys.argv)}
