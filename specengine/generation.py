@@ -36,6 +36,9 @@ class RowState:
     finish_reason: str | None = None
     stop_text_end: int | None = None  # where a stop string starts in the text, if one hit
     detok: IncrementalDetokenizer | None = None  # the row's text, kept when stops or streaming need it
+    max_new: int | None = None  # per-request limits (the serving core); None: the call's
+    stops: list[str] | None = None
+    stop_ids: set[int] | None = None
 
 
 @dataclass
@@ -112,26 +115,52 @@ class Generation:
     # ------------------------------------------------------------------ rounds
     def rounds(self):
         """Run rounds until every row is done; yields the ids each row kept this round."""
-        state, target, draft = self.state, self.engine.target, self.engine.draft
         while any(r.finish_reason is None for r in self.rows):
-            longest = max(r.prompt_len + len(r.ids) for r in self.rows)
-            state.attn_len = attn_bound(longest + self.method.headroom, self.engine.max_seq_len)
-            out = self.method.round(state, self.timer)
-            target.cache.set_lens(state.n - 1)
-            if out.draft_lens is not None:
-                draft.cache.set_lens(out.draft_lens)
-            B, width = out.tokens.shape
-            marks = torch.stack([r.cache.high_water.to(state.tokens.device) for r in self._runners()])
-            host = torch.cat([out.tokens.flatten(), out.n_acc.to(torch.int64), out.num_draft.to(torch.int64),
-                              out.n_committed.to(torch.int64), marks]).tolist()  # the round's one sync
-            high_water = max(host[-len(marks):])
-            if high_water > self.engine.max_seq_len:
-                raise SpecEngineError(
-                    f"internal error: a {self.method.name} round wrote past the KV cache ({high_water} "
-                    f"> max_seq_len={self.engine.max_seq_len}); the capacity check missed it, please report this")
-            toks = host[: B * width]
-            n_acc, num_draft, n_new = (host[B * width + i * B: B * width + (i + 1) * B] for i in range(3))
-            yield self._book(out, [toks[b * width: b * width + n_new[b]] for b in range(B)], n_acc, num_draft)
+            yield self.step()
+
+    def step(self) -> list[list[int]]:
+        """One round for every active row; the ids each row kept (one host sync)."""
+        state, target, draft = self.state, self.engine.target, self.engine.draft
+        longest = max(r.prompt_len + len(r.ids) for r in self.rows if r.finish_reason is None)
+        state.attn_len = attn_bound(longest + self.method.headroom, self.engine.max_seq_len)
+        out = self.method.round(state, self.timer)
+        target.cache.set_lens(state.n - 1)
+        if out.draft_lens is not None:
+            draft.cache.set_lens(out.draft_lens)
+        B, width = out.tokens.shape
+        marks = torch.stack([r.cache.high_water.to(state.tokens.device) for r in self._runners()])
+        host = torch.cat([out.tokens.flatten(), out.n_acc.to(torch.int64), out.num_draft.to(torch.int64),
+                          out.n_committed.to(torch.int64), marks]).tolist()  # the round's one sync
+        high_water = max(host[-len(marks):])
+        if high_water > self.engine.max_seq_len:
+            raise SpecEngineError(
+                f"internal error: a {self.method.name} round wrote past the KV cache ({high_water} "
+                f"> max_seq_len={self.engine.max_seq_len}); the capacity check missed it, please report this")
+        toks = host[: B * width]
+        n_acc, num_draft, n_new = (host[B * width + i * B: B * width + (i + 1) * B] for i in range(3))
+        return self._book(out, [toks[b * width: b * width + n_new[b]] for b in range(B)], n_acc, num_draft)
+
+    def admit(self, slot: int, prompt: list[int], seed: int, max_new: int, stops: list[str],
+              stop_ids: set[int]) -> RowState:
+        """Put a new request into a free row (continuous batching, serve/core.py): its prompt is
+        prefilled into that row of every cache while the other rows keep their state."""
+        state, dev = self.state, self.state.tokens.device
+        n = len(prompt)
+        state.tokens[slot, :n] = torch.tensor(prompt, device=dev)
+        state.n[slot] = n
+        state.seed[slot] = seed
+        for runner in self._runners():
+            runner.prefill_row(slot, state.tokens[slot:slot + 1, : max(n - 1, 1)], n - 1)
+        row = self.rows[slot] = RowState(n, max_new=max_new, stops=stops, stop_ids=stop_ids)
+        self.method.reset_rows([slot])
+        state.active[slot] = True
+        return row
+
+    def release(self, slot: int, reason: str = "abort") -> None:
+        """Stop a row (finished or aborted): frozen on the device, its row free for `admit`."""
+        if self.rows[slot].finish_reason is None:
+            self.rows[slot].finish_reason = reason
+        self.state.active[slot] = False
 
     def _book(self, out, committed, n_acc, num_draft) -> list[list[int]]:
         counters = self.counters
@@ -165,19 +194,20 @@ class Generation:
         kept = []
         for t in new:
             kept.append(t)
-            if t in self.stop_ids:
+            if t in (self.stop_ids if row.stop_ids is None else row.stop_ids):
                 row.finish_reason = "eos"
                 break
-            if len(row.ids) + len(kept) >= self.max_new:
+            if len(row.ids) + len(kept) >= (row.max_new or self.max_new):
                 row.finish_reason = "length"
                 break
-        if self.track_text:
+        stops = self.stop_strings if row.stops is None else row.stops
+        if self.track_text or stops:
             row.detok = row.detok or IncrementalDetokenizer(self.engine.tokenizer)
             searched = len(row.detok.text)
             row.detok.push(kept)
             if row.finish_reason is not None:
                 row.detok.flush()
-            hit = find_stop(row.detok.text, self.stop_strings, searched)
+            hit = find_stop(row.detok.text, stops, searched)
             if hit is not None:
                 row.finish_reason, row.stop_text_end = "stop", hit
         return kept

@@ -31,6 +31,13 @@ class KVCache:
         view.high_water, view.rope_cos, view.rope_sin = self.high_water, self.rope_cos, self.rope_sin
         return view
 
+    def row(self, i: int) -> "KVCache":
+        """A view of row i alone (same storage): prefilling one slot while the others decode."""
+        view = object.__new__(KVCache)
+        view.kv, view.lens = self.kv[:, :, i:i + 1], self.lens[i:i + 1]
+        view.high_water, view.rope_cos, view.rope_sin = self.high_water, self.rope_cos, self.rope_sin
+        return view
+
     @property
     def batch(self) -> int:
         return self.kv.shape[2]

@@ -110,6 +110,18 @@ class ModelRunner:
         self.cache.set_lens(lens.to(torch.int32))
         return logits[:, 0]
 
+    def prefill_row(self, row: int, tokens: torch.Tensor, length: int) -> None:
+        """Prefill one row of the call's cache ([1,T] tokens, `length` of them real; 0 = empty)
+        and leave the other rows as they are (continuous batching)."""
+        full, self.cache = self.cache, self.cache.row(row)
+        try:
+            if length > 0:
+                self.prefill(tokens[:, :length], torch.tensor([length], device=self.device), attn_len=length)
+            else:
+                self.cache.lens.zero_()
+        finally:
+            self.cache = full
+
     def decode(self, token: torch.Tensor, attn_len=None, return_hidden=False):
         """One new token per row [B] -> logits [B,V] (cache.lens is not advanced)."""
         out = self.verify(token[:, None], attn_len=attn_len, return_hidden=return_hidden)

@@ -52,6 +52,9 @@ class Method:
     def after_round(self, n_acc: list[int], num_draft: list[int]) -> None:
         pass
 
+    def reset_rows(self, rows: list[int]) -> None:
+        """New requests took these rows (serving core): forget any per-row state."""
+
     def stats(self, generation) -> dict:
         return {}
 

@@ -159,6 +159,11 @@ class Pearl(Method):
         if len(n_acc) == 1:  # num_draft is γ in post-verify, 1 in pre-verify
             self.modes.trace.append(("post" if num_draft[0] > 1 else "pre", num_draft[0], n_acc[0]))
 
+    def reset_rows(self, rows: list[int]) -> None:
+        """A new request starts in pre-verify with nothing pending."""
+        if self.modes is not None:
+            self.modes.post[rows] = False
+
     def stats(self, generation) -> dict:
         """MAT: mean run length between rejections (PEARL's definition), and per-round times."""
         rows, rounds = generation.rows, max(generation.counters.rounds, 1)

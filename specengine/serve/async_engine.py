@@ -1,0 +1,112 @@
+"""AsyncEngine: `await generate(...)` and `async for out in stream(...)` over one EngineCore
+driven by a background thread (the only thread that touches the engine).
+
+Callers on any thread or event loop hand requests to the core under a lock (validation
+errors and Overloaded raise in the caller), and receive outputs through an asyncio queue
+fed with `loop.call_soon_threadsafe`. Leaving a stream early (break, cancellation, a
+client that disconnected) aborts the request, which frees its row.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import AsyncIterator
+
+from .core import EngineCore, RequestOutput, RequestParams
+
+
+class AsyncEngine:
+    def __init__(self, engine, **core_kw):
+        self.engine = engine
+        self.core = EngineCore(engine, **core_kw)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stop = False
+        self.error: BaseException | None = None
+        self.metrics = {"requests": 0, "finished": 0, "aborted": 0, "tokens": 0, "rounds": 0}
+        self._thread = threading.Thread(target=self._loop, name="specengine-core", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ public
+    def submit(self, prompt, params: RequestParams | None = None) -> tuple[str, asyncio.Queue]:
+        """Queue a request from the running event loop; returns (id, its output queue)."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            if self.error is not None:
+                raise RuntimeError(f"the engine loop stopped: {self.error!r}")
+            rid = self.core.add_request(prompt, params)
+            self._queues[rid] = (loop, queue)
+            self.metrics["requests"] += 1
+        self._wake.set()
+        return rid, queue
+
+    async def stream(self, prompt, params: RequestParams | None = None) -> AsyncIterator[RequestOutput]:
+        rid, queue = self.submit(prompt, params)
+        done = False
+        try:
+            while not done:
+                out = await queue.get()
+                if isinstance(out, BaseException):
+                    raise out
+                done = out.finished
+                yield out
+        finally:
+            if not done:
+                self.abort(rid)
+
+    async def generate(self, prompt, params: RequestParams | None = None) -> RequestOutput:
+        last = None
+        async for out in self.stream(prompt, params):
+            last = out
+        return last
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self.core.abort(request_id)
+        self._wake.set()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ the loop
+    def _loop(self) -> None:
+        while not self._stop:
+            with self._lock:
+                busy = self.core.has_unfinished()
+                if busy:
+                    try:
+                        t0 = time.perf_counter()
+                        outs = self.core.step()
+                        self.metrics["rounds"] += 1
+                        self.metrics["last_round_s"] = time.perf_counter() - t0
+                    except BaseException as e:  # a failing round fails its requests, never silently
+                        self.error = e
+                        for loop, queue in self._queues.values():
+                            loop.call_soon_threadsafe(queue.put_nowait, e)
+                        self._queues.clear()
+                        return
+                    for out in outs:
+                        self._deliver(out)
+            if not busy:
+                self._wake.wait(0.05)
+                self._wake.clear()
+
+    def _deliver(self, out: RequestOutput) -> None:
+        self.metrics["tokens"] += len(out.new_token_ids)
+        if out.finished:
+            self.metrics["aborted" if out.finish_reason == "abort" else "finished"] += 1
+        target = self._queues.get(out.request_id)
+        if target is None:
+            return
+        if out.finished:
+            del self._queues[out.request_id]
+        loop, queue = target
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, out)
+        except RuntimeError:  # the caller's loop is closed: nobody is listening
+            pass

@@ -1,0 +1,222 @@
+"""A request-level core over the engine's static KV rows (docs/design.md, "Serving").
+
+    core = EngineCore(engine, max_batch=8)
+    rid = core.add_request("def f(x):", RequestParams(max_new_tokens=64))
+    while core.has_unfinished():
+        for out in core.step():       # one speculative round for every running request
+            print(out.request_id, out.text_delta, out.finished)
+    core.abort(rid)                    # frees its row at the next step
+
+Continuous batching: the KV buffers hold `max_batch` rows; a finished or aborted request
+frees its row and the next waiting request is prefilled into that row alone while the
+others keep their caches (Generation.admit). Rows run one decoding method and one sampling
+class (temperature, top-k, top-p) at a time, because a round's draft sampling and
+filtering are per batch; requests of another class wait until the running ones finish
+(FIFO, never reordered). Seeds, stop strings and max_new_tokens are per request. Greedy
+outputs do not depend on the batch: each row's tokens are those of running it alone.
+The waiting queue is bounded: `add_request` raises `Overloaded` when it is full.
+Not thread-safe: one thread drives it (AsyncEngine does).
+"""
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from ..detokenize import partial_stop
+from ..errors import SpecEngineError
+from ..generation import Generation, check_capacity
+from ..methods import METHODS
+from ..sampling import SamplingParams
+
+
+class Overloaded(SpecEngineError):
+    """The waiting queue is full: retry later (HTTP 503)."""
+
+
+@dataclass
+class RequestParams:
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    stop: list[str] | str | None = None
+    ignore_eos: bool = False
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)  # validates
+
+    def stops(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if any(not isinstance(s, str) or not s for s in stops):
+            raise SpecEngineError("stop strings must be non-empty strings")
+        return stops
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    token_ids: list[int]  # every generated id so far
+    new_token_ids: list[int]  # ids committed in this step
+    text: str  # text so far (a partial stop string or split character held back)
+    text_delta: str  # new text since the last output
+    finished: bool = False
+    finish_reason: str | None = None  # "eos" | "length" | "stop" | "abort"
+    prompt_tokens: int = 0
+
+
+@dataclass
+class _Request:
+    rid: str
+    prompt: list[int]
+    params: RequestParams
+    sampling: SamplingParams
+    stops: list[str]
+    slot: int | None = None
+    sent: str = ""
+    ids: list[int] = field(default_factory=list)
+
+    @property
+    def klass(self):
+        s = self.sampling
+        return (s.temperature, s.top_k, s.top_p) if not s.greedy else (0.0, 0, 1.0)
+
+
+class EngineCore:
+    def __init__(self, engine, max_batch: int | None = None, max_waiting: int = 64, method: str | None = None,
+                 gamma=None, policy: str | None = None):
+        self.engine = engine
+        self.max_batch = max_batch or engine.target.max_batch
+        if not isinstance(self.max_batch, int) or self.max_batch < 1:
+            raise SpecEngineError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        if not isinstance(max_waiting, int) or max_waiting < 0:
+            raise SpecEngineError(f"max_waiting must be an integer >= 0, got {max_waiting!r}")
+        self.max_waiting = max_waiting
+        self.method_name, self.gamma, self.policy = method or engine.method, gamma, policy
+        engine._check_method(self.method_name)
+        self._probe = METHODS[self.method_name](engine, gamma, policy)  # validates, gives headroom
+        self.waiting: deque[_Request] = deque()
+        self.running: dict[str, _Request] = {}
+        self.slots: list[str | None] = [None] * self.max_batch
+        self.gen: Generation | None = None
+        self._klass = None
+        self._aborts: set[str] = set()
+        self._ids = itertools.count()
+        self.finished_requests = 0
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, prompt, params: RequestParams | None = None, request_id: str | None = None) -> str:
+        """Queue a request (a string, token ids or chat messages); raises SpecEngineError on bad
+        input and Overloaded when the waiting queue is full."""
+        params = params or RequestParams()
+        if not isinstance(params.max_new_tokens, int) or params.max_new_tokens < 1:
+            raise SpecEngineError(f"max_new_tokens must be an integer >= 1, got {params.max_new_tokens!r}")
+        sampling, stops = params.sampling(), params.stops()
+        prompts, batched = self.engine.encode(prompt)
+        if batched:
+            raise SpecEngineError("add_request takes one prompt")
+        check_capacity(prompts, params.max_new_tokens, self.engine.max_seq_len, self._probe.headroom)
+        if len(self.waiting) >= self.max_waiting:
+            raise Overloaded(f"server overloaded: {len(self.waiting)} requests waiting (max_waiting="
+                             f"{self.max_waiting}); retry later")
+        rid = request_id or f"req-{next(self._ids)}"
+        if rid in self.running or any(r.rid == rid for r in self.waiting):
+            raise SpecEngineError(f"request id {rid!r} is already in use")
+        self.waiting.append(_Request(rid, prompts[0], params, sampling, stops))
+        return rid
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a waiting or running request; its row is freed at the next step."""
+        if request_id in self.running or any(r.rid == request_id for r in self.waiting):
+            self._aborts.add(request_id)
+            return True
+        return False
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self._aborts)
+
+    @property
+    def free_slots(self) -> int:
+        return self.slots.count(None)
+
+    # ------------------------------------------------------------------ the loop
+    def step(self) -> list[RequestOutput]:
+        """Admit waiting requests into free rows, run one round for the running ones, and
+        report what each committed (finished and aborted requests included)."""
+        outputs = self._apply_aborts()
+        self._admit()
+        if not self.running:
+            return outputs
+        with torch.inference_mode():
+            kept = self.gen.step()
+        for slot, rid in enumerate(self.slots):
+            if rid is None:
+                continue
+            req, row = self.running[rid], self.gen.rows[slot]
+            req.ids.extend(kept[slot])
+            done = row.finish_reason is not None
+            outputs.append(self._output(req, row, kept[slot], done))
+            if done:
+                self._free(req)
+        return outputs
+
+    def _apply_aborts(self) -> list[RequestOutput]:
+        outs = []
+        for rid in list(self._aborts):
+            req = self.running.get(rid)
+            if req is not None:
+                self.gen.release(req.slot, "abort")
+                self._free(req)
+            else:
+                req = next((r for r in self.waiting if r.rid == rid), None)
+                if req is None:
+                    continue
+                self.waiting.remove(req)
+            outs.append(RequestOutput(rid, req.ids, [], req.sent, "", True, "abort", len(req.prompt)))
+        self._aborts.clear()
+        return outs
+
+    def _admit(self) -> None:
+        while self.waiting and self.free_slots:
+            req = self.waiting[0]
+            if self.running and req.klass != self._klass:
+                return  # another sampling class: it waits for the running rows (FIFO order kept)
+            if self.gen is None or req.klass != self._klass:
+                self._start(req)
+            slot = self.slots.index(None)
+            self.waiting.popleft()
+            with torch.inference_mode():
+                self.gen.admit(slot, req.prompt, req.sampling.seed, req.params.max_new_tokens, req.stops,
+                               set() if req.params.ignore_eos else self.engine.eos_ids)
+            req.slot, self.slots[slot] = slot, req.rid
+            self.running[req.rid] = req
+
+    def _start(self, req: _Request) -> None:
+        """A fresh Generation over all rows (empty) for this sampling class."""
+        method = METHODS[self.method_name](self.engine, self.gamma, self.policy)
+        placeholder = [[0]] * self.max_batch
+        with torch.inference_mode():
+            self.gen = Generation(self.engine, placeholder, req.sampling, 1, method, self.engine.eos_ids, [])
+            for slot in range(self.max_batch):
+                self.gen.release(slot, "free")
+        self.gen.track_text = True
+        self._klass = req.klass
+
+    def _free(self, req: _Request) -> None:
+        self.slots[req.slot] = None
+        del self.running[req.rid]
+        self.finished_requests += 1
+
+    def _output(self, req: _Request, row, new: list[int], done: bool) -> RequestOutput:
+        text = row.detok.text if row.detok is not None else ""
+        if row.stop_text_end is not None:
+            text = text[: row.stop_text_end]
+        elif not done:
+            text = text[: len(text) - partial_stop(text, req.stops)]
+        delta = text[len(req.sent):] if len(text) > len(req.sent) else ""
+        req.sent = text if len(text) > len(req.sent) else req.sent
+        return RequestOutput(req.rid, list(req.ids), list(new), req.sent, delta, done, row.finish_reason,
+                             len(req.prompt))
