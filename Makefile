@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml setup.py csrc/compact_kv.cpp csrc/compact_kv_cuda.cu cs
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
 	# no build isolation: setup.py needs this torch to compile the KV extension (csrc/)
-	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[gguf,test,bench,triton]"
+	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[gguf,test,bench,triton,serve]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,4 +1,4 @@
-"""Command line: `specengine generate | bench | fetch | train-head | train-parallel ...`.
+"""Command line: `specengine generate | serve | bench | fetch | train-head | train-parallel ...`.
 
 Every user error prints one line (`error: ...`) and exits with status 2.
 """
@@ -110,6 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--groups", type=int, default=16, help="mask groups per chunk")
     tp.add_argument("--rank", type=int, default=8, help="LoRA rank of the mask-row adapters")
 
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the serve extra)")
+    _engine_args(s)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--model-name", default=None, help="the name clients pass as `model` (default: --target)")
+    s.add_argument("--max-waiting", type=int, default=64, help="waiting requests before answering 503")
+    s.add_argument("--default-max-tokens", type=int, default=256, help="when a request has no max_tokens")
+    s.set_defaults(max_batch=8)  # rows served at once (and the CUDA graphs' largest batch)
+
     f = sub.add_parser("fetch", help="download + convert a registry model into the cache")
     f.add_argument("names", nargs="*", default=[DEFAULT_TARGET, DEFAULT_DRAFT], help=", ".join(REGISTRY))
     return ap
@@ -207,6 +216,15 @@ def cmd_train_parallel(args):
           f"teacher {report.teacher_seconds:.0f} s, training {report.train_seconds:.0f} s")
 
 
+def cmd_serve(args):
+    from .serve.server import serve
+
+    engine = _load(args)
+    print(f"serving {args.target} on http://{args.host}:{args.port}/v1 (max batch {args.max_batch})", file=sys.stderr)
+    serve(engine, args.model_name or args.target, host=args.host, port=args.port, max_batch=args.max_batch,
+          max_waiting=args.max_waiting, default_max_tokens=args.default_max_tokens, gamma=args.gamma)
+
+
 def cmd_fetch(args):
     from .fetch import fetch
 
@@ -218,7 +236,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         {"generate": cmd_generate, "bench": cmd_bench, "fetch": cmd_fetch, "train-head": cmd_train_head,
-         "train-parallel": cmd_train_parallel}[args.cmd](args)
+         "train-parallel": cmd_train_parallel, "serve": cmd_serve}[args.cmd](args)
     except SpecEngineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

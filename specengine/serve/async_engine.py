@@ -1,14 +1,17 @@
 """AsyncEngine: `await generate(...)` and `async for out in stream(...)` over one EngineCore
 driven by a background thread (the only thread that touches the engine).
 
-Callers on any thread or event loop hand requests to the core under a lock (validation
-errors and Overloaded raise in the caller), and receive outputs through an asyncio queue
-fed with `loop.call_soon_threadsafe`. Leaving a stream early (break, cancellation, a
-client that disconnected) aborts the request, which frees its row.
+Callers on any thread or event loop validate and tokenize their request themselves
+(errors and Overloaded raise in the caller), then drop it into an inbox the loop drains
+before each round; only the loop thread touches the core, so a caller never waits for a
+round to finish. Outputs come back through an asyncio queue fed with
+`loop.call_soon_threadsafe`. Leaving a stream early (break, cancellation, a client that
+disconnected) aborts the request, which frees its row.
 """
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from typing import AsyncIterator
@@ -20,7 +23,9 @@ class AsyncEngine:
     def __init__(self, engine, **core_kw):
         self.engine = engine
         self.core = EngineCore(engine, **core_kw)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the inbox only (held for microseconds)
+        self._inbox: list = []  # ("add", request) | ("abort", id)
+        self._ids = itertools.count()
         self._wake = threading.Event()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stop = False
@@ -34,14 +39,17 @@ class AsyncEngine:
         """Queue a request from the running event loop; returns (id, its output queue)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
+        if self.error is not None:
+            raise RuntimeError(f"the engine loop stopped: {self.error!r}")
+        req = self.core.prepare(prompt, params, f"req-{next(self._ids)}")  # raises on bad input
         with self._lock:
-            if self.error is not None:
-                raise RuntimeError(f"the engine loop stopped: {self.error!r}")
-            rid = self.core.add_request(prompt, params)
-            self._queues[rid] = (loop, queue)
+            if len(self.core.waiting) + sum(k == "add" for k, _ in self._inbox) >= self.core.max_waiting:
+                raise self.core.overloaded()
+            self._inbox.append(("add", req))
+            self._queues[req.rid] = (loop, queue)
             self.metrics["requests"] += 1
         self._wake.set()
-        return rid, queue
+        return req.rid, queue
 
     async def stream(self, prompt, params: RequestParams | None = None) -> AsyncIterator[RequestOutput]:
         rid, queue = self.submit(prompt, params)
@@ -65,7 +73,7 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         with self._lock:
-            self.core.abort(request_id)
+            self._inbox.append(("abort", request_id))
         self._wake.set()
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -75,36 +83,41 @@ class AsyncEngine:
 
     # ------------------------------------------------------------------ the loop
     def _loop(self) -> None:
+        core = self.core
         while not self._stop:
             with self._lock:
-                busy = self.core.has_unfinished()
-                if busy:
-                    try:
-                        t0 = time.perf_counter()
-                        outs = self.core.step()
-                        self.metrics["rounds"] += 1
-                        self.metrics["last_round_s"] = time.perf_counter() - t0
-                    except BaseException as e:  # a failing round fails its requests, never silently
-                        self.error = e
-                        for loop, queue in self._queues.values():
-                            loop.call_soon_threadsafe(queue.put_nowait, e)
-                        self._queues.clear()
-                        return
-                    for out in outs:
-                        self._deliver(out)
-            if not busy:
+                inbox, self._inbox = self._inbox, []
+            for kind, item in inbox:
+                if kind == "add":
+                    core.waiting.append(item)
+                else:
+                    core.abort(item)
+            if not core.has_unfinished():
                 self._wake.wait(0.05)
                 self._wake.clear()
+                continue
+            try:
+                t0 = time.perf_counter()
+                outs = core.step()
+                self.metrics["rounds"] += 1
+                self.metrics["last_round_s"] = time.perf_counter() - t0
+            except BaseException as e:  # a failing round fails its requests, never silently
+                self.error = e
+                for loop, queue in list(self._queues.values()):
+                    loop.call_soon_threadsafe(queue.put_nowait, e)
+                self._queues.clear()
+                return
+            for out in outs:
+                self._deliver(out)
 
     def _deliver(self, out: RequestOutput) -> None:
         self.metrics["tokens"] += len(out.new_token_ids)
         if out.finished:
             self.metrics["aborted" if out.finish_reason == "abort" else "finished"] += 1
-        target = self._queues.get(out.request_id)
+        with self._lock:
+            target = self._queues.pop(out.request_id, None) if out.finished else self._queues.get(out.request_id)
         if target is None:
             return
-        if out.finished:
-            del self._queues[out.request_id]
         loop, queue = target
         try:
             loop.call_soon_threadsafe(queue.put_nowait, out)

@@ -111,6 +111,16 @@ class EngineCore:
     def add_request(self, prompt, params: RequestParams | None = None, request_id: str | None = None) -> str:
         """Queue a request (a string, token ids or chat messages); raises SpecEngineError on bad
         input and Overloaded when the waiting queue is full."""
+        if len(self.waiting) >= self.max_waiting:
+            raise self.overloaded()
+        req = self.prepare(prompt, params, request_id or f"req-{next(self._ids)}")
+        if req.rid in self.running or any(r.rid == req.rid for r in self.waiting):
+            raise SpecEngineError(f"request id {req.rid!r} is already in use")
+        self.waiting.append(req)
+        return req.rid
+
+    def prepare(self, prompt, params: RequestParams | None, request_id: str) -> _Request:
+        """Validate and tokenize a request without touching the core's state (any thread)."""
         params = params or RequestParams()
         if not isinstance(params.max_new_tokens, int) or params.max_new_tokens < 1:
             raise SpecEngineError(f"max_new_tokens must be an integer >= 1, got {params.max_new_tokens!r}")
@@ -119,14 +129,11 @@ class EngineCore:
         if batched:
             raise SpecEngineError("add_request takes one prompt")
         check_capacity(prompts, params.max_new_tokens, self.engine.max_seq_len, self._probe.headroom)
-        if len(self.waiting) >= self.max_waiting:
-            raise Overloaded(f"server overloaded: {len(self.waiting)} requests waiting (max_waiting="
-                             f"{self.max_waiting}); retry later")
-        rid = request_id or f"req-{next(self._ids)}"
-        if rid in self.running or any(r.rid == rid for r in self.waiting):
-            raise SpecEngineError(f"request id {rid!r} is already in use")
-        self.waiting.append(_Request(rid, prompts[0], params, sampling, stops))
-        return rid
+        return _Request(request_id, prompts[0], params, sampling, stops)
+
+    def overloaded(self) -> Overloaded:
+        return Overloaded(f"server overloaded: {len(self.waiting)} requests waiting (max_waiting="
+                          f"{self.max_waiting}); retry later")
 
     def abort(self, request_id: str) -> bool:
         """Cancel a waiting or running request; its row is freed at the next step."""
@@ -143,6 +150,7 @@ class EngineCore:
         return self.slots.count(None)
 
     # ------------------------------------------------------------------ the loop
+    @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         """Admit waiting requests into free rows, run one round for the running ones, and
         report what each committed (finished and aborted requests included)."""
@@ -150,8 +158,7 @@ class EngineCore:
         self._admit()
         if not self.running:
             return outputs
-        with torch.inference_mode():
-            kept = self.gen.step()
+        kept = self.gen.step()
         for slot, rid in enumerate(self.slots):
             if rid is None:
                 continue
@@ -188,9 +195,8 @@ class EngineCore:
                 self._start(req)
             slot = self.slots.index(None)
             self.waiting.popleft()
-            with torch.inference_mode():
-                self.gen.admit(slot, req.prompt, req.sampling.seed, req.params.max_new_tokens, req.stops,
-                               set() if req.params.ignore_eos else self.engine.eos_ids)
+            self.gen.admit(slot, req.prompt, req.sampling.seed, req.params.max_new_tokens, req.stops,
+                           set() if req.params.ignore_eos else self.engine.eos_ids)
             req.slot, self.slots[slot] = slot, req.rid
             self.running[req.rid] = req
 
@@ -198,10 +204,9 @@ class EngineCore:
         """A fresh Generation over all rows (empty) for this sampling class."""
         method = METHODS[self.method_name](self.engine, self.gamma, self.policy)
         placeholder = [[0]] * self.max_batch
-        with torch.inference_mode():
-            self.gen = Generation(self.engine, placeholder, req.sampling, 1, method, self.engine.eos_ids, [])
-            for slot in range(self.max_batch):
-                self.gen.release(slot, "free")
+        self.gen = Generation(self.engine, placeholder, req.sampling, 1, method, self.engine.eos_ids, [])
+        for slot in range(self.max_batch):
+            self.gen.release(slot, "free")
         self.gen.track_text = True
         self._klass = req.klass
 

@@ -1,0 +1,259 @@
+"""An OpenAI-compatible HTTP server over AsyncEngine (FastAPI + uvicorn: `pip install
+'specengine[serve]'`; `specengine serve`).
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions (`stream: true` sends
+server-sent events, ending with `data: [DONE]`), GET /v1/models, GET /health, GET /metrics
+(Prometheus text). A bad request gets HTTP 400 with an OpenAI-style JSON error naming the
+field (`{"error": {"message", "type", "param", "code"}}`); a full queue gets 503; the
+server never dies on bad input. A client that disconnects aborts its request (its row is
+freed). Differences from OpenAI: `n` must be 1; `top_k` and `ignore_eos` are accepted as
+extensions; `temperature` defaults to 1 as in OpenAI (0 is greedy: exactly the target's
+own greedy output).
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from ..errors import SpecEngineError
+from .async_engine import AsyncEngine
+from .core import Overloaded, RequestParams
+
+try:
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from pydantic import BaseModel, Field
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise SpecEngineError("the server needs the serve extra: pip install 'specengine[serve]'") from e
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class _Sampling(BaseModel):
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0)
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    n: int = 1
+    ignore_eos: bool = False
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int]
+
+
+class ChatMessage(BaseModel):
+    role: str
+    content: str
+
+
+class ChatRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status)
+
+
+class Histogram:
+    """A Prometheus histogram (cumulative buckets, sum, count)."""
+
+    def __init__(self, buckets=LATENCY_BUCKETS):
+        self.buckets, self.counts, self.sum, self.count = buckets, [0] * len(buckets), 0.0, 0
+
+    def observe(self, x: float) -> None:
+        self.sum, self.count = self.sum + x, self.count + 1
+        for i, b in enumerate(self.buckets):
+            if x <= b:
+                self.counts[i] += 1
+
+    def lines(self, name: str) -> list[str]:
+        out = [f"# TYPE {name} histogram"]
+        out += [f'{name}_bucket{{le="{b}"}} {c}' for b, c in zip(self.buckets, self.counts)]
+        return out + [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.sum}", f"{name}_count {self.count}"]
+
+
+def create_app(engine, model_name: str, default_max_tokens: int = 256, **core_kw) -> FastAPI:
+    """The FastAPI app serving `engine` as `model_name` (core_kw: EngineCore options)."""
+    aeng = AsyncEngine(engine, **core_kw)
+    app = FastAPI(title="specengine", version="0.1.0")
+    app.state.engine = aeng
+    hist = {"ttft": Histogram(), "latency": Histogram(), "itl": Histogram((0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))}
+    counts = {"bad_requests": 0, "overloaded": 0}
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, exc):  # FastAPI's 422 -> OpenAI's 400, naming the field
+        counts["bad_requests"] += 1
+        err = exc.errors()[0] if exc.errors() else {}
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        if err.get("type") == "json_invalid":
+            return _error(400, "request body is not valid JSON", None)
+        field = ".".join(loc) or None
+        return _error(400, f"{field or 'body'}: {err.get('msg', 'invalid')}", field)
+
+    @app.on_event("shutdown")
+    def _shutdown():
+        aeng.shutdown()
+
+    @app.get("/health")
+    def health():
+        if aeng.error is not None:
+            return _error(500, f"engine loop stopped: {aeng.error!r}", kind="server_error")
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "specengine",
+                                            "created": 0}]}
+
+    @app.get("/metrics")
+    def metrics():
+        m, core = aeng.metrics, aeng.core
+        gen = core.gen
+        acc = gen.counters.accepted / max(gen.counters.proposed, 1) if gen is not None else 0.0
+        lines = [
+            "# TYPE specengine_requests_total counter", f"specengine_requests_total {m['requests']}",
+            "# TYPE specengine_requests_finished_total counter", f"specengine_requests_finished_total {m['finished']}",
+            "# TYPE specengine_requests_aborted_total counter", f"specengine_requests_aborted_total {m['aborted']}",
+            "# TYPE specengine_bad_requests_total counter", f"specengine_bad_requests_total {counts['bad_requests']}",
+            "# TYPE specengine_overloaded_total counter", f"specengine_overloaded_total {counts['overloaded']}",
+            "# TYPE specengine_generated_tokens_total counter", f"specengine_generated_tokens_total {m['tokens']}",
+            "# TYPE specengine_rounds_total counter", f"specengine_rounds_total {m['rounds']}",
+            "# TYPE specengine_requests_running gauge", f"specengine_requests_running {len(core.running)}",
+            "# TYPE specengine_requests_waiting gauge", f"specengine_requests_waiting {len(core.waiting)}",
+            "# TYPE specengine_acceptance_rate gauge", f"specengine_acceptance_rate {acc}",
+        ]
+        lines += hist["ttft"].lines("specengine_time_to_first_token_seconds")
+        lines += hist["itl"].lines("specengine_inter_token_seconds")
+        lines += hist["latency"].lines("specengine_request_latency_seconds")
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    def _params(req: _Sampling) -> RequestParams:
+        if req.model != model_name:
+            raise _BadField(f"model {req.model!r} is not served here; this server serves {model_name!r}", "model")
+        if req.n != 1:
+            raise _BadField("only n=1 is supported", "n")
+        return RequestParams(max_new_tokens=req.max_tokens or default_max_tokens, temperature=req.temperature,
+                             top_k=req.top_k, top_p=req.top_p, seed=req.seed or 0, stop=req.stop,
+                             ignore_eos=req.ignore_eos)
+
+    async def _serve(request: Request, body: _Sampling, prompt, chat: bool):
+        try:
+            params = _params(body)
+            rid, queue = aeng.submit(prompt, params)
+        except _BadField as e:
+            counts["bad_requests"] += 1
+            return _error(400, str(e), e.param)
+        except Overloaded as e:
+            counts["overloaded"] += 1
+            return _error(503, str(e), kind="overloaded")
+        except SpecEngineError as e:  # bad prompt or parameters, too long for the cache, ...
+            counts["bad_requests"] += 1
+            return _error(400, str(e), _guess_param(str(e)))
+        oid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        created, t0 = int(time.time()), time.perf_counter()
+        kind = "chat.completion" if chat else "text_completion"
+        timing = {"first": None, "last": t0}
+
+        def observe(out):
+            now = time.perf_counter()
+            if out.new_token_ids:
+                if timing["first"] is None:
+                    timing["first"] = now
+                    hist["ttft"].observe(now - t0)
+                else:
+                    per = (now - timing["last"]) / len(out.new_token_ids)
+                    for _ in out.new_token_ids:
+                        hist["itl"].observe(per)
+                timing["last"] = now
+            if out.finished:
+                hist["latency"].observe(now - t0)
+
+        def usage(out):
+            return {"prompt_tokens": out.prompt_tokens, "completion_tokens": len(out.token_ids),
+                    "total_tokens": out.prompt_tokens + len(out.token_ids)}
+
+        def choice(text, reason, delta: bool):
+            reason = None if reason is None else ("stop" if reason in ("eos", "stop") else reason)
+            if chat:
+                key = "delta" if delta else "message"
+                return {"index": 0, key: {"role": "assistant", "content": text}, "finish_reason": reason}
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+
+        if body.stream:
+            async def events():
+                done = False
+                try:
+                    while not done:
+                        out = await queue.get()
+                        if isinstance(out, BaseException):
+                            err = {"error": {"message": f"engine error: {out!r}", "type": "server_error"}}
+                            yield f"data: {json.dumps(err)}\n\n"
+                            return
+                        observe(out)
+                        done = out.finished
+                        if out.text_delta or done:
+                            chunk = {"id": oid, "object": kind + (".chunk" if chat else ""), "created": created,
+                                     "model": model_name, "choices": [choice(out.text_delta, out.finish_reason
+                                                                             if done else None, True)]}
+                            yield f"data: {json.dumps(chunk)}\n\n"
+                    yield "data: [DONE]\n\n"
+                finally:
+                    if not done:  # the client went away (or the server stops): free the row
+                        aeng.abort(rid)
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        out = None
+        try:
+            while out is None or not out.finished:
+                out = await queue.get()
+                if isinstance(out, BaseException):
+                    return _error(500, f"engine error: {out!r}", kind="server_error")
+                observe(out)
+                if not out.finished and await request.is_disconnected():
+                    aeng.abort(rid)
+        finally:
+            if out is None or not out.finished:
+                aeng.abort(rid)
+        return {"id": oid, "object": kind, "created": created, "model": model_name,
+                "choices": [choice(out.text, out.finish_reason, False)], "usage": usage(out)}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request, body: CompletionRequest):
+        return await _serve(request, body, body.prompt, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request, body: ChatRequest):
+        messages = [m.model_dump() for m in body.messages]
+        return await _serve(request, body, messages, chat=True)
+
+    return app
+
+
+class _BadField(SpecEngineError):
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+def _guess_param(message: str) -> str | None:
+    """The request field an engine error is about (for the 400's `param`)."""
+    for key, param in (("prompt has", "prompt"), ("max_new_tokens", "max_tokens"), ("max_seq_len", "max_tokens"), ("temperature", "temperature"),
+                       ("top_k", "top_k"), ("top_p", "top_p"), ("seed", "seed"), ("stop", "stop"),
+                       ("prompt", "prompt"), ("chat", "messages"), ("vocabulary", "prompt")):
+        if key in message:
+            return param
+    return None
+
+
+def serve(engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, **kw: Any) -> None:
+    import uvicorn
+
+    uvicorn.run(create_app(engine, model_name, **kw), host=host, port=port, log_level="info")

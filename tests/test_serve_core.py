@@ -1,0 +1,166 @@
+"""The request-level core (continuous batching) and AsyncEngine, on tiny models."""
+import asyncio
+
+import pytest
+import torch
+
+from specengine import Engine
+from specengine.errors import SpecEngineError
+from specengine.serve import AsyncEngine, EngineCore, Overloaded, RequestParams
+
+PROMPTS = ["def add(a, b):\n", "x = [1", "for i in range(3", "import os", "class A:", "while x:"]
+
+
+@pytest.fixture()
+def engines(tiny_pair, tokenizer):
+    """(engine served by the core, a second engine for standalone references): same models,
+    a draft that disagrees with the target (rollbacks), fp32."""
+    target, _, draft = tiny_pair
+    return (Engine(target, tokenizer, draft, max_seq_len=256, max_batch=2),
+            Engine(target, tokenizer, draft, max_seq_len=256))
+
+
+def drain(core):
+    done, admitted_while_running = {}, False
+    while core.has_unfinished():
+        before = set(core.running)
+        outs = core.step()
+        if before and set(core.running) - before:
+            admitted_while_running = True  # a waiting request took a freed row mid-flight
+        for o in outs:
+            if o.finished:
+                done[o.request_id] = o
+    return done, admitted_while_running
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "pearl"])
+def test_continuous_batching_gives_each_request_its_standalone_tokens(engines, method):
+    eng, ref_eng = engines
+    core = EngineCore(eng, max_batch=2, method=method, gamma=3)
+    lens = [5, 17, 9, 12, 3, 8]  # rows finish at different rounds, so rows are reused mid-flight
+    ids = [core.add_request(p, RequestParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, lens)]
+    done, reused = drain(core)
+    assert reused and core.free_slots == 2 and not core.running and not core.waiting
+    for rid, p, n in zip(ids, PROMPTS, lens):
+        ref = ref_eng.generate(p, max_new_tokens=n, method=method, gamma=3, ignore_eos=True)
+        assert done[rid].token_ids == ref.token_ids and done[rid].finish_reason == "length"
+        assert done[rid].text == ref.text
+
+
+def test_stop_strings_eos_and_limits_are_per_request(engines):
+    eng, ref_eng = engines
+    core = EngineCore(eng, max_batch=2, method="sd", gamma=2)
+    full = ref_eng.generate(PROMPTS[0], max_new_tokens=20, ignore_eos=True).text
+    stop = full[5:7]
+    a = core.add_request(PROMPTS[0], RequestParams(max_new_tokens=20, stop=stop, ignore_eos=True))
+    b = core.add_request(PROMPTS[1], RequestParams(max_new_tokens=7, ignore_eos=True))
+    c = core.add_request(PROMPTS[2], RequestParams(max_new_tokens=30))  # eos honoured
+    done, _ = drain(core)
+    ref_a = ref_eng.generate(PROMPTS[0], max_new_tokens=20, stop=stop, ignore_eos=True)
+    assert done[a].finish_reason == "stop" and done[a].text == ref_a.text and stop not in done[a].text
+    assert len(done[b].token_ids) == 7
+    ref_c = ref_eng.generate(PROMPTS[2], max_new_tokens=30)
+    assert done[c].token_ids == ref_c.token_ids and done[c].finish_reason == ref_c.finish_reason
+
+
+def test_streamed_deltas_add_up_and_hold_back_partial_stops(engines):
+    eng, ref_eng = engines
+    core = EngineCore(eng, max_batch=2)
+    full = ref_eng.generate(PROMPTS[3], max_new_tokens=16, ignore_eos=True).text
+    rid = core.add_request(PROMPTS[3], RequestParams(max_new_tokens=16, stop=full[8:11], ignore_eos=True))
+    pieces, final = [], None
+    while core.has_unfinished():
+        for o in core.step():
+            pieces.append(o.text_delta)
+            final = o
+    assert "".join(pieces) == final.text == full[:8]
+
+
+def test_abort_frees_the_row_for_a_waiting_request(engines):
+    eng, _ = engines
+    core = EngineCore(eng, max_batch=2, method="sd", gamma=2)
+    ids = [core.add_request(p, RequestParams(max_new_tokens=40, ignore_eos=True)) for p in PROMPTS[:3]]
+    core.step()
+    assert set(core.running) == set(ids[:2]) and [r.rid for r in core.waiting] == [ids[2]]
+    assert core.abort(ids[0]) and not core.abort("nope")
+    outs = core.step()
+    aborted = [o for o in outs if o.request_id == ids[0]]
+    assert aborted and aborted[0].finished and aborted[0].finish_reason == "abort"
+    assert ids[2] in core.running and ids[0] not in core.running  # the freed row was reused
+    core.abort(ids[1]), core.abort(ids[2])
+    core.step()
+    assert not core.has_unfinished() and core.free_slots == 2
+
+
+def test_bounded_queue_and_bad_requests(engines):
+    eng, _ = engines
+    core = EngineCore(eng, max_batch=1, max_waiting=1)
+    core.add_request("a", RequestParams(max_new_tokens=2))
+    with pytest.raises(Overloaded, match="overloaded"):
+        core.add_request("b", RequestParams(max_new_tokens=2))
+    core = EngineCore(eng, max_batch=1)
+    with pytest.raises(SpecEngineError, match="empty"):
+        core.add_request("")
+    with pytest.raises(SpecEngineError, match="max_seq_len"):
+        core.add_request("x" * 300)
+    with pytest.raises(SpecEngineError, match="temperature"):
+        core.add_request("x", RequestParams(temperature=-1))
+    with pytest.raises(SpecEngineError, match="max_new_tokens"):
+        core.add_request("x", RequestParams(max_new_tokens=0))
+    with pytest.raises(SpecEngineError, match="top_p"):
+        core.add_request("x", RequestParams(top_p=0))
+    with pytest.raises(SpecEngineError, match="unknown method"):
+        EngineCore(eng, method="nope")
+    assert not core.has_unfinished()
+
+
+def test_sampling_classes_take_turns_and_greedy_stays_exact(engines):
+    eng, ref_eng = engines
+    core = EngineCore(eng, max_batch=2, method="sd", gamma=2)
+    g1 = core.add_request(PROMPTS[0], RequestParams(max_new_tokens=10, ignore_eos=True))
+    s1 = core.add_request(PROMPTS[1], RequestParams(max_new_tokens=10, temperature=0.9, seed=3, ignore_eos=True))
+    g2 = core.add_request(PROMPTS[2], RequestParams(max_new_tokens=10, ignore_eos=True))
+    core.step()
+    assert set(core.running) == {g1}  # s1 waits for the greedy rows; g2 waits behind it (FIFO)
+    done, _ = drain(core)
+    for rid, p in ((g1, PROMPTS[0]), (g2, PROMPTS[2])):
+        assert done[rid].token_ids == ref_eng.generate(p, max_new_tokens=10, ignore_eos=True).token_ids
+    assert len(done[s1].token_ids) == 10
+
+
+def test_async_engine_concurrent_callers_and_early_exit(engines):
+    eng, ref_eng = engines
+    aeng = AsyncEngine(eng, max_batch=2, method="sd", gamma=3)
+    try:
+        async def main():
+            outs = await asyncio.gather(*(aeng.generate(p, RequestParams(max_new_tokens=9, ignore_eos=True))
+                                          for p in PROMPTS))
+            stream = aeng.stream(PROMPTS[0], RequestParams(max_new_tokens=220, ignore_eos=True))
+            async for _ in stream:
+                break  # leaving early aborts the request
+            await stream.aclose()
+            for _ in range(100):
+                if not aeng.core.has_unfinished() and aeng.metrics["aborted"] == 1:
+                    break
+                await asyncio.sleep(0.02)
+            return outs
+        outs = asyncio.run(main())
+        for o, p in zip(outs, PROMPTS):
+            assert o.token_ids == ref_eng.generate(p, max_new_tokens=9, ignore_eos=True).token_ids
+        assert not aeng.core.has_unfinished() and aeng.core.free_slots == 2 and aeng.metrics["aborted"] == 1
+        assert not aeng._queues
+    finally:
+        aeng.shutdown()
+
+
+def test_core_never_leaves_a_row_active_on_the_device(engines):
+    """Freed rows are frozen (active False): they never grow in the cache."""
+    eng, _ = engines
+    core = EngineCore(eng, max_batch=2, method="sd", gamma=2)
+    core.add_request(PROMPTS[0], RequestParams(max_new_tokens=3, ignore_eos=True))
+    drain(core)
+    assert not bool(core.gen.state.active.any())
+    n = core.gen.state.n.clone()
+    core.add_request(PROMPTS[1], RequestParams(max_new_tokens=4, ignore_eos=True))
+    drain(core)
+    assert torch.equal(core.gen.state.n[1], n[1])  # the idle row did not move
