@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from contextlib import asynccontextmanager
 from typing import Any
 
 from ..errors import SpecEngineError
@@ -83,7 +84,13 @@ class Histogram:
 def create_app(engine, model_name: str, default_max_tokens: int = 256, **core_kw) -> FastAPI:
     """The FastAPI app serving `engine` as `model_name` (core_kw: EngineCore options)."""
     aeng = AsyncEngine(engine, **core_kw)
-    app = FastAPI(title="specengine", version="0.1.0")
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        aeng.shutdown()
+
+    app = FastAPI(title="specengine", version="0.1.0", lifespan=lifespan)
     app.state.engine = aeng
     hist = {"ttft": Histogram(), "latency": Histogram(), "itl": Histogram((0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))}
     counts = {"bad_requests": 0, "overloaded": 0}
@@ -97,10 +104,6 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, **core_kw
             return _error(400, "request body is not valid JSON", None)
         field = ".".join(loc) or None
         return _error(400, f"{field or 'body'}: {err.get('msg', 'invalid')}", field)
-
-    @app.on_event("shutdown")
-    def _shutdown():
-        aeng.shutdown()
 
     @app.get("/health")
     def health():

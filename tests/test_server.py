@@ -1,0 +1,200 @@
+"""A real server on 127.0.0.1 (uvicorn in a thread, tiny models) exercised with the official
+`openai` client and httpx: completions, chat, streaming, stops, concurrency, aborts, 400s,
+and a bounded soak."""
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from specengine import Engine
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+
+MODEL = "tiny"
+PROMPTS = ["def add(a, b):\n", "x = [1", "for i in range(3", "import os", "class A:", "while x:", "y = (", "z = {"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair, tokenizer):
+    """(base url, the served AsyncEngine, a separate engine for standalone references)."""
+    from specengine.serve.server import create_app
+
+    target, _, draft = tiny_pair
+    served = Engine(target, tokenizer, draft, max_seq_len=256, max_batch=4)
+    app = create_app(served, MODEL, default_max_tokens=16, max_batch=4, max_waiting=64, method="sd", gamma=3)
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    assert srv.started
+    yield f"http://127.0.0.1:{port}", app.state.engine, Engine(target, tokenizer, draft, max_seq_len=256)
+    srv.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture()
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="none", max_retries=0)
+
+
+def ref(server, prompt, n, **kw):
+    return server[2].generate(prompt, max_new_tokens=n, method="sd", gamma=3, **kw)
+
+
+def idle(aeng, timeout=10.0) -> bool:
+    t = time.time()
+    while time.time() - t < timeout:
+        if not aeng.core.has_unfinished() and not aeng._queues:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_models_health_and_metrics(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(server[0] + "/health").json() == {"status": "ok"}
+    client.completions.create(model=MODEL, prompt="x = 1", max_tokens=3, temperature=0)
+    text = httpx.get(server[0] + "/metrics").text
+    for name in ("specengine_requests_total", "specengine_generated_tokens_total", "specengine_acceptance_rate",
+                 "specengine_time_to_first_token_seconds_bucket", "specengine_inter_token_seconds_count",
+                 "specengine_request_latency_seconds_sum"):
+        assert name in text
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    assert float(values["specengine_requests_total"]) >= 1 and float(values["specengine_generated_tokens_total"]) >= 3
+
+
+def test_completion_and_chat_equal_standalone_greedy(server, client):
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=12, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    want = ref(server, PROMPTS[0], 12, ignore_eos=True)
+    assert r.choices[0].text == want.text and r.usage.completion_tokens == 12
+    assert r.choices[0].finish_reason == "length"
+    msgs = [{"role": "user", "content": "hi"}]
+    c = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=10, temperature=0)
+    assert c.choices[0].message.content == ref(server, msgs, 10).text
+
+
+def test_streaming_and_stop_strings(server, client):
+    want = ref(server, PROMPTS[1], 14, ignore_eos=True).text
+    pieces = [ch.choices[0].text for ch in client.completions.create(
+        model=MODEL, prompt=PROMPTS[1], max_tokens=14, temperature=0, stream=True, extra_body={"ignore_eos": True})]
+    assert "".join(pieces) == want and len([p for p in pieces if p]) > 1
+    stop = want[6:8]
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=14, temperature=0, stop=[stop],
+                                  extra_body={"ignore_eos": True})
+    assert r.choices[0].text == want[:want.index(stop)] and r.choices[0].finish_reason == "stop"
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "a"}],
+                                                 max_tokens=8, temperature=0, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == ref(
+        server, [{"role": "user", "content": "a"}], 8).text
+
+
+def test_sixteen_concurrent_requests_each_equal_standalone(server, client):
+    jobs = [(PROMPTS[i % len(PROMPTS)], 6 + i % 5) for i in range(16)]
+
+    def call(job):
+        p, n = job
+        return client.completions.create(model=MODEL, prompt=p, max_tokens=n, temperature=0,
+                                         extra_body={"ignore_eos": True}).choices[0].text
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(call, jobs))
+    assert got == [ref(server, p, n, ignore_eos=True).text for p, n in jobs]
+    assert idle(server[1]) and server[1].core.free_slots == 4
+
+
+def test_disconnect_aborts_and_frees_the_row(server):
+    aeng = server[1]
+    before = aeng.metrics["aborted"]
+    body = {"model": MODEL, "prompt": PROMPTS[2], "max_tokens": 200, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    with httpx.stream("POST", server[0] + "/v1/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["text"]:
+                break  # one piece, then hang up
+    assert idle(aeng) and aeng.metrics["aborted"] == before + 1 and aeng.core.free_slots == 4
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"model": "other", "prompt": "x"}, "model"),
+    ({"model": MODEL, "prompt": "x", "temperature": -1}, "temperature"),
+    ({"model": MODEL, "prompt": "x", "top_p": 0}, "top_p"),
+    ({"model": MODEL, "prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"model": MODEL, "prompt": "x" * 400}, "prompt"),
+    ({"model": MODEL, "prompt": "x", "n": 2}, "n"),
+    ({"model": MODEL, "prompt": ""}, "prompt"),
+    ({"model": MODEL, "prompt": [10 ** 9]}, "prompt"),
+    ({"model": MODEL}, "prompt"),
+    ({"model": MODEL, "messages": []}, "messages"),
+])
+def test_bad_requests_get_a_400_naming_the_field(server, body, param):
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    r = httpx.post(server[0] + path, json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"]
+
+
+def test_malformed_json_is_a_400_and_the_server_survives(server, client):
+    r = httpx.post(server[0] + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    assert client.completions.create(model=MODEL, prompt="x", max_tokens=2, temperature=0).choices[0].text is not None
+
+
+def test_overloaded_queue_gets_a_503(tiny_pair, tokenizer):
+    from specengine.serve import AsyncEngine, Overloaded, RequestParams
+    import asyncio
+
+    target, _, draft = tiny_pair
+    aeng = AsyncEngine(Engine(target, tokenizer, draft, max_seq_len=256, max_batch=1), max_batch=1, max_waiting=1)
+    try:
+        async def main():
+            aeng.submit("a", RequestParams(max_new_tokens=200, ignore_eos=True))
+            for _ in range(100):  # wait until it runs, then fill the one waiting place
+                if aeng.core.running:
+                    break
+                await asyncio.sleep(0.01)
+            aeng.submit("b", RequestParams(max_new_tokens=2))
+            with pytest.raises(Overloaded):
+                aeng.submit("c", RequestParams(max_new_tokens=2))
+        asyncio.run(main())
+    finally:
+        aeng.shutdown()
+
+
+def test_bounded_soak_no_lost_or_mixed_responses(server, client):
+    """A few hundred short requests from 8 threads within a time limit: every response is the
+    standalone answer for its own prompt, nothing is left running, memory stays flat."""
+    import resource
+
+    jobs = [(PROMPTS[i % len(PROMPTS)] + str(i % 13), 2 + i % 4) for i in range(240)]
+    want = {j: ref(server, j[0], j[1], ignore_eos=True).text for j in set(jobs)}
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    def call(job):
+        p, n = job
+        return client.completions.create(model=MODEL, prompt=p, max_tokens=n, temperature=0,
+                                         extra_body={"ignore_eos": True}).choices[0].text
+    t0 = time.time()
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(call, jobs))
+    assert time.time() - t0 < 240
+    assert [g == want[j] for g, j in zip(got, jobs)] == [True] * len(jobs)
+    assert idle(server[1]) and not server[1]._queues and server[1].core.free_slots == 4
+    grew_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
+    assert grew_mb < 200, grew_mb
