@@ -42,6 +42,7 @@ class _Sampling(BaseModel):
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
     stream: bool = False
+    stream_options: dict | None = None  # {"include_usage": true}: a last chunk with usage
     n: int = 1
     ignore_eos: bool = False
 
@@ -207,6 +208,10 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, **core_kw
                                      "model": model_name, "choices": [choice(out.text_delta, out.finish_reason
                                                                              if done else None, True)]}
                             yield f"data: {json.dumps(chunk)}\n\n"
+                    if (body.stream_options or {}).get("include_usage"):
+                        last = {"id": oid, "object": kind + (".chunk" if chat else ""), "created": created,
+                                "model": model_name, "choices": [], "usage": usage(out)}
+                        yield f"data: {json.dumps(last)}\n\n"
                     yield "data: [DONE]\n\n"
                 finally:
                     if not done:  # the client went away (or the server stops): free the row
