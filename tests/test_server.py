@@ -94,6 +94,9 @@ def test_streaming_and_stop_strings(server, client):
     pieces = [ch.choices[0].text for ch in client.completions.create(
         model=MODEL, prompt=PROMPTS[1], max_tokens=14, temperature=0, stream=True, extra_body={"ignore_eos": True})]
     assert "".join(pieces) == want and len([p for p in pieces if p]) > 1
+    last = list(client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=5, temperature=0, stream=True,
+                                          stream_options={"include_usage": True}))[-1]
+    assert last.usage.completion_tokens == 5 and not last.choices
     stop = want[6:8]
     r = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=14, temperature=0, stop=[stop],
                                   extra_body={"ignore_eos": True})
