@@ -9,7 +9,9 @@ last, the draft what the method says it validly holds.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +20,7 @@ from .detokenize import IncrementalDetokenizer, find_stop
 from .errors import SpecEngineError
 from .methods.base import Method
 from .methods.common import DecodeState
+from .runner import ModelRunner
 from .sampling import SamplingParams
 from .timing import PhaseTimer
 
@@ -120,15 +123,16 @@ class Generation:
 
     def step(self) -> list[list[int]]:
         """One round for every active row; the ids each row kept (one host sync)."""
-        state, target, draft = self.state, self.engine.target, self.engine.draft
-        longest = max(r.prompt_len + len(r.ids) for r in self.rows if r.finish_reason is None)
-        state.attn_len = attn_bound(longest + self.method.headroom, self.engine.max_seq_len)
-        out = self.method.round(state, self.timer)
-        target.cache.set_lens(state.n - 1)
-        if out.draft_lens is not None:
-            draft.cache.set_lens(out.draft_lens)
+        live = [b for b, r in enumerate(self.rows) if r.finish_reason is None]
+        longest = max(self.rows[b].prompt_len + len(self.rows[b].ids) for b in live)
+        self.state.attn_len = attn_bound(longest + self.method.headroom, self.engine.max_seq_len)
+        with self._first_rows(live[-1] + 1) as (state, target, draft):
+            out = self.method.round(state, self.timer)
+            target.cache.set_lens(state.n - 1)
+            if out.draft_lens is not None:
+                draft.cache.set_lens(out.draft_lens)
+            marks = torch.stack([r.cache.high_water.to(state.tokens.device) for r in self._runners()])
         B, width = out.tokens.shape
-        marks = torch.stack([r.cache.high_water.to(state.tokens.device) for r in self._runners()])
         host = torch.cat([out.tokens.flatten(), out.n_acc.to(torch.int64), out.num_draft.to(torch.int64),
                           out.n_committed.to(torch.int64), marks]).tolist()  # the round's one sync
         high_water = max(host[-len(marks):])
@@ -138,7 +142,31 @@ class Generation:
                 f"> max_seq_len={self.engine.max_seq_len}); the capacity check missed it, please report this")
         toks = host[: B * width]
         n_acc, num_draft, n_new = (host[B * width + i * B: B * width + (i + 1) * B] for i in range(3))
-        return self._book(out, [toks[b * width: b * width + n_new[b]] for b in range(B)], n_acc, num_draft)
+        pad = len(self.rows) - B  # rows past the last live one sat this round out
+        committed = [toks[b * width: b * width + n_new[b]] for b in range(B)] + [[]] * pad
+        return self._book(out, committed, n_acc + [0] * pad, num_draft + [0] * pad)
+
+    @contextmanager
+    def _first_rows(self, hi: int):
+        """The round's view: rows [0, hi) when every row from hi on is finished or free (the
+        serving core's free slots) and the method keeps no per-row state, else every row.
+        Views share storage, so commits and cache lengths land in the full buffers."""
+        state, target, draft = self.state, self.engine.target, self.engine.draft
+        runners = self._runners()
+        if hi == state.batch or not self.method.rows_independent or \
+                not all(isinstance(r, ModelRunner) for r in runners):
+            yield state, target, draft
+            return
+        saved = [r.cache for r in runners]
+        for r in runners:
+            r.cache = r.cache.rows(hi)
+        view = dataclasses.replace(state, tokens=state.tokens[:hi], n=state.n[:hi], active=state.active[:hi],
+                                   temperature=state.temperature[:hi], seed=state.seed[:hi])
+        try:
+            yield view, target, draft
+        finally:
+            for r, c in zip(runners, saved):
+                r.cache = c
 
     def admit(self, slot: int, prompt: list[int], seed: int, max_new: int, stops: list[str],
               stop_ids: set[int]) -> RowState:

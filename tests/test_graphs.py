@@ -120,7 +120,8 @@ def test_whole_chain_draft_graph_gives_eager_tokens(tiny_pair, tokenizer, method
     out = eng.generate(prompts, **kw)
     chain = eng.draft._chain
     assert chain is not None and chain.replays > 0 and len(chain.graphs) >= 1
-    assert all(k[0] == 4 and k[1] == 3 for k in chain.graphs)
+    # 3 rows pad to the batch bucket 4; once the last rows finish, rounds run on the first rows only
+    assert (4, 3) in {k[:2] for k in chain.graphs} and all(k[1] == 3 for k in chain.graphs)
     assert [r.token_ids for r in out] == ref
     assert int(eng.draft._buffer.lens[3]) == 0  # the padding row is left at length 0
     eng.draft.chain_graph = False  # a graph per draft step instead: same tokens

@@ -164,3 +164,18 @@ def test_core_never_leaves_a_row_active_on_the_device(engines):
     core.add_request(PROMPTS[1], RequestParams(max_new_tokens=4, ignore_eos=True))
     drain(core)
     assert torch.equal(core.gen.state.n[1], n[1])  # the idle row did not move
+
+
+def test_rounds_run_on_the_occupied_rows_only(engines):
+    """Free rows past the last running one sit rounds out (no compute for empty slots)."""
+    eng, _ = engines
+    core = EngineCore(eng, max_batch=2, method="sd", gamma=2)
+    widths = []
+    verify = eng.target.verify
+    eng.target.verify = lambda tokens, **kw: (widths.append(tokens.shape[0]), verify(tokens, **kw))[1]
+    try:
+        core.add_request(PROMPTS[0], RequestParams(max_new_tokens=6, ignore_eos=True))
+        drain(core)
+    finally:
+        del eng.target.verify
+    assert widths and set(widths) == {1}

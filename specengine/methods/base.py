@@ -30,6 +30,7 @@ class Method:
 
     takes_threshold = False
     takes_tree = False
+    rows_independent = True  # no per-row state of its own: a round may run on the first rows only
 
     @property
     def max_width(self) -> int:

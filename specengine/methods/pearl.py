@@ -64,6 +64,7 @@ def overlap(device: torch.device, side_stream, draft_fn, target_fn):
 
 class Pearl(Method):
     name = "pearl"
+    rows_independent = False  # per-row modes sized to the whole batch
 
     def __init__(self, engine, gamma=None, policy=None, threshold=None, tree=None):
         super().__init__(engine, threshold=threshold, tree=tree)
