@@ -94,3 +94,51 @@ def rejection_sample_ref(target_logits, draft_tokens, draft_probs, num_draft, te
     out = torch.cat([out, torch.full((B, 1), -1, dtype=out.dtype, device=dev)], dim=1)
     out.scatter_(1, n_acc[:, None], last[:, None])
     return out, n_acc.to(torch.int32)
+
+
+INVARIANT_TILE = 256  # cache positions per step of the fixed-tile attention below
+
+
+def verify_attention_tiled(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, tile=INVARIANT_TILE):
+    """`verify_attention_ref`'s contract, computed so that a query's result does not depend on
+    how many positions are read (`k_cache.shape[1]`) or how many queries share the call:
+    fp32 online softmax over fixed tiles of `tile` positions from position 0 (the last tile
+    zero-padded to full size: every matmul has the same shape), queries of a KV head packed
+    as rows. Masked tiles change nothing exactly (max and sum unchanged, weights 0).
+    Batch-invariant mode uses it (docs/design.md, "Batch-invariant mode")."""
+    B, Q, Hq, D = q.shape
+    L, Hkv = k_cache.shape[1], k_cache.shape[2]
+    G = Hq // Hkv
+    scale = sm_scale if sm_scale is not None else D ** -0.5
+    qf = q.float().reshape(B, Q, Hkv, G, D).permute(0, 2, 1, 3, 4).reshape(B, Hkv, Q * G, D) * scale
+    qi = torch.arange(Q, device=q.device).repeat_interleave(G)  # query index of each packed row
+    lens = cache_lens.to(torch.long)[:, None, None, None]
+    m = torch.full((B, Hkv, Q * G), float("-inf"), device=q.device)
+    l_sum = torch.zeros(B, Hkv, Q * G, device=q.device)
+    acc = torch.zeros(B, Hkv, Q * G, D, device=q.device)
+    tm = None if tree_mask is None else tree_mask.to(torch.bool).expand(B, Q, Q)
+    for s0 in range(0, L, tile):
+        kt, vt = k_cache[:, s0:s0 + tile], v_cache[:, s0:s0 + tile]
+        if kt.shape[1] < tile:  # same shapes for every tile
+            kt = F.pad(kt, (0, 0, 0, 0, 0, tile - kt.shape[1]))
+            vt = F.pad(vt, (0, 0, 0, 0, 0, tile - vt.shape[1]))
+        kt, vt = kt.float().permute(0, 2, 3, 1), vt.float().permute(0, 2, 1, 3)  # [B,Hkv,D,t], [B,Hkv,t,D]
+        s = qf @ kt  # [B,Hkv,QG,t]
+        rel = torch.arange(s0, s0 + tile, device=q.device)[None, None, None, :] - lens  # [B,1,1,t]
+        if tm is None:
+            visible = rel <= qi[None, None, :, None]
+        else:
+            j = rel.clamp(0, Q - 1).expand(B, 1, Q * G, tile)
+            rows = tm[:, qi][:, None].expand(B, 1, Q * G, Q)
+            visible = (rel < 0) | ((rel < Q) & torch.gather(rows, 3, j))
+        visible = visible & (rel < Q)  # positions past the new tokens (and the padding) never count
+        s = s.masked_fill(~visible, float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1))
+        m_safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+        p = torch.exp(s - m_safe[..., None])
+        alpha = torch.exp(m - m_safe)
+        l_sum = l_sum * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + p @ vt
+        m = m_new
+    out = acc / l_sum[..., None]
+    return out.reshape(B, Hkv, Q, G, D).permute(0, 2, 1, 3, 4).reshape(B, Q, Hq, D).to(q.dtype)

@@ -56,7 +56,8 @@ class Engine:
     def __init__(self, target, tokenizer, draft=None, method: str | None = None, max_seq_len: int = 2048,
                  gamma: int | str = "auto", policy: str = "fixed", attention_backend: str = "auto",
                  sampler_backend: str = "auto", cuda_graphs: bool = True, cpu_matmul: str = "auto",
-                 max_batch: int = 1, threshold: float | None = None, acceptance_head=None, parallel_drafter=None):
+                 max_batch: int = 1, threshold: float | None = None, acceptance_head=None, parallel_drafter=None,
+                 batch_invariant=False, invariant_width: int = 9):
         """target / draft: our `Transformer` modules (see `from_pretrained` to load them).
         A draft on another device than the target runs there (PEARL on two GPUs).
         max_batch: the largest batch CUDA graphs are captured for (larger batches run eagerly).
@@ -64,7 +65,10 @@ class Engine:
         acceptance_head: a head file (or an AcceptanceHead) for policy="specdec++"; None: the
         one shipped for this draft, if any (specengine/heads/).
         parallel_drafter: a drafter file (or a ParallelDrafter) for method="parallelspec"; None:
-        the one shipped for this draft, if any (specengine/drafters/)."""
+        the one shipped for this draft, if any (specengine/drafters/).
+        batch_invariant: False (default) | True | "auto" (on for a bf16/fp16 target): every target
+        verify/decode runs at invariant_width tokens per row with fixed-tile attention, so
+        speculation gives exactly ar's tokens in 16-bit precision too (docs/design.md)."""
         if draft is target:
             raise SpecEngineError("draft and target must be separate model objects (each owns its KV cache)")
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
@@ -95,6 +99,7 @@ class Engine:
         self._head_source = acceptance_head
         self._drafter, self._drafter_source = None, parallel_drafter
         self.set_backends(attention_backend, sampler_backend)
+        self.set_batch_invariant(batch_invariant, invariant_width)
         self._step_costs = {}  # batch -> StepCosts, measured on first need (sd gamma="auto", pearl)
         self._side_stream = None
         self.set_cpu_matmul(cpu_matmul)
@@ -106,7 +111,8 @@ class Engine:
                         policy: str = "fixed", attention_backend: str = "auto",
                         sampler_backend: str = "auto", draft_device=None, cuda_graphs: bool = True,
                         cpu_matmul: str = "auto", max_batch: int = 1, threshold: float | None = None,
-                        acceptance_head=None, parallel_drafter=None) -> "Engine":
+                        acceptance_head=None, parallel_drafter=None, batch_invariant=False,
+                        invariant_width: int = 9) -> "Engine":
         """Load target (and draft) from a registry name, HF directory, hub-cache id or .gguf.
 
         dtype="auto": bfloat16 on CUDA; on a CPU, float32 or bfloat16, whichever runs the
@@ -120,7 +126,7 @@ class Engine:
         dmodel, _, dchoice = _load(draft, dtype, ddev) if draft is not None else (None, None, None)
         engine = cls(tmodel, load_tokenizer(tpath), dmodel, method, max_seq_len, gamma, policy,
                      attention_backend, sampler_backend, cuda_graphs, cpu_matmul, max_batch, threshold,
-                     acceptance_head, parallel_drafter)
+                     acceptance_head, parallel_drafter, batch_invariant, invariant_width)
         engine.dtype_choice = {"target": tchoice, "draft": dchoice} if dtype == "auto" else None
         return engine
 
@@ -198,6 +204,16 @@ class Engine:
         self.generate(prompt, max_new_tokens=2, ignore_eos=True, method=method, gamma="auto")
         return {name: (r.graphs.memory_bytes if r.graphs is not None else 0)
                 for name, r in zip(("target", "draft"), self._runners())}
+
+    def set_batch_invariant(self, mode=False, width: int = 9) -> None:
+        """True | False | "auto" (on for 16-bit targets, where decode and verify forwards would
+        otherwise round differently): see `Engine.__init__`."""
+        if mode not in (True, False, "auto"):
+            raise SpecEngineError(f"batch_invariant must be True, False or 'auto', got {mode!r}")
+        on = mode is True or (mode == "auto" and self.target.dtype in (torch.float16, torch.bfloat16))
+        self.target.set_batch_invariant(width if on else None)
+        self.batch_invariant = on
+        self.attention_backend = self.target.attention_backend
 
     def set_backends(self, attention: str = "auto", sampler: str = "auto") -> None:
         """Pick the attention and sampling (rejection and draft) implementations ("torch" | "triton" | "auto")."""

@@ -37,6 +37,10 @@ def _engine_args(p: argparse.ArgumentParser, method_default=None):
                    help="specdec++ head file (default: the one shipped for the draft, if any)")
     p.add_argument("--parallel-drafter", default=None,
                    help="parallelspec drafter file (default: the one shipped for the draft, if any)")
+    p.add_argument("--batch-invariant", default="off", choices=["off", "on", "auto"],
+                   help="pad target forwards to one width with fixed-tile attention: speculation token-exact "
+                        "with ar in bf16/fp16 too (auto: on for 16-bit targets)")
+    p.add_argument("--invariant-width", type=int, default=9, help="tokens per target forward in that mode")
     p.add_argument("--attention-backend", default="auto", help="torch | triton | auto (triton on CUDA)")
     p.add_argument("--sampler-backend", default="auto", help="torch | triton | auto (triton on CUDA)")
 
@@ -133,7 +137,9 @@ def _load(args):
                                   sampler_backend=args.sampler_backend, draft_device=args.draft_device,
                                   cuda_graphs=not args.no_cuda_graphs, cpu_matmul=args.cpu_matmul,
                                   max_batch=args.max_batch, threshold=args.threshold,
-                                  acceptance_head=args.acceptance_head, parallel_drafter=args.parallel_drafter)
+                                  acceptance_head=args.acceptance_head, parallel_drafter=args.parallel_drafter,
+                                  batch_invariant={"off": False, "on": True, "auto": "auto"}[args.batch_invariant],
+                                  invariant_width=args.invariant_width)
 
 
 def cmd_generate(args):

@@ -14,7 +14,8 @@ import torch
 from .backends import attention_op
 from .draft_graph import DraftChainGraphs
 from .graphs import Q_BUCKETS, GraphRunner, len_buckets
-from .kernels.reference import verify_attention_ref
+from .errors import SpecEngineError
+from .kernels.reference import verify_attention_ref, verify_attention_tiled
 from .kv_cache import KVCache
 
 
@@ -29,6 +30,8 @@ class ModelRunner:
         self._warmed: KVCache | None = None  # the buffer warm-up (autotune, graphs) last ran on
         self._chain: DraftChainGraphs | None = None
         self.chain_graph = True  # as a draft: one graph for a whole chain (False: a graph per step)
+        self.pad_width: int | None = None  # batch-invariant mode: every verify/decode at this width
+        self._attention_name = attention
         self.set_attention(attention)
         self.set_cuda_graphs(cuda_graphs, capture)
 
@@ -42,10 +45,23 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ configuration
     def set_attention(self, name: str = "auto") -> None:
-        """"torch" | "triton" | "auto" (Triton on CUDA). Captured graphs baked the old kernel."""
+        """"torch" | "triton" | "auto" (Triton on CUDA). Captured graphs baked the old kernel.
+        In batch-invariant mode the fixed-tile torch attention serves whatever the name."""
+        self._attention_name = name
         self.attn_fn = attention_op(name, self.device)
         self.attention_backend = "torch" if self.attn_fn is verify_attention_ref else "triton"
+        if self.pad_width:
+            self.attn_fn, self.attention_backend = verify_attention_tiled, "torch-tiled"
         self.graphs = self._warmed = self._chain = None
+
+    def set_batch_invariant(self, width: int | None) -> None:
+        """Pad every verify/decode forward to `width` tokens per row and use the fixed-tile
+        attention, so a token's logits have the same bits whether it is decoded alone or
+        verified among others (docs/design.md, "Batch-invariant mode"); None turns it off."""
+        if width is not None and (not isinstance(width, int) or width < 1):
+            raise SpecEngineError(f"invariant_width must be an integer >= 1, got {width!r}")
+        self.pad_width = width
+        self.set_attention(self._attention_name)
 
     def set_cuda_graphs(self, enabled: bool = True, capture=None) -> None:
         """Replay captured graphs for decode/verify (CUDA; `capture` stands in on CPU in tests)."""
@@ -130,7 +146,29 @@ class ModelRunner:
     def verify(self, tokens: torch.Tensor, tree_mask=None, attn_len=None, return_hidden=False):
         """Q new tokens per row [B,Q] (chain, or a tree with tree_mask [B|1,Q,Q]) -> [B,Q,V].
         Replays a captured graph when one fits, else runs eagerly (same results)."""
+        Q = tokens.shape[1]
+        if self.pad_width is not None and Q != self.pad_width:
+            return self._padded_verify(tokens, tree_mask, attn_len, return_hidden)
         key = self.graphs.usable(tokens, tree_mask, return_hidden, attn_len) if self.graphs is not None else None
         if key is not None:
             return self.graphs(tokens, key)
         return self.forward(tokens, tree_mask=tree_mask, attn_len=attn_len, return_hidden=return_hidden)
+
+    def _padded_verify(self, tokens, tree_mask, attn_len, return_hidden):
+        """Batch-invariant mode: run Q tokens as a forward of pad_width (the padding writes K/V
+        past the real tokens, which no real query sees; padded tree nodes see only themselves)."""
+        B, Q = tokens.shape
+        W = self.pad_width
+        if Q > W:
+            raise SpecEngineError(
+                f"batch-invariant mode pads target forwards to invariant_width={W} tokens, but this round "
+                f"verifies {Q}; pass a larger invariant_width, a smaller gamma, or batch_invariant=False")
+        tokens = torch.nn.functional.pad(tokens, (0, W - Q))
+        if tree_mask is not None:
+            eye = torch.eye(W, dtype=torch.bool, device=tree_mask.device).expand(tree_mask.shape[0], W, W).clone()
+            eye[:, :Q, :Q] = tree_mask.to(torch.bool)
+            tree_mask = eye
+        if attn_len is not None:
+            attn_len = min(attn_len + W - Q, self.cache.max_seq_len)
+        out = self.verify(tokens, tree_mask=tree_mask, attn_len=attn_len, return_hidden=return_hidden)
+        return (out[0][:, :Q], out[1][:, :Q]) if return_hidden else out[:, :Q]
