@@ -88,8 +88,8 @@ def compact_kv(kv_buffer, src_pos, dst_start, count, backend: str = "auto", chec
         raise SpecEngineError(f"unknown compact_kv backend {backend!r}; choose auto, ext or torch")
     if backend == "ext" and _kvext is None:
         raise SpecEngineError("the compiled KV extension is not built (see README: building the extension)")
-    if backend == "torch" or _kvext is None:
-        compact_kv_ref(kv_buffer, src_pos, dst_start, count)
+    if backend == "torch" or _kvext is None or (backend == "auto" and not kv_buffer.is_contiguous()):
+        compact_kv_ref(kv_buffer, src_pos, dst_start, count)  # auto: the extension needs a whole buffer
         return
     if kv_buffer.is_cuda and not _kvext.built_with_cuda():
         raise SpecEngineError("the KV extension was built without CUDA; use backend='torch'")

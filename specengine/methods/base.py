@@ -30,7 +30,12 @@ class Method:
 
     takes_threshold = False
     takes_tree = False
-    rows_independent = True  # no per-row state of its own: a round may run on the first rows only
+
+    @property
+    def rows_independent(self) -> bool:
+        """No per-row state of its own, so a round may run on the first rows only (tree rounds
+        keep the whole buffer: compact_kv's extension wants it contiguous)."""
+        return self.tree is None
 
     @property
     def max_width(self) -> int:
