@@ -9,7 +9,6 @@ import torch
 from .backends import draft_sampler_op, sampler_op
 from .cpu_matmul import choose_dtype, optimize, unpack
 from .cross_device import CrossDeviceDraft
-from .detokenize import partial_stop
 from .errors import SpecEngineError
 from .generation import Generation, check_capacity
 from .kernels.reference import rejection_sample_ref
@@ -357,11 +356,7 @@ class Engine:
             with torch.inference_mode():
                 if next(rounds, None) is None:
                     break
-            text = row.detok.text if row.detok is not None else ""  # holds back split characters
-            if row.stop_text_end is not None:
-                text = text[: row.stop_text_end]
-            elif row.finish_reason is None:  # hold back a tail that may be the start of a stop string
-                text = text[: len(text) - partial_stop(text, gen.stop_strings)]
+            text = row.visible_text()
             if len(text) > len(sent):
                 yield text[len(sent):]
                 sent = text

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .detokenize import IncrementalDetokenizer, find_stop
+from .detokenize import IncrementalDetokenizer, find_stop, partial_stop
 from .errors import SpecEngineError
 from .methods.base import Method
 from .methods.common import DecodeState
@@ -35,13 +35,23 @@ def attn_bound(length: int, max_seq_len: int) -> int:
 @dataclass
 class RowState:
     prompt_len: int
+    max_new: int  # this row's limits: the call's, or its own request's (serving core)
+    stops: list[str]
+    stop_ids: set[int]
     ids: list[int] = field(default_factory=list)  # generated ids (kept ones)
     finish_reason: str | None = None
     stop_text_end: int | None = None  # where a stop string starts in the text, if one hit
     detok: IncrementalDetokenizer | None = None  # the row's text, kept when stops or streaming need it
-    max_new: int | None = None  # per-request limits (the serving core); None: the call's
-    stops: list[str] | None = None
-    stop_ids: set[int] | None = None
+
+    def visible_text(self) -> str:
+        """The text a stream may show now: cut at a stop string that hit; while the row runs,
+        a tail that may be the start of a stop string (and split UTF-8) is held back."""
+        text = self.detok.text if self.detok is not None else ""
+        if self.stop_text_end is not None:
+            return text[: self.stop_text_end]
+        if self.finish_reason is None:
+            return text[: len(text) - partial_stop(text, self.stops)]
+        return text
 
 
 @dataclass
@@ -77,10 +87,8 @@ class Generation:
     def __init__(self, engine, prompts: list[list[int]], params: SamplingParams, max_new_tokens: int,
                  method: Method, stop_ids: set[int], stop_strings: list[str]):
         self.engine, self.params, self.method = engine, params, method
-        self.max_new = max_new_tokens
-        self.stop_ids, self.stop_strings = stop_ids, stop_strings
         self.track_text = bool(stop_strings)  # stream() turns it on too
-        self.rows = [RowState(len(p)) for p in prompts]
+        self.rows = [RowState(len(p), max_new_tokens, stop_strings, stop_ids) for p in prompts]
         self.counters = Counters()
         self.t0 = time.perf_counter()
         self.timer = PhaseTimer(engine.device)
@@ -179,7 +187,7 @@ class Generation:
         state.seed[slot] = seed
         for runner in self._runners():
             runner.prefill_row(slot, state.tokens[slot:slot + 1, : max(n - 1, 1)], n - 1)
-        row = self.rows[slot] = RowState(n, max_new=max_new, stops=stops, stop_ids=stop_ids)
+        row = self.rows[slot] = RowState(n, max_new, stops, stop_ids)
         self.method.reset_rows([slot])
         state.active[slot] = True
         return row
@@ -222,20 +230,19 @@ class Generation:
         kept = []
         for t in new:
             kept.append(t)
-            if t in (self.stop_ids if row.stop_ids is None else row.stop_ids):
+            if t in row.stop_ids:
                 row.finish_reason = "eos"
                 break
-            if len(row.ids) + len(kept) >= (row.max_new or self.max_new):
+            if len(row.ids) + len(kept) >= row.max_new:
                 row.finish_reason = "length"
                 break
-        stops = self.stop_strings if row.stops is None else row.stops
-        if self.track_text or stops:
+        if self.track_text or row.stops:
             row.detok = row.detok or IncrementalDetokenizer(self.engine.tokenizer)
             searched = len(row.detok.text)
             row.detok.push(kept)
             if row.finish_reason is not None:
                 row.detok.flush()
-            hit = find_stop(row.detok.text, stops, searched)
+            hit = find_stop(row.detok.text, row.stops, searched)
             if hit is not None:
                 row.finish_reason, row.stop_text_end = "stop", hit
         return kept

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..detokenize import partial_stop
 from ..errors import SpecEngineError
 from ..generation import Generation, check_capacity
 from ..methods import METHODS
@@ -216,11 +215,7 @@ class EngineCore:
         self.finished_requests += 1
 
     def _output(self, req: _Request, row, new: list[int], done: bool) -> RequestOutput:
-        text = row.detok.text if row.detok is not None else ""
-        if row.stop_text_end is not None:
-            text = text[: row.stop_text_end]
-        elif not done:
-            text = text[: len(text) - partial_stop(text, req.stops)]
+        text = row.visible_text()
         delta = text[len(req.sent):] if len(text) > len(req.sent) else ""
         req.sent = text if len(text) > len(req.sent) else req.sent
         return RequestOutput(req.rid, list(req.ids), list(new), req.sent, delta, done, row.finish_reason,
