@@ -24,17 +24,15 @@ class KVCache:
 
     def rows(self, n: int) -> "KVCache":
         """A view of the first n rows (same storage, lengths and high-water mark)."""
-        if n == self.batch:
-            return self
-        view = object.__new__(KVCache)
-        view.kv, view.lens = self.kv[:, :, :n], self.lens[:n]
-        view.high_water, view.rope_cos, view.rope_sin = self.high_water, self.rope_cos, self.rope_sin
-        return view
+        return self if n == self.batch else self._view(slice(0, n))
 
     def row(self, i: int) -> "KVCache":
         """A view of row i alone (same storage): prefilling one slot while the others decode."""
+        return self._view(slice(i, i + 1))
+
+    def _view(self, rows: slice) -> "KVCache":
         view = object.__new__(KVCache)
-        view.kv, view.lens = self.kv[:, :, i:i + 1], self.lens[i:i + 1]
+        view.kv, view.lens = self.kv[:, :, rows], self.lens[rows]
         view.high_water, view.rope_cos, view.rope_sin = self.high_water, self.rope_cos, self.rope_sin
         return view
 

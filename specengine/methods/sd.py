@@ -21,13 +21,18 @@ from .common import DecodeState, RoundOutput
 from .policies import make_policy
 
 
+def catch_up_inputs(draft, state: DecodeState, upto: torch.Tensor):
+    """The draft's 2-token catch-up feed: (tokens at its length and the next one [B,2], which
+    of their logits continues the chain [B] (the last unseen token: 1 or 2 are unseen))."""
+    seen = draft.cache.lens.to(torch.int64)
+    return state.tokens.gather(1, state.positions(seen, 2)), (upto - 1 - seen).clamp(0, 1)
+
+
 def draft_catch_up(draft, state: DecodeState, upto: torch.Tensor, return_hidden: bool = False):
     """Feed the draft the tokens of state.tokens[:, :upto] it has not seen (1 or 2 per row);
     returns the logits after the last one [B,V] (and its final hidden state [B,H])."""
-    seen = draft.cache.lens.to(torch.int64)
-    out = draft.verify(state.tokens.gather(1, state.positions(seen, 2)), attn_len=state.attn_len,
-                       return_hidden=return_hidden)
-    which = (upto - 1 - seen).clamp(0, 1)
+    tok2, which = catch_up_inputs(draft, state, upto)
+    out = draft.verify(tok2, attn_len=state.attn_len, return_hidden=return_hidden)
     draft.cache.set_lens(upto)
     rows = torch.arange(state.batch, device=which.device)
     return (out[0][rows, which], out[1][rows, which]) if return_hidden else out[rows, which]
@@ -42,9 +47,7 @@ def draft_chain(draft, state: DecodeState, gamma: int, upto: torch.Tensor | None
     upto = state.n if upto is None else upto
     chain = None if observe else getattr(draft, "chain_graphs", lambda: None)()
     if chain is not None:  # the whole chain as one CUDA graph replay (draft_graph.py)
-        seen = draft.cache.lens.to(torch.int64)
-        tok2 = state.tokens.gather(1, state.positions(seen, 2))
-        out = chain.run(state, gamma, tok2, (upto - 1 - seen).clamp(0, 1), draft.cache.lens, upto)
+        out = chain.run(state, gamma, *catch_up_inputs(draft, state, upto), draft.cache.lens, upto)
         if out is not None:
             return out
     if observe:
