@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from conftest import device, timed
 
 from specengine.kernels import verify_attention_ref
+from specengine.tree import ancestor_mask
 
 HEADS = {"qwen2.5-1.5b": (12, 2, 128), "llama-2-7b": (32, 32, 128)}
 
@@ -27,6 +28,12 @@ def sdpa(q, k, v, lens, tree_mask=None):
         mask = (rel < 0) | ((rel < Q) & tm)
     return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                           attn_mask=mask[:, None], enable_gqa=Hq != k.shape[2]).transpose(1, 2)
+
+
+def binary_tree_mask(nodes: int, device) -> torch.Tensor:
+    """[1,N,N] ancestor mask of a binary tree: node i's parent is (i - 1) // 2."""
+    parent = torch.tensor([[-1] + [(i - 1) // 2 for i in range(1, nodes)]], device=device)
+    return ancestor_mask(parent)
 
 
 def provider_fn(name):
@@ -69,14 +76,7 @@ def test_verify_attention(benchmark, provider, model, ctx, Q, B, mask):
     k = torch.randn(B, S, Hkv, D, device=dev, dtype=dtype)
     v = torch.randn_like(k)
     lens = torch.full((B,), ctx, dtype=torch.int32, device=dev)
-    tree = None
-    if mask == "tree":  # a binary-ish tree: node i's parent is (i - 1) // 2
-        tree = torch.zeros(1, Q, Q, dtype=torch.bool, device=dev)
-        for i in range(Q):
-            j = i
-            while j >= 0:
-                tree[0, i, j] = True
-                j = (j - 1) // 2 if j else -1
+    tree = binary_tree_mask(Q, dev) if mask == "tree" else None
     nbytes = 2 * B * S * Hkv * D * k.element_size() + 2 * q.numel() * q.element_size()
     benchmark.extra_info.update(provider=provider, model=model, ctx=ctx, Q=Q, B=B, mask=mask)
     timed(benchmark, lambda: fn(q, k, v, lens, tree), nbytes)

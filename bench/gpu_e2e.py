@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from gpu_kernels import copy_bandwidth
 from specengine import Engine
 from specengine.benchmark import environment
 from specengine.config import ModelConfig
@@ -232,11 +233,7 @@ def main(argv=None) -> int:
         return 2
     name = torch.cuda.get_device_name()
     peak = next((v for k, v in PEAK_BW.items() if k in name), None) or 3.35e12
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    from triton.testing import do_bench
-    bw = 2 * x.numel() / (do_bench(lambda: y.copy_(x), return_mode="median") * 1e-3)
-    del x, y
+    bw = copy_bandwidth()
     result = {"environment": environment(), "weights": "random (real architectures; see the docstring)",
               "dtype": "bfloat16", "new_tokens": NEW, "peak_bandwidth_Bps": peak, "copy_bandwidth_Bps": bw,
               "ar": [], "spec": [], "projected": []}

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
+from bench_verify_attention import binary_tree_mask, sdpa  # SDPA with an explicit mask: the baseline
 from specengine.benchmark import environment
 from specengine.kernels import rejection_sample_ref, verify_attention_ref
 from specengine.kernels.rejection_sampling import rejection_sample
@@ -96,20 +97,6 @@ def rejection_rows(rows: list, bw: float) -> None:
                 del logits, q
 
 
-def _sdpa_mask(q, k, v, lens, tree_mask=None):
-    """SDPA over the cache with an explicit boolean mask (chain or tree), GQA by enable_gqa."""
-    B, Q, Hq, _ = q.shape
-    S = k.shape[1]
-    rel = torch.arange(S, device=q.device)[None, None, :] - lens.long()[:, None, None]
-    if tree_mask is None:
-        mask = rel <= torch.arange(Q, device=q.device)[None, :, None]
-    else:
-        tm = torch.gather(tree_mask.expand(B, Q, Q), 2, rel.clamp(0, Q - 1).expand(B, Q, S))
-        mask = (rel < 0) | ((rel < Q) & tm)
-    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                          attn_mask=mask[:, None], enable_gqa=Hq != k.shape[2]).transpose(1, 2)
-
-
 def _sdpa_flash(q, kx, vx):
     """SDPA's fused path: bottom-right causal (the chain) on K/V already expanded to the query
     heads and cut at the valid length (equal lengths), so flash / memory-efficient kernels apply."""
@@ -133,22 +120,15 @@ def attention_rows(rows: list) -> None:
         ks = [torch.randn(B, S, Hkv, D, device="cuda", dtype=dt) for _ in range(n)]
         vs = [torch.randn(B, S, Hkv, D, device="cuda", dtype=dt) for _ in range(n)]
         lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
-        tree = None
-        if kind == "tree":  # a binary tree: node i's parent is (i - 1) // 2
-            tree = torch.zeros(1, Q, Q, dtype=torch.bool, device="cuda")
-            for i in range(Q):
-                j = i
-                while j >= 0:
-                    tree[0, i, j] = True
-                    j = (j - 1) // 2 if j else -1
+        tree = binary_tree_mask(Q, "cuda") if kind == "tree" else None
         ref = verify_attention_ref(qs[0].float(), ks[0].float(), vs[0].float(), lens, tree)
         got = verify_attention(qs[0], ks[0], vs[0], lens, tree)
         err = float((got.float() - ref).norm() / ref.norm())
         row = dict(op=f"verify_attention_{kind}", model=model, B=B, Q=Q, ctx=ctx, bytes=nbytes, rel_err=err)
         row["triton_us"] = bench(lambda i: verify_attention(qs[i], ks[i], vs[i], lens, tree), n)
-        row["sdpa_mask_us"] = bench(lambda i: _sdpa_mask(qs[i], ks[i], vs[i], lens, tree), n)
+        row["sdpa_mask_us"] = bench(lambda i: sdpa(qs[i], ks[i], vs[i], lens, tree), n)
         row["triton_graph_us"] = bench_graph(lambda: verify_attention(qs[0], ks[0], vs[0], lens, tree))
-        row["sdpa_mask_graph_us"] = bench_graph(lambda: _sdpa_mask(qs[0], ks[0], vs[0], lens, tree))
+        row["sdpa_mask_graph_us"] = bench_graph(lambda: sdpa(qs[0], ks[0], vs[0], lens, tree))
         if kind == "chain":
             G = Hq // Hkv
             kx = [k.transpose(1, 2).repeat_interleave(G, 1).contiguous() for k in ks]
