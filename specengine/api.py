@@ -6,11 +6,12 @@ from typing import Iterator
 
 import torch
 
-from .backends import draft_sampler_op, sampler_op
+from .backends import attention_op, draft_sampler_op, sampler_op
 from .cpu_matmul import choose_dtype, optimize, unpack
 from .cross_device import CrossDeviceDraft
 from .errors import SpecEngineError
 from .generation import Generation, check_capacity
+from .invariance import decode_seconds
 from .kernels.reference import rejection_sample_ref
 from .loading import load_model, load_tokenizer
 from .methods import METHODS
@@ -49,6 +50,9 @@ def _device(device) -> torch.device:
     return dev
 
 
+INVARIANT_MAX_COST = 0.05  # batch_invariant="auto" turns the mode on when a decode costs at most this much more
+
+
 class Engine:
     """A target model, an optional draft model sharing its tokenizer, and a decoding method."""
 
@@ -56,7 +60,7 @@ class Engine:
                  gamma: int | str = "auto", policy: str = "fixed", attention_backend: str = "auto",
                  sampler_backend: str = "auto", cuda_graphs: bool = True, cpu_matmul: str = "auto",
                  max_batch: int = 1, threshold: float | None = None, acceptance_head=None, parallel_drafter=None,
-                 batch_invariant=False, invariant_width: int = 9):
+                 batch_invariant="auto", invariant_width: int = 9):
         """target / draft: our `Transformer` modules (see `from_pretrained` to load them).
         A draft on another device than the target runs there (PEARL on two GPUs).
         max_batch: the largest batch CUDA graphs are captured for (larger batches run eagerly).
@@ -65,9 +69,11 @@ class Engine:
         one shipped for this draft, if any (specengine/heads/).
         parallel_drafter: a drafter file (or a ParallelDrafter) for method="parallelspec"; None:
         the one shipped for this draft, if any (specengine/drafters/).
-        batch_invariant: False (default) | True | "auto" (on for a bf16/fp16 target): every target
-        verify/decode runs at invariant_width tokens per row with fixed-tile attention, so
-        speculation gives exactly ar's tokens in 16-bit precision too (docs/design.md)."""
+        batch_invariant: "auto" (default) | True | False. On, every target verify/decode uses
+        fixed-tile attention and, where a start-up probe finds this backend's results depend on
+        the row count, runs padded to invariant_width tokens per row, so speculation gives
+        exactly ar's tokens in 16-bit precision too (docs/design.md). "auto": on for a bf16/fp16
+        target when it costs at most 5% per decode here (measured at start-up)."""
         if draft is target:
             raise SpecEngineError("draft and target must be separate model objects (each owns its KV cache)")
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
@@ -98,10 +104,10 @@ class Engine:
         self._head_source = acceptance_head
         self._drafter, self._drafter_source = None, parallel_drafter
         self.set_backends(attention_backend, sampler_backend)
-        self.set_batch_invariant(batch_invariant, invariant_width)
         self._step_costs = {}  # batch -> StepCosts, measured on first need (sd gamma="auto", pearl)
         self._side_stream = None
         self.set_cpu_matmul(cpu_matmul)
+        self.set_batch_invariant(batch_invariant, invariant_width)  # probes the kernels the plan chose
         self.eos_ids = self._eos_ids()
 
     @classmethod
@@ -110,7 +116,7 @@ class Engine:
                         policy: str = "fixed", attention_backend: str = "auto",
                         sampler_backend: str = "auto", draft_device=None, cuda_graphs: bool = True,
                         cpu_matmul: str = "auto", max_batch: int = 1, threshold: float | None = None,
-                        acceptance_head=None, parallel_drafter=None, batch_invariant=False,
+                        acceptance_head=None, parallel_drafter=None, batch_invariant="auto",
                         invariant_width: int = 9) -> "Engine":
         """Load target (and draft) from a registry name, HF directory, hub-cache id or .gguf.
 
@@ -204,15 +210,41 @@ class Engine:
         return {name: (r.graphs.memory_bytes if r.graphs is not None else 0)
                 for name, r in zip(("target", "draft"), self._runners())}
 
-    def set_batch_invariant(self, mode=False, width: int = 9) -> None:
-        """True | False | "auto" (on for 16-bit targets, where decode and verify forwards would
-        otherwise round differently): see `Engine.__init__`."""
+    def set_batch_invariant(self, mode="auto", width: int = 9) -> None:
+        """True | False | "auto": see `Engine.__init__`. "auto" is on for a 16-bit target when
+        the probe passes and one decode with the mode costs at most INVARIANT_MAX_COST more
+        than without it (measured here, now); `batch_invariant_info` says what was found."""
         if mode not in (True, False, "auto"):
             raise SpecEngineError(f"batch_invariant must be True, False or 'auto', got {mode!r}")
-        on = mode is True or (mode == "auto" and self.target.dtype in (torch.float16, torch.bfloat16))
-        self.target.set_batch_invariant(width if on else None)
-        self.batch_invariant = on
-        self.attention_backend = self.target.attention_backend
+        t = self.target
+        info = {"mode": mode, "on": False, "pad_width": None, "cost": None}
+        if mode is True or (mode == "auto" and t.dtype in (torch.float16, torch.bfloat16)):
+            t.set_batch_invariant(width)
+            try:
+                t.ensure_invariant(1)
+            except SpecEngineError:
+                if mode is True:
+                    raise
+                t.set_batch_invariant(None)
+            if mode == "auto" and t.invariant_width is not None:
+                info["cost"] = self._invariant_cost()
+                if info["cost"] > INVARIANT_MAX_COST:
+                    t.set_batch_invariant(None)
+        else:
+            t.set_batch_invariant(None)
+        info.update(on=t.invariant_width is not None, pad_width=t.pad_width)
+        self.batch_invariant, self.batch_invariant_info = info["on"], info
+        self.attention_backend = t.attention_backend
+
+    def _invariant_cost(self) -> float:
+        """Extra time of one decode with the mode (its attention and padding) over without it."""
+        t = self.target
+        off_attn = attention_op(t._attention_name, t.device)  # noqa: SLF001 - the runner's normal kernel
+        on = off = float("inf")
+        for _ in range(2):  # interleaved, best of each: a noisy machine biases neither side
+            off = min(off, decode_seconds(t.model, off_attn, None))
+            on = min(on, decode_seconds(t.model, t.attn_fn, t.pad_width))
+        return on / off - 1
 
     def set_backends(self, attention: str = "auto", sampler: str = "auto") -> None:
         """Pick the attention and sampling (rejection and draft) implementations ("torch" | "triton" | "auto")."""

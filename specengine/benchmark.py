@@ -125,7 +125,7 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8, max_new_toke
     prompts = [p["prompt"] for p in humaneval(n_prompts)]
     hf = _HFRunner(engine, target_path, draft_path) if any(n in HF_PROVIDERS for _, n, *_ in specs) else None
     ids = [engine.encode(p)[0][0] for p in prompts]
-    rows, reference = {}, None
+    rows, outputs_of = {}, {}
     for spec, name, gamma, policy, threshold, tree in specs:
         per_prompt, outputs = [], []
         run = _provider_fn(engine, hf, name, gamma, policy, threshold, temperature, seed, tree)
@@ -158,10 +158,11 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8, max_new_toke
                 row["measured_cost_ratio"] = ours[0]["measured_cost_ratio"]
                 for k in ("round_draft_s", "round_target_s", "round_wall_s"):
                     row[k] = sum(s[k] for s in ours) / len(ours)
-        if reference is None:
-            reference = outputs
-        row.update(agreement(outputs, reference))
-        rows[spec] = row
+        rows[spec], outputs_of[spec] = row, outputs
+    # exact match against ar (the target's own greedy tokens, in this dtype), else the first provider
+    ref = next((spec for spec, name, *_ in specs if name == "ar"), providers[0])
+    for spec, row in rows.items():
+        row.update(agreement(outputs_of[spec], outputs_of[ref]))
     base = baseline or providers[0]
     for row in rows.values():
         row["speedup"] = row["tokens_per_s"] / rows[base]["tokens_per_s"]
@@ -169,7 +170,8 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8, max_new_toke
               "prompts": "HumanEval[:%d]" % len(ids), "greedy": not temperature, "temperature": temperature,
               "seed": seed,
               "dtype": str(engine.target.dtype).removeprefix("torch."),
-              "dtype_choice": getattr(engine, "dtype_choice", None),
+              "dtype_choice": getattr(engine, "dtype_choice", None), "exact_match_reference": ref,
+              "batch_invariant": getattr(engine, "batch_invariant_info", None),
               "environment": environment(), "results": list(rows.values())}
     if engine.device.type == "cpu":  # what the memory system allows: weights / measured matvec time
         bound = report["target_matvec_bound"] = matvec_bound(engine.target.model)
@@ -191,7 +193,7 @@ def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
     """Exact-match rate over prompts and the earliest token index where any prompt differs."""
     firsts = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), min(len(o), len(r)))
               for o, r in zip(outputs, reference) if o != r]
-    return {"same_tokens_as_first_provider": not firsts,
+    return {"same_tokens_as_reference": not firsts,
             "exact_match_rate": 1 - len(firsts) / max(len(reference), 1),
             "first_divergence": min(firsts) if firsts else None}
 
@@ -211,7 +213,7 @@ def _provider_fn(engine, hf, name, gamma, policy, threshold, temperature, seed, 
 
 def format_table(report: dict) -> str:
     cols = ["provider", "tokens_per_s", "speedup", "tokens_per_target_forward", "acceptance_rate",
-            "mean_accepted_tokens", "gamma_mean", "draft_cost_ratio", "same_tokens_as_first_provider"]
+            "mean_accepted_tokens", "gamma_mean", "draft_cost_ratio", "exact_match_rate"]
     lines = [" | ".join(cols), " | ".join("---" for _ in cols)]
     for r in report["results"]:
         cells = []
@@ -221,7 +223,9 @@ def format_table(report: dict) -> str:
         lines.append(" | ".join(cells))
     env = report["environment"]
     head = [f"machine: {env['cpu']} ({env['cpu_isa']}), {env['cpu_threads']} threads" if env.get("device") == "cpu"
-            else f"device: {env.get('device')}", f"dtype: {report['dtype']}"]
+            else f"device: {env.get('device')}",
+            f"dtype: {report['dtype']}, {invariant_summary(report.get('batch_invariant'))}; "
+            f"exact_match_rate: share of prompts with exactly {report.get('exact_match_reference')}'s tokens"]
     bound = report.get("target_matvec_bound")
     if bound:
         head.append(f"target matvec bound: {bound['tokens_per_s_bound']:.2f} tokens/s "
@@ -231,6 +235,15 @@ def format_table(report: dict) -> str:
             head.append(f"ar decoding (prefill excluded): {ar['decode_tokens_per_s']:.2f} tokens/s = "
                         f"{100 * ar['decode_fraction_of_matvec_bound']:.0f}% of the bound")
     return "\n".join(head + [""] + lines)
+
+
+def invariant_summary(info: dict | None) -> str:
+    if not info or not info["on"]:
+        cost = info and info.get("cost")
+        return "batch-invariant mode off" + (f" (it would cost {100 * cost:.1f}% per decode)" if cost else "")
+    how = f"padded to {info['pad_width']}" if info["pad_width"] else "unpadded: kernels probed row-count invariant"
+    cost = f", {100 * info['cost']:+.1f}% per decode" if info.get("cost") is not None else ""
+    return f"batch-invariant mode on ({how}{cost})"
 
 
 def save(report: dict, path) -> Path:

@@ -37,10 +37,11 @@ def _engine_args(p: argparse.ArgumentParser, method_default=None):
                    help="specdec++ head file (default: the one shipped for the draft, if any)")
     p.add_argument("--parallel-drafter", default=None,
                    help="parallelspec drafter file (default: the one shipped for the draft, if any)")
-    p.add_argument("--batch-invariant", default="off", choices=["off", "on", "auto"],
-                   help="pad target forwards to one width with fixed-tile attention: speculation token-exact "
-                        "with ar in bf16/fp16 too (auto: on for 16-bit targets)")
-    p.add_argument("--invariant-width", type=int, default=9, help="tokens per target forward in that mode")
+    p.add_argument("--batch-invariant", default="auto", choices=["off", "on", "auto"],
+                   help="fixed-tile attention, and target forwards padded to one width where a start-up probe "
+                        "finds the kernels depend on the row count: speculation token-exact with ar in "
+                        "bf16/fp16 too (auto: on for 16-bit targets when it costs <= 5%% per decode here)")
+    p.add_argument("--invariant-width", type=int, default=9, help="widest target forward the mode covers")
     p.add_argument("--attention-backend", default="auto", help="torch | triton | auto (triton on CUDA)")
     p.add_argument("--sampler-backend", default="auto", help="torch | triton | auto (triton on CUDA)")
 

@@ -5,6 +5,7 @@ import argparse
 import time
 
 from .api import Engine
+from .benchmark import invariant_summary
 from .cpu_matmul import machine
 from .fetch import DEFAULT_DRAFT, DEFAULT_TARGET
 from .prompts import BUILTIN_PROMPT
@@ -36,7 +37,8 @@ def main(argv=None):
     for m, r in runs.items():
         print(f"----- {m} -----\n{r.text}\n")
     ar, sd = runs["ar"].stats, runs["sd"].stats
-    print(f"identical tokens: {runs['ar'].token_ids == runs['sd'].token_ids}")
+    print(f"identical tokens: {runs['ar'].token_ids == runs['sd'].token_ids}  ({dtype}; "
+          f"{invariant_summary(engine.batch_invariant_info)})")
     print(f"ar: {ar['tokens_per_s']:.2f} tokens/s")
     print(f"sd: {sd['tokens_per_s']:.2f} tokens/s  speedup {sd['tokens_per_s'] / ar['tokens_per_s']:.2f}x  "
           f"gamma {sd['policy'] if sd['policy'] == 'auto' else sd['gamma']} (mean {sd['gamma_mean']:.2f})  "

@@ -110,6 +110,7 @@ class Generation:
         tokens = tokens.to(dev)
         lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=dev)
         longest = max(len(p) for p in prompts)
+        eng.target.ensure_invariant(B, self.method.max_width)  # batch-invariant mode: probed at this width
         for runner in self._runners():  # every cache holds the prompt but its last token
             runner.allocate(B, S)
             if longest > 1:
@@ -157,11 +158,12 @@ class Generation:
     @contextmanager
     def _first_rows(self, hi: int):
         """The round's view: rows [0, hi) when every row from hi on is finished or free (the
-        serving core's free slots) and the method keeps no per-row state, else every row.
+        serving core's free slots) and the method keeps no per-row state, else every row (also
+        in batch-invariant mode, which probed forwards at the call's row count).
         Views share storage, so commits and cache lengths land in the full buffers."""
         state, target, draft = self.state, self.engine.target, self.engine.draft
         runners = self._runners()
-        if hi == state.batch or not self.method.rows_independent or \
+        if hi == state.batch or not self.method.rows_independent or target.invariant_width is not None or \
                 not all(isinstance(r, ModelRunner) for r in runners):
             yield state, target, draft
             return

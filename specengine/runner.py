@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import torch
 
+from . import invariance
 from .backends import attention_op
 from .draft_graph import DraftChainGraphs
-from .graphs import Q_BUCKETS, GraphRunner, len_buckets
+from .graphs import Q_BUCKETS, GraphRunner, batch_buckets, len_buckets
 from .errors import SpecEngineError
 from .kernels.reference import verify_attention_ref, verify_attention_tiled
 from .kv_cache import KVCache
@@ -30,7 +31,9 @@ class ModelRunner:
         self._warmed: KVCache | None = None  # the buffer warm-up (autotune, graphs) last ran on
         self._chain: DraftChainGraphs | None = None
         self.chain_graph = True  # as a draft: one graph for a whole chain (False: a graph per step)
-        self.pad_width: int | None = None  # batch-invariant mode: every verify/decode at this width
+        self.invariant_width: int | None = None  # batch-invariant mode on: its widest target forward
+        self.pad_width: int | None = None  # ... and the width every forward pads to, if the probe needs it
+        self._invariant_batches: set[int] = set()  # batch sizes the probe passed at pad_width
         self._attention_name = attention
         self.set_attention(attention)
         self.set_cuda_graphs(cuda_graphs, capture)
@@ -50,28 +53,62 @@ class ModelRunner:
         self._attention_name = name
         self.attn_fn = attention_op(name, self.device)
         self.attention_backend = "torch" if self.attn_fn is verify_attention_ref else "triton"
-        if self.pad_width:
+        if self.invariant_width:
             self.attn_fn, self.attention_backend = verify_attention_tiled, "torch-tiled"
-        self.graphs = self._warmed = self._chain = None
+        self.reset_invariance()
 
     def set_batch_invariant(self, width: int | None) -> None:
-        """Pad every verify/decode forward to `width` tokens per row and use the fixed-tile
-        attention, so a token's logits have the same bits whether it is decoded alone or
-        verified among others (docs/design.md, "Batch-invariant mode"); None turns it off."""
+        """Batch-invariant mode up to `width` tokens per forward (None: off): fixed-tile
+        attention, and every verify/decode padded to `width` when the probe finds this
+        backend's results depend on the row count (docs/design.md, "Batch-invariant mode")."""
         if width is not None and (not isinstance(width, int) or width < 1):
             raise SpecEngineError(f"invariant_width must be an integer >= 1, got {width!r}")
-        self.pad_width = width
+        self.invariant_width = width
         self.set_attention(self._attention_name)
+
+    def reset_invariance(self) -> None:
+        """Forget what the probe found (kernels, matmul plans or attention changed)."""
+        self.pad_width, self._invariant_batches = None, set()
+        self.graphs = self._warmed = self._chain = None
+
+    def ensure_invariant(self, batch: int, width: int | None = None) -> None:
+        """Probe (once per batch size) that forwards of `batch` rows give each token the bits
+        of decoding it alone; unpadded first on a CPU, else padded to invariant_width. `width`:
+        a method's widest forward, which widens the mode (and re-probes) when it is wider.
+        Raises when neither holds: the mode cannot promise exactness on this backend."""
+        if self.invariant_width is None:
+            return
+        if width is not None and width > self.invariant_width:
+            self.invariant_width = width
+            self.reset_invariance()
+        if batch in self._invariant_batches:
+            return
+        rows = next(b for b in batch_buckets(self.max_batch) if b >= batch) \
+            if self.use_graphs and batch <= self.max_batch else batch  # the row count graphs replay at
+        W = self.invariant_width
+        tries = [None, W] if self.device.type == "cpu" and self.pad_width is None else [W]
+        for pad in tries:
+            failure = invariance.probe(self.model, self.attn_fn, rows, W, pad)
+            if failure is None:
+                if pad != self.pad_width:
+                    self.reset_invariance()
+                    self.pad_width = pad
+                self._invariant_batches.add(batch)
+                return
+        raise SpecEngineError(
+            f"batch-invariant mode: on this backend the {failure}, even with every forward padded to "
+            f"{W} tokens; pass batch_invariant=False (16-bit speculation may then flip near-ties)")
 
     def set_cuda_graphs(self, enabled: bool = True, capture=None) -> None:
         """Replay captured graphs for decode/verify (CUDA; `capture` stands in on CPU in tests)."""
         self.capture = capture
         self.use_graphs = enabled and (self.device.type == "cuda" or capture is not None)
-        self.graphs = self._warmed = self._chain = None
+        self.reset_invariance()  # graphs replay at bucket row counts: probe those
 
     # ------------------------------------------------------------------ buffers and graphs
     def allocate(self, batch: int, max_seq_len: int) -> KVCache:
         """The KV buffer for a call of `batch` rows (reused when it fits), lengths reset."""
+        self.ensure_invariant(batch)
         rows = max(batch, self.max_batch) if self.use_graphs else batch
         buf = self._buffer
         stale = buf is None or buf.batch < rows or buf.max_seq_len != max_seq_len or buf.kv.dtype != self.dtype \
@@ -147,6 +184,11 @@ class ModelRunner:
         """Q new tokens per row [B,Q] (chain, or a tree with tree_mask [B|1,Q,Q]) -> [B,Q,V].
         Replays a captured graph when one fits, else runs eagerly (same results)."""
         Q = tokens.shape[1]
+        if self.invariant_width is not None and Q > self.invariant_width:
+            raise SpecEngineError(
+                f"batch-invariant mode covers target forwards of up to invariant_width={self.invariant_width} "
+                f"tokens, but this round verifies {Q}; pass a larger invariant_width, a smaller gamma, "
+                f"or batch_invariant=False")
         if self.pad_width is not None and Q != self.pad_width:
             return self._padded_verify(tokens, tree_mask, attn_len, return_hidden)
         key = self.graphs.usable(tokens, tree_mask, return_hidden, attn_len) if self.graphs is not None else None
@@ -159,10 +201,6 @@ class ModelRunner:
         past the real tokens, which no real query sees; padded tree nodes see only themselves)."""
         B, Q = tokens.shape
         W = self.pad_width
-        if Q > W:
-            raise SpecEngineError(
-                f"batch-invariant mode pads target forwards to invariant_width={W} tokens, but this round "
-                f"verifies {Q}; pass a larger invariant_width, a smaller gamma, or batch_invariant=False")
         tokens = torch.nn.functional.pad(tokens, (0, W - Q))
         if tree_mask is not None:
             eye = torch.eye(W, dtype=torch.bool, device=tree_mask.device).expand(tree_mask.shape[0], W, W).clone()

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from specengine import Engine
+from specengine import Engine, api, invariance
 from specengine.errors import SpecEngineError
 from specengine.kernels.reference import verify_attention_ref, verify_attention_tiled
 from specengine.runner import ModelRunner
@@ -36,9 +36,11 @@ def test_tiled_attention_matches_the_reference_and_ignores_the_read_length(tree)
     assert torch.equal(verify_attention_tiled(q, k[:, :610], v[:, :610], lens, tm, tile=64), got)
 
 
-def test_a_rows_logits_are_bit_identical_at_every_width_and_position(bf16_pair):
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_rows_logits_are_bit_identical_at_every_width_and_position(bf16_pair, padded):
     """Logits of the token at sequence index n+j: decoded alone (width 1) vs verified at
-    position j of blocks of width j+1..W; same bits with the mode on."""
+    position j of blocks of width j+1..W; same bits with the mode on, whichever way the probe
+    chose, and with padding forced."""
     target, _ = bf16_pair
     W = 6
     runner = ModelRunner(target, cuda_graphs=False)
@@ -52,6 +54,8 @@ def test_a_rows_logits_are_bit_identical_at_every_width_and_position(bf16_pair):
         runner.prefill(seq[:, :n], torch.tensor([n]))
 
     prefill()
+    if padded:
+        runner.pad_width = W  # batch 1 is probed already: allocate keeps it
     alone = []
     for j in range(W):  # one token per forward
         alone.append(runner.decode(seq[:, n + j], attn_len=64)[0])
@@ -94,6 +98,7 @@ def test_the_mode_removes_a_divergence_that_row_count_rounding_causes(bf16_pair,
     target.lm_head.forward = RowCountRounding(target.lm_head)
     off = Engine(target, tokenizer, draft, max_seq_len=256)
     on = Engine(target, tokenizer, draft, max_seq_len=256, batch_invariant=True, invariant_width=8)
+    assert on.target.pad_width == 8  # the probe found the row-count dependence: every forward padded
     diverged = 0
     for p in PROMPTS:
         for eng, must_match in ((on, True), (off, False)):
@@ -113,6 +118,57 @@ def test_bad_options_and_capacity(bf16_pair, tokenizer):
     with pytest.raises(SpecEngineError, match="invariant_width"):
         Engine(target, tokenizer, draft, batch_invariant=True, invariant_width=0)
     eng = Engine(target, tokenizer, draft, max_seq_len=256, batch_invariant=True, invariant_width=4)
-    with pytest.raises(SpecEngineError, match="invariant_width=4"):
-        eng.generate("x", max_new_tokens=5, method="sd", gamma=6)
-    assert Engine(target, tokenizer, draft, batch_invariant="auto").batch_invariant  # bf16 target
+    ar = eng.generate("x", max_new_tokens=20, method="ar", ignore_eos=True).token_ids
+    assert eng.generate("x", max_new_tokens=20, method="sd", gamma=6, ignore_eos=True).token_ids == ar
+    assert eng.target.invariant_width == 7  # widened to the method's widest forward, and probed there
+    eng.target.pad_width = 7
+    with pytest.raises(SpecEngineError, match="invariant_width=7"):  # the runner's own guard
+        eng.target.verify(torch.zeros(1, 8, dtype=torch.int64))
+
+
+def test_auto_weighs_the_measured_cost(bf16_pair, tiny_pair, tokenizer, monkeypatch):
+    target, draft = bf16_pair
+    fp32 = Engine(tiny_pair[0], tokenizer, tiny_pair[2], batch_invariant="auto")
+    assert not fp32.batch_invariant and fp32.batch_invariant_info["cost"] is None  # fp32: nothing to fix
+    monkeypatch.setattr(api, "INVARIANT_MAX_COST", 1e9)
+    cheap = Engine(target, tokenizer, draft, max_seq_len=256)  # "auto" is the default
+    info = cheap.batch_invariant_info
+    assert cheap.batch_invariant and info["mode"] == "auto" and info["cost"] > -1
+    assert cheap.attention_backend == "torch-tiled"
+    monkeypatch.setattr(api, "INVARIANT_MAX_COST", -1.0)  # nothing is that cheap
+    dear = Engine(target, tokenizer, draft, max_seq_len=256)
+    assert not dear.batch_invariant and dear.attention_backend != "torch-tiled"
+    assert dear.batch_invariant_info["cost"] is not None
+
+
+class RowPositionNoise:
+    """A backend no padding can fix: each row's result depends on its place in the input."""
+
+    def __init__(self, module):
+        self.fwd = module.forward
+
+    def __call__(self, x):
+        y = self.fwd(x)
+        rows = torch.arange(x.numel() // x.shape[-1], dtype=y.dtype).reshape(*x.shape[:-1], 1)
+        return y + 0.01 * rows
+
+
+def test_a_backend_that_padding_cannot_fix_is_refused(bf16_pair, tokenizer):
+    target, draft = bf16_pair
+    target.lm_head.forward = RowPositionNoise(target.lm_head)
+    with pytest.raises(SpecEngineError, match="even with every forward padded to 8 tokens"):
+        Engine(target, tokenizer, draft, max_seq_len=256, batch_invariant=True, invariant_width=8)
+    assert not Engine(target, tokenizer, draft, max_seq_len=256, batch_invariant="auto").batch_invariant
+
+
+def test_each_batch_size_is_probed_once(bf16_pair, tokenizer, monkeypatch):
+    target, draft = bf16_pair
+    eng = Engine(target, tokenizer, draft, max_seq_len=256, batch_invariant=True, invariant_width=6)
+    calls = []
+    real = invariance.probe
+    monkeypatch.setattr(invariance, "probe", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    prompts = PROMPTS[:3]
+    ar = eng.generate(prompts, max_new_tokens=12, method="ar", ignore_eos=True)
+    sd = eng.generate(prompts, max_new_tokens=12, method="sd", gamma=4, ignore_eos=True)
+    assert [r.token_ids for r in sd] == [r.token_ids for r in ar]
+    assert calls == [3]  # batch 1 was probed at construction, batch 3 on first use

@@ -47,7 +47,7 @@ class Method:
         """Positions past a row's committed length a round may write: its widest forward,
         padded to the graph bucket, for the target and for a draft running ahead of it.
         The one place this is computed (capacity check and attention bound use it)."""
-        return 2 * padded_width(max(self.max_width, self.engine.target.pad_width or 0))
+        return 2 * padded_width(max(self.max_width, self.engine.target.invariant_width or 0))
 
     def begin(self, generation) -> None:
         pass
