@@ -19,6 +19,7 @@ import triton.language as tl
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634
+INVARIANT_SPLIT = 256  # positions per split in batch-invariant mode (reference.INVARIANT_TILE)
 
 
 # (BLOCK_M, BLOCK_N, num_warps) that compile without spilling registers for sm_80 and sm_90 at
@@ -171,12 +172,16 @@ def _num_splits(programs: int, length: int, device: torch.device) -> int:
     return max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(length, 256), 64))
 
 
-def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, num_splits=None):
+def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, num_splits=None,
+                     fixed_split: int | None = None):
     """Triton version of `reference.verify_attention_ref` (same contract).
 
     q [B,Q,Hq,D]; k_cache / v_cache [B,S,Hkv,D] (a view of the shared buffer is fine: only
     the last dim must be contiguous); cache_lens [B] int32 with cache_lens[b] + Q <= S;
     tree_mask None (chain) or bool [B|1,Q,Q]. Returns [B,Q,Hq,D] in q's dtype.
+    fixed_split: split the sequence at multiples of this many positions from 0 and always
+    merge (one autotune key, so one BLOCK_N): a query's reduction order then depends neither
+    on S nor on the GPU's size. Splits past a query's keys are empty and merge as exact zeros.
     """
     B, Q, Hq, D = q.shape
     S, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -193,8 +198,12 @@ def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=N
     G = Hq // Hkv
     BLOCK_M = block_m_for(Q * G, q.dtype)
     n_m = triton.cdiv(Q * G, BLOCK_M)
-    splits = num_splits or _num_splits(B * Hkv * n_m, S, q.device)
-    chunk = triton.cdiv(S, splits)
+    if fixed_split:
+        splits, chunk = triton.cdiv(S, fixed_split), fixed_split
+    else:
+        splits = num_splits or _num_splits(B * Hkv * n_m, S, q.device)
+        chunk = triton.cdiv(S, splits)
+    split = splits > 1 or fixed_split is not None
     out = torch.empty_like(q)
     scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)) * _LOG2E
     if tree_mask is not None:
@@ -205,7 +214,7 @@ def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=N
     else:
         tm, mask_strides = q, (0, 0, 0)  # never read
     mpad = n_m * BLOCK_M
-    if splits > 1:
+    if split:
         m_part = torch.empty(B * Hkv, splits, mpad, dtype=torch.float32, device=q.device)
         l_part = torch.empty_like(m_part)
         acc_part = torch.empty(B * Hkv, splits, mpad, D, dtype=torch.float32, device=q.device)
@@ -217,12 +226,18 @@ def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=N
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), out.stride(2),
         *mask_strides, Q, G, Hkv, splits, mpad, chunk,
-        D=D, BLOCK_M=BLOCK_M, HAS_TREE=tree_mask is not None, SPLIT=splits > 1,
+        D=D, BLOCK_M=BLOCK_M, HAS_TREE=tree_mask is not None, SPLIT=split,
         IEEE=q.dtype == torch.float32,
     )
-    if splits > 1:
+    if split:
         _merge_splits_kernel[(n_m, B * Hkv)](
             m_part, l_part, acc_part, out, out.stride(0), out.stride(1), out.stride(2),
             Q, G, Hkv, splits, mpad, D=D, BLOCK_M=BLOCK_M,
         )
     return out
+
+
+def verify_attention_fixed(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None):
+    """`verify_attention` with fixed 256-position splits: batch-invariant mode's GPU kernel
+    (`reference.verify_attention_tiled` is its torch counterpart)."""
+    return verify_attention(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, fixed_split=INVARIANT_SPLIT)

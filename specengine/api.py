@@ -6,7 +6,7 @@ from typing import Iterator
 
 import torch
 
-from .backends import attention_op, draft_sampler_op, sampler_op
+from .backends import draft_sampler_op, sampler_op
 from .cpu_matmul import choose_dtype, optimize, unpack
 from .cross_device import CrossDeviceDraft
 from .errors import SpecEngineError
@@ -239,7 +239,7 @@ class Engine:
     def _invariant_cost(self) -> float:
         """Extra time of one decode with the mode (its attention and padding) over without it."""
         t = self.target
-        off_attn = attention_op(t._attention_name, t.device)  # noqa: SLF001 - the runner's normal kernel
+        off_attn = t._normal_attention  # noqa: SLF001 - the kernel the runner uses with the mode off
         on = off = float("inf")
         for _ in range(2):  # interleaved, best of each: a noisy machine biases neither side
             off = min(off, decode_seconds(t.model, off_attn, None))

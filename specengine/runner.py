@@ -33,7 +33,6 @@ class ModelRunner:
         self.chain_graph = True  # as a draft: one graph for a whole chain (False: a graph per step)
         self.invariant_width: int | None = None  # batch-invariant mode on: its widest target forward
         self.pad_width: int | None = None  # ... and the width every forward pads to, if the probe needs it
-        self._invariant_batches: set[int] = set()  # batch sizes the probe passed at pad_width
         self._attention_name = attention
         self.set_attention(attention)
         self.set_cuda_graphs(cuda_graphs, capture)
@@ -49,33 +48,49 @@ class ModelRunner:
     # ------------------------------------------------------------------ configuration
     def set_attention(self, name: str = "auto") -> None:
         """"torch" | "triton" | "auto" (Triton on CUDA). Captured graphs baked the old kernel.
-        In batch-invariant mode the fixed-tile torch attention serves whatever the name."""
+        In batch-invariant mode a fixed-split attention serves whatever the name."""
         self._attention_name = name
-        self.attn_fn = attention_op(name, self.device)
-        self.attention_backend = "torch" if self.attn_fn is verify_attention_ref else "triton"
-        if self.invariant_width:
-            self.attn_fn, self.attention_backend = verify_attention_tiled, "torch-tiled"
+        self._normal_attention = attention_op(name, self.device)
         self.reset_invariance()
 
     def set_batch_invariant(self, width: int | None) -> None:
-        """Batch-invariant mode up to `width` tokens per forward (None: off): fixed-tile
+        """Batch-invariant mode up to `width` tokens per forward (None: off): fixed-split
         attention, and every verify/decode padded to `width` when the probe finds this
         backend's results depend on the row count (docs/design.md, "Batch-invariant mode")."""
         if width is not None and (not isinstance(width, int) or width < 1):
             raise SpecEngineError(f"invariant_width must be an integer >= 1, got {width!r}")
         self.invariant_width = width
-        self.set_attention(self._attention_name)
+        self.reset_invariance()
 
-    def reset_invariance(self) -> None:
-        """Forget what the probe found (kernels, matmul plans or attention changed)."""
-        self.pad_width, self._invariant_batches = None, set()
+    def invariant_candidates(self) -> list[tuple]:
+        """(attention, its name, pad width) to probe, cheapest first: on a CPU the fixed-tile
+        torch attention unpadded, then padded; on CUDA always padded (graph buckets regroup
+        widths), the fixed-split Triton kernel first unless torch attention was asked for."""
+        W, tiled = self.invariant_width, (verify_attention_tiled, "torch-tiled")
+        if self.device.type != "cuda":
+            return [(*tiled, None), (*tiled, W)]
+        if self._normal_attention is verify_attention_ref:  # torch asked for, or no Triton
+            return [(*tiled, W)]
+        from .kernels.verify_attention import verify_attention_fixed
+
+        return [(verify_attention_fixed, "triton-fixed", W), (*tiled, W)]
+
+    def reset_invariance(self, choice: int = 0) -> None:
+        """Take candidate `choice` (mode on) or the normal attention (off) and forget which
+        batch sizes the probe passed (kernels, matmul plans or attention changed)."""
+        self._invariant_choice, self._invariant_batches = choice, set()
+        if self.invariant_width:
+            self.attn_fn, self.attention_backend, self.pad_width = self.invariant_candidates()[choice]
+        else:
+            self.attn_fn, self.pad_width = self._normal_attention, None
+            self.attention_backend = "torch" if self.attn_fn is verify_attention_ref else "triton"
         self.graphs = self._warmed = self._chain = None
 
     def ensure_invariant(self, batch: int, width: int | None = None) -> None:
         """Probe (once per batch size) that forwards of `batch` rows give each token the bits
-        of decoding it alone; unpadded first on a CPU, else padded to invariant_width. `width`:
-        a method's widest forward, which widens the mode (and re-probes) when it is wider.
-        Raises when neither holds: the mode cannot promise exactness on this backend."""
+        of decoding it alone, trying the candidates from the current one on (never back to a
+        cheaper one). `width`: a method's widest forward, which widens the mode (re-probed).
+        Raises when none holds: the mode cannot promise exactness on this backend."""
         if self.invariant_width is None:
             return
         if width is not None and width > self.invariant_width:
@@ -85,25 +100,25 @@ class ModelRunner:
             return
         rows = next(b for b in batch_buckets(self.max_batch) if b >= batch) \
             if self.use_graphs and batch <= self.max_batch else batch  # the row count graphs replay at
-        W = self.invariant_width
-        tries = [None, W] if self.device.type == "cpu" and self.pad_width is None else [W]
-        for pad in tries:
-            failure = invariance.probe(self.model, self.attn_fn, rows, W, pad)
+        candidates = self.invariant_candidates()
+        for i in range(self._invariant_choice, len(candidates)):
+            attn_fn, _, pad = candidates[i]
+            failure = invariance.probe(self.model, attn_fn, rows, self.invariant_width, pad)
             if failure is None:
-                if pad != self.pad_width:
-                    self.reset_invariance()
-                    self.pad_width = pad
+                if i != self._invariant_choice:
+                    self.reset_invariance(i)
                 self._invariant_batches.add(batch)
                 return
         raise SpecEngineError(
             f"batch-invariant mode: on this backend the {failure}, even with every forward padded to "
-            f"{W} tokens; pass batch_invariant=False (16-bit speculation may then flip near-ties)")
+            f"{self.invariant_width} tokens; pass batch_invariant=False (16-bit speculation may then "
+            f"flip near-ties)")
 
     def set_cuda_graphs(self, enabled: bool = True, capture=None) -> None:
         """Replay captured graphs for decode/verify (CUDA; `capture` stands in on CPU in tests)."""
         self.capture = capture
         self.use_graphs = enabled and (self.device.type == "cuda" or capture is not None)
-        self.reset_invariance()  # graphs replay at bucket row counts: probe those
+        self.reset_invariance(self._invariant_choice)  # graphs replay at bucket row counts: re-probe
 
     # ------------------------------------------------------------------ buffers and graphs
     def allocate(self, batch: int, max_seq_len: int) -> KVCache:

@@ -172,3 +172,21 @@ def test_each_batch_size_is_probed_once(bf16_pair, tokenizer, monkeypatch):
     sd = eng.generate(prompts, max_new_tokens=12, method="sd", gamma=4, ignore_eos=True)
     assert [r.token_ids for r in sd] == [r.token_ids for r in ar]
     assert calls == [3]  # batch 1 was probed at construction, batch 3 on first use
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("graphs", [False, True])
+def test_cuda_16bit_speculation_equals_ar_in_the_mode(tiny_pair, tokenizer, dtype, graphs):
+    """On CUDA the mode always pads, with the fixed-split Triton attention when the probe passes
+    (else the torch one); batch 2, perturbed draft, eager and graphs."""
+    target, _, draft = (copy.deepcopy(m).to("cuda", dtype) for m in tiny_pair)
+    eng = Engine(target, tokenizer, draft, max_seq_len=512, max_batch=2, cuda_graphs=graphs,
+                 batch_invariant=True, invariant_width=8)
+    assert eng.target.pad_width == 8 and eng.attention_backend in ("triton-fixed", "torch-tiled")
+    for prompts in (PROMPTS[:2], PROMPTS[2:4], PROMPTS[4:]):
+        ar = [r.token_ids for r in eng.generate(prompts, max_new_tokens=40, method="ar", ignore_eos=True)]
+        for method, gamma in (("sd", 2), ("sd", 5), ("pearl", 3)):
+            out = eng.generate(prompts, max_new_tokens=40, method=method, gamma=gamma, ignore_eos=True)
+            assert [r.token_ids for r in out] == ar, (method, gamma)

@@ -101,3 +101,18 @@ def test_half_precision_error_within_2x_of_torch_same_dtype(dtype, tree):
     err_torch = (verify_attention_ref(qh, kh, vh, lens, mask).float() - ref).abs().max().item()
     err_triton = (verify_attention(qh, kh, vh, lens, mask).float() - ref).abs().max().item()
     assert err_triton <= 2 * err_torch + 1e-6
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_fixed_split_matches_the_reference_and_ignores_the_read_length(tree):
+    """Batch-invariant mode's kernel: splits at fixed positions, so reading more of the cache
+    (more, empty splits) changes no bit of any query's result."""
+    from specengine.kernels.verify_attention import INVARIANT_SPLIT, verify_attention_fixed
+
+    q, k, v, lens = rand_case(2, 5, 4, 2, 16, 2 * INVARIANT_SPLIT + 40, seed=11)
+    lens[0], lens[1] = INVARIANT_SPLIT + 10, INVARIANT_SPLIT - 2  # row 1's new tokens straddle a boundary
+    mask = random_tree(2, 5, 3).to(DEVICE) if tree else None
+    out = verify_attention_fixed(q, k, v, lens, mask)
+    assert (out - verify_attention_ref(q, k, v, lens, mask)).abs().max().item() <= 1e-5
+    short = int(lens.max()) + 5  # the keys end here: one split fewer than the whole buffer
+    assert torch.equal(verify_attention_fixed(q, k[:, :short], v[:, :short], lens, mask), out)
