@@ -139,7 +139,7 @@ def gpu_busy(prof, rounds: int) -> dict:
 def ar_section(rows: list, peak: float, bw: float, only_small: bool) -> None:
     for name in ("qwen2.5-1.5b",) if only_small else ("qwen2.5-1.5b", "qwen2.5-7b"):
         model = random_model(name, 0)
-        eng = Engine(model, NoTokenizer(), None, method="ar", max_seq_len=MAX_SEQ, max_batch=8)
+        eng = Engine(model, NoTokenizer(), None, method="ar", max_seq_len=MAX_SEQ, max_batch=8, batch_invariant=False)
         wb, kvt = weight_bytes(model), kv_bytes_per_token(model)
         for graphs in (False, True):
             eng.set_cuda_graphs(graphs)
@@ -161,7 +161,7 @@ def ar_section(rows: list, peak: float, bw: float, only_small: bool) -> None:
 
 def spec_section(rows: list, target, draft, label: str) -> None:
     """sd γ 2/4/6 (whole-chain draft graph and per-step graphs) and pearl (± second stream)."""
-    eng = Engine(target, NoTokenizer(), draft, max_seq_len=MAX_SEQ, max_batch=8)
+    eng = Engine(target, NoTokenizer(), draft, max_seq_len=MAX_SEQ, max_batch=8, batch_invariant=False)
     run(eng, 1, 512, method="ar")
     ar = run(eng, 1, 512, method="ar")
     ar_prof = run(eng, 1, 512, method="ar", profile=True)
@@ -201,6 +201,25 @@ def spec_section(rows: list, target, draft, label: str) -> None:
     eng.draft.chain_graph = True
 
 
+def invariant_section(rows: list, target, draft) -> None:
+    """Batch-invariant mode on vs off (bf16, batch 1 and 8, ctx 512): ar and sd:4 tokens/s, sd
+    == ar, what the probe chose and what "auto" measured."""
+    for mode in (False, True, "auto"):
+        eng = Engine(target, NoTokenizer(), draft, max_seq_len=MAX_SEQ, max_batch=8, batch_invariant=mode)
+        for batch in (1, 8):
+            run(eng, batch, 512, method="ar")
+            ar = run(eng, batch, 512, method="ar")
+            run(eng, batch, 512, method="sd", gamma=4)
+            sd = run(eng, batch, 512, method="sd", gamma=4)
+            row = dict(mode=str(mode), info=eng.batch_invariant_info, attention=eng.attention_backend, batch=batch,
+                       ar_tokens_per_s=ar["tokens_per_s"], sd4_tokens_per_s=sd["tokens_per_s"],
+                       sd_same_tokens_as_ar=sd["token_ids"] == ar["token_ids"])
+            rows.append(row)
+            print(f"batch-invariant {row['mode']:5s} B{batch}: ar {row['ar_tokens_per_s']:7.1f} tok/s  sd:4 "
+                  f"{row['sd4_tokens_per_s']:7.1f}  same {row['sd_same_tokens_as_ar']}  {row['attention']} "
+                  f"{row['info']}", flush=True)
+
+
 def projections(out: list, spec_rows: list[dict]) -> None:
     """τ(γ) from the real pair's per-position acceptance on CPU (sd:4, greedy HumanEval) x the
     GPU round time at γ (random weights, batch 1, ctx 512). PROJECTED."""
@@ -225,7 +244,7 @@ def projections(out: list, spec_rows: list[dict]) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default="ar,spec,allaccept")
+    ap.add_argument("--only", default="ar,spec,allaccept,invariant")
     ap.add_argument("--small", action="store_true", help="1.5B only in the ar section (a quick check)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -236,7 +255,7 @@ def main(argv=None) -> int:
     bw = copy_bandwidth()
     result = {"environment": environment(), "weights": "random (real architectures; see the docstring)",
               "dtype": "bfloat16", "new_tokens": NEW, "peak_bandwidth_Bps": peak, "copy_bandwidth_Bps": bw,
-              "ar": [], "spec": [], "projected": []}
+              "ar": [], "spec": [], "projected": [], "invariant": []}
 
     def save():
         Path(args.out).write_text(json.dumps(result, indent=1))
@@ -255,6 +274,8 @@ def main(argv=None) -> int:
     if "spec" in args.only:
         guarded("spec", lambda rows: spec_section(rows, target, random_model("qwen2.5-0.5b", 1), "random 1.5b/0.5b"))
         guarded("projected", lambda rows: projections(rows, result["spec"]))
+    if "invariant" in args.only:
+        guarded("invariant", lambda rows: invariant_section(rows, target, random_model("qwen2.5-0.5b", 1)))
     if "allaccept" in args.only:
         guarded("spec", lambda rows: spec_section(rows, target, copy.deepcopy(target), "all-accept 1.5b/1.5b copy"))
     del target

@@ -19,6 +19,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from filelock import FileLock
 from tqdm.auto import tqdm
 
 from .errors import SpecEngineError
@@ -77,10 +78,14 @@ def fetch(name: str, quiet: bool = False) -> Path:
     out = model_dir(name)
     if (out / "config.json").exists():
         return out
-    gguf_path = cache_dir() / "gguf" / f"{name}.gguf"
-    if not gguf_path.exists():
-        _download_gguf(REGISTRY[name], gguf_path, quiet)
-    convert_gguf(gguf_path, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(out.parent / f"{name}.lock"):  # another process may be building the same model
+        if (out / "config.json").exists():
+            return out
+        gguf_path = cache_dir() / "gguf" / f"{name}.gguf"
+        if not gguf_path.exists():
+            _download_gguf(REGISTRY[name], gguf_path, quiet)
+        convert_gguf(gguf_path, out)
     return out
 
 
