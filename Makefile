@@ -23,12 +23,11 @@ demo: $(STAMP)
 
 # The whole suite on CPU, real pair included (fetched into the cache on first run). The
 # headers of a CUDA build of torch are extracted once (cached) so csrc/ is nvcc-checked
-# against them; where they cannot be had, that one test skips. Two workers, one test file
-# each at a time: single-threaded work (nvcc, Python-bound tests, the server's I/O) overlaps
-# the numeric tests, and a module's fixtures (the real pair) stay in one process.
+# against them; where they cannot be had, that one test skips. One process: two
+# pytest-xdist workers were slower on a 2-core VM (937 s vs 832 s: four threads on two cores).
 test: $(STAMP)
 	$(PY) -m specengine.ext_check --fetch-only
-	$(VENV)/bin/pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 # Everything but the real-pair tests (no multi-GB download).
 test-fast: $(STAMP)
