@@ -239,11 +239,7 @@ class Engine:
     def _invariant_cost(self) -> float:
         """Extra time of one decode with the mode (its attention and padding) over without it."""
         t = self.target
-        off_attn = t._normal_attention  # noqa: SLF001 - the kernel the runner uses with the mode off
-        on = off = float("inf")
-        for _ in range(2):  # interleaved, best of each: a noisy machine biases neither side
-            off = min(off, decode_seconds(t.model, off_attn, None))
-            on = min(on, decode_seconds(t.model, t.attn_fn, t.pad_width))
+        off, on = decode_seconds(t.model, [(t.normal_attention, None), (t.attn_fn, t.pad_width)])
         return on / off - 1
 
     def set_backends(self, attention: str = "auto", sampler: str = "auto") -> None:

@@ -79,23 +79,27 @@ def _decode_next(runner, token):
 
 
 @torch.inference_mode()
-def decode_seconds(model, attn_fn, pad: int | None, context: int = 128, reps: int = 3) -> float:
-    """Best-of-reps time of one single-row decode at `context` on the whole model with this
-    attention and padding (a runner and buffer of its own: the engine's stay as they are)."""
+def decode_seconds(model, settings, context: int = 128, rounds: int = 2, reps: int = 3) -> list[float]:
+    """Best time of one single-row decode at `context` on the whole model for each (attention,
+    pad width) setting, interleaved round by round so a noisy machine biases no setting. One
+    runner and buffer of its own (the engine's stay as they are)."""
     from .runner import ModelRunner
 
     runner = ModelRunner(model, cuda_graphs=False)
-    runner.attn_fn, runner.pad_width = attn_fn, pad
-    runner.allocate(1, context + 2 * (pad or 1))
-    runner.cache.set_lens(torch.tensor([context], dtype=torch.int32, device=runner.device))  # K/V values: any
-    tokens = torch.zeros(1, 1, dtype=torch.int64, device=runner.device)
-    best = float("inf")
-    for _ in range(reps):
-        _sync(runner.device)
-        t = time.perf_counter()
-        runner.decode(tokens[:, -1])
-        _sync(runner.device)
-        best = min(best, time.perf_counter() - t)
+    runner.allocate(1, context + 2 * max(pad or 1 for _, pad in settings))
+    lens = torch.tensor([context], dtype=torch.int32, device=runner.device)  # K/V values: any
+    token = torch.zeros(1, dtype=torch.int64, device=runner.device)
+    best = [float("inf")] * len(settings)
+    for _ in range(rounds):
+        for i, (attn_fn, pad) in enumerate(settings):
+            runner.attn_fn, runner.pad_width = attn_fn, pad
+            for _ in range(reps):
+                runner.cache.set_lens(lens)
+                _sync(runner.device)
+                t = time.perf_counter()
+                runner.decode(token)
+                _sync(runner.device)
+                best[i] = min(best[i], time.perf_counter() - t)
     return best
 
 

@@ -50,7 +50,7 @@ class ModelRunner:
         """"torch" | "triton" | "auto" (Triton on CUDA). Captured graphs baked the old kernel.
         In batch-invariant mode a fixed-split attention serves whatever the name."""
         self._attention_name = name
-        self._normal_attention = attention_op(name, self.device)
+        self.normal_attention = attention_op(name, self.device)  # what the mode off uses
         self.reset_invariance()
 
     def set_batch_invariant(self, width: int | None) -> None:
@@ -69,7 +69,7 @@ class ModelRunner:
         W, tiled = self.invariant_width, (verify_attention_tiled, "torch-tiled")
         if self.device.type != "cuda":
             return [(*tiled, None), (*tiled, W)]
-        if self._normal_attention is verify_attention_ref:  # torch asked for, or no Triton
+        if self.normal_attention is verify_attention_ref:  # torch asked for, or no Triton
             return [(*tiled, W)]
         from .kernels.verify_attention import verify_attention_fixed
 
@@ -82,7 +82,7 @@ class ModelRunner:
         if self.invariant_width:
             self.attn_fn, self.attention_backend, self.pad_width = self.invariant_candidates()[choice]
         else:
-            self.attn_fn, self.pad_width = self._normal_attention, None
+            self.attn_fn, self.pad_width = self.normal_attention, None
             self.attention_backend = "torch" if self.attn_fn is verify_attention_ref else "triton"
         self.graphs = self._warmed = self._chain = None
 
