@@ -1,7 +1,7 @@
 """Fused draft-token sampling: one launch per draft token, graph-capturable.
 
 One program per row sweeps the row's vocabulary twice: first an online max / sum / first
-argmax of x = logits / T, then (sampling only) it writes q = exp(x - max) / sum and draws the
+argmax of the logits l, then (sampling only) it writes q = exp((l - max) / T) / sum and draws the
 token by the exponential race argmax(q / E) with E from the counter-based hash on the draft
 stream, exactly the numbers of the torch reference (`sampling.sample_draft`, the spec).
 Greedy rows take the argmax; their confidence q(token) is 1 / sum. The top-k / top-p filter,
@@ -45,7 +45,7 @@ def _draft_sample_kernel(
             offs = v0 + tl.arange(0, BLOCK_V)
             inb = offs < V
             x = tl.load(logits_ptr + row * s_lb + offs, mask=inb, other=float("-inf")).to(tl.float32)
-            q = tl.exp(x / temperature - m) / s
+            q = tl.exp((x - m) / temperature) / s
             tl.store(q_ptr + row * s_qb + offs, q, mask=inb)
             u = counter_uniform(seed, offset, row, tl.zeros((BLOCK_V,), tl.int64) + pos, offs.to(tl.int64), KEY)
             race = tl.where(inb, q / -tl.log(u), -1.0)

@@ -43,6 +43,17 @@ def verify_attention_ref(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_sca
     return out.transpose(1, 2)
 
 
+def tempered_softmax(logits: torch.Tensor, temperature) -> torch.Tensor:
+    """softmax(logits / T) over the last dim in fp32, as softmax((l - max) / T): the same
+    distribution, but finite for every T > 0 (l / T overflows fp32 when T is tiny). The
+    Triton samplers compute it the same way. temperature: a number, or a tensor that
+    broadcasts against logits[..., :1]."""
+    x = logits.float()
+    m = x.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # a fully masked row stays masked
+    return torch.softmax((x - m) / temperature, dim=-1)
+
+
 def rejection_sample_ref(target_logits, draft_tokens, draft_probs, num_draft, temperature, seed, offset):
     """Speculative rejection sampling for a batch; lossless w.r.t. softmax(target_logits / T).
 
@@ -57,7 +68,7 @@ def rejection_sample_ref(target_logits, draft_tokens, draft_probs, num_draft, te
     greedy = temperature <= 0
     temp = torch.where(greedy, torch.ones_like(temperature), temperature).float()
     logits = target_logits.float()
-    p = torch.softmax(logits / temp[:, None, None], dim=-1)  # [B,K+1,V]
+    p = tempered_softmax(logits, temp[:, None, None])  # [B,K+1,V]
     num_draft = num_draft.to(torch.long)
     pos = torch.arange(K, device=dev)
     tokens = draft_tokens.clamp(0, V - 1)

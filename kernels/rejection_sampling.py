@@ -2,7 +2,7 @@
 
 A program takes BLOCK_B rows (one row for large vocabularies). Per row it walks the draft
 positions in order, each over vocab tiles: an online
-max / sum / argmax of the tempered target logits (never materializing p), then the
+max / sum / argmax of the target logits (never materializing p), then the
 accept test for the draft token. At the first rejection (or at num_draft, for the bonus)
 one more pass samples from norm(max(p - q, 0)) (or p) by the exponential race
 argmax(r / E), with E from the counter-based hash: the same numbers as the torch
@@ -26,8 +26,9 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 @triton.jit
 def _row_stats(row_base, v_start, v_end, t_eff, live, BLOCK_V: tl.constexpr):
-    """Per row: max, sum(exp(x - max)) and first argmax of x = logits / T over the vocab
-    range [v_start, v_end) (tiles of BLOCK_V).
+    """Per row: max m and first argmax of the logits l, and sum(exp((l - m) / T)), over the
+    vocab range [v_start, v_end) (tiles of BLOCK_V). Subtracting before dividing keeps every
+    temperature finite (l / T overflows fp32 for tiny T; (l - m) / T <= 0 never does).
 
     row_base [BB] pointers to each row's logits; rows that are not `live` read nothing.
     """
@@ -39,7 +40,7 @@ def _row_stats(row_base, v_start, v_end, t_eff, live, BLOCK_V: tl.constexpr):
     for v0 in range(v_start, v_end, BLOCK_V):
         offs = v0 + tl.arange(0, BLOCK_V)
         x = tl.load(row_base[:, None] + offs[None, :], mask=live[:, None] & (offs[None, :] < v_end),
-                    other=float("-inf")).to(tl.float32) / t_eff[:, None]
+                    other=float("-inf")).to(tl.float32)
         tmax = tl.max(x, 1)
         targ = tl.argmax(x, 1).to(tl.int64) + v0
         better = tmax > best
@@ -47,7 +48,7 @@ def _row_stats(row_base, v_start, v_end, t_eff, live, BLOCK_V: tl.constexpr):
         best = tl.where(better, tmax, best)
         m_new = tl.maximum(m, tmax)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe[:, None]), 1)
+        s = s * tl.exp((m - m_safe) / t_eff) + tl.sum(tl.exp((x - m_safe[:, None]) / t_eff[:, None]), 1)
         m = m_new
     return m, s, arg
 
@@ -61,7 +62,7 @@ def _accept(logits_rows, drafts_ptr, q_ptr, rows, row_ok, i, live, m, s, arg, gr
     x = tl.load(drafts_ptr + rows * s_db + i * s_dk, mask=row_ok, other=0)
     x = tl.minimum(tl.maximum(x, 0), V - 1)
     l_x = tl.load(logits_rows + i * s_lk + x, mask=live, other=0.0).to(tl.float32)
-    p_x = tl.exp(l_x / t_eff - m) / s
+    p_x = tl.exp((l_x - m) / t_eff) / s
     if HAS_Q:
         q_x = tl.load(q_ptr + rows * s_qb + i * s_qk + x, mask=live, other=1.0).to(tl.float32)
     else:
@@ -85,7 +86,7 @@ def _race(end_rows, rows, v_start, v_end, sampling, done, n_acc, j_q, x_end, m_e
         offs = v0 + tl.arange(0, BLOCK_V)
         inb = sampling[:, None] & (offs[None, :] < v_end)
         x = tl.load(end_rows[:, None] + offs[None, :], mask=inb, other=float("-inf")).to(tl.float32)
-        p = tl.exp(x / t_eff[:, None] - m_end[:, None]) / s_end[:, None]
+        p = tl.exp((x - m_end[:, None]) / t_eff[:, None]) / s_end[:, None]
         if HAS_Q:
             qv = tl.load(q_ptr + (rows * s_qb + j_q * s_qk)[:, None] + offs[None, :], mask=inb,
                          other=0.0).to(tl.float32)

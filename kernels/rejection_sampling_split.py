@@ -47,15 +47,15 @@ def _split_stats_kernel(logits_ptr, num_draft_ptr, temp_ptr, m_part, s_part, a_p
 
 
 @triton.jit
-def _combine_stats(m_part, s_part, a_part, rc, live, NSPLIT, NS_P: tl.constexpr):
-    """Per row: (max, sum(exp(x - max)), first argmax) over the chunks of row-position rc."""
+def _combine_stats(m_part, s_part, a_part, rc, live, t_eff, NSPLIT, NS_P: tl.constexpr):
+    """Per row: (max m, sum(exp((l - m) / T)), first argmax) over the chunks of row-position rc."""
     j = tl.arange(0, NS_P)[None, :]
     ok = live[:, None] & (j < NSPLIT)
     at = rc[:, None] * NSPLIT + j
     mj = tl.load(m_part + at, mask=ok, other=float("-inf"))
     m = tl.max(mj, 1)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    s = tl.sum(tl.load(s_part + at, mask=ok, other=0.0) * tl.exp(mj - m_safe[:, None]), 1)
+    s = tl.sum(tl.load(s_part + at, mask=ok, other=0.0) * tl.exp((mj - m_safe[:, None]) / t_eff[:, None]), 1)
     arg = tl.min(tl.where(ok & (mj == m[:, None]), tl.load(a_part + at, mask=ok, other=0), _BIG), 1)
     return m, s, tl.where(arg == _BIG, 0, arg)
 
@@ -75,13 +75,13 @@ def _split_accept_kernel(
     done = rows < 0
     for i in range(0, K):
         live = row_ok & (i < nd) & (done == 0)
-        m, s, arg = _combine_stats(m_part, s_part, a_part, rows * (K + 1) + i, live, NSPLIT, NS_P)
+        m, s, arg = _combine_stats(m_part, s_part, a_part, rows * (K + 1) + i, live, t_eff, NSPLIT, NS_P)
         ok = _accept(logits_rows, drafts_ptr, q_ptr, rows, row_ok, i, live, m, s, arg, greedy, t_eff, seed, offset,
                      s_lk, s_db, s_dk, s_qb, s_qk, V, KEY_ACCEPT, HAS_Q)
         n_acc += ok.to(tl.int32)
         done = done | (live & (ok == 0))
     # the end position's statistics, whether it is a rejection or the bonus
-    m, s, arg = _combine_stats(m_part, s_part, a_part, rows * (K + 1) + n_acc, row_ok, NSPLIT, NS_P)
+    m, s, arg = _combine_stats(m_part, s_part, a_part, rows * (K + 1) + n_acc, row_ok, t_eff, NSPLIT, NS_P)
     tl.store(n_acc_ptr + rows, n_acc, mask=row_ok)
     tl.store(end_ptr + rows * 3 + 0, done.to(tl.float32), mask=row_ok)
     tl.store(end_ptr + rows * 3 + 1, m, mask=row_ok)

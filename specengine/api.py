@@ -10,7 +10,7 @@ from .backends import draft_sampler_op, sampler_op
 from .cpu_matmul import choose_dtype, optimize, unpack
 from .cross_device import CrossDeviceDraft
 from .errors import SpecEngineError
-from .generation import Generation, check_capacity
+from .generation import Generation, check_capacity, check_limits
 from .invariance import decode_seconds
 from .kernels.reference import rejection_sample_ref
 from .loading import load_model, load_tokenizer
@@ -297,21 +297,21 @@ class Engine:
             return [self._encode_one(prompt)], False
         if isinstance(prompt, (list, tuple)):
             if not prompt:
-                raise SpecEngineError("prompt is empty")
+                raise SpecEngineError("prompt is empty", "prompt")
             if all(isinstance(t, int) for t in prompt):
                 return [self._encode_one(list(prompt))], False
             if _is_chat(prompt):
                 return [self._encode_one(self._chat(prompt))], False
             return [self._encode_one(self._chat(p) if _is_chat(p) else p) for p in prompt], True
         raise SpecEngineError(f"unsupported prompt type {type(prompt).__name__}: pass a string, a list of "
-                              "strings, token ids, or chat messages")
+                              "strings, token ids, or chat messages", "prompt")
 
     def _chat(self, messages) -> list[int]:
         for m in messages:
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
-                raise SpecEngineError("chat messages must be dicts with 'role' and 'content'")
+                raise SpecEngineError("chat messages must be dicts with 'role' and 'content'", "prompt")
         if not getattr(self.tokenizer, "chat_template", None):
-            raise SpecEngineError("this tokenizer has no chat template; pass a plain string prompt")
+            raise SpecEngineError("this tokenizer has no chat template; pass a plain string prompt", "prompt")
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return self.tokenizer(text, add_special_tokens=False).input_ids  # the template has them
 
@@ -321,13 +321,13 @@ class Engine:
         elif isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p):
             ids = list(p)
         else:
-            raise SpecEngineError(f"unsupported prompt element {type(p).__name__}")
+            raise SpecEngineError(f"unsupported prompt element {type(p).__name__}", "prompt")
         if not ids:
-            raise SpecEngineError("prompt is empty")
+            raise SpecEngineError("prompt is empty", "prompt")
         V = self.target.config.vocab_size
         bad = [t for t in ids if not 0 <= t < V]
         if bad:
-            raise SpecEngineError(f"prompt token id {bad[0]} is outside the vocabulary [0, {V})")
+            raise SpecEngineError(f"prompt token id {bad[0]} is outside the vocabulary [0, {V})", "prompt")
         return ids
 
     # ------------------------------------------------------------------ generation
@@ -336,15 +336,11 @@ class Engine:
                tree=None) -> tuple[Generation, bool]:
         method = method or self.method
         self._check_method(method)
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise SpecEngineError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        stops = check_limits(max_new_tokens, stop)
         params = SamplingParams(temperature, top_k, top_p, seed)
         prompts, batched = self.encode(prompt)
         chosen = METHODS[method](self, gamma, policy, threshold, tree=tree)
         check_capacity(prompts, max_new_tokens, self.max_seq_len, chosen.headroom)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if any(not isinstance(s, str) or not s for s in stops):
-            raise SpecEngineError("stop strings must be non-empty strings")
         eos = set() if ignore_eos else self.eos_ids
         return Generation(self, prompts, params, max_new_tokens, chosen, eos, stops), batched
 

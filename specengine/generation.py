@@ -10,6 +10,7 @@ last, the draft what the method says it validly holds.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -266,12 +267,28 @@ class Generation:
         }
 
 
+def check_limits(max_new_tokens, stop) -> list[str]:
+    """Validate a call's (or a request's) max_new_tokens and stop strings; the stop list."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
+        raise SpecEngineError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}", "max_new_tokens")
+    if stop is None or isinstance(stop, str):
+        stops = [stop] if stop is not None else []
+    elif isinstance(stop, (list, tuple)):
+        stops = list(stop)
+    else:
+        raise SpecEngineError(f"stop must be a string or a list of strings, got {type(stop).__name__}", "stop")
+    if any(not isinstance(s, str) or not s for s in stops):
+        raise SpecEngineError("stop strings must be non-empty strings", "stop")
+    return stops
+
+
 def check_capacity(prompts: list[list[int]], max_new_tokens: int, max_seq_len: int, headroom: int) -> None:
     longest = max(len(p) for p in prompts)
     if longest >= max_seq_len:
-        raise SpecEngineError(f"prompt has {longest} tokens but the cache holds max_seq_len={max_seq_len}")
+        raise SpecEngineError(f"prompt has {longest} tokens but the cache holds max_seq_len={max_seq_len}", "prompt")
     need = longest + max_new_tokens + headroom
     if need > max_seq_len:
         raise SpecEngineError(
             f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) + speculation headroom "
-            f"({headroom}) = {need} exceeds max_seq_len={max_seq_len}; raise max_seq_len or lower max_new_tokens")
+            f"({headroom}) = {need} exceeds max_seq_len={max_seq_len}; raise max_seq_len or lower max_new_tokens",
+            "max_new_tokens")

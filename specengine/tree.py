@@ -24,6 +24,7 @@ import torch
 
 from .errors import SpecEngineError
 from .kernels.rng import STREAM_ACCEPT, STREAM_SAMPLE, categorical_from_counter, counter_uniform
+from .kernels.reference import tempered_softmax
 from .kv_compact import compact_kv
 
 
@@ -111,7 +112,7 @@ def tree_accept(logits, tree: TokenTree, temperature, seed, offset, max_depth: i
     rows = torch.arange(B, device=dev)
     greedy = temperature <= 0
     temp = torch.where(greedy, torch.ones_like(temperature), temperature).float()
-    p = torch.softmax(logits.float() / temp[:, None, None], dim=-1)
+    p = tempered_softmax(logits, temp[:, None, None])
     argmax = logits.argmax(-1)  # [B,N+1]
     kids = children_table(tree.parent, max_children)
     cur = torch.zeros(B, dtype=torch.int64, device=dev)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SpecEngineError
+from ..sampling import check_number
 
 
 DEFAULT_SPECDEC_THRESHOLD = 0.1  # the held-out sweep on the dev CPU (bench/README.md, "SpecDec++"); sweep your own
@@ -58,8 +59,9 @@ class ConfidencePolicy(FixedPolicy):
 
     def __init__(self, gamma: int = 8, threshold: float = 0.4):
         super().__init__(gamma)
+        threshold = check_number("threshold", threshold, "a number in [0, 1]")
         if not 0 <= threshold <= 1:
-            raise SpecEngineError(f"confidence threshold must be in [0, 1], got {threshold!r}")
+            raise SpecEngineError(f"confidence threshold must be in [0, 1], got {threshold!r}", "threshold")
         self.threshold = threshold
 
     def num_draft(self, conf):
@@ -138,8 +140,9 @@ class SpecDecPolicy(FixedPolicy):
 
     def __init__(self, gamma: int = 8, threshold: float = DEFAULT_SPECDEC_THRESHOLD, k_min: int = 1):
         super().__init__(gamma)
+        threshold = check_number("threshold", threshold, "a number in (0, 1)")
         if not 0 < threshold < 1:
-            raise SpecEngineError(f"specdec++ threshold must be in (0, 1), got {threshold!r}")
+            raise SpecEngineError(f"specdec++ threshold must be in (0, 1), got {threshold!r}", "threshold")
         if not isinstance(k_min, int) or not 1 <= k_min <= self.gamma_max:
             raise SpecEngineError(f"k_min must be an integer in [1, {self.gamma_max}], got {k_min!r}")
         self.threshold, self.k_min, self.head = threshold, k_min, None

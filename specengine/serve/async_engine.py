@@ -30,7 +30,7 @@ class AsyncEngine:
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stop = False
         self.error: BaseException | None = None
-        self.metrics = {"requests": 0, "finished": 0, "aborted": 0, "tokens": 0, "rounds": 0}
+        self.metrics = {"requests": 0, "finished": 0, "aborted": 0, "failed": 0, "tokens": 0, "rounds": 0}
         self._thread = threading.Thread(target=self._loop, name="specengine-core", daemon=True)
         self._thread.start()
 
@@ -59,6 +59,9 @@ class AsyncEngine:
                 out = await queue.get()
                 if isinstance(out, BaseException):
                     raise out
+                if out.error is not None:
+                    done = True
+                    raise out.error
                 done = out.finished
                 yield out
         finally:
@@ -96,24 +99,27 @@ class AsyncEngine:
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
-            try:
-                t0 = time.perf_counter()
+            t0 = time.perf_counter()
+            try:  # a request's or a round's failure comes back as that request's output
                 outs = core.step()
-                self.metrics["rounds"] += 1
-                self.metrics["last_round_s"] = time.perf_counter() - t0
-            except BaseException as e:  # a failing round fails its requests, never silently
+            except Exception as e:  # noqa: BLE001 - the core's own bookkeeping: fail what it held, go on
+                outs = core.fail_all(e)
+            except BaseException as e:  # the process is going down: tell every caller
                 self.error = e
                 for loop, queue in list(self._queues.values()):
                     loop.call_soon_threadsafe(queue.put_nowait, e)
                 self._queues.clear()
                 return
+            self.metrics["rounds"] += 1
+            self.metrics["last_round_s"] = time.perf_counter() - t0
             for out in outs:
                 self._deliver(out)
 
     def _deliver(self, out: RequestOutput) -> None:
         self.metrics["tokens"] += len(out.new_token_ids)
         if out.finished:
-            self.metrics["aborted" if out.finish_reason == "abort" else "finished"] += 1
+            kind = {"abort": "aborted", "error": "failed"}.get(out.finish_reason, "finished")
+            self.metrics[kind] += 1
         with self._lock:
             target = self._queues.pop(out.request_id, None) if out.finished else self._queues.get(out.request_id)
         if target is None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import SpecEngineError
-from ..generation import Generation, check_capacity
+from ..generation import Generation, check_capacity, check_limits
 from ..methods import METHODS
 from ..sampling import SamplingParams
 
@@ -49,10 +49,7 @@ class RequestParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)  # validates
 
     def stops(self) -> list[str]:
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if any(not isinstance(s, str) or not s for s in stops):
-            raise SpecEngineError("stop strings must be non-empty strings")
-        return stops
+        return check_limits(self.max_new_tokens, self.stop)  # validates both
 
 
 @dataclass
@@ -63,8 +60,10 @@ class RequestOutput:
     text: str  # text so far (a partial stop string or split character held back)
     text_delta: str  # new text since the last output
     finished: bool = False
-    finish_reason: str | None = None  # "eos" | "length" | "stop" | "abort"
+    finish_reason: str | None = None  # "eos" | "length" | "stop" | "abort" | "error"
     prompt_tokens: int = 0
+    error: Exception | None = None  # why the request failed (finish_reason "error"): a
+    # SpecEngineError is the request's own bad input, anything else an internal fault
 
 
 @dataclass
@@ -121,8 +120,6 @@ class EngineCore:
     def prepare(self, prompt, params: RequestParams | None, request_id: str) -> _Request:
         """Validate and tokenize a request without touching the core's state (any thread)."""
         params = params or RequestParams()
-        if not isinstance(params.max_new_tokens, int) or params.max_new_tokens < 1:
-            raise SpecEngineError(f"max_new_tokens must be an integer >= 1, got {params.max_new_tokens!r}")
         sampling, stops = params.sampling(), params.stops()
         prompts, batched = self.engine.encode(prompt)
         if batched:
@@ -152,12 +149,20 @@ class EngineCore:
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         """Admit waiting requests into free rows, run one round for the running ones, and
-        report what each committed (finished and aborted requests included)."""
+        report what each committed (finished, aborted and failed requests included).
+
+        A failure stays with the requests it concerns: a request whose admission raises fails
+        alone; a round that raises fails the requests that were in it (their rows' state is
+        unknown, so the round's Generation is dropped and the next admission starts afresh).
+        Either way the rows are freed and the core keeps serving."""
         outputs = self._apply_aborts()
-        self._admit()
+        outputs += self._admit()
         if not self.running:
             return outputs
-        kept = self.gen.step()
+        try:
+            kept = self.gen.step()
+        except Exception as e:  # noqa: BLE001 - reported to each request, never swallowed
+            return outputs + self._fail_running(e)
         for slot, rid in enumerate(self.slots):
             if rid is None:
                 continue
@@ -185,19 +190,48 @@ class EngineCore:
         self._aborts.clear()
         return outs
 
-    def _admit(self) -> None:
+    def _admit(self) -> list[RequestOutput]:
+        failed = []
         while self.waiting and self.free_slots:
             req = self.waiting[0]
             if self.running and req.klass != self._klass:
-                return  # another sampling class: it waits for the running rows (FIFO order kept)
-            if self.gen is None or req.klass != self._klass:
-                self._start(req)
-            slot = self.slots.index(None)
+                break  # another sampling class: it waits for the running rows (FIFO order kept)
             self.waiting.popleft()
-            self.gen.admit(slot, req.prompt, req.sampling.seed, req.params.max_new_tokens, req.stops,
-                           set() if req.params.ignore_eos else self.engine.eos_ids)
+            slot = self.slots.index(None)
+            try:
+                if self.gen is None or req.klass != self._klass:
+                    self._start(req)
+                self.gen.admit(slot, req.prompt, req.sampling.seed, req.params.max_new_tokens, req.stops,
+                               set() if req.params.ignore_eos else self.engine.eos_ids)
+            except Exception as e:  # noqa: BLE001 - this request fails alone
+                if self.gen is not None:
+                    self.gen.release(slot, "error")
+                failed.append(self._failed(req, e))
+                self.finished_requests += 1
+                continue
             req.slot, self.slots[slot] = slot, req.rid
             self.running[req.rid] = req
+        return failed
+
+    def _fail_running(self, error: Exception) -> list[RequestOutput]:
+        outs = [self._failed(req, error) for req in list(self.running.values())]
+        for req in list(self.running.values()):
+            self._free(req)
+        self.gen, self._klass = None, None
+        return outs
+
+    def fail_all(self, error: Exception) -> list[RequestOutput]:
+        """Fail every running and waiting request (the loop's last resort when the core's own
+        bookkeeping raised) and start from empty rows."""
+        outs = self._fail_running(error) + [self._failed(req, error) for req in self.waiting]
+        self.waiting.clear()
+        self._aborts.clear()
+        self.slots = [None] * self.max_batch
+        return outs
+
+    @staticmethod
+    def _failed(req: _Request, error: Exception) -> RequestOutput:
+        return RequestOutput(req.rid, list(req.ids), [], req.sent, "", True, "error", len(req.prompt), error)
 
     def _start(self, req: _Request) -> None:
         """A fresh Generation over all rows (empty) for this sampling class."""

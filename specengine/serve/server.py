@@ -126,6 +126,7 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, **core_kw
             "# TYPE specengine_requests_total counter", f"specengine_requests_total {m['requests']}",
             "# TYPE specengine_requests_finished_total counter", f"specengine_requests_finished_total {m['finished']}",
             "# TYPE specengine_requests_aborted_total counter", f"specengine_requests_aborted_total {m['aborted']}",
+            "# TYPE specengine_requests_failed_total counter", f"specengine_requests_failed_total {m['failed']}",
             "# TYPE specengine_bad_requests_total counter", f"specengine_bad_requests_total {counts['bad_requests']}",
             "# TYPE specengine_overloaded_total counter", f"specengine_overloaded_total {counts['overloaded']}",
             "# TYPE specengine_generated_tokens_total counter", f"specengine_generated_tokens_total {m['tokens']}",
@@ -160,7 +161,7 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, **core_kw
             return _error(503, str(e), kind="overloaded")
         except SpecEngineError as e:  # bad prompt or parameters, too long for the cache, ...
             counts["bad_requests"] += 1
-            return _error(400, str(e), _guess_param(str(e)))
+            return _error(400, str(e), _api_param(e, chat))
         oid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created, t0 = int(time.time()), time.perf_counter()
         kind = "chat.completion" if chat else "text_completion"
@@ -197,9 +198,10 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, **core_kw
                 try:
                     while not done:
                         out = await queue.get()
-                        if isinstance(out, BaseException):
-                            err = {"error": {"message": f"engine error: {out!r}", "type": "server_error"}}
-                            yield f"data: {json.dumps(err)}\n\n"
+                        failure = _failure(out, chat)
+                        if failure is not None:
+                            done = True  # nothing left to abort
+                            yield f"data: {json.dumps(failure[1])}\n\n"
                             return
                         observe(out)
                         done = out.finished
@@ -218,17 +220,20 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, **core_kw
                         aeng.abort(rid)
             return StreamingResponse(events(), media_type="text/event-stream")
 
-        out = None
+        out, finished = None, False
         try:
-            while out is None or not out.finished:
+            while not finished:
                 out = await queue.get()
-                if isinstance(out, BaseException):
-                    return _error(500, f"engine error: {out!r}", kind="server_error")
+                failure = _failure(out, chat)
+                if failure is not None:
+                    finished = True  # the engine already dropped it: nothing to abort
+                    return JSONResponse(failure[1], failure[0])
+                finished = out.finished
                 observe(out)
                 if not out.finished and await request.is_disconnected():
                     aeng.abort(rid)
         finally:
-            if out is None or not out.finished:
+            if not finished:
                 aeng.abort(rid)
         return {"id": oid, "object": kind, "created": created, "model": model_name,
                 "choices": [choice(out.text, out.finish_reason, False)], "usage": usage(out)}
@@ -251,14 +256,26 @@ class _BadField(SpecEngineError):
         self.param = param
 
 
-def _guess_param(message: str) -> str | None:
-    """The request field an engine error is about (for the 400's `param`)."""
-    for key, param in (("prompt has", "prompt"), ("max_new_tokens", "max_tokens"), ("max_seq_len", "max_tokens"), ("temperature", "temperature"),
-                       ("top_k", "top_k"), ("top_p", "top_p"), ("seed", "seed"), ("stop", "stop"),
-                       ("prompt", "prompt"), ("chat", "messages"), ("vocabulary", "prompt")):
-        if key in message:
-            return param
-    return None
+def _api_param(error: SpecEngineError, chat: bool) -> str | None:
+    """The request field an engine error names, in the API's spelling."""
+    param = getattr(error, "param", None)
+    if param == "prompt" and chat:
+        return "messages"
+    return {"max_new_tokens": "max_tokens"}.get(param, param)
+
+
+def _failure(out, chat: bool):
+    """(status, OpenAI-style error body) when the engine failed this request, else None: its
+    own bad input is a 400 naming the field, anything else a 500 with the fault's message."""
+    error = out if isinstance(out, BaseException) else out.error
+    if error is None:
+        return None
+    if isinstance(error, SpecEngineError):
+        status, kind, param, msg = 400, "invalid_request_error", _api_param(error, chat), str(error)
+    else:
+        status, kind, param = 500, "server_error", None
+        msg = f"internal error while generating this request: {type(error).__name__}: {error}"
+    return status, {"error": {"message": msg, "type": kind, "param": param, "code": None}}
 
 
 def serve(engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, **kw: Any) -> None:
