@@ -17,7 +17,7 @@ import triton.language as tl
 
 from ..sampling import filter_logits
 from .rejection_sampling import _row_stats
-from .rng import STREAM_DRAFT
+from .rng import STREAM_DRAFT, row_offsets
 from .rng_triton import counter_uniform, stream_key
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -37,7 +37,7 @@ def _draft_sample_kernel(
         tl.store(conf_ptr + row + tl.arange(0, 1), 1.0 / s)
     else:
         seed = tl.load(seed_ptr + row).to(tl.int64)
-        offset = tl.load(offset_ptr).to(tl.int64)
+        offset = tl.load(offset_ptr + row).to(tl.int64)
         best = tl.full((1,), -1.0, tl.float32)
         idx = tl.zeros((1,), tl.int64)
         q_tok = tl.zeros((1,), tl.float32)
@@ -47,7 +47,7 @@ def _draft_sample_kernel(
             x = tl.load(logits_ptr + row * s_lb + offs, mask=inb, other=float("-inf")).to(tl.float32)
             q = tl.exp((x - m) / temperature) / s
             tl.store(q_ptr + row * s_qb + offs, q, mask=inb)
-            u = counter_uniform(seed, offset, row, tl.zeros((BLOCK_V,), tl.int64) + pos, offs.to(tl.int64), KEY)
+            u = counter_uniform(seed, offset, tl.zeros((BLOCK_V,), tl.int64) + pos, offs.to(tl.int64), KEY)
             race = tl.where(inb, q / -tl.log(u), -1.0)
             tmax = tl.max(race, 0)
             targ = tl.argmax(race, 0).to(tl.int64) + v0
@@ -75,7 +75,7 @@ def draft_sample(logits: torch.Tensor, temperature: float, seed: torch.Tensor, o
     block_v = min(triton.next_power_of_2(V), 8192 if _INTERPRET else 4096)
     q_arg = conf if q is None else q  # never written when greedy
     _draft_sample_kernel[(B,)](
-        logits, logits.stride(0), seed.to(torch.int64), offset.to(torch.int64), tok, q_arg,
+        logits, logits.stride(0), seed.to(torch.int64), row_offsets(offset, B).contiguous(), tok, q_arg,
         q_arg.stride(0) if q is not None else 0, conf, float(temperature) if not greedy else 1.0, pos, V,
         stream_key(STREAM_DRAFT), GREEDY=greedy, BLOCK_V=block_v, num_warps=8 if block_v >= 2048 else 4,
     )

@@ -4,7 +4,7 @@ Contracts (docs/design.md, "Kernel contracts"):
   verify_attention(q[B,Q,Hq,D], k_cache[B,S,Hkv,D], v_cache, cache_lens[B] int32,
                    tree_mask=None | [B|1,Q,Q] bool, sm_scale=None) -> [B,Q,Hq,D]
   rejection_sample(target_logits[B,K+1,V], draft_tokens[B,K], draft_probs[B,K,V] | None,
-                   num_draft[B], temperature[B], seed[B], offset[]) -> (tokens[B,K+1], n_acc[B])
+                   num_draft[B], temperature[B], seed[B], offset[B] | []) -> (tokens[B,K+1], n_acc[B])
 
 The sampler's random numbers come from the counter-based generator in `rng.py`, which
 the Triton kernel reproduces bit for bit.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .rng import STREAM_ACCEPT, STREAM_SAMPLE, categorical_from_counter, counter_uniform
+from .rng import STREAM_ACCEPT, STREAM_SAMPLE, categorical_from_counter, counter_uniform, row_offsets
 
 
 def verify_attention_ref(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None):
@@ -77,7 +77,8 @@ def rejection_sample_ref(target_logits, draft_tokens, draft_probs, num_draft, te
     p_x = p[:, :K].gather(-1, tokens[..., None]).squeeze(-1)
     q_x = torch.ones_like(p_x) if draft_probs is None else \
         draft_probs.float().gather(-1, tokens[..., None]).squeeze(-1)
-    u = counter_uniform(seed[:, None], offset, rows[:, None], pos[None, :], 0, STREAM_ACCEPT)
+    offset = row_offsets(offset, B)
+    u = counter_uniform(seed[:, None], offset[:, None], pos[None, :], 0, STREAM_ACCEPT)
     ok_sample = u * q_x < p_x
     ok_greedy = tokens == logits[:, :K].argmax(-1)
     ok = torch.where(greedy[:, None], ok_greedy, ok_sample) & (pos[None, :] < num_draft[:, None])
@@ -97,7 +98,7 @@ def rejection_sample_ref(target_logits, draft_tokens, draft_probs, num_draft, te
         resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, p_end)
     else:
         resid = p_end
-    sampled = categorical_from_counter(resid, seed, offset, rows, n_acc, STREAM_SAMPLE)
+    sampled = categorical_from_counter(resid, seed, offset, n_acc, STREAM_SAMPLE)
     argmax = logits.gather(1, at).squeeze(1).argmax(-1)
     last = torch.where(greedy, argmax, sampled)
 

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .rng_triton import counter_uniform, stream_key
-from .rng import STREAM_ACCEPT, STREAM_SAMPLE
+from .rng import STREAM_ACCEPT, STREAM_SAMPLE, row_offsets
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -67,7 +67,7 @@ def _accept(logits_rows, drafts_ptr, q_ptr, rows, row_ok, i, live, m, s, arg, gr
         q_x = tl.load(q_ptr + rows * s_qb + i * s_qk + x, mask=live, other=1.0).to(tl.float32)
     else:
         q_x = tl.full((BB,), 1.0, tl.float32)
-    u = counter_uniform(seed, offset, rows, tl.zeros((BB,), tl.int64) + i, tl.zeros((BB,), tl.int64), KEY_ACCEPT)
+    u = counter_uniform(seed, offset, tl.zeros((BB,), tl.int64) + i, tl.zeros((BB,), tl.int64), KEY_ACCEPT)
     return live & tl.where(greedy, x == arg, u * q_x < p_x)
 
 
@@ -93,7 +93,7 @@ def _race(end_rows, rows, v_start, v_end, sampling, done, n_acc, j_q, x_end, m_e
         else:
             qv = (offs[None, :] == x_end[:, None]).to(tl.float32)
         r = tl.where(done[:, None], tl.maximum(p - qv, 0.0), p)
-        u = counter_uniform(seed[:, None], offset, rows[:, None], n_acc.to(tl.int64)[:, None],
+        u = counter_uniform(seed[:, None], offset[:, None], n_acc.to(tl.int64)[:, None],
                             offs.to(tl.int64)[None, :], KEY_SAMPLE)
         e = -tl.log(u)
         sr = tl.where(inb, r / e, -1.0)
@@ -113,7 +113,8 @@ def _row_params(rows, row_ok, num_draft_ptr, temp_ptr, seed_ptr, offset_ptr):
     temp = tl.load(temp_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     greedy = temp <= 0
     seed = tl.load(seed_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-    return nd, greedy, tl.where(greedy, 1.0, temp), seed, tl.load(offset_ptr).to(tl.int64)
+    offset = tl.load(offset_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    return nd, greedy, tl.where(greedy, 1.0, temp), seed, offset
 
 
 @triton.jit
@@ -214,7 +215,7 @@ def rejection_sample(target_logits, draft_tokens, draft_probs, num_draft, temper
     out = torch.empty(B, K1, dtype=torch.int64, device=logits.device)
     n_acc = torch.empty(B, dtype=torch.int32, device=logits.device)
     num_draft, temperature = num_draft.to(torch.int32), temperature.to(torch.float32)
-    seed, offset = seed.to(torch.int64), offset.to(torch.int64)
+    seed, offset = seed.to(torch.int64), row_offsets(offset, B).contiguous()
     keys = stream_key(STREAM_ACCEPT), stream_key(STREAM_SAMPLE)
     # Large vocabularies: one row per program, wide vocab tiles. Tiny vocabularies (and the
     # interpreter, which runs programs one by one): many rows per program, in tiles of at

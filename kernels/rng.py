@@ -1,8 +1,14 @@
-"""Counter-based random numbers: a hash of (seed, offset, row, position, index, stream).
+"""Counter-based random numbers: a hash of (seed, offset, position, index, stream).
 
-No generator state, so results are reproducible, independent per row and safe inside a
-captured CUDA graph, and a Triton kernel (`rng_triton.py`) computes the very same numbers.
-Used on the hot path (draft sampling) and by the sampler references.
+No generator state, so results are reproducible and safe inside a captured CUDA graph, and
+a Triton kernel (`rng_triton.py`) computes the very same numbers. Used on the hot path
+(draft sampling) and by the sampler references.
+
+Seeds and offsets are per row and the row's index is not hashed: a row's numbers depend on
+its own seed and round only, never on where it sits in a batch. So a request decodes the
+same tokens alone, at any row of a batch, or in a serving slot it was admitted to late
+(docs/design.md, "Random numbers"); rows that should differ need different seeds
+(`Generation` gives row b of a call the seed `seed + b`).
 """
 from __future__ import annotations
 
@@ -23,19 +29,25 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def counter_uniform(seed, offset, row, pos, idx, stream: int) -> torch.Tensor:
+def counter_uniform(seed, offset, pos, idx, stream: int) -> torch.Tensor:
     """Uniform float32 in (0, 1) from integer counters (broadcasting int64 tensors)."""
     h = _mix32(seed ^ (stream * 0x9E3779B9))
     h = _mix32(h ^ (seed >> 32))
     h = _mix32(h ^ offset)
-    h = _mix32(h ^ row)
     h = _mix32(h ^ pos)
     h = _mix32(h ^ idx)
     return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
 
 
-def categorical_from_counter(probs: torch.Tensor, seed, offset, row, pos, stream: int) -> torch.Tensor:
-    """Sample from unnormalized `probs[N, V]` by the exponential race argmax(p / E), E ~ Exp(1)."""
+def row_offsets(offset, rows: int) -> torch.Tensor:
+    """The per-row round offsets [rows] int64 (a scalar offset applies to every row)."""
+    return torch.as_tensor(offset).to(torch.int64).expand(rows)
+
+
+def categorical_from_counter(probs: torch.Tensor, seed, offset, pos, stream: int) -> torch.Tensor:
+    """Sample from unnormalized `probs[N, V]` by the exponential race argmax(p / E), E ~ Exp(1);
+    seed, offset, pos: [N] (offset may be a scalar)."""
     idx = torch.arange(probs.shape[-1], device=probs.device)
-    u = counter_uniform(seed[:, None], offset, row[:, None], pos[:, None], idx[None, :], stream)
+    offset = row_offsets(offset, probs.shape[0])
+    u = counter_uniform(seed[:, None], offset[:, None], pos[:, None], idx[None, :], stream)
     return torch.argmax(probs / -torch.log(u), dim=-1)

@@ -25,12 +25,11 @@ def mix32(x):
 
 
 @triton.jit
-def counter_uniform(seed, offset, row, pos, idx, key):
+def counter_uniform(seed, offset, pos, idx, key):
     """Uniform fp32 in (0, 1); every argument is int64 (scalars or tensors)."""
     h = mix32(seed ^ key)
     h = mix32(h ^ (seed >> 32))
     h = mix32(h ^ offset)
-    h = mix32(h ^ row)
     h = mix32(h ^ pos)
     h = mix32(h ^ idx)
     return ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)

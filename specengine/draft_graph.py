@@ -29,7 +29,7 @@ class DraftChainGraphs:
         self.seen = torch.zeros(bm, dtype=torch.int32, device=dev)
         self.upto = torch.zeros(bm, dtype=torch.int32, device=dev)
         self.seed = torch.zeros(bm, dtype=torch.int64, device=dev)
-        self.offset = torch.zeros((), dtype=torch.int64, device=dev)
+        self.offset = torch.zeros(bm, dtype=torch.int64, device=dev)
         self.toks = torch.zeros(bm, max_gamma, dtype=torch.int64, device=dev)
         self.confs = torch.zeros(bm, max_gamma, dtype=torch.float32, device=dev)
         self.q = None  # [bm, max_gamma, V] fp32, allocated on the first sampled capture
@@ -60,7 +60,7 @@ class DraftChainGraphs:
                 if j:
                     logits = runner._forward_rows(self.toks[:b, j - 1:j], b, n)[:, 0]
                     buf.lens.add_(1)
-                tok, q, conf = sampler(logits, params, self.seed[:b], self.offset, j)
+                tok, q, conf = sampler(logits, params, self.seed[:b], self.offset[:b], j)
                 self.toks[:b, j].copy_(tok)
                 self.confs[:b, j].copy_(conf)
                 if q is not None:
@@ -83,7 +83,7 @@ class DraftChainGraphs:
         self.seen[:B].copy_(seen)
         self.upto[:B].copy_(upto.to(torch.int32))
         self.seed[:B].copy_(state.seed)
-        self.offset.copy_(state.offset)
+        self.offset[:B].copy_(state.offset)
         buf = self.runner._buffer
         pad = buf.lens[B:b]
         self.seen[B:b].zero_()  # padding rows: catch-up at 0, lengths end at γ; reset below

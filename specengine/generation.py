@@ -119,9 +119,8 @@ class Generation:
         temp = torch.full((B,), float(self.params.temperature), device=dev)
         return DecodeState(
             tokens=tokens, n=lens.clone(), active=torch.ones(B, dtype=torch.bool, device=dev),
-            params=self.params, temperature=temp,
-            seed=torch.full((B,), self.params.seed, dtype=torch.int64, device=dev),
-            offset=torch.zeros((), dtype=torch.int64, device=dev), sampler=eng.sampler,
+            params=self.params, temperature=temp, seed=row_seeds(self.params.seed, B, dev),
+            offset=torch.zeros(B, dtype=torch.int64, device=dev), sampler=eng.sampler,
             draft_sampler=eng.draft_sampler,
         )
 
@@ -172,7 +171,8 @@ class Generation:
         for r in runners:
             r.cache = r.cache.rows(hi)
         view = dataclasses.replace(state, tokens=state.tokens[:hi], n=state.n[:hi], active=state.active[:hi],
-                                   temperature=state.temperature[:hi], seed=state.seed[:hi])
+                                   temperature=state.temperature[:hi], seed=state.seed[:hi],
+                                   offset=state.offset[:hi])
         try:
             yield view, target, draft
         finally:
@@ -187,7 +187,8 @@ class Generation:
         n = len(prompt)
         state.tokens[slot, :n] = torch.tensor(prompt, device=dev)
         state.n[slot] = n
-        state.seed[slot] = seed
+        state.seed[slot] = seed  # the request's own stream: its tokens are those of decoding it alone
+        state.offset[slot] = 0
         for runner in self._runners():
             runner.prefill_row(slot, state.tokens[slot:slot + 1, : max(n - 1, 1)], n - 1)
         row = self.rows[slot] = RowState(n, max_new, stops, stop_ids)
@@ -265,6 +266,12 @@ class Generation:
             "tokens_per_target_forward": new_tokens / max(self.counters.row_target_forwards, 1),
             **self.method.stats(self),
         }
+
+
+def row_seeds(seed: int, rows: int, device) -> torch.Tensor:
+    """Row b of a call samples with seed + b (mod 2**63): rows differ, and each row is the
+    call `generate(prompt_b, seed=seed + b)` on its own (kernels/rng.py)."""
+    return torch.tensor([(seed + b) % 2**63 for b in range(rows)], dtype=torch.int64, device=device)
 
 
 def check_limits(max_new_tokens, stop) -> list[str]:

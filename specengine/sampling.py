@@ -108,7 +108,6 @@ def sample_draft(logits: torch.Tensor, params: SamplingParams, seed, offset, pos
         conf, tok = probs.max(dim=-1)
         return tok, None, conf
     q = probs_of(logits, params)
-    rows = torch.arange(logits.shape[0], device=logits.device)
-    pos_t = torch.full_like(rows, pos)
-    tok = categorical_from_counter(q, seed, offset, rows, pos_t, STREAM_DRAFT)
+    pos_t = torch.full((logits.shape[0],), pos, dtype=torch.int64, device=logits.device)
+    tok = categorical_from_counter(q, seed, offset, pos_t, STREAM_DRAFT)
     return tok, q, q.gather(-1, tok[:, None]).squeeze(-1)

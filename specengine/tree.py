@@ -129,7 +129,7 @@ def tree_accept(logits, tree: TokenTree, temperature, seed, offset, max_depth: i
             try_it = (c >= 0) & alive & ~moved
             x = tree.tokens.gather(1, c.clamp(min=0)[:, None]).squeeze(1)
             px = resid.gather(1, x[:, None]).squeeze(1)
-            u = counter_uniform(seed, offset, rows, c.clamp(min=0), d, STREAM_ACCEPT)
+            u = counter_uniform(seed, offset, c.clamp(min=0), d, STREAM_ACCEPT)
             ok = torch.where(greedy, x == argmax[rows, cur], u * mass < px) & try_it
             rejected = try_it & ~ok
             resid = resid.scatter(1, x[:, None], torch.where(rejected, 0.0, px)[:, None])
@@ -141,7 +141,7 @@ def tree_accept(logits, tree: TokenTree, temperature, seed, offset, max_depth: i
         cur, alive = nxt, alive & moved
     end_resid = torch.where(alive[:, None], p[rows, cur], end_resid)  # walked to the deepest level: bonus
     n_acc = (path >= 0).sum(1)
-    sampled = categorical_from_counter(end_resid, seed, offset, rows, n_acc, STREAM_SAMPLE)
+    sampled = categorical_from_counter(end_resid, seed, offset, n_acc, STREAM_SAMPLE)
     last = torch.where(greedy, argmax[rows, cur], sampled)
     out = torch.where(path >= 0, tree.tokens.gather(1, path.clamp(min=0)), -1)
     out = torch.cat([out, torch.full((B, 1), -1, dtype=out.dtype, device=dev)], 1)

@@ -125,7 +125,7 @@ def assert_sampler_matches_target(sampler, stochastic: bool, device: str = "cpu"
         drafts, q = torch.tensor([[2, 4]]).expand(N, K).contiguous(), None
     out, _ = sampler(p_logits.expand(N, K + 1, V).contiguous().to(device), drafts.to(device), q,
                      torch.full((N,), K, dtype=torch.int32, device=device), torch.full((N,), temp, device=device),
-                     torch.full((N,), seed, dtype=torch.int64, device=device), torch.tensor(0, device=device))
+                     torch.arange(N, dtype=torch.int64, device=device) + seed, torch.tensor(0, device=device))
     out = out.cpu()
     p = torch.softmax(p_logits / temp, -1)
     emp1 = torch.bincount(out[:, 0], minlength=V).double() / N

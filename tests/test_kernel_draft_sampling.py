@@ -48,7 +48,7 @@ def test_sampled_tokens_follow_q():
     total variation against q within a bound that holds with overwhelming probability)."""
     V, B = 6, 500  # the interpreter runs one program per row: keep B modest
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]], device=DEVICE).expand(B, V).contiguous()
-    tok, q, _ = sample_draft_fused(logits, SamplingParams(1.0, seed=11), torch.full((B,), 11, device=DEVICE),
+    tok, q, _ = sample_draft_fused(logits, SamplingParams(1.0, seed=11), torch.arange(B, device=DEVICE) + 11,
                                    torch.tensor(0, device=DEVICE), 0)
     freq = torch.bincount(tok.cpu(), minlength=V).double() / B
     tv = 0.5 * (freq - q[0].cpu().double()).abs().sum()

@@ -14,7 +14,7 @@ def args(logits, drafts, q, num_draft, temp, seed=0, offset=0):
     t = lambda x, dt: torch.as_tensor(x, dtype=dt).to(DEVICE)  # noqa: E731
     return (logits.to(DEVICE), drafts.to(DEVICE), None if q is None else q.to(DEVICE),
             t(num_draft, torch.int32), torch.full((B,), float(temp), device=DEVICE),
-            torch.arange(B, device=DEVICE) * 0 + seed, t(offset, torch.int64))
+            torch.arange(B, device=DEVICE) + seed, t(offset, torch.int64))
 
 
 def peaked(targets, V=10):

@@ -10,7 +10,7 @@ from specengine.kernels import rejection_sample_ref
 def call(logits, drafts, q, num_draft, temp, seed=0, offset=0):
     B = logits.shape[0]
     return rejection_sample_ref(logits, drafts, q, torch.as_tensor(num_draft, dtype=torch.int32),
-                                torch.full((B,), float(temp)), torch.full((B,), seed, dtype=torch.int64),
+                                torch.full((B,), float(temp)), torch.arange(B, dtype=torch.int64) + seed,
                                 torch.tensor(offset))
 
 
