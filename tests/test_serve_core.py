@@ -33,18 +33,28 @@ def drain(core):
     return done, admitted_while_running
 
 
+@pytest.mark.parametrize("sampling", [{}, dict(temperature=0.9, top_k=20)])
 @pytest.mark.parametrize("method", ["ar", "sd", "pearl"])
-def test_continuous_batching_gives_each_request_its_standalone_tokens(engines, method):
+def test_continuous_batching_gives_each_request_its_standalone_tokens(engines, method, sampling):
+    """Greedy and sampled (each request its own seed): every request gets the tokens of
+    `Engine.generate` on its own prompt with its own seed, whichever row it was admitted to
+    and however late."""
     eng, ref_eng = engines
     core = EngineCore(eng, max_batch=2, method=method, gamma=3)
     lens = [5, 17, 9, 12, 3, 8]  # rows finish at different rounds, so rows are reused mid-flight
-    ids = [core.add_request(p, RequestParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, lens)]
+    seeds = [11, 12, 13, 14, 15, 16]
+    ids = [core.add_request(p, RequestParams(max_new_tokens=n, ignore_eos=True, seed=s, **sampling))
+           for p, n, s in zip(PROMPTS, lens, seeds)]
     done, reused = drain(core)
     assert reused and core.free_slots == 2 and not core.running and not core.waiting
-    for rid, p, n in zip(ids, PROMPTS, lens):
-        ref = ref_eng.generate(p, max_new_tokens=n, method=method, gamma=3, ignore_eos=True)
+    for rid, p, n, s in zip(ids, PROMPTS, lens, seeds):
+        ref = ref_eng.generate(p, max_new_tokens=n, method=method, gamma=3, ignore_eos=True, seed=s, **sampling)
         assert done[rid].token_ids == ref.token_ids and done[rid].finish_reason == "length"
         assert done[rid].text == ref.text
+    if sampling:  # the check can fail: another seed gives other tokens
+        other = ref_eng.generate(PROMPTS[1], max_new_tokens=17, method=method, gamma=3, ignore_eos=True, seed=99,
+                                 **sampling)
+        assert other.token_ids != done[ids[1]].token_ids
 
 
 def test_stop_strings_eos_and_limits_are_per_request(engines):
