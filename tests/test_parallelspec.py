@@ -115,12 +115,11 @@ def test_masks_never_change_the_committed_draft_cache(tiny_dir, tiny_pair, token
 def test_sampling_distribution_with_the_parallel_drafter(tmp_path, tokenizer):
     from test_sampling_distribution import N, PROMPT, V, exact_joint
 
-    from specengine import SamplingParams
     from specengine.statistics import total_variation_bound
 
     hf, target, draft = small_vocab_models(tmp_path, V)
     eng = Engine(target, tokenizer, draft, max_seq_len=32, parallel_drafter=random_drafter(draft, k_max=3))
-    exact = exact_joint(hf, SamplingParams(temperature=1.0))
+    exact = exact_joint(hf, 1.0)
     out = eng.generate([PROMPT] * N, max_new_tokens=2, method="parallelspec", gamma=3, temperature=1.0, seed=5,
                        ignore_eos=True)
     pairs = torch.tensor([r.token_ids for r in out])

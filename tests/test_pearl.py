@@ -3,11 +3,11 @@ max_new_tokens inside a pending block, the sampling distribution, seeded reprodu
 import pytest
 import torch
 from conftest import save_tiny, small_vocab_models
+from test_sampling_distribution import next_probs
 
 from specengine import Engine, SamplingParams
-from specengine.statistics import total_variation_bound
 from specengine.loading import load_model
-from specengine.sampling import probs_of
+from specengine.statistics import total_variation_bound
 
 PROMPTS = ["def add(a, b):\n", "x = [1, 2", "q"]
 
@@ -124,16 +124,14 @@ def test_sampling_distribution_of_three_tokens(tmp_path, tokenizer, gamma, kw):
     out = eng.generate([PROMPT] * N, max_new_tokens=3, method="pearl", gamma=gamma, seed=7, ignore_eos=True, **kw)
     toks = torch.tensor([r.token_ids for r in out])
     assert 0 < out[0].stats["acceptance_rate"] < 1
-    with torch.no_grad():
-        p1 = probs_of(hf(torch.tensor([PROMPT])).logits[0, -1], params)
-        joint = torch.stack([p1[a] * probs_of(hf(torch.tensor([PROMPT + [a]])).logits[0, -1], params)
-                             for a in range(V)])
+    sampling = dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+    p1 = next_probs(hf, PROMPT, **sampling)  # transformers' warpers: independent of our filter
+    joint = torch.stack([p1[a] * next_probs(hf, PROMPT + [a], **sampling) for a in range(V)])
     emp = torch.bincount(toks[:, 0] * V + toks[:, 1], minlength=V * V).double() / N
     assert 0.5 * (emp - joint.flatten().double()).abs().sum() <= total_variation_bound(V * V, N)
     a = int(joint.sum(1).argmax())  # the likeliest first token: check the third given the first two
     sel = toks[:, 0] == a
-    with torch.no_grad():
-        cond = torch.stack([probs_of(hf(torch.tensor([PROMPT + [a, b]])).logits[0, -1], params) for b in range(V)])
+    cond = torch.stack([next_probs(hf, PROMPT + [a, b], **sampling) for b in range(V)])
     cond = (cond * (joint[a] / joint[a].sum())[:, None]).flatten()
     emp3 = torch.bincount(toks[sel, 1] * V + toks[sel, 2], minlength=V * V).double() / int(sel.sum())
     assert 0.5 * (emp3 - cond.double()).abs().sum() <= total_variation_bound(V * V, int(sel.sum()))

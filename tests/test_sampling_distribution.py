@@ -1,65 +1,128 @@
 """Sampling end to end: the joint distribution of two generated tokens equals the target's
-(exact enumeration of the 64 continuations vs 1e5 independent rows, TV bound from n)."""
+(exact enumeration of the 64 continuations vs 1e5 independent rows, TV bound from n).
+
+The exact target is computed with transformers' own logits warpers (temperature, then
+top-k, then top-p, HF's order), never with our filter, so a broken top-k / top-p in
+specengine cannot hide behind a reference that shares it. Each method also has a control:
+the same run with a wrong acceptance rule (every draft accepted) is caught by the bound."""
 import pytest
 import torch
 from conftest import small_vocab_models
+from test_parallelspec import random_drafter
 
-from specengine import Engine, SamplingParams
+import specengine.tree
+from specengine import Engine
 from specengine.statistics import total_variation_bound
-from specengine.sampling import probs_of
 
 V, N, PROMPT = 8, 100_000, [3, 5, 2]
+N_CONTROL = 20_000
+
+
+def hf_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """The target distribution by transformers' warpers (independent of specengine.sampling)."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    ids, scores = torch.zeros(1, 1, dtype=torch.long), logits.float()[None]
+    scores = TemperatureLogitsWarper(temperature)(ids, scores)
+    if top_k:
+        scores = TopKLogitsWarper(top_k)(ids, scores)
+    if top_p < 1:
+        scores = TopPLogitsWarper(top_p)(ids, scores)
+    return torch.softmax(scores, -1)[0]
+
+
+def next_probs(hf, prefix: list[int], **sampling) -> torch.Tensor:
+    with torch.no_grad():
+        return hf_probs(hf(torch.tensor([prefix])).logits[0, -1], **sampling)
+
+
+def exact_joint(hf, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """P(t1, t2) over the V*V continuations of PROMPT, flattened."""
+    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    p1 = next_probs(hf, PROMPT, **kw)
+    return torch.stack([p1[a] * next_probs(hf, PROMPT + [a], **kw) for a in range(V)]).flatten()
+
+
+def joint_tv(out, exact) -> tuple[float, float]:
+    """(TV between the rows' (t1, t2) frequencies and `exact`, the bound for that many rows)."""
+    pairs = torch.tensor([r.token_ids for r in out])
+    emp = torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V).double() / len(out)
+    return 0.5 * (emp - exact.double()).abs().sum().item(), total_variation_bound(V * V, len(out))
 
 
 @pytest.fixture(scope="module")
 def small_vocab(tmp_path_factory, tokenizer):
     hf, target, draft = small_vocab_models(tmp_path_factory.mktemp("v8"), V)
-    return hf, Engine(target, tokenizer, draft, max_seq_len=32)
+    drafter = random_drafter(draft, k_max=3)
+
+    def engine(max_seq_len=40):
+        return Engine(target, tokenizer, draft, max_seq_len=max_seq_len, parallel_drafter=drafter)
+    return hf, engine
 
 
-def exact_joint(hf, params: SamplingParams) -> torch.Tensor:
-    with torch.no_grad():
-        p1 = probs_of(hf(torch.tensor([PROMPT])).logits[0, -1], params)
-        joint = torch.zeros(V, V)
-        for a in range(V):
-            joint[a] = p1[a] * probs_of(hf(torch.tensor([PROMPT + [a]])).logits[0, -1], params)
-    return joint.flatten()
+CASES = [  # (id, generate kwargs): every method, policy and drafting shape that samples
+    ("ar", dict(method="ar", temperature=1.0)),
+    ("sd", dict(method="sd", gamma=2, temperature=1.0)),
+    ("sd-topk", dict(method="sd", gamma=1, temperature=0.7, top_k=5)),
+    ("sd-topp", dict(method="sd", gamma=3, temperature=1.3, top_p=0.8)),
+    # gamma from past rounds only (no bias to look for in the current one): fewer rows; the
+    # heuristic's gamma may grow to 16, so its cache is longer
+    ("sd-auto", dict(method="sd", gamma="auto", temperature=1.0, rows=30_000)),
+    ("sd-heuristic", dict(method="sd", gamma=2, policy="heuristic", temperature=0.9, top_k=6, rows=30_000,
+                          max_seq_len=72)),
+    ("sd-confidence", dict(method="sd", gamma=3, policy="confidence", threshold=0.5, temperature=1.0)),
+    ("sd-tree", dict(method="sd", tree="3x2", temperature=1.0)),  # sibling-by-sibling residual rule
+    ("sd-tree-topk", dict(method="sd", tree="2x3:5", temperature=0.8, top_k=6)),
+    ("pearl-parallel", dict(method="pearl", policy="parallel", gamma=3, temperature=1.0)),
+    ("parallelspec-tree", dict(method="parallelspec", tree="2x2", temperature=0.9, top_p=0.9)),
+]
 
 
-@pytest.mark.parametrize("method,gamma,kw", [
-    ("ar", None, dict(temperature=1.0)),
-    ("sd", 2, dict(temperature=1.0)),
-    ("sd", 1, dict(temperature=0.7, top_k=5)),
-    ("sd", 3, dict(temperature=1.3, top_p=0.8)),
-    ("sd", None, dict(temperature=1.0, tree="3x2")),  # token trees: sibling-by-sibling residual rule
-    ("sd", None, dict(temperature=0.8, top_k=6, tree="2x3:5")),
-])
-def test_two_token_joint_matches_target(small_vocab, method, gamma, kw):
-    hf, eng = small_vocab
+def _sampling(kw):
+    return dict(temperature=kw["temperature"], top_k=kw.get("top_k", 0), top_p=kw.get("top_p", 1.0))
+
+
+@pytest.mark.parametrize("kw", [c[1] for c in CASES], ids=[c[0] for c in CASES])
+def test_two_token_joint_matches_target(small_vocab, kw):
+    hf, engine = small_vocab
     kw = dict(kw)
-    tree = kw.pop("tree", None)
-    params = SamplingParams(seed=1234, **kw)
-    exact = exact_joint(hf, params)
-    out = eng.generate([PROMPT] * N, max_new_tokens=2, method=method, gamma=gamma, seed=1234,
-                       ignore_eos=True, tree=tree, **kw)
-    pairs = torch.tensor([r.token_ids for r in out])
-    emp = torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V).double() / N
-    tv = 0.5 * (emp - exact.double()).abs().sum().item()
-    assert tv <= total_variation_bound(V * V, N), (tv, total_variation_bound(V * V, N))
-    if method == "sd":
+    rows, eng = kw.pop("rows", N), engine(kw.pop("max_seq_len", 40))
+    out = eng.generate([PROMPT] * rows, max_new_tokens=2, seed=1234, ignore_eos=True, **kw)
+    tv, bound = joint_tv(out, exact_joint(hf, **_sampling(kw)))
+    assert tv <= bound, (tv, bound)
+    if kw["method"] != "ar":
         assert 0 < out[0].stats["acceptance_rate"] < 1  # both accept and reject paths ran
 
 
-def test_draft_distribution_differs_from_target(small_vocab):
-    """The test above can fail: the draft's own joint is far from the target's."""
-    hf, eng = small_vocab
-    params = SamplingParams(temperature=1.0)
-    draft = eng.draft
-    joint = torch.zeros(V, V)
-    with torch.no_grad():
-        for a in range(V):
-            draft.allocate(1, 16)
-            logits = draft.verify(torch.tensor([PROMPT + [a]]))[0]
-            joint[a] = probs_of(logits[-2], params)[a] * probs_of(logits[-1], params)
-    tv = 0.5 * (joint.flatten() - exact_joint(hf, params)).abs().sum()
-    assert tv > 3 * total_variation_bound(V * V, N)
+def accept_everything(monkeypatch, eng):
+    """A wrong rule: every draft token is accepted. Chains: q = 0 makes u * q(x) < p(x) always
+    true; trees: u = 0 accepts the first child tried."""
+    real = eng.sampler
+
+    def sampler(logits, drafts, q, *rest):
+        return real(logits, drafts, None if q is None else torch.zeros_like(q), *rest)
+    monkeypatch.setattr(eng, "sampler", sampler)
+    monkeypatch.setattr(specengine.tree, "counter_uniform", lambda seed, *a: torch.zeros(seed.shape))
+
+
+@pytest.mark.parametrize("kw", [c[1] for c in CASES[1:]], ids=[c[0] for c in CASES[1:]])
+def test_a_wrong_acceptance_rule_fails_the_same_check(small_vocab, kw, monkeypatch):
+    """The check above can fail: with every draft accepted the output is (close to) the draft's
+    own distribution, and the bound catches it at a fifth of the rows."""
+    hf, engine = small_vocab
+    kw = dict(kw)
+    kw.pop("rows", None)
+    eng = engine(kw.pop("max_seq_len", 40))
+    accept_everything(monkeypatch, eng)
+    out = eng.generate([PROMPT] * N_CONTROL, max_new_tokens=2, seed=1234, ignore_eos=True, **kw)
+    tv, bound = joint_tv(out, exact_joint(hf, **_sampling(kw)))
+    assert tv > bound, (tv, bound)
+
+
+def test_transformers_reference_sees_the_filters(small_vocab):
+    """The reference is sensitive to what the mutations remove: top-k 5 of 8 moves the
+    target distribution far beyond the bound, and so does top-p 0.8."""
+    hf = small_vocab[0]
+    plain = exact_joint(hf, 0.7)
+    for kw in (dict(top_k=5), dict(top_p=0.8)):
+        assert 0.5 * (plain - exact_joint(hf, 0.7, **kw)).abs().sum() > 3 * total_variation_bound(V * V, N)

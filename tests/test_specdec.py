@@ -92,12 +92,11 @@ def test_threshold_controls_the_proposal_length(tiny_pair, tokenizer):
 def test_sampling_distribution_with_specdec(tmp_path, tokenizer):
     from test_sampling_distribution import N, PROMPT, V, exact_joint
 
-    from specengine import SamplingParams
     from specengine.statistics import total_variation_bound
 
     hf, target, draft = small_vocab_models(tmp_path, V)
     eng = Engine(target, tokenizer, draft, max_seq_len=16, acceptance_head=random_head(draft, seed=3, bias=1.0))
-    exact = exact_joint(hf, SamplingParams(temperature=1.0))
+    exact = exact_joint(hf, 1.0)
     out = eng.generate([PROMPT] * N, max_new_tokens=2, method="sd", policy="specdec++", gamma=3, threshold=0.5,
                        temperature=1.0, seed=99, ignore_eos=True)
     pairs = torch.tensor([r.token_ids for r in out])
