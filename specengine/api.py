@@ -166,7 +166,8 @@ class Engine:
             src, model = self._drafter_source, self.draft.model
             if isinstance(src, ParallelDrafter):
                 src.check_fits(model.config)
-                self._drafter = src
+                weight = model.embed_tokens.weight  # the draft's device and dtype, as load_drafter gives
+                self._drafter = src.to(weight.device, weight.dtype)
             else:
                 if src is None:
                     src = shipped_drafter(model.config)

@@ -69,16 +69,6 @@ def test_a_rows_logits_are_bit_identical_at_every_width_and_position(bf16_pair, 
         runner.verify(seq[:, n:n + W + 1])
 
 
-@pytest.mark.parametrize("method,gamma", [("sd", 2), ("sd", 3), ("sd", 5), ("pearl", 3)])
-def test_bf16_speculation_equals_ar_with_the_mode_on(bf16_pair, tokenizer, method, gamma):
-    target, draft = bf16_pair
-    eng = Engine(target, tokenizer, draft, max_seq_len=256, batch_invariant=True, invariant_width=8)
-    assert eng.attention_backend == "torch-tiled"
-    for p in PROMPTS:
-        ar = eng.generate(p, max_new_tokens=30, method="ar", ignore_eos=True).token_ids
-        assert eng.generate(p, max_new_tokens=30, method=method, gamma=gamma, ignore_eos=True).token_ids == ar
-
-
 class RowCountRounding:
     """A stand-in for a backend whose rounding depends on the row count (as oneDNN/AMX paths do
     on some CPUs; exaggerated so near-ties exist in a tiny model): single-row results are
@@ -93,22 +83,45 @@ class RowCountRounding:
         return torch.round(y * 2) / 2 if rows == 1 else y
 
 
-def test_the_mode_removes_a_divergence_that_row_count_rounding_causes(bf16_pair, tokenizer):
+METHODS = [  # every method and drafting shape, with its options
+    ("sd-2", dict(method="sd", gamma=2)), ("sd-5", dict(method="sd", gamma=5)), ("pearl", dict(method="pearl", gamma=3)),
+    ("sd-tree", dict(method="sd", tree="2x3:5")), ("parallelspec", dict(method="parallelspec", gamma=3)),
+    ("parallelspec-tree", dict(method="parallelspec", tree="2x2")),
+    ("specdec++", dict(method="sd", policy="specdec++", gamma=4, threshold=0.5)),
+]
+
+
+@pytest.fixture()
+def rounding_engines(bf16_pair, tokenizer):
+    """(mode on, mode off) over a bf16 target whose lm_head rounds single-row results
+    coarsely: a backend that makes speculation drift from ar unless the mode pads forwards."""
+    from test_parallelspec import random_drafter
+    from test_specdec import random_head
+
     target, draft = bf16_pair
     target.lm_head.forward = RowCountRounding(target.lm_head)
-    off = Engine(target, tokenizer, draft, max_seq_len=256)
-    on = Engine(target, tokenizer, draft, max_seq_len=256, batch_invariant=True, invariant_width=8)
+    kw = dict(max_seq_len=256, acceptance_head=random_head(draft, seed=3, bias=1.0),
+              parallel_drafter=random_drafter(draft, k_max=3))
+    on = Engine(target, tokenizer, draft, batch_invariant=True, invariant_width=8, **kw)
     assert on.target.pad_width == 8  # the probe found the row-count dependence: every forward padded
+    return on, Engine(target, tokenizer, draft, batch_invariant=False, **kw)
+
+
+@pytest.mark.parametrize("kw", [m[1] for m in METHODS], ids=[m[0] for m in METHODS])
+def test_the_mode_makes_every_method_equal_ar_where_row_count_rounding_breaks_it(rounding_engines, kw):
+    """With the mode on every method reproduces ar bit for bit; the same engine with the mode
+    off drifts from ar on some prompt (so the check can fail)."""
+    on, off = rounding_engines
     diverged = 0
     for p in PROMPTS:
-        for eng, must_match in ((on, True), (off, False)):
+        for eng in (on, off):
             ar = eng.generate(p, max_new_tokens=40, method="ar", ignore_eos=True).token_ids
-            sd = eng.generate(p, max_new_tokens=40, method="sd", gamma=4, ignore_eos=True).token_ids
-            if must_match:
-                assert sd == ar
+            got = eng.generate(p, max_new_tokens=40, ignore_eos=True, **kw).token_ids
+            if eng is on:
+                assert got == ar, p
             else:
-                diverged += sd != ar
-    assert diverged > 0  # without the mode the same backend makes sd drift from ar
+                diverged += got != ar
+    assert diverged > 0  # without the mode the same backend makes the method drift from ar
 
 
 def test_bad_options_and_capacity(bf16_pair, tokenizer):

@@ -42,7 +42,7 @@ def test_pearl_equals_ar_on_humaneval(pair, prompts, ar_tokens):
     for p, ref in zip(prompts, ar_tokens):
         r = eng.generate(p, max_new_tokens=NEW, method="pearl", ignore_eos=True)  # gamma = round(1/c)
         assert r.token_ids == ref
-        assert r.stats["gamma"] >= 1 and 0 < r.stats["measured_cost_ratio"] < 1  # the 0.5B draft is cheaper
+        assert r.stats["gamma"] >= 1  # the window comes from measured costs: no timing is asserted here
 
 
 def test_specdec_with_the_shipped_head_equals_ar(pair, prompts, ar_tokens):
