@@ -1,8 +1,14 @@
-"""Graph runner logic on CPU with a stand-in capture that keeps the CUDA-graph contract
-(static buffers, captured once at warm-up, replay recomputes into the same output);
-real CUDA-graph replay vs eager is a `gpu` test."""
+"""Graph runner logic on CPU with a stand-in capture that freezes what a CUDA graph freezes;
+real CUDA-graph replay vs eager is a `gpu` test.
+
+The stand-in records the captured function once with `make_fx` (the aten ops it runs) and
+replays the recording, never the Python closure. So, as in a real capture: every Python
+value the function read (a length, a flag, a loop count) is frozen at capture; tensors it
+did not allocate are read and written in place by identity (a tensor replaced after the
+capture is not seen); a host sync (`.item()`, a tensor in an `if`) refuses to capture."""
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from specengine import Engine
 from specengine.graphs import batch_buckets, len_bucket, len_buckets, padded_width, q_bucket
@@ -11,15 +17,34 @@ from specengine.runner import ModelRunner
 
 class FakeGraph:
     def __init__(self, fn):
-        self.fn = fn
-        fn()  # capture: runs once, like the warm-up passes
+        for _ in range(2):  # the warm-up passes cuda_capture runs before capturing
+            fn()
+        self.recording = make_fx(fn)()
 
     def replay(self):
-        self.fn()
+        self.recording()
 
 
 def fake_capture(fn, pool, device):
     return FakeGraph(fn)
+
+
+def test_the_stand_in_freezes_what_a_cuda_graph_freezes():
+    """The classic graph bugs show up on CPU: a host value read at capture, a tensor swapped
+    after it, a host sync inside it."""
+    state = {"scale": 2.0, "src": torch.ones(3)}
+    out = torch.zeros(3)
+    graph = fake_capture(lambda: out.copy_(state["src"] * state["scale"]), None, "cpu")
+    state["scale"], state["src"] = 5.0, torch.full((3,), 7.0)  # a new value, a new tensor
+    graph.replay()
+    assert torch.equal(out, torch.full((3,), 2.0))  # the replay saw neither
+    static = torch.ones(3)
+    graph = fake_capture(lambda: out.copy_(static * 3), None, "cpu")
+    static.fill_(4.0)  # written in place: the replay reads it
+    graph.replay()
+    assert torch.equal(out, torch.full((3,), 12.0))
+    with pytest.raises(RuntimeError, match="_local_scalar_dense"):
+        fake_capture(lambda: out.fill_(static.sum().item()), None, "cpu")
 
 
 def test_buckets():
