@@ -178,3 +178,23 @@ def test_parallelspec_tree_equals_ar(trained, tree):
     assert [r.token_ids for r in out] == [r.token_ids for r in ref]
     s = out[0].stats
     assert s["draft_forwards"] == s["target_forwards"] and s["tree"].startswith(tree.split(":")[0])
+
+
+@pytest.mark.parametrize("tree", [None, "2x3"])
+@pytest.mark.parametrize("cut", [2, 5, 9])
+def test_eos_inside_a_parallelspec_round(trained, tree, cut):
+    """EOS among a round's accepted tokens (chain or tree): each row stops right after its
+    first EOS, with ar's tokens up to it."""
+    eng, _, _ = trained
+    prompts = ["def f(x):", "import os\n", "ab"]
+    ref = [r.token_ids for r in eng.generate(prompts, max_new_tokens=20, method="ar", ignore_eos=True)]
+    stop, saved = ref[0][cut], eng.eos_ids
+    eng.eos_ids = {stop}
+    try:
+        out = eng.generate(prompts, max_new_tokens=20, method="parallelspec", gamma=3 if tree is None else None,
+                           tree=tree)
+    finally:
+        eng.eos_ids = saved
+    for r, want in zip(out, ref):
+        end = want.index(stop) + 1 if stop in want else len(want)
+        assert r.token_ids == want[:end] and r.finish_reason == ("eos" if stop in want else "length")

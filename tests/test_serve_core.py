@@ -102,6 +102,25 @@ def test_abort_frees_the_row_for_a_waiting_request(engines):
     assert not core.has_unfinished() and core.free_slots == 2
 
 
+def test_aborting_a_waiting_request_drops_it_before_it_runs(engines):
+    eng, ref_eng = engines
+    core = EngineCore(eng, max_batch=2, method="sd", gamma=2)
+    ids = [core.add_request(p, RequestParams(max_new_tokens=6, ignore_eos=True)) for p in PROMPTS[:4]]
+    core.step()
+    assert [r.rid for r in core.waiting] == ids[2:]
+    assert core.abort(ids[2])
+    outs = core.step()
+    dropped = [o for o in outs if o.request_id == ids[2]]
+    assert dropped and dropped[0].finish_reason == "abort" and dropped[0].token_ids == []
+    done, _ = drain(core)
+    done.update({o.request_id: o for o in outs if o.finished and o.request_id != ids[2]})
+    assert ids[2] not in done and set(done) == {ids[0], ids[1], ids[3]}
+    for rid, p in ((ids[0], PROMPTS[0]), (ids[1], PROMPTS[1]), (ids[3], PROMPTS[3])):
+        assert done[rid].token_ids == ref_eng.generate(p, max_new_tokens=6, method="sd", gamma=2,
+                                                       ignore_eos=True).token_ids
+    assert not core.has_unfinished() and core.free_slots == 2
+
+
 def test_bounded_queue_and_bad_requests(engines):
     eng, _ = engines
     core = EngineCore(eng, max_batch=1, max_waiting=1)

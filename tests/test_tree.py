@@ -116,6 +116,20 @@ def test_sd_tree_equals_ar(engines, ar_out, draft, tree):
         assert out[0].stats["acceptance_by_position"][0] == 1.0
 
 
+@pytest.mark.parametrize("cut", [3, 6, 11])
+def test_eos_inside_an_accepted_tree_path(engines, ar_out, tokenizer, tiny_pair, cut):
+    """EOS lands mid-path (the same-weights draft accepts whole paths): each row stops right
+    after its first EOS, with ar's tokens up to it."""
+    target, same, _ = tiny_pair
+    eng = Engine(target, tokenizer, same, max_seq_len=256)
+    stop = ar_out[0][cut]
+    eng.eos_ids = {stop}
+    out = eng.generate(PROMPTS, max_new_tokens=40, method="sd", tree="2x4:6")
+    for r, ref in zip(out, ar_out):
+        end = ref.index(stop) + 1 if stop in ref else len(ref)
+        assert r.token_ids == ref[:end] and r.finish_reason == ("eos" if stop in ref else "length")
+
+
 @pytest.mark.parametrize("tree", ["3x3", "3x4:7"])
 def test_drafted_tree_scores_are_the_draft_path_log_probs(engines, tree):
     """Every node's score = the draft's log-probs summed along its root path, computed by
