@@ -140,10 +140,37 @@ def _draft_variants(full: bool):
         yield "draft_sample", ds._draft_sample_kernel, sig, const, dict(num_warps=8), dict(dtype=dt, **const)
 
 
+def _fused_step_variants(full: bool):
+    """The fused step's ops at the hidden sizes of the 0.5B / 1.5B / 7B shapes (896, 1536,
+    3584 -> BLOCK 1024, 2048, 4096) and head_dim 64 / 128."""
+    from . import add_rms_norm as arn
+    from . import rope_kv_write as rkv
+    from . import silu_and_mul as sm
+
+    for dt, res in itertools.product(DTYPES, (False, True)):
+        sig = dict(x_ptr=f"*{dt}", r_ptr=f"*{dt}", w_ptr=f"*{dt}", y_ptr=f"*{dt}", s_ptr=f"*{dt}",
+                   **_i32("N", "s_x", "s_r", "s_y", "s_s"), eps="fp32")
+        for block in (1024, 2048, 4096) if full else (4096,):
+            const = dict(HAS_RES=res, BLOCK=block)
+            yield "add_rms_norm", arn._add_rms_norm_kernel, sig, const, dict(num_warps=min(16, block // 256)), \
+                dict(dtype=dt, **const)
+    for dt in DTYPES:
+        sig = dict(gu_ptr=f"*{dt}", out_ptr=f"*{dt}", **_i32("I", "s_in", "s_out"))
+        yield "silu_and_mul", sm._silu_and_mul_kernel, sig, dict(BLOCK=1024), dict(num_warps=4), \
+            dict(dtype=dt, BLOCK=1024)
+        sig = dict(qkv_ptr=f"*{dt}", cos_ptr="*fp32", sin_ptr="*fp32", wpos_ptr="*i64", q_ptr=f"*{dt}",
+                   k_ptr=f"*{dt}", v_ptr=f"*{dt}", **_i32("T", "HQ", "HKV", "HALF", "s_qkv", "s_rope", "s_qb",
+                                                          "s_qt", "s_qh", "s_kb", "s_ks", "s_kh"))
+        for half in (32, 64) if full else (64,):
+            yield "rope_kv_write", rkv._rope_kv_write_kernel, sig, dict(BLOCK_H=half), dict(num_warps=1), \
+                dict(dtype=dt, BLOCK_H=half)
+
+
 def variants(full: bool = False):
     yield from _attention_variants(full)
     yield from _sampler_variants(full)
     yield from _draft_variants(full)
+    yield from _fused_step_variants(full)
 
 
 def _resource_usage(cubin: bytes) -> tuple[int, int, int]:

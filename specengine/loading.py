@@ -10,7 +10,7 @@ import torch
 from . import fetch
 from .config import ModelConfig
 from .errors import SpecEngineError
-from .model import Transformer
+from .model import Transformer, merge_checkpoint
 
 
 def resolve(name_or_path: str | Path) -> Path:
@@ -78,6 +78,7 @@ def load_model(name_or_path, dtype=torch.float32, device="cpu") -> tuple[Transfo
                 state[key.removeprefix("model.")] = sf.get_tensor(key).to(dtype)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
+    state = merge_checkpoint(state, model)  # HF names -> merged qkv / gate_up projections
     expected = {k for k in model.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
     missing = sorted(expected - state.keys())
     if missing:

@@ -1,12 +1,15 @@
 """A lean Llama-family decoder (Llama, Qwen2, Mistral) over a static KV buffer.
 
-Parameter names mirror transformers' (minus the `model.` prefix) so HF checkpoints load
-as they are. Every entry point writes the new tokens' K/V at `cache.lens[b] + j` and
+Parameter names mirror transformers' (minus the `model.` prefix), except that q/k/v and
+gate/up are merged into one projection each (`qkv_proj`, `gate_up_proj`: one GEMM instead
+of three or two); `merge_checkpoint` maps a checkpoint's HF names onto them. Each op goes
+through `layers/` (the fused Triton kernel on CUDA, the torch reference elsewhere). Every entry point writes the new tokens' K/V at `cache.lens[b] + j` and
 returns logits; the caller decides what to commit and sets `cache.lens` (rollback is
 lowering it). Nothing here syncs with the host.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -16,7 +19,10 @@ from torch import nn
 from .config import ModelConfig
 from .kernels.reference import verify_attention_ref
 from .kv_cache import KVCache
-from .rope import apply_rope, rope_tables
+from .layers.activation import silu_and_mul
+from .layers.norm import RMSNorm
+from .layers.rotary import StepRope, rope_kv_write, rotate_qkv
+from .rope import rope_tables
 
 AttentionFn = Callable[..., torch.Tensor]  # the verify_attention contract (docs/design.md, "Kernel contracts")
 
@@ -27,8 +33,11 @@ class Linear(nn.Linear):
     `cpu_matmul.apply` sets `plan_fns` (a path per row count 1..16 and one for larger
     inputs) and may move the weight into oneDNN's packed layout (`packed_weight`, with
     `weight` then None). Without a plan (GPU, or not tuned) this is plain F.linear.
+    `parts`: for a merged projection, the checkpoint's projections it stacks (name, rows),
+    in order (the loader merges them; the parallel drafter adapts each part).
     """
     plan = plan_fns = packed_weight = None
+    parts: tuple[tuple[str, int], ...] = ()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.plan_fns is None:
@@ -43,47 +52,51 @@ class Linear(nn.Linear):
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+def merged_linear(in_features: int, parts: dict[str, int], bias: bool) -> Linear:
+    layer = Linear(in_features, sum(parts.values()), bias=bias)
+    layer.parts = tuple(parts.items())
+    return layer
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+
+@dataclass
+class Step:
+    """What every layer of one forward shares, computed once per forward."""
+    rope: StepRope
+    tree_mask: torch.Tensor | None
+    attn_len: int | None
+    attn_fn: AttentionFn
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = Linear(cfg.hidden_size, self.nh * self.hd, bias=cfg.qkv_bias)
-        self.k_proj = Linear(cfg.hidden_size, self.nkv * self.hd, bias=cfg.qkv_bias)
-        self.v_proj = Linear(cfg.hidden_size, self.nkv * self.hd, bias=cfg.qkv_bias)
-        self.o_proj = Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
+        q, kv = self.nh * self.hd, self.nkv * self.hd
+        self.qkv_proj = merged_linear(cfg.hidden_size, {"q_proj": q, "k_proj": kv, "v_proj": kv}, cfg.qkv_bias)
+        self.o_proj = Linear(q, cfg.hidden_size, bias=False)
 
-    def forward(self, x, layer_idx, cache: KVCache, pos, cos, sin, tree_mask, attn_len, attn_fn):
+    def forward(self, x, layer_idx, cache: KVCache, step: Step):
         B, T, _ = x.shape
-        q = apply_rope(self.q_proj(x).view(B, T, self.nh, self.hd), cos, sin)
-        k = apply_rope(self.k_proj(x).view(B, T, self.nkv, self.hd), cos, sin)
-        v = self.v_proj(x).view(B, T, self.nkv, self.hd)
-        cache.write(layer_idx, k, v, pos)
-        k_all, v_all = cache.layer(layer_idx, attn_len)
-        out = attn_fn(q, k_all, v_all, cache.lens, tree_mask)
+        qkv = self.qkv_proj(x)
+        if isinstance(cache, KVCache):  # rotate, store k/v at the write positions (fused on CUDA)
+            q = rope_kv_write(qkv, step.rope, *cache.layer(layer_idx), self.nh, self.nkv)
+        else:  # a training cache keeps its own k/v (autograd sees through)
+            q, k, v = rotate_qkv(qkv, step.rope, self.nh, self.nkv)
+            cache.write(layer_idx, k, v, step.rope.write_pos)
+        k_all, v_all = cache.layer(layer_idx, step.attn_len)
+        out = step.attn_fn(q, k_all, v_all, cache.lens, step.tree_mask)
         return self.o_proj(out.reshape(B, T, self.nh * self.hd))
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        inter = cfg.intermediate_size
+        self.gate_up_proj = merged_linear(cfg.hidden_size, {"gate_proj": inter, "up_proj": inter}, False)
+        self.down_proj = Linear(inter, cfg.hidden_size, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -94,9 +107,11 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, *attn_args):
-        x = x + self.self_attn(self.input_layernorm(x), *attn_args)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, layer_idx, cache, step: Step):
+        """(this layer's MLP output, the residual stream before it): the next norm adds them."""
+        h, residual = self.input_layernorm.add_forward(x, residual)
+        h, residual = self.post_attention_layernorm.add_forward(self.self_attn(h, layer_idx, cache, step), residual)
+        return self.mlp(h), residual
 
 
 class Transformer(nn.Module):
@@ -135,12 +150,28 @@ class Transformer(nn.Module):
         if tree_mask is not None:  # a node sits at its depth = number of ancestors
             depth = tree_mask.to(torch.int64).sum(-1).expand(B, T) - 1
             pos = (cache.lens.to(torch.int64)[:, None] + depth).clamp(max=cache.max_seq_len - 1)
-        cos, sin = cache.rope_cos[pos], cache.rope_sin[pos]
         x = self.embed_tokens(tokens) if inputs_embeds is None else inputs_embeds
+        step = Step(StepRope.build(cache, pos, write_pos, x), tree_mask, attn_len, attn_fn)
+        residual = None
         for i, layer in enumerate(self.layers):
-            x = layer(x, i, cache, write_pos, cos, sin, tree_mask, attn_len, attn_fn)
+            x, residual = layer(x, residual, i, cache, step)
         if logits_at is not None:
-            x = x.gather(1, logits_at[..., None].expand(B, logits_at.shape[1], x.shape[-1]))
-        h = self.norm(x)
+            at = logits_at[..., None].expand(B, logits_at.shape[1], x.shape[-1])
+            x, residual = x.gather(1, at), residual.gather(1, at)
+        h, _ = self.norm.add_forward(x, residual)
         logits = self.lm_head(h).float()
         return (logits, h) if return_hidden else logits
+
+
+def merge_checkpoint(state: dict[str, torch.Tensor], model: Transformer) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors by HF name -> this model's (merged projections concatenated in
+    their `parts` order); names without a merged home pass through."""
+    out = dict(state)
+    for name, module in model.named_modules():
+        if isinstance(module, Linear) and module.parts:
+            prefix = name.rsplit(".", 1)[0]
+            for kind in ("weight", "bias"):
+                keys = [f"{prefix}.{part}.{kind}" for part, _ in module.parts]
+                if all(k in out for k in keys):
+                    out[f"{name}.{kind}"] = torch.cat([out.pop(k) for k in keys])
+    return out

@@ -27,7 +27,9 @@ from .artifacts import read_metadata, save_artifact, shipped
 from .errors import SpecEngineError
 
 DRAFTERS_DIR = Path(__file__).parent / "drafters"
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# the draft's projections that get adapters (merged ones adapt each of their parts:
+# q/k/v and gate/up, so files keep one update per checkpoint projection)
+LORA_TARGETS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 @dataclass(frozen=True)
@@ -45,21 +47,35 @@ class _RowFlags:
     value: torch.Tensor | None = None
 
 
-class MaskedLoRA(nn.Module):
-    """base(x) + flags * B(A(x)) * scale: a low-rank update on mask rows only."""
+class LoRAPart(nn.Module):
+    """The low-rank update B(A(x)) of one checkpoint projection (q_proj, gate_proj, ...)."""
 
-    def __init__(self, base: nn.Module, rank: int, flags: _RowFlags, alpha: float = 16.0):
+    def __init__(self, in_features: int, out_features: int, rank: int):
+        super().__init__()
+        self.lora_a = nn.Parameter(torch.randn(rank, in_features) / in_features ** 0.5)
+        self.lora_b = nn.Parameter(torch.zeros(out_features, rank))  # starts as the plain draft
+
+    def delta(self, x):
+        return F.linear(F.linear(x, self.lora_a.to(x.dtype)), self.lora_b.to(x.dtype))
+
+
+class MaskedLoRA(nn.Module):
+    """base(x) + flags * B(A(x)) * scale: a low-rank update on mask rows only. Over a merged
+    projection (qkv, gate_up) each part has its own update, on its own slice of the output."""
+
+    def __init__(self, base: nn.Module, rank: int, flags: _RowFlags, name: str, alpha: float = 16.0):
         super().__init__()
         self.base, self.flags, self.scale = base, flags, alpha / rank
-        self.lora_a = nn.Parameter(torch.randn(rank, base.in_features) / base.in_features ** 0.5)
-        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank))  # starts as the plain draft
+        parts = getattr(base, "parts", ()) or ((name, base.out_features),)
+        self.parts = nn.ModuleDict({part: LoRAPart(base.in_features, rows, rank) for part, rows in parts})
 
     def forward(self, x):
         y = self.base(x)
         f = self.flags.value
         if f is None:
             return y
-        return y + f.to(y.dtype) * (F.linear(F.linear(x, self.lora_a.to(x.dtype)), self.lora_b.to(x.dtype)) * self.scale)
+        delta = torch.cat([part.delta(x) for part in self.parts.values()], dim=-1)
+        return y + f.to(y.dtype) * (delta * self.scale)
 
 
 class ParallelDrafter(nn.Module):
@@ -74,9 +90,10 @@ class ParallelDrafter(nn.Module):
             for parent in (layer.self_attn, layer.mlp):
                 for name in LORA_TARGETS:
                     if hasattr(parent, name) and not isinstance(getattr(parent, name), MaskedLoRA):
-                        lora = MaskedLoRA(getattr(parent, name), meta.rank, self.flags)
+                        lora = MaskedLoRA(getattr(parent, name), meta.rank, self.flags, name)
                         setattr(parent, name, lora)
-                        self.adapters[f"{i}_{name}"] = lora
+                        for part, update in lora.parts.items():  # keyed by checkpoint projection
+                            self.adapters[f"{i}_{part}"] = update
         self.draft = [draft]  # not a submodule: its weights are not part of the drafter's state
 
     @property

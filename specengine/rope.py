@@ -29,11 +29,3 @@ def rope_tables(hf_config, head_dim: int, max_len: int, device=None) -> tuple[to
     freqs = pos[:, None] * inv[None, :].float()
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos() * factor, emb.sin() * factor
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B,T,H,D]; cos/sin [B,T,D] gathered at each token's position (rotate-half layout)."""
-    cos, sin = cos[:, :, None].to(x.dtype), sin[:, :, None].to(x.dtype)
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin

@@ -25,7 +25,7 @@ def report(tmp_path_factory):
 
 
 KERNELS = {"verify_attention", "merge_splits", "rejection_sample", "split_stats", "split_accept", "split_race",
-           "split_finalize", "draft_sample"}
+           "split_finalize", "draft_sample", "add_rms_norm", "silu_and_mul", "rope_kv_write"}
 
 
 def test_every_kernel_variant_compiles_for_both_targets(report):
@@ -44,7 +44,7 @@ def test_every_kernel_variant_compiles_for_both_targets(report):
 def test_resources_are_read_and_fit_the_targets(report):
     limits = {"sm_90": 227 * 1024, "sm_80": 163 * 1024}
     for v in report:
-        assert 0 < v["regs"] <= 255 and 0 < v["shared"] <= limits[v["target"]], v
+        assert 0 < v["regs"] <= 255 and 0 <= v["shared"] <= limits[v["target"]], v  # elementwise: none
 
 
 def test_no_kernel_spills(report):

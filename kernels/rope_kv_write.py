@@ -1,0 +1,81 @@
+"""Fused RoPE + KV-cache write, reading the merged qkv projection.
+
+For each token (b, t) of a step: rotate its q heads (rotate-half layout) into `q_out`,
+rotate its k heads and store them, with its v heads, at cache position `wpos[b, t]` of
+row b. cos/sin are the step's fp32 rows [B, T, D], gathered once per step at each token's
+RoPE position (tree nodes: their depth). Write positions come clamped from
+`KVCache.write_positions`, which also keeps the high-water mark (once per step, not per
+layer). One launch per layer; a program per (token, head), the Hq query heads then the
+Hkv KV heads. Rotation is fp32 with one rounding; the plain-PyTorch reference is
+`specengine.layers.rotary.rope_kv_write_ref`.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rotate(x_ptr, c_ptr, s_ptr, HALF, BLOCK_H: tl.constexpr):
+    """(first half, second half) of the rotated head at x_ptr, fp32."""
+    j = tl.arange(0, BLOCK_H)
+    ok = j < HALF
+    x1 = tl.load(x_ptr + j, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + HALF + j, mask=ok, other=0.0).to(tl.float32)
+    c1 = tl.load(c_ptr + j, mask=ok, other=0.0)
+    c2 = tl.load(c_ptr + HALF + j, mask=ok, other=0.0)
+    s1 = tl.load(s_ptr + j, mask=ok, other=0.0)
+    s2 = tl.load(s_ptr + HALF + j, mask=ok, other=0.0)
+    return x1 * c1 - x2 * s1, x2 * c2 + x1 * s2, j, ok
+
+
+@triton.jit
+def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, wpos_ptr, q_ptr, k_ptr, v_ptr,
+                          T, HQ, HKV, HALF, s_qkv, s_rope, s_qb, s_qt, s_qh, s_kb, s_ks, s_kh,
+                          BLOCK_H: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)  # b * T + t
+    h = tl.program_id(1)
+    b = tok // T
+    t = tok % T
+    D = 2 * HALF
+    row = qkv_ptr + tok * s_qkv
+    c_ptr, s_ptr = cos_ptr + tok * s_rope, sin_ptr + tok * s_rope
+    if h < HQ:
+        o1, o2, j, ok = _rotate(row + h * D, c_ptr, s_ptr, HALF, BLOCK_H)
+        dst = q_ptr + b * s_qb + t * s_qt + h * s_qh
+        tl.store(dst + j, o1.to(q_ptr.dtype.element_ty), mask=ok)
+        tl.store(dst + HALF + j, o2.to(q_ptr.dtype.element_ty), mask=ok)
+    else:
+        kh = h - HQ
+        pos = tl.load(wpos_ptr + tok)
+        o1, o2, j, ok = _rotate(row + (HQ + kh) * D, c_ptr, s_ptr, HALF, BLOCK_H)
+        at = b * s_kb + pos * s_ks + kh * s_kh
+        tl.store(k_ptr + at + j, o1.to(k_ptr.dtype.element_ty), mask=ok)
+        tl.store(k_ptr + at + HALF + j, o2.to(k_ptr.dtype.element_ty), mask=ok)
+        v_src = row + (HQ + HKV + kh) * D
+        v1 = tl.load(v_src + j, mask=ok, other=0.0)
+        v2 = tl.load(v_src + HALF + j, mask=ok, other=0.0)
+        tl.store(v_ptr + at + j, v1.to(v_ptr.dtype.element_ty), mask=ok)
+        tl.store(v_ptr + at + HALF + j, v2.to(v_ptr.dtype.element_ty), mask=ok)
+
+
+def rope_kv_write(qkv, cos, sin, wpos, k_cache, v_cache, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+    """qkv [B,T,(Hq+2Hkv)*D]; cos/sin [B,T,D] fp32; wpos [B,T] int64 (clamped); k_cache /
+    v_cache [B,S,Hkv,D] (one layer, written in place). Returns the rotated q [B,T,Hq,D]."""
+    B, T, width = qkv.shape
+    D = width // (num_heads + 2 * num_kv_heads)
+    if D * (num_heads + 2 * num_kv_heads) != width or D % 2:
+        raise ValueError(f"qkv width {width} is not (Hq={num_heads} + 2*Hkv={num_kv_heads}) * an even head_dim")
+    if k_cache.stride(-1) != 1 or v_cache.stride() != k_cache.stride():
+        raise ValueError("k_cache and v_cache must share a layout with a contiguous head_dim")
+    x = qkv if qkv.stride(-1) == 1 and qkv.stride(0) == T * qkv.stride(1) else qkv.contiguous()
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    wpos = wpos.to(torch.int64).contiguous()
+    q = torch.empty(B, T, num_heads, D, dtype=qkv.dtype, device=qkv.device)
+    _rope_kv_write_kernel[(B * T, num_heads + num_kv_heads)](
+        x, cos, sin, wpos, q, k_cache, v_cache, T, num_heads, num_kv_heads, D // 2, x.stride(1), cos.stride(1),
+        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        BLOCK_H=triton.next_power_of_2(D // 2), num_warps=1,
+    )
+    return q

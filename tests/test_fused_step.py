@@ -1,0 +1,176 @@
+"""The fused step: a launch budget per layer that cannot silently regress, the fused path's
+tokens equal the reference path's (fp32, every method), bf16 within the kernels'
+tolerance, batch-invariant mode still exact, and merged checkpoints loading by HF names.
+
+The GPU op selection is forced on CPU (`layers.force_kernels(True)`, attention "triton"):
+the Triton kernels run under the interpreter, and the aten ops are the ones a CUDA step
+would launch."""
+import copy
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from specengine import Engine, layers
+from specengine.runner import ModelRunner
+
+pytest.importorskip("triton")
+
+# aten ops that only make a view or a new empty tensor: no kernel on a GPU
+NO_KERNEL = {"view", "_unsafe_view", "slice", "select", "expand", "as_strided", "t", "transpose", "permute",
+             "unsqueeze", "squeeze", "detach", "alias", "split", "split_with_sizes", "chunk", "unbind", "narrow",
+             "_reshape_alias", "lift_fresh", "empty", "empty_like", "empty_strided", "new_empty",
+             "new_empty_strided", "_to_copy_noop", "size", "stride", "dim", "is_contiguous", "sym_size",
+             "sym_stride", "sym_numel", "numel", "promote_types", "result_type"}
+LAYER_BUDGET, REST_BUDGET = 10, 12
+
+
+class LaunchCounter(TorchDispatchMode):
+    """Counts device kernels by where they run (a decoder layer, or the rest of the step):
+    every aten op that is not a view/allocation, plus every Triton launch (the ops the
+    interpreter itself runs inside a launch are not counted)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.where, self.in_triton = "rest", False
+        self.counts: Counter = Counter()
+        self.ops: dict[str, list[str]] = {}
+        self.hooks = []
+        for i, layer in enumerate(model.layers):
+            self.hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: self._enter(f"layer{i}")))
+            self.hooks.append(layer.register_forward_hook(lambda m, a, o: self._enter("rest")))
+
+    def _enter(self, where):
+        self.where = where
+
+    def count(self, name):
+        self.counts[self.where] += 1
+        self.ops.setdefault(self.where, []).append(name)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.in_triton and func.overloadpacket.__name__ not in NO_KERNEL:
+            self.count(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+    def __exit__(self, *exc):
+        for h in self.hooks:
+            h.remove()
+        return super().__exit__(*exc)
+
+
+@pytest.fixture()
+def count_triton(monkeypatch):
+    """Route Triton launches through the active LaunchCounter."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    state = {"counter": None}
+    real = InterpretedFunction.run
+
+    def run(self, *a, **k):
+        counter = state["counter"]
+        if counter is None or counter.in_triton:
+            return real(self, *a, **k)
+        counter.count("triton:" + self.fn.__name__)
+        counter.in_triton = True
+        try:
+            return real(self, *a, **k)
+        finally:
+            counter.in_triton = False
+    monkeypatch.setattr(InterpretedFunction, "run", run)
+    return state
+
+
+def step_launches(model, state, tokens, prefill=20):
+    runner = ModelRunner(model, attention="triton", cuda_graphs=False)
+    runner.allocate(tokens.shape[0], 128)
+    g = torch.Generator().manual_seed(0)
+    runner.prefill(torch.randint(0, model.config.vocab_size, (tokens.shape[0], prefill), generator=g),
+                   torch.full((tokens.shape[0],), prefill))
+    with torch.no_grad(), LaunchCounter(model) as counter:
+        state["counter"] = counter
+        try:
+            runner.verify(tokens, attn_len=64)
+        finally:
+            state["counter"] = None
+    return counter
+
+
+@pytest.mark.parametrize("Q", [1, 4])  # a decode step, a verify step
+def test_launch_budget_per_layer(tiny_pair, count_triton, Q):
+    model = tiny_pair[0]
+    with layers.force_kernels(True):
+        counter = step_launches(model, count_triton, torch.zeros(1, Q, dtype=torch.int64))
+    per_layer = [counter.counts[f"layer{i}"] for i in range(len(model.layers))]
+    assert max(per_layer) <= LAYER_BUDGET, counter.ops["layer0"]
+    assert counter.counts["rest"] <= REST_BUDGET, counter.ops["rest"]
+    assert per_layer[0] >= 6  # it counts: a layer launches at least its GEMMs and fused ops
+
+
+def test_the_unfused_reference_path_is_over_budget(tiny_pair, count_triton):
+    """The counter can fail: the torch reference ops (the CPU path) launch far more."""
+    model = tiny_pair[0]
+    with layers.force_kernels(False):
+        counter = step_launches(model, count_triton, torch.zeros(1, 1, dtype=torch.int64))
+    assert counter.counts["layer0"] > LAYER_BUDGET, counter.ops["layer0"]
+
+
+PROMPTS = ["def add(a, b):\n", "x = [1, 2", "q"]
+CALLS = [dict(method="ar"), dict(method="sd", gamma=3), dict(method="pearl", gamma=3), dict(method="sd", tree="2x3:5"),
+         dict(method="parallelspec", gamma=3), dict(method="parallelspec", tree="2x2"),
+         dict(method="sd", gamma=3, temperature=0.9, top_k=20, seed=5)]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_pair, tokenizer):
+    from test_parallelspec import random_drafter
+
+    target, _, draft = tiny_pair
+    return Engine(target, tokenizer, draft, max_seq_len=256, parallel_drafter=random_drafter(draft, k_max=3))
+
+
+@pytest.mark.parametrize("kw", CALLS, ids=[f"{c['method']}-{c.get('tree', c.get('temperature', ''))}" for c in CALLS])
+def test_fused_path_gives_the_reference_paths_tokens_in_fp32(engine, kw):
+    with layers.force_kernels(False):
+        want = [r.token_ids for r in engine.generate(PROMPTS, max_new_tokens=16, ignore_eos=True, **kw)]
+    with layers.force_kernels(True):
+        got = [r.token_ids for r in engine.generate(PROMPTS, max_new_tokens=16, ignore_eos=True, **kw)]
+    assert got == want
+
+
+def test_bf16_fused_logits_within_tolerance(tiny_pair):
+    model = copy.deepcopy(tiny_pair[0]).to(torch.bfloat16)
+    tokens = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    out = {}
+    for fused in (False, True):
+        runner = ModelRunner(model, cuda_graphs=False)
+        runner.allocate(2, 64)
+        with layers.force_kernels(fused), torch.inference_mode():
+            out[fused] = runner.verify(tokens)
+    assert out[True].dtype == torch.float32
+    torch.testing.assert_close(out[True], out[False], atol=0.1, rtol=0.05)
+    assert (out[True].argmax(-1) == out[False].argmax(-1)).float().mean() > 0.9
+
+
+def test_batch_invariant_mode_stays_exact_on_the_fused_path(tiny_pair, tokenizer):
+    """bf16, fused ops (row-wise, so the probe still passes): sd == ar bit for bit."""
+    target, _, draft = (copy.deepcopy(m).to(torch.bfloat16) for m in tiny_pair)
+    with layers.force_kernels(True):
+        eng = Engine(target, tokenizer, draft, max_seq_len=256, batch_invariant=True, invariant_width=8)
+        for p in PROMPTS:
+            ar = eng.generate(p, max_new_tokens=20, method="ar", ignore_eos=True).token_ids
+            assert eng.generate(p, max_new_tokens=20, method="sd", gamma=4, ignore_eos=True).token_ids == ar
+
+
+def test_checkpoints_load_by_hf_names_into_merged_projections(tiny_dir):
+    from safetensors.torch import load_file
+
+    from specengine.loading import load_model
+
+    model = load_model(tiny_dir)[0]
+    hf = {k.removeprefix("model."): v for k, v in load_file(str(next(tiny_dir.glob("*.safetensors")))).items()}
+    attn, mlp = model.layers[1].self_attn, model.layers[1].mlp
+    assert torch.equal(attn.qkv_proj.weight, torch.cat([hf[f"layers.1.self_attn.{p}_proj.weight"] for p in "qkv"]))
+    assert torch.equal(mlp.gate_up_proj.weight, torch.cat([hf["layers.1.mlp.gate_proj.weight"],
+                                                           hf["layers.1.mlp.up_proj.weight"]]))
+    assert [name for name, _ in attn.qkv_proj.parts] == ["q_proj", "k_proj", "v_proj"]
