@@ -93,7 +93,7 @@ clean:
 
 # Kernel microbenchmarks (pytest-benchmark, provider axis). Meant for a GPU; not in CI.
 bench-kernels: $(STAMP)
-	$(VENV)/bin/pytest bench/bench_verify_attention.py bench/bench_rejection_sampling.py \
+	$(VENV)/bin/pytest bench/bench_verify_attention.py bench/bench_rejection_sampling.py bench/bench_fused_ops.py \
 	  -p no:cacheprovider -q --benchmark-only --benchmark-json bench/results/kernels_$$(hostname).json
 
 # Every Triton kernel, every autotune config and variant, compiled ahead of time for sm_90

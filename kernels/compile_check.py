@@ -75,8 +75,8 @@ def _attention_variants(full: bool):
                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]), {"dtype": dt, **const, **cfg}
     for dt in DTYPES:
         sig = dict(m_part="*fp32", l_part="*fp32", acc_part="*fp32", out_ptr=f"*{dt}")
-        sig.update({n: "i32" for n in ("s_ob", "s_oq", "s_oh", "NQ", "G", "HKV", "NSPLIT", "MPAD")})
-        const = dict(D=128, BLOCK_M=16)
+        sig.update({n: "i32" for n in ("s_ob", "s_oq", "s_oh", "G", "HKV", "NSPLIT", "MPAD")})
+        const = dict(D=128, NS_P=va.MERGE_BLOCK)
         yield "merge_splits", va._merge_splits_kernel, sig, const, dict(num_warps=4), dict(dtype=dt, **const)
 
 

@@ -89,8 +89,13 @@ def _verify_attention_kernel(
     q = tl.load(q_ptr + b64 * s_qb + (qi[:, None] * s_qq + head[:, None] * s_qh + d[None, :]),
                 mask=row_ok[:, None], other=0.0)
     cached = tl.load(lens_ptr + b).to(tl.int32)
-    start = pid_s * CHUNK
-    end = tl.minimum(start + CHUNK, cached + NQ)
+    total = cached + NQ  # this row's keys: its cache, then the new tokens
+    if CHUNK > 0:  # fixed splits from position 0 (batch-invariant mode)
+        chunk = CHUNK
+    else:  # the row's real length, read here on the device, split evenly across NSPLIT programs
+        chunk = tl.cdiv(tl.cdiv(total, NSPLIT), BLOCK_N) * BLOCK_N
+    start = pid_s * chunk
+    end = tl.minimum(start + chunk, total)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -139,37 +144,50 @@ def _verify_attention_kernel(
 
 @triton.jit
 def _merge_splits_kernel(
-    m_part, l_part, acc_part, out_ptr, s_ob, s_oq, s_oh, NQ, G, HKV, NSPLIT, MPAD,
-    D: tl.constexpr, BLOCK_M: tl.constexpr,
+    m_part, l_part, acc_part, out_ptr, s_ob, s_oq, s_oh, G, HKV, NSPLIT, MPAD,
+    D: tl.constexpr, NS_P: tl.constexpr,
 ):
-    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    """One real packed query row per program (grid: Q*G rows x B*Hkv), combining its splits'
+    partials (max, sum, acc) NS_P at a time, in split order; padded rows are never read or
+    stored. Empty splits (m = -inf) weigh exactly 0, so extra empty splits change no bit."""
+    row, pid_bh = tl.program_id(0), tl.program_id(1)
     b = pid_bh // HKV
     kvh = pid_bh % HKV
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    qi = rows // G
-    head = kvh * G + rows % G
+    qi = row // G
+    head = kvh * G + row % G
     d = tl.arange(0, D)
-    m_max = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    for s in range(0, NSPLIT):
-        m_max = tl.maximum(m_max, tl.load(m_part + (pid_bh * NSPLIT + s) * MPAD + rows))
-    l_sum = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, D), tl.float32)
-    for s in range(0, NSPLIT):
-        part = (pid_bh * NSPLIT + s) * MPAD + rows
-        w = tl.exp2(tl.load(m_part + part) - m_max)  # empty splits have m = -inf: weight 0
-        l_sum += w * tl.load(l_part + part)
-        acc += w[:, None] * tl.load(acc_part + part[:, None] * D + d[None, :])
-    out = acc / l_sum[:, None]
-    tl.store(out_ptr + b * s_ob + qi[:, None] * s_oq + head[:, None] * s_oh + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=(qi < NQ)[:, None])
+    m_run = tl.max(tl.full((NS_P,), float("-inf"), tl.float32), 0)
+    l_run = tl.sum(tl.zeros((NS_P,), tl.float32), 0)
+    acc = tl.zeros((D,), tl.float32)
+    for s0 in range(0, NSPLIT, NS_P):
+        sp = s0 + tl.arange(0, NS_P)
+        ok = sp < NSPLIT
+        part = (pid_bh * NSPLIT + sp) * MPAD + row
+        m = tl.load(m_part + part, mask=ok, other=float("-inf"))
+        m_new = tl.maximum(m_run, tl.max(m, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_run - m_safe)
+        w = tl.exp2(m - m_safe)
+        l_run = l_run * alpha + tl.sum(w * tl.load(l_part + part, mask=ok, other=0.0), 0)
+        acc = acc * alpha + tl.sum(w[:, None] * tl.load(acc_part + part[:, None] * D + d[None, :],
+                                                        mask=ok[:, None], other=0.0), 0)
+        m_run = m_new
+    tl.store(out_ptr + b * s_ob + qi * s_oq + head * s_oh + d, (acc / l_run).to(out_ptr.dtype.element_ty))
+
+
+MAX_SPLITS = 32  # splits of the length-proportional path
+MERGE_BLOCK = 16  # splits the merge combines per step
+MIN_SPLIT = 64  # positions: fewer per program cost more in launch and merge than they save
 
 
 def _num_splits(programs: int, length: int, device: torch.device) -> int:
-    """Enough KV splits for ~2 waves of programs, each split >= 256 positions."""
+    """KV splits for ~2 waves of programs over the GPU's SMs. A host bound from the shapes
+    only (the graph-safe grid); each program splits its row's real length, read on the
+    device, so every split works even when the row is far shorter than the buffer read."""
     if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(length, 256), 64))
+    return max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(length, MIN_SPLIT), MAX_SPLITS))
 
 
 def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, num_splits=None,
@@ -200,9 +218,8 @@ def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=N
     n_m = triton.cdiv(Q * G, BLOCK_M)
     if fixed_split:
         splits, chunk = triton.cdiv(S, fixed_split), fixed_split
-    else:
-        splits = num_splits or _num_splits(B * Hkv * n_m, S, q.device)
-        chunk = triton.cdiv(S, splits)
+    else:  # chunk 0: each program splits its row's real length (read on the device)
+        splits, chunk = num_splits or _num_splits(B * Hkv * n_m, S, q.device), 0
     split = splits > 1 or fixed_split is not None
     out = torch.empty_like(q)
     scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)) * _LOG2E
@@ -230,9 +247,9 @@ def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=N
         IEEE=q.dtype == torch.float32,
     )
     if split:
-        _merge_splits_kernel[(n_m, B * Hkv)](
+        _merge_splits_kernel[(Q * G, B * Hkv)](
             m_part, l_part, acc_part, out, out.stride(0), out.stride(1), out.stride(2),
-            Q, G, Hkv, splits, mpad, D=D, BLOCK_M=BLOCK_M,
+            G, Hkv, splits, mpad, D=D, NS_P=MERGE_BLOCK, num_warps=4,
         )
     return out
 

@@ -116,3 +116,33 @@ def test_fixed_split_matches_the_reference_and_ignores_the_read_length(tree):
     assert (out - verify_attention_ref(q, k, v, lens, mask)).abs().max().item() <= 1e-5
     short = int(lens.max()) + 5  # the keys end here: one split fewer than the whole buffer
     assert torch.equal(verify_attention_fixed(q, k[:, :short], v[:, :short], lens, mask), out)
+
+
+@pytest.mark.parametrize("tree", [False, True])
+@pytest.mark.parametrize("splits", [5, 20])
+def test_splits_follow_each_rows_real_length(tree, splits):
+    """Batch-1 decoding: the grid's split count comes from the GPU and the buffer read, but
+    each program splits its own row's length (read on the device). Rows far shorter than the
+    buffer (every split still gets keys), a row of length 0, more splits than the merge
+    combines per step (MERGE_BLOCK), odd lengths: all equal the reference."""
+    from specengine.kernels.verify_attention import MERGE_BLOCK
+
+    assert splits < MERGE_BLOCK or splits > MERGE_BLOCK
+    q, k, v, lens = rand_case(3, 3, 6, 2, 32, 300, seed=splits)
+    lens[0], lens[1], lens[2] = 7, 0, 261
+    mask = random_tree(3, 3, 5).to(DEVICE) if tree else None
+    out = verify_attention(q, k, v, lens, mask, num_splits=splits)
+    assert (out - verify_attention_ref(q, k, v, lens, mask)).abs().max().item() <= 1e-5
+
+
+def test_fixed_splits_past_one_merge_block_keep_the_bits():
+    """Batch-invariant mode with more fixed splits than the merge takes per step: a longer
+    read (more empty splits, one more merge step) changes no bit."""
+    from specengine.kernels.verify_attention import MERGE_BLOCK, verify_attention_fixed
+
+    q, k, v, lens = rand_case(1, 2, 2, 1, 16, 256 * (MERGE_BLOCK + 2), seed=3)
+    lens[0] = 256 * (MERGE_BLOCK - 1) + 17
+    out = verify_attention_fixed(q, k, v, lens)
+    assert (out - verify_attention_ref(q, k, v, lens)).abs().max().item() <= 1e-5
+    short = int(lens[0]) + 2
+    assert torch.equal(verify_attention_fixed(q, k[:, :short], v[:, :short], lens), out)

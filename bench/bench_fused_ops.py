@@ -1,0 +1,72 @@
+"""The fused step's ops: torch reference vs `torch.compile` of the reference vs our Triton
+kernel (provider axis), at the decode (1 token) and verify (8 tokens) shapes of the
+Qwen2.5 0.5B / 1.5B / 7B models, bf16. Bytes counted: what each op must read and write
+once (its memory roofline). `make bench-kernels` runs it with the other kernel benchmarks.
+"""
+import pytest
+import torch
+from conftest import device, timed
+
+from specengine.layers.activation import silu_and_mul_ref
+from specengine.layers.norm import add_rms_norm_ref
+from specengine.layers.rotary import StepRope, rope_kv_write_ref
+
+# (hidden, intermediate, q heads, kv heads, head_dim) of the real shapes
+SHAPES = {"0.5B": (896, 4864, 14, 2, 64), "1.5B": (1536, 8960, 12, 2, 128), "7B": (3584, 18944, 28, 4, 128)}
+PROVIDERS = ["torch", "torch.compile", "triton"]
+CONTEXT = 4096
+
+
+def pick(provider, ref, kernel_module, kernel_name):
+    if provider == "torch":
+        return ref
+    if provider == "torch.compile":
+        return torch.compile(ref, dynamic=False)
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available():
+        pytest.skip("triton timings need a GPU")
+    module = __import__(f"specengine.kernels.{kernel_module}", fromlist=[kernel_name])
+    return getattr(module, kernel_name)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("model", list(SHAPES))
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_add_rms_norm(benchmark, provider, model, tokens):
+    dev, (H, *_) = device(), SHAPES[model]
+    x, r = (torch.randn(1, tokens, H, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    w = torch.randn(H, device=dev, dtype=torch.bfloat16)
+    fn = pick(provider, add_rms_norm_ref, "add_rms_norm", "add_rms_norm")
+    benchmark.extra_info.update(provider=provider, model=model, tokens=tokens, op="add_rms_norm")
+    timed(benchmark, lambda: fn(x, r, w, 1e-6), 4 * x.numel() * 2 + H * 2)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("model", list(SHAPES))
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_silu_and_mul(benchmark, provider, model, tokens):
+    dev, (_, inter, *_) = device(), SHAPES[model]
+    gu = torch.randn(1, tokens, 2 * inter, device=dev, dtype=torch.bfloat16)
+    fn = pick(provider, silu_and_mul_ref, "silu_and_mul", "silu_and_mul")
+    benchmark.extra_info.update(provider=provider, model=model, tokens=tokens, op="silu_and_mul")
+    timed(benchmark, lambda: fn(gu), gu.numel() * 2 * 3 // 2)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("model", list(SHAPES))
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_rope_kv_write(benchmark, provider, model, tokens):
+    dev, (_, _, hq, hkv, d) = device(), SHAPES[model]
+    qkv = torch.randn(1, tokens, (hq + 2 * hkv) * d, device=dev, dtype=torch.bfloat16)
+    k_cache, v_cache = (torch.zeros(1, CONTEXT, hkv, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    cos, sin = (torch.randn(1, tokens, d, device=dev) for _ in range(2))
+    wpos = torch.arange(100, 100 + tokens, device=dev)[None]
+    if provider == "triton":
+        kernel = pick(provider, None, "rope_kv_write", "rope_kv_write")
+        fn = lambda: kernel(qkv, cos, sin, wpos, k_cache, v_cache, hq, hkv)  # noqa: E731
+    else:
+        ref = pick(provider, rope_kv_write_ref, None, None)
+        step = StepRope(cos.to(qkv.dtype), sin.to(qkv.dtype), wpos, torch.zeros_like(wpos), False)
+        fn = lambda: ref(qkv, step, k_cache, v_cache, hq, hkv)  # noqa: E731
+    benchmark.extra_info.update(provider=provider, model=model, tokens=tokens, op="rope_kv_write")
+    timed(benchmark, fn, qkv.numel() * 2 * 2)
