@@ -2,8 +2,10 @@
 weights cannot travel to the GPU machine): Qwen2.5-Coder-1.5B shape as target, 0.5B shape
 as draft, Qwen2.5-7B shape as a second target (vocab 151936 for all), bf16.
 
-- ar: eager vs CUDA graphs, batch 1 and 8, contexts 512 and 4096; tokens/s and MBU
-  (weights + KV bytes read per step / step time / peak bandwidth).
+- ar: the target step unfused (torch reference ops), fused (our kernels; eager and CUDA
+  graphs) and through torch.compile inside our graphs (the gpt-fast peer), batch 1 and 8,
+  contexts 512 and 4096; tokens/s, MBU (weights + KV bytes read per step / step time /
+  peak bandwidth) and, at batch 1 with graphs, the per-kernel profile (kernels per layer).
 - sd (γ 2, 4, 6) and pearl: per-round draft / verify (CUDA events), GPU busy time per round
   (torch.profiler, union of kernel intervals), engine overhead = 1 − busy / round wall;
   the multi-step draft as one graph vs a graph per step.
@@ -136,26 +138,48 @@ def gpu_busy(prof, rounds: int) -> dict:
                 gpu_kernels=len(spans), top_kernels_s_per_round={k[:120]: v / 1e9 / max(rounds, 1) for k, v in top})
 
 
+STEP_VARIANTS = {  # how the target step runs (docs/design.md, "Fused step")
+    "unfused": "the plain-torch reference ops (the CPU path), our CUDA graphs",
+    "fused": "our Triton kernels (layers/: add+RMSNorm, RoPE+KV write, SiLU-and-mul) and merged projections",
+    "torch.compile": "the reference ops through torch.compile (inductor, no cudagraphs of its own) inside our "
+                     "graphs: the gpt-fast recipe, the peer to beat",
+}
+
+
 def ar_section(rows: list, peak: float, bw: float, only_small: bool) -> None:
+    from specengine import layers
+
     for name in ("qwen2.5-1.5b",) if only_small else ("qwen2.5-1.5b", "qwen2.5-7b"):
         model = random_model(name, 0)
-        eng = Engine(model, NoTokenizer(), None, method="ar", max_seq_len=MAX_SEQ, max_batch=8, batch_invariant=False)
         wb, kvt = weight_bytes(model), kv_bytes_per_token(model)
-        for graphs in (False, True):
-            eng.set_cuda_graphs(graphs)
-            for batch in (1, 8):
-                for ctx in (512, 4096):
-                    run(eng, batch, ctx)  # warm-up: buffers, autotuning, graphs
-                    r = run(eng, batch, ctx)
-                    step = r["round_s"]
-                    nbytes = wb + batch * (ctx + NEW / 2) * kvt
-                    r.update(model=name, graphs=graphs, weight_bytes=wb, step_s=step, bytes_per_step=nbytes,
-                             mbu=nbytes / step / peak, fraction_of_copy_bw=nbytes / step / bw)
-                    r.pop("token_ids")
-                    print(f"ar {name} graphs={graphs!s:5} B={batch} ctx={ctx}: {r['tokens_per_s']:8.1f} tok/s  "
-                          f"step {step * 1e3:6.2f} ms  MBU {r['mbu']:.2f}", flush=True)
-                    rows.append(r)
-        del eng, model
+        for variant in STEP_VARIANTS:
+            net = torch.compile(model, dynamic=False) if variant == "torch.compile" else model
+            eng = Engine(net, NoTokenizer(), None, method="ar", max_seq_len=MAX_SEQ, max_batch=8,
+                         batch_invariant=False)
+            with layers.force_kernels(None if variant == "fused" else False):
+                for graphs in (False, True) if variant == "fused" else (True,):
+                    eng.set_cuda_graphs(graphs)
+                    for batch in (1, 8):
+                        for ctx in (512, 4096):
+                            run(eng, batch, ctx)  # warm-up: buffers, autotuning, compiling, graphs
+                            profile = graphs and batch == 1  # per-kernel profile of the step
+                            r = run(eng, batch, ctx, profile=profile)
+                            step = r["round_s"]
+                            nbytes = wb + batch * (ctx + NEW / 2) * kvt
+                            r.update(model=name, variant=variant, graphs=graphs, weight_bytes=wb, step_s=step,
+                                     bytes_per_step=nbytes, mbu=nbytes / step / peak,
+                                     fraction_of_copy_bw=nbytes / step / bw)
+                            if profile:
+                                r["kernels_per_step"] = r["gpu_kernels"] / max(r["rounds"], 1)
+                                r["kernels_per_layer"] = r["kernels_per_step"] / model.config.num_layers
+                            r.pop("token_ids")
+                            print(f"ar {name} {variant:13s} graphs={graphs!s:5} B={batch} ctx={ctx}: "
+                                  f"{r['tokens_per_s']:8.1f} tok/s  step {step * 1e3:6.2f} ms  MBU {r['mbu']:.2f}",
+                                  flush=True)
+                            rows.append(r)
+            del eng, net
+            torch.cuda.empty_cache()
+        del model
         torch.cuda.empty_cache()
 
 
