@@ -132,10 +132,10 @@ def _verify_attention_kernel(
         m_i = m_new
 
     if SPLIT:
-        part = (pid_bh * NSPLIT + pid_s) * MPAD + rows
-        tl.store(m_part + part, m_i)
-        tl.store(l_part + part, l_i)
-        tl.store(acc_part + part[:, None] * D + d[None, :], acc)
+        part = (pid_bh * NSPLIT + pid_s) * MPAD + rows  # real query rows only: the merge reads no others
+        tl.store(m_part + part, m_i, mask=row_ok)
+        tl.store(l_part + part, l_i, mask=row_ok)
+        tl.store(acc_part + part[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
     else:
         out = acc / l_i[:, None]
         tl.store(out_ptr + b * s_ob + qi[:, None] * s_oq + head[:, None] * s_oh + d[None, :],
