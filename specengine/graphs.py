@@ -18,8 +18,13 @@ Padding rules (why padded work is harmless):
   keeps at 0; whatever they compute is never read.
 - attention-length bucket: the graph reads a fixed prefix of the cache, at least as long
   as any row needs this step; positions past a row's length are masked anyway.
-Tree masks, hidden-state requests, Q above the largest bucket, batches above the declared
-maximum and shapes not captured run eagerly: the same function, the same results.
+Tree verification and hidden-state requests (SpecDec++, trees) have graphs of their own,
+keyed also by (tree, hidden) and captured the first time such a step runs: the tree mask
+is a static input ([max_batch, Q, Q]; padded nodes see only themselves, as in
+`ModelRunner._padded_verify`), the hidden states a static output. A capture mid-round is
+harmless: its warm-up forwards write K/V only past every row's length, where the replay
+writes right after. Q above the largest bucket, batches above the declared maximum and
+shapes not captured run eagerly: the same function, the same results.
 """
 from __future__ import annotations
 
@@ -81,8 +86,8 @@ def cuda_capture(fn, pool, device: torch.device):
 class GraphRunner:
     """Replays captured forwards of one model; `usable` says when a step has a graph.
 
-    forward(tokens [b, qb], rows b, attn_len) -> logits [b, qb, V] is the runner's eager
-    forward over the first b cache rows. `capture(fn, pool, device) -> graph with replay()`
+    forward(tokens [b, qb], rows b, attn_len, tree_mask=None, return_hidden=False) -> logits
+    [b, qb, V] (and hidden states) is the runner's eager forward over the first b cache rows. `capture(fn, pool, device) -> graph with replay()`
     is CUDA-graph capture on a GPU; tests pass a stand-in with the same contract.
     """
 
@@ -92,54 +97,76 @@ class GraphRunner:
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
         self.capture = capture or cuda_capture
         self.q_buckets, self.memory_limit = q_buckets, memory_limit
-        self.graphs: dict[tuple[int, int, int], object] = {}
-        self.skipped: list[tuple[int, int, int]] = []
+        self.graphs: dict[tuple, object] = {}  # (batch, Q, length, tree, hidden) buckets
+        self.skipped: list[tuple] = []
         self.replays = 0
         self.memory_bytes = 0
         self.batch_sizes, self.lengths = batch_buckets(max_batch), len_buckets(max_seq_len)
         qmax = q_buckets[-1]
         self.tokens = torch.zeros(max_batch, qmax, dtype=torch.int64, device=device)
         self.logits = torch.zeros(max_batch, qmax, vocab_size, dtype=torch.float32, device=device)
+        self.mask = torch.zeros(max_batch, qmax, qmax, dtype=torch.bool, device=device)  # tree steps
+        self.hidden: torch.Tensor | None = None  # [max_batch, qmax, H]: the runner allocates it
+        self.pool = None
 
     def capture_all(self) -> None:
         """Capture every (batch, Q, length) bucket, largest first so smaller graphs reuse the
         pool's memory; measure what the graphs hold."""
         on_cuda = self.device.type == "cuda"
         before = torch.cuda.memory_reserved(self.device) if on_cuda else 0
-        pool = torch.cuda.graph_pool_handle() if on_cuda else None
-        keys = [(b, q, n) for b in self.batch_sizes for q in self.q_buckets for n in self.lengths]
-        for b, q, n in sorted(keys, key=lambda k: (k[0] * k[1], k[2]), reverse=True):
-            if 2 * b * q * self.vocab_size * 4 > self.memory_limit:  # logits + their fp32 cast
-                self.skipped.append((b, q, n))
-                continue
-            self.graphs[(b, q, n)] = self.capture(self._step(b, q, n), pool, self.device)
+        self.pool = torch.cuda.graph_pool_handle() if on_cuda else None
+        keys = [(b, q, n, False, False) for b in self.batch_sizes for q in self.q_buckets for n in self.lengths]
+        for key in sorted(keys, key=lambda k: (k[0] * k[1], k[2]), reverse=True):
+            self._capture(key)
         after = torch.cuda.memory_reserved(self.device) if on_cuda else 0
-        self.memory_bytes = after - before + self.tokens.nbytes + self.logits.nbytes
+        self.memory_bytes = after - before + self.tokens.nbytes + self.logits.nbytes + self.mask.nbytes
 
-    def _step(self, b: int, q: int, n: int):
-        tokens, logits = self.tokens[:b, :q], self.logits[:b, :q]
+    def _capture(self, key: tuple) -> bool:
+        b, q = key[:2]
+        if 2 * b * q * self.vocab_size * 4 > self.memory_limit:  # logits + their fp32 cast
+            self.skipped.append(key)
+            return False
+        self.graphs[key] = self.capture(self._step(*key), self.pool, self.device)
+        return True
+
+    def _step(self, b: int, q: int, n: int, tree: bool, hidden: bool):
+        tokens, logits, mask = self.tokens[:b, :q], self.logits[:b, :q], self.mask[:b, :q, :q] if tree else None
 
         def step():
-            logits.copy_(self.forward(tokens, b, n))
+            out = self.forward(tokens, b, n, tree_mask=mask, return_hidden=hidden)
+            if hidden:
+                logits.copy_(out[0])
+                self.hidden[:b, :q].copy_(out[1])
+            else:
+                logits.copy_(out)
         return step
 
     def usable(self, tokens: torch.Tensor, tree_mask, return_hidden: bool, attn_len: int | None = None):
-        """The key of the captured graph that runs this step, or None (run it eagerly)."""
-        if tree_mask is not None or return_hidden:
-            return None
+        """The key of the captured graph that runs this step (capturing a tree / hidden-state
+        graph the first time one is needed), or None (run it eagerly)."""
         B, Q = tokens.shape
         qb = q_bucket(Q, self.q_buckets)
         bb = next((b for b in self.batch_sizes if b >= B), None)
         if qb is None or bb is None:
             return None
-        key = (bb, qb, next((n for n in self.lengths if n >= (attn_len or self.max_seq_len)), self.max_seq_len))
+        n = next((n for n in self.lengths if n >= (attn_len or self.max_seq_len)), self.max_seq_len)
+        key = (bb, qb, n, tree_mask is not None, bool(return_hidden))
+        if key not in self.graphs and (key[3] or (key[4] and self.hidden is not None)) and key not in self.skipped:
+            self._capture(key)
         return key if key in self.graphs else None
 
-    def __call__(self, tokens: torch.Tensor, key: tuple[int, int, int]) -> torch.Tensor:
-        """Replay the graph `usable` chose for these tokens; logits [B,Q,V] (a view of the shared buffer)."""
+    def __call__(self, tokens: torch.Tensor, key: tuple, tree_mask: torch.Tensor | None = None):
+        """Replay the graph `usable` chose for these tokens; logits [B,Q,V] (views of the shared
+        buffers), with the hidden states [B,Q,H] for a hidden-state key."""
         B, Q = tokens.shape
-        self.tokens[:key[0], :key[1]].zero_()
+        b, q = key[:2]
+        self.tokens[:b, :q].zero_()
         self.tokens[:B, :Q].copy_(tokens)
+        if key[3]:  # padded nodes and rows see only themselves
+            self.mask[:b, :q, :q].copy_(torch.eye(q, dtype=torch.bool, device=self.device))
+            self.mask[:B, :Q, :Q].copy_(tree_mask.to(torch.bool).expand(B, Q, Q))
         self.graphs[key].replay()
         self.replays += 1
+        if key[4]:
+            return self.logits[:B, :Q], self.hidden[:B, :Q]
         return self.logits[:B, :Q]

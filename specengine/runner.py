@@ -149,6 +149,8 @@ class ModelRunner:
         if self.use_graphs:
             self.graphs = GraphRunner(self._forward_rows, self.device, self.config.vocab_size, self.max_batch,
                                       buf.max_seq_len, capture=self.capture, memory_limit=self.graph_memory_limit)
+            self.graphs.hidden = torch.zeros(self.max_batch, Q_BUCKETS[-1], self.config.hidden_size,
+                                             dtype=self.dtype, device=self.device)
             self.graphs.capture_all()
         buf.reset()
         self._warmed = buf
@@ -161,8 +163,9 @@ class ModelRunner:
             self._chain = DraftChainGraphs(self, capture=self.capture)
         return self._chain
 
-    def _forward_rows(self, tokens, rows: int, attn_len: int):
-        return self.model(tokens, self._buffer.rows(rows), self.attn_fn, attn_len=attn_len)
+    def _forward_rows(self, tokens, rows: int, attn_len: int, tree_mask=None, return_hidden=False):
+        return self.model(tokens, self._buffer.rows(rows), self.attn_fn, tree_mask=tree_mask, attn_len=attn_len,
+                          return_hidden=return_hidden)
 
     # ------------------------------------------------------------------ forwards
     def forward(self, tokens, tree_mask=None, attn_len=None, logits_at=None, return_hidden=False):
@@ -208,7 +211,7 @@ class ModelRunner:
             return self._padded_verify(tokens, tree_mask, attn_len, return_hidden)
         key = self.graphs.usable(tokens, tree_mask, return_hidden, attn_len) if self.graphs is not None else None
         if key is not None:
-            return self.graphs(tokens, key)
+            return self.graphs(tokens, key, tree_mask)
         return self.forward(tokens, tree_mask=tree_mask, attn_len=attn_len, return_hidden=return_hidden)
 
     def _padded_verify(self, tokens, tree_mask, attn_len, return_hidden):

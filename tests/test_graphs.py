@@ -95,8 +95,9 @@ def test_fallbacks_run_eagerly(model):
     runner.allocate(1, 128)
     graphs, tokens = runner.graphs, torch.zeros(1, 3, dtype=torch.long)
     assert graphs.usable(tokens, None, False)
-    assert not graphs.usable(tokens, torch.ones(1, 3, 3, dtype=torch.bool), False)  # trees: eager
-    assert not graphs.usable(tokens, None, True)  # hidden states: eager
+    tree = graphs.usable(tokens, torch.ones(1, 3, 3, dtype=torch.bool), False)  # trees: a graph of their own
+    hidden = graphs.usable(tokens, None, True)  # hidden states too, captured on first use
+    assert tree[3] and not tree[4] and hidden[4] and not hidden[3] and {tree, hidden} <= set(graphs.graphs)
     assert not graphs.usable(torch.zeros(1, 40, dtype=torch.long), None, False)  # above the buckets
     assert not graphs.usable(torch.zeros(3, 1, dtype=torch.long), None, False)  # above max_batch
     assert ModelRunner(model, cuda_graphs=False, capture=fake_capture).graphs is None
@@ -108,9 +109,9 @@ def test_graph_memory_is_bounded(model):
     runner = ModelRunner(model, max_batch=2, capture=fake_capture, graph_memory_limit=2 * 2 * 4 * V * 4)
     runner.allocate(1, 64)
     # logits of (2 rows x 4 queries) fit the limit; 2 x 8 and above do not and run eagerly
-    captured = {(b, q) for b, q, _ in runner.graphs.graphs}
+    captured = {(b, q) for b, q, *_ in runner.graphs.graphs}
     assert (2, 4) in captured and (2, 8) not in captured and (1, 8) in captured
-    assert all(b * q > 8 for b, q, _ in runner.graphs.skipped)
+    assert all(b * q > 8 for b, q, *_ in runner.graphs.skipped)
     assert runner.graphs.memory_bytes >= runner.graphs.logits.nbytes
 
 
@@ -128,6 +129,35 @@ def test_engine_tokens_identical_with_graph_runner(tiny_dir, method, gamma):
     assert eng.target.graphs is graphs  # the same buffer: no new capture
     eng.set_cuda_graphs(False)
     assert eng.target.graphs is None
+
+
+GRAPHED_CALLS = [  # steps with a tree mask or hidden states: graphs of their own
+    ("sd-tree", dict(method="sd", tree="2x3:5")),
+    ("sd-tree-sampled", dict(method="sd", tree="3x2", temperature=0.9, seed=2)),
+    ("specdec++", dict(method="sd", policy="specdec++", gamma=4, threshold=0.5)),
+    ("parallelspec-tree", dict(method="parallelspec", tree="2x2")),
+]
+
+
+@pytest.mark.parametrize("kw", [c[1] for c in GRAPHED_CALLS], ids=[c[0] for c in GRAPHED_CALLS])
+def test_tree_and_hidden_state_steps_replay_graphs_with_eager_tokens(tiny_pair, tokenizer, kw):
+    """Tree verification / tree drafting (the mask a static input, padded nodes seeing only
+    themselves) and hidden-state forwards (SpecDec++: a static hidden output) run as graphs,
+    captured on first use, with the eager tokens; 3 rows padded to the batch bucket 4."""
+    from test_parallelspec import random_drafter
+    from test_specdec import random_head
+
+    target, _, draft = tiny_pair
+    eng = Engine(target, tokenizer, draft, max_seq_len=256, max_batch=4,
+                 acceptance_head=random_head(draft, seed=3, bias=1.0), parallel_drafter=random_drafter(draft, k_max=3))
+    prompts = ["def add(a, b):\n", "x = [1", "for i in range(3"]
+    ref = [r.token_ids for r in eng.generate(prompts, max_new_tokens=20, ignore_eos=True, **kw)]
+    eng.set_cuda_graphs(True, capture=fake_capture)
+    out = eng.generate(prompts, max_new_tokens=20, ignore_eos=True, **kw)
+    assert [r.token_ids for r in out] == ref
+    runner = eng.draft if kw.get("policy") == "specdec++" else eng.target
+    special = [k for k in runner.graphs.graphs if k[3] or k[4]]
+    assert special and runner.graphs.replays > 0, list(runner.graphs.graphs)
 
 
 @pytest.mark.parametrize("method", ["sd", "pearl"])
@@ -195,3 +225,23 @@ def test_cuda_whole_chain_draft_graph_gives_eager_tokens(tiny_pair, tokenizer, s
     eng.set_cuda_graphs(True)
     assert [r.token_ids for r in eng.generate(prompts, **kw)] == ref
     assert eng.draft._chain.replays > 0 and int(eng.draft._buffer.lens[3]) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kw", [c[1] for c in GRAPHED_CALLS], ids=[c[0] for c in GRAPHED_CALLS])
+def test_cuda_tree_and_hidden_state_graphs_give_eager_tokens(tiny_pair, tokenizer, kw):
+    import copy
+
+    from test_parallelspec import random_drafter
+    from test_specdec import random_head
+
+    target, _, draft = (copy.deepcopy(m).to("cuda") for m in tiny_pair)
+    eng = Engine(target, tokenizer, draft, max_seq_len=512, max_batch=4, cuda_graphs=False,
+                 acceptance_head=random_head(draft, seed=3, bias=1.0), parallel_drafter=random_drafter(draft, k_max=3))
+    prompts = ["def add(a, b):\n", "x = [1", "for i in range(3"]
+    ref = [r.token_ids for r in eng.generate(prompts, max_new_tokens=30, ignore_eos=True, **kw)]
+    eng.set_cuda_graphs(True)
+    assert [r.token_ids for r in eng.generate(prompts, max_new_tokens=30, ignore_eos=True, **kw)] == ref
+    runner = eng.draft if kw.get("policy") == "specdec++" else eng.target
+    assert any(k[3] or k[4] for k in runner.graphs.graphs) and runner.graphs.replays > 0
