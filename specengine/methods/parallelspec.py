@@ -50,7 +50,7 @@ def parallel_logits(draft, drafter, state: DecodeState, k: int, upto: torch.Tens
     real = state.tokens.gather(1, state.positions(seen, real_width))
     tokens = torch.cat([real, torch.zeros_like(real[:, : k - 1])], 1)
     mask_index, tree = drafter_layout(unseen, k, real_width)
-    logits = drafter(tokens, mask_index, draft.cache, draft.attn_fn, tree, attn_len=state.attn_len)
+    logits = draft.drafter_forward(drafter, tokens, mask_index, tree, attn_len=state.attn_len)
     draft.cache.set_lens(upto)
     masks = real_width + torch.arange(k - 1, device=logits.device)[None, :].expand(state.batch, k - 1)
     at = torch.cat([(unseen - 1)[:, None], masks], 1)  # d1 from the last real slot, d2.. from the masks
