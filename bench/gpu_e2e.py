@@ -6,12 +6,16 @@ as draft, Qwen2.5-7B shape as a second target (vocab 151936 for all), bf16.
   graphs) and through torch.compile inside our graphs (the gpt-fast peer), batch 1 and 8,
   contexts 512 and 4096; tokens/s, MBU (weights + KV bytes read per step / step time /
   peak bandwidth) and, at batch 1 with graphs, the per-kernel profile (kernels per layer).
-- sd (γ 2, 4, 6) and pearl: per-round draft / verify (CUDA events), GPU busy time per round
-  (torch.profiler, union of kernel intervals), engine overhead = 1 − busy / round wall;
-  the multi-step draft as one graph vs a graph per step.
-- all-accept bound: draft = a copy of the target; pearl with and without its second stream.
-- projected real-pair speedups: acceptance measured on CPU with the real weights
-  (bench/results/cpu_e2e_parallelspec.json) x these GPU round times. PROJECTED, not measured.
+- every method (sd γ 2-6 and auto, specdec++, parallelspec, the best trees, pearl with and
+  without its second stream) on the 1.5B/0.5B and 7B/0.5B shapes: per-round draft / verify
+  (CUDA events), GPU busy time per round (torch.profiler, union of kernel intervals), engine
+  overhead = 1 − busy / round wall; the multi-step draft as one graph vs a graph per step.
+- peers on the same weights and prompt: transformers `generate` (static cache +
+  torch.compile) and assisted generation with the draft.
+- all-accept bound: draft = a copy of the target (every draft accepted: pure engine cost).
+- projected real-pair speedups: τ each method reached on CPU with the real weights
+  (bench/results/cpu_e2e_*.json) / these GPU round times, x our ar and x HF generate.
+  PROJECTED, not measured; the 7B pair uses the 1.5B pair's acceptance as a proxy.
 Writes JSON: python bench/gpu_e2e.py --out bench/results/gpu_e2e_h100.json
 """
 from __future__ import annotations
@@ -183,23 +187,55 @@ def ar_section(rows: list, peak: float, bw: float, only_small: bool) -> None:
         torch.cuda.empty_cache()
 
 
+_EXTRAS: dict[int, dict] = {}
+
+
+def random_extras(draft):
+    """A random SpecDec++ head and ParallelSpec drafter for a random draft (made once per
+    draft: the drafter installs its adapters in place): their costs are what this benchmark
+    measures (acceptance comes from the CPU runs with trained ones)."""
+    if id(draft) in _EXTRAS:
+        return _EXTRAS[id(draft)]
+    from specengine.acceptance_head import AcceptanceHead, HeadMeta, model_fingerprint
+    from specengine.parallel_drafter import DrafterMeta, ParallelDrafter
+
+    cfg = draft.config
+    head = AcceptanceHead(HeadMeta(cfg.hidden_size, cfg.vocab_size, model_fingerprint(cfg), "greedy", 2, "random"))
+    drafter = ParallelDrafter(draft, DrafterMeta(cfg.hidden_size, cfg.vocab_size, model_fingerprint(cfg), 6, 4,
+                                                 "random"))
+    _EXTRAS[id(draft)] = dict(acceptance_head=head, parallel_drafter=drafter)
+    return _EXTRAS[id(draft)]
+
+
+# every method at its best CPU setting (bench/README.md), on the GPU (issue 26)
+METHOD_CONFIGS = [(f"sd:{g}", dict(method="sd", gamma=g), {}) for g in (2, 3, 4, 6)] + [
+    ("sd:auto", dict(method="sd", gamma="auto"), {}),
+    ("sd:4 per-step graphs", dict(method="sd", gamma=4), {"chain_graph": False}),
+    ("sd:8@specdec++=0.5", dict(method="sd", gamma=8, policy="specdec++", threshold=0.5), {}),
+    ("parallelspec:4", dict(method="parallelspec", gamma=4), {}),
+    ("sd[tree=4x4]", dict(method="sd", tree="4x4"), {}),
+    ("parallelspec[tree=4x4]", dict(method="parallelspec", tree="4x4"), {}),
+    ("pearl:4", dict(method="pearl", gamma=4), {}),
+    ("pearl:4 one stream", dict(method="pearl", gamma=4), {"one_stream": True}),
+]
+
+
 def spec_section(rows: list, target, draft, label: str) -> None:
-    """sd γ 2/4/6 (whole-chain draft graph and per-step graphs) and pearl (± second stream)."""
-    eng = Engine(target, NoTokenizer(), draft, max_seq_len=MAX_SEQ, max_batch=8, batch_invariant=False)
+    """Every method (sd γ 2-6 and auto, whole-chain vs per-step draft graphs, specdec++,
+    parallelspec, the best trees, pearl ± its second stream): round wall, GPU busy time,
+    engine overhead = 1 − busy / round wall, draft / verify split."""
+    eng = Engine(target, NoTokenizer(), draft, max_seq_len=MAX_SEQ, max_batch=8, batch_invariant=False,
+                 **random_extras(draft))
     run(eng, 1, 512, method="ar")
     ar = run(eng, 1, 512, method="ar")
     ar_prof = run(eng, 1, 512, method="ar", profile=True)
     ar.update(gpu_busy_s_per_round=ar_prof["gpu_busy_s_per_round"], sampling_s_per_round=ar_prof["sampling_s_per_round"],
               top_kernels_s_per_round=ar_prof["top_kernels_s_per_round"])
     ref = ar.pop("token_ids")
-    ar_row = dict(ar, pair=label, provider="ar")
+    ar_row = dict(ar, pair=label, provider="ar", tokens=ref[0])
     ar_row["engine_overhead"] = 1 - ar_row["gpu_busy_s_per_round"] / ar_row["round_s"]
     rows.append(ar_row)
-    configs = [(f"sd:{g}", dict(method="sd", gamma=g), {}) for g in (2, 4, 6)]
-    configs += [("sd:4 per-step graphs", dict(method="sd", gamma=4), {"chain_graph": False})]
-    configs += [("pearl:4", dict(method="pearl", gamma=4), {}),
-                ("pearl:4 one stream", dict(method="pearl", gamma=4), {"one_stream": True})]
-    for provider, kw, opts in configs:
+    for provider, kw, opts in METHOD_CONFIGS:
         eng.draft.chain_graph = opts.get("chain_graph", True)
         if opts.get("one_stream"):
             eng.side_stream = lambda: torch.cuda.current_stream(eng.device)  # draft and target serialized
@@ -244,31 +280,96 @@ def invariant_section(rows: list, target, draft) -> None:
                   f"{row['info']}", flush=True)
 
 
-def projections(out: list, spec_rows: list[dict]) -> None:
-    """τ(γ) from the real pair's per-position acceptance on CPU (sd:4, greedy HumanEval) x the
-    GPU round time at γ (random weights, batch 1, ctx 512). PROJECTED."""
-    src = Path(__file__).parent / "results" / "cpu_e2e_parallelspec.json"
-    alpha = next(r["acceptance_by_position"] for r in json.loads(src.read_text())["results"] if r["provider"] == "sd:4")
-    ar = next(r for r in spec_rows if r["provider"] == "ar" and r["pair"] == "random 1.5b/0.5b")
-    for g in (2, 4, 6):
-        rnd = next(r for r in spec_rows if r["provider"] == f"sd:{g}" and r["pair"] == "random 1.5b/0.5b")
-        a = [alpha[min(i, len(alpha) - 1)] for i in range(g)]  # γ 6: α5, α6 taken as α4 (assumed)
-        tau, reach = 1.0, 1.0
-        for x in a:
-            reach *= x
-            tau += reach
-        tps = tau / rnd["round_s"]
-        out.append(dict(provider=f"sd:{g}", projected=True, cpu_acceptance_by_position=a, tau=tau,
-                        gpu_round_s=rnd["round_s"], projected_tokens_per_s=tps,
-                        projected_speedup_vs_ar=tps / ar["tokens_per_s"], source=str(src.name)))
-        print(f"PROJECTED real pair sd:{g}: tau {tau:.2f} x round {rnd['round_s'] * 1e3:.2f} ms -> {tps:.0f} tok/s "
-              f"({tps / ar['tokens_per_s']:.2f}x ar)", flush=True)
+def to_hf(model):
+    """transformers' model with our model's weights (split back to HF names), same device/dtype."""
+    from transformers import AutoModelForCausalLM
+
+    from specengine.model import split_checkpoint
+
+    w = model.embed_tokens.weight
+    hf = AutoModelForCausalLM.from_config(model.config.hf_config, torch_dtype=w.dtype).to(w.device).eval()
+    state = split_checkpoint(model)
+    lm_head = state.pop("lm_head.weight")
+    hf.model.load_state_dict(state, strict=False)
+    hf.lm_head.weight = torch.nn.Parameter(lm_head, requires_grad=False)
+    return hf
+
+
+def hf_timed(fn) -> tuple[float, list[int]]:
+    for _ in range(2):  # warm-up: compile, static cache, autotune
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0, out
+
+
+def peers_section(rows: list, target, draft, label: str, ar_tokens: list[int] | None) -> None:
+    """transformers on the same weights and prompt: `generate` with its static cache and
+    torch.compile (the fast HF path), and assisted generation with the draft. Greedy, batch 1,
+    context 512, NEW tokens (min_new_tokens = NEW: no early stop)."""
+    ids = torch.tensor(prompts(1, 512), device="cuda")
+    hf_t, hf_d = to_hf(target), to_hf(draft)
+    kw = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, pad_token_id=0)
+    runs = {
+        "hf generate (static cache, torch.compile)": lambda: compiled.generate(ids, cache_implementation="static",
+                                                                               **kw)[0, ids.shape[1]:].tolist(),
+        "hf assisted (draft)": lambda: hf_t.generate(ids, assistant_model=hf_d, **kw)[0, ids.shape[1]:].tolist(),
+    }
+    compiled = to_hf(target)
+    compiled.forward = torch.compile(compiled.forward, mode="reduce-overhead", fullgraph=True)
+    for provider, fn in runs.items():
+        with torch.inference_mode():
+            wall, toks = hf_timed(fn)
+        row = dict(pair=label, provider=provider, batch=1, ctx=512, new_tokens=len(toks), decode_wall_s=wall,
+                   tokens_per_s=len(toks) / wall, same_tokens_as_ar=None if ar_tokens is None else toks == ar_tokens)
+        rows.append(row)
+        print(f"{label} {provider:40s}: {row['tokens_per_s']:7.1f} tok/s (prefill included)  same as our ar "
+              f"{row['same_tokens_as_ar']}", flush=True)
+    del hf_t, hf_d, compiled
+    torch.cuda.empty_cache()
+
+
+CPU_ACCEPTANCE = ("cpu_e2e_qwen25coder_1.5b_0.5b.json", "cpu_e2e_specdec_greedy.json", "cpu_e2e_parallelspec.json",
+                  "cpu_e2e_trees.json")
+
+
+def projections(out: list, spec_rows: list[dict], peer_rows: list[dict]) -> None:
+    """PROJECTED real-pair speed: τ (tokens per target forward) each method reached on the
+    real pair on CPU (make bench / bench-specdec / bench-parallelspec / bench-trees, greedy
+    HumanEval) divided by the GPU round time of the same configuration (random weights, batch
+    1, ctx 512). For the 7B/0.5B shapes the 1.5B pair's acceptance stands in (a proxy).
+    Method x pair -> projected tokens/s, x our measured ar, x HF generate."""
+    tau = {}
+    for name in CPU_ACCEPTANCE:
+        src = Path(__file__).parent / "results" / name
+        if src.exists():
+            for r in json.loads(src.read_text())["results"]:
+                tau.setdefault(r["provider"], r.get("tokens_per_target_forward"))
+    for pair in sorted({r["pair"] for r in spec_rows if r["pair"].startswith("random")}):
+        ar = next((r for r in spec_rows if r["pair"] == pair and r["provider"] == "ar"), None)
+        hf = next((r for r in peer_rows if r["pair"] == pair and "static cache" in r["provider"]), None)
+        for r in spec_rows:
+            key = r["provider"].split(" ")[0]  # "sd:4 per-step graphs" -> "sd:4"
+            cpu_tau = tau.get(key)
+            if r["pair"] != pair or r["provider"] == "ar" or not cpu_tau:
+                continue
+            tps = cpu_tau / r["round_s"]
+            row = dict(pair=pair, provider=r["provider"], projected=True, cpu_tau=cpu_tau, gpu_round_s=r["round_s"],
+                       projected_tokens_per_s=tps, acceptance_source="1.5B/0.5B real pair, CPU" +
+                       (" (proxy for 7B/0.5B)" if "7b" in pair else ""),
+                       projected_x_ar=tps / ar["tokens_per_s"] if ar else None,
+                       projected_x_hf_generate=tps / hf["tokens_per_s"] if hf else None)
+            out.append(row)
+            print(f"PROJECTED {pair} {r['provider']:22s}: {tps:7.1f} tok/s  x ar {row['projected_x_ar'] or 0:.2f}  "
+                  f"x HF generate {row['projected_x_hf_generate'] or 0:.2f}", flush=True)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default="ar,spec,allaccept,invariant")
+    ap.add_argument("--only", default="spec,peers,allaccept,ar,invariant")
     ap.add_argument("--small", action="store_true", help="1.5B only in the ar section (a quick check)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -279,7 +380,7 @@ def main(argv=None) -> int:
     bw = copy_bandwidth()
     result = {"environment": environment(), "weights": "random (real architectures; see the docstring)",
               "dtype": "bfloat16", "new_tokens": NEW, "peak_bandwidth_Bps": peak, "copy_bandwidth_Bps": bw,
-              "ar": [], "spec": [], "projected": [], "invariant": []}
+              "ar": [], "spec": [], "peers": [], "projected": [], "invariant": []}
 
     def save():
         Path(args.out).write_text(json.dumps(result, indent=1))
@@ -294,16 +395,22 @@ def main(argv=None) -> int:
         finally:  # also when a time limit interrupts the run
             save()
 
-    target = random_model("qwen2.5-1.5b", 0)
-    if "spec" in args.only:
-        guarded("spec", lambda rows: spec_section(rows, target, random_model("qwen2.5-0.5b", 1), "random 1.5b/0.5b"))
-        guarded("projected", lambda rows: projections(rows, result["spec"]))
-    if "invariant" in args.only:
-        guarded("invariant", lambda rows: invariant_section(rows, target, random_model("qwen2.5-0.5b", 1)))
-    if "allaccept" in args.only:
-        guarded("spec", lambda rows: spec_section(rows, target, copy.deepcopy(target), "all-accept 1.5b/1.5b copy"))
-    del target
-    torch.cuda.empty_cache()
+    draft = random_model("qwen2.5-0.5b", 1)
+    for target_name in ("qwen2.5-1.5b",) if args.small else ("qwen2.5-1.5b", "qwen2.5-7b"):
+        target = random_model(target_name, 0)
+        label = f"random {target_name.split('-')[1]}/0.5b"
+        if "spec" in args.only:
+            guarded("spec", lambda rows: spec_section(rows, target, draft, label))
+        if "peers" in args.only:
+            ar = next((r for r in result["spec"] if r["pair"] == label and r["provider"] == "ar"), None)
+            guarded("peers", lambda rows: peers_section(rows, target, draft, label, ar and ar.get("tokens")))
+        if "allaccept" in args.only and target_name == "qwen2.5-1.5b":  # draft = the target: pure engine cost
+            guarded("spec", lambda rows: spec_section(rows, target, copy.deepcopy(target), "all-accept 1.5b/1.5b copy"))
+        if "invariant" in args.only and target_name == "qwen2.5-1.5b":
+            guarded("invariant", lambda rows: invariant_section(rows, target, draft))
+        del target
+        torch.cuda.empty_cache()
+    guarded("projected", lambda rows: projections(rows, result["spec"], result["peers"]))
     if "ar" in args.only:
         guarded("ar", lambda rows: ar_section(rows, peak, bw, args.small))
     return 1 if result.get("errors") else 0

@@ -175,3 +175,18 @@ def merge_checkpoint(state: dict[str, torch.Tensor], model: Transformer) -> dict
                 if all(k in out for k in keys):
                     out[f"{name}.{kind}"] = torch.cat([out.pop(k) for k in keys])
     return out
+
+
+def split_checkpoint(model: Transformer) -> dict[str, torch.Tensor]:
+    """This model's tensors by HF name (merged projections split into their `parts`): the
+    inverse of `merge_checkpoint`, for handing the same weights to transformers."""
+    out = dict(model.state_dict())
+    for name, module in model.named_modules():
+        if isinstance(module, Linear) and module.parts:
+            prefix = name.rsplit(".", 1)[0]
+            for kind in ("weight", "bias"):
+                merged = out.pop(f"{name}.{kind}", None)
+                if merged is not None:
+                    for (part, _), piece in zip(module.parts, merged.split([r for _, r in module.parts])):
+                        out[f"{prefix}.{part}.{kind}"] = piece
+    return out

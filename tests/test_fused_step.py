@@ -174,3 +174,27 @@ def test_checkpoints_load_by_hf_names_into_merged_projections(tiny_dir):
     assert torch.equal(mlp.gate_up_proj.weight, torch.cat([hf["layers.1.mlp.gate_proj.weight"],
                                                            hf["layers.1.mlp.up_proj.weight"]]))
     assert [name for name, _ in attn.qkv_proj.parts] == ["q_proj", "k_proj", "v_proj"]
+
+
+def test_split_checkpoint_hands_transformers_the_same_weights(tiny_dir):
+    """split_checkpoint is merge_checkpoint's inverse: transformers loaded from it gives our
+    logits (the benchmark's HF peers run the engine's own random weights this way)."""
+    from transformers import AutoModelForCausalLM
+
+    from specengine.loading import load_model
+    from specengine.model import merge_checkpoint, split_checkpoint
+
+    model = load_model(tiny_dir)[0]
+    hf = AutoModelForCausalLM.from_config(model.config.hf_config).eval()
+    state = split_checkpoint(model)
+    lm_head = state.pop("lm_head.weight")
+    missing, unexpected = hf.model.load_state_dict(state, strict=False)
+    assert not unexpected and all("rotary" in k for k in missing)
+    hf.lm_head.weight = torch.nn.Parameter(lm_head.clone())
+    ids = torch.randint(0, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
+    runner = ModelRunner(model, cuda_graphs=False)
+    runner.allocate(1, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(runner.verify(ids)[0], hf(ids).logits[0], atol=1e-4, rtol=1e-4)
+    back = merge_checkpoint(split_checkpoint(model), model)
+    assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
