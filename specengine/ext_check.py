@@ -129,7 +129,9 @@ def main(argv=None) -> int:
     ap.add_argument("--fetch-only", action="store_true", help="fetch the headers if missing, compile nothing")
     ap.add_argument("--arch", default="90")
     args = ap.parse_args(argv)
-    root = ensure_headers(args.fetch_headers) if args.fetch_headers or args.fetch_only else cuda_torch_root()
+    # --fetch-only alone fetches the default wheel's headers (a missing spec once asked pip for "None")
+    root = ensure_headers(args.fetch_headers or DEFAULT_WHEEL_SPEC) if args.fetch_headers or args.fetch_only \
+        else cuda_torch_root()
     if args.fetch_only:
         print(f"CUDA torch headers: {root}")
         return 0

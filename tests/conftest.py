@@ -13,6 +13,8 @@ if not os.path.exists("/dev/nvidia0"):
 import pytest
 import torch
 
+pytest_plugins = ["strict_skips"]  # SPECENGINE_NO_SKIPS=1 (CI): only "needs CUDA" may skip
+
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 .,:;!?()[]{}=+-*/_'\"\n\t<>|#")
 SPECIAL = ["<unk>", "<eos>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
