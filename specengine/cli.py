@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .errors import SpecEngineError
@@ -122,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model-name", default=None, help="the name clients pass as `model` (default: --target)")
     s.add_argument("--max-waiting", type=int, default=64, help="waiting requests before answering 503")
     s.add_argument("--default-max-tokens", type=int, default=256, help="when a request has no max_tokens")
+    s.add_argument("--api-key", default=None,
+                   help="require `Authorization: Bearer KEY` on /v1 routes (default: $SPECENGINE_API_KEY, if set)")
     s.set_defaults(max_batch=8)  # rows served at once (and the CUDA graphs' largest batch)
 
     f = sub.add_parser("fetch", help="download + convert a registry model into the cache")
@@ -227,9 +230,11 @@ def cmd_serve(args):
     from .serve.server import serve
 
     engine = _load(args)
-    print(f"serving {args.target} on http://{args.host}:{args.port}/v1 (max batch {args.max_batch})", file=sys.stderr)
+    key = args.api_key or os.environ.get("SPECENGINE_API_KEY") or None
+    print(f"serving {args.target} on http://{args.host}:{args.port}/v1 (max batch {args.max_batch}; API key "
+          f"{'required' if key else 'not required'})", file=sys.stderr)  # never the key itself
     serve(engine, args.model_name or args.target, host=args.host, port=args.port, max_batch=args.max_batch,
-          max_waiting=args.max_waiting, default_max_tokens=args.default_max_tokens, gamma=args.gamma)
+          max_waiting=args.max_waiting, default_max_tokens=args.default_max_tokens, gamma=args.gamma, api_key=key)
 
 
 def cmd_fetch(args):

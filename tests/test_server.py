@@ -27,14 +27,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_pair, tokenizer):
-    """(base url, the served AsyncEngine, a separate engine for standalone references)."""
-    from specengine.serve.server import create_app
-
-    target, _, draft = tiny_pair
-    served = Engine(target, tokenizer, draft, max_seq_len=256, max_batch=4)
-    app = create_app(served, MODEL, default_max_tokens=16, max_batch=4, max_waiting=64, method="sd", gamma=3)
+def start(app):
+    """(base url, stop()) for a uvicorn server running `app` in a thread."""
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
@@ -44,9 +38,24 @@ def server(tiny_pair, tokenizer):
             break
         time.sleep(0.05)
     assert srv.started
-    yield f"http://127.0.0.1:{port}", app.state.engine, Engine(target, tokenizer, draft, max_seq_len=256)
-    srv.should_exit = True
-    thread.join(10)
+
+    def stop():
+        srv.should_exit = True
+        thread.join(10)
+    return f"http://127.0.0.1:{port}", stop
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair, tokenizer):
+    """(base url, the served AsyncEngine, a separate engine for standalone references)."""
+    from specengine.serve.server import create_app
+
+    target, _, draft = tiny_pair
+    served = Engine(target, tokenizer, draft, max_seq_len=256, max_batch=4)
+    app = create_app(served, MODEL, default_max_tokens=16, max_batch=4, max_waiting=64, method="sd", gamma=3)
+    url, stop = start(app)
+    yield url, app.state.engine, Engine(target, tokenizer, draft, max_seq_len=256)
+    stop()
 
 
 @pytest.fixture()
@@ -298,3 +307,54 @@ def test_a_fault_inside_the_engine_loop_fails_only_its_requests(server, client, 
         got = list(pool.map(lambda j: _good(server, client, j), GOOD))
     assert got == [ref(server, p, n, ignore_eos=True).text for p, n in GOOD]
     assert httpx.get(server[0] + "/health").json() == {"status": "ok"} and aeng.error is None
+
+
+KEY = "sk-test-7f3c9a"
+
+
+@pytest.mark.parametrize("from_env", [False, True])
+def test_api_key_guards_every_v1_route(tiny_pair, tokenizer, monkeypatch, from_env):
+    """--api-key (or SPECENGINE_API_KEY): /v1 wants `Authorization: Bearer KEY`; a missing or
+    wrong key gets OpenAI's 401 body; /health stays open; the key shows up in no response."""
+    from specengine.serve.server import create_app
+
+    target, _, draft = tiny_pair
+    if from_env:
+        monkeypatch.setenv("SPECENGINE_API_KEY", KEY)
+    app = create_app(Engine(target, tokenizer, draft, max_seq_len=128), MODEL, default_max_tokens=4,
+                     api_key=None if from_env else KEY)
+    url, stop = start(app)
+    try:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 2, "temperature": 0}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {KEY}x"},
+                        {"Authorization": KEY}):
+            for method, path in (("POST", "/v1/completions"), ("GET", "/v1/models"),
+                                 ("POST", "/v1/chat/completions")):
+                r = httpx.request(method, url + path, json=body, headers=headers)
+                assert r.status_code == 401, (path, headers)
+                assert r.json()["error"]["code"] == "invalid_api_key" and KEY not in r.text
+        assert httpx.get(url + "/health").json() == {"status": "ok"}
+        good = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        assert good.completions.create(model=MODEL, prompt="x", max_tokens=2, temperature=0).usage.completion_tokens
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url + "/v1", api_key="nope", max_retries=0).models.list()
+        metrics = httpx.get(url + "/metrics").text
+        assert KEY not in metrics and "specengine_unauthorized_total" in metrics
+    finally:
+        stop()
+
+
+def test_the_openapi_schema_documents_what_the_server_does(server):
+    """No 422 (bad requests are OpenAI's 400), the error model on 400/401/500/503, /metrics as
+    Prometheus text, and the constraints the engine enforces (n is 1, temperature <= fp32 max)."""
+    schema = httpx.get(server[0] + "/openapi.json").json()
+    text = json.dumps(schema)
+    assert '"422"' not in text and "HTTPValidationError" not in text
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        responses = schema["paths"][path]["post"]["responses"]
+        for status in ("400", "401", "500", "503"):
+            assert responses[status]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+    assert "text/plain" in schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    props = schema["components"]["schemas"]["CompletionRequest"]["properties"]
+    assert props["n"]["maximum"] == 1 and props["n"]["minimum"] == 1
+    assert props["temperature"]["maximum"] == pytest.approx(3.4028234663852886e38)

@@ -12,7 +12,9 @@ own greedy output).
 """
 from __future__ import annotations
 
+import hmac
 import json
+import os
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -23,9 +25,10 @@ from .async_engine import AsyncEngine
 from .core import Overloaded, RequestParams
 
 try:
-    from fastapi import FastAPI, Request
+    from fastapi import Depends, FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
     from pydantic import BaseModel, Field
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise SpecEngineError("the server needs the serve extra: pip install 'specengine[serve]'") from e
@@ -33,18 +36,40 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
+FP32_MAX = 3.4028234663852886e38  # temperatures above fp32's maximum are refused (sampling.py)
+
+
 class _Sampling(BaseModel):
+    """The sampling fields, with the constraints the engine enforces (the schema tells the truth)."""
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
+    temperature: float = Field(default=1.0, ge=0, le=FP32_MAX, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
     top_k: int = Field(default=0, ge=0)
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: dict | None = None  # {"include_usage": true}: a last chunk with usage
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=1)
     ignore_eos: bool = False
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error body."""
+    error: ErrorDetail
+
+
+ERRORS = {400: {"model": ErrorBody, "description": "bad request: the field at fault is `error.param`"},
+          401: {"model": ErrorBody, "description": "missing or wrong API key (servers started with --api-key)"},
+          500: {"model": ErrorBody, "description": "the engine failed this request (others are unaffected)"},
+          503: {"model": ErrorBody, "description": "overloaded: too many requests waiting; retry later"}}
 
 
 class CompletionRequest(_Sampling):
@@ -82,8 +107,16 @@ class Histogram:
         return out + [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.sum}", f"{name}_count {self.count}"]
 
 
-def create_app(engine, model_name: str, default_max_tokens: int = 256, **core_kw) -> FastAPI:
-    """The FastAPI app serving `engine` as `model_name` (core_kw: EngineCore options)."""
+class _Unauthorized(Exception):
+    pass
+
+
+def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: str | None = None,
+               **core_kw) -> FastAPI:
+    """The FastAPI app serving `engine` as `model_name` (core_kw: EngineCore options).
+    api_key: every /v1 route then wants `Authorization: Bearer <api_key>` (None: the
+    SPECENGINE_API_KEY environment variable, if set; /health stays open)."""
+    api_key = api_key if api_key is not None else os.environ.get("SPECENGINE_API_KEY") or None
     aeng = AsyncEngine(engine, **core_kw)
 
     @asynccontextmanager
@@ -93,8 +126,26 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, **core_kw
 
     app = FastAPI(title="specengine", version="0.1.0", lifespan=lifespan)
     app.state.engine = aeng
+    bearer = HTTPBearer(auto_error=False, description="the server's --api-key / SPECENGINE_API_KEY")
+    expected = api_key.encode() if api_key else None
+
+    def authorized(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        if expected is None:
+            return
+        given = credentials.credentials.encode() if credentials is not None else b""
+        if not hmac.compare_digest(given, expected):  # constant time: leaks neither length nor prefix
+            raise _Unauthorized()
+
+    v1 = dict(dependencies=[Depends(authorized)], responses=ERRORS)
+
+    @app.exception_handler(_Unauthorized)
+    async def _unauthorized(request, exc):  # never echoes what was sent
+        counts["unauthorized"] += 1
+        return JSONResponse({"error": {"message": "missing or invalid API key: send Authorization: Bearer <key>",
+                                       "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}},
+                            401, headers={"WWW-Authenticate": "Bearer"})
     hist = {"ttft": Histogram(), "latency": Histogram(), "itl": Histogram((0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))}
-    counts = {"bad_requests": 0, "overloaded": 0}
+    counts = {"bad_requests": 0, "overloaded": 0, "unauthorized": 0}
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc):  # FastAPI's 422 -> OpenAI's 400, naming the field
@@ -106,18 +157,19 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, **core_kw
         field = ".".join(loc) or None
         return _error(400, f"{field or 'body'}: {err.get('msg', 'invalid')}", field)
 
-    @app.get("/health")
+    @app.get("/health", responses={500: {"model": ErrorBody, "description": "the engine loop stopped"}})
     def health():
         if aeng.error is not None:
             return _error(500, f"engine loop stopped: {aeng.error!r}", kind="server_error")
         return {"status": "ok"}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", **v1)
     def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "specengine",
                                             "created": 0}]}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse,
+             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
     def metrics():
         m, core = aeng.metrics, aeng.core
         gen = core.gen
@@ -129,6 +181,7 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, **core_kw
             "# TYPE specengine_requests_failed_total counter", f"specengine_requests_failed_total {m['failed']}",
             "# TYPE specengine_bad_requests_total counter", f"specengine_bad_requests_total {counts['bad_requests']}",
             "# TYPE specengine_overloaded_total counter", f"specengine_overloaded_total {counts['overloaded']}",
+            "# TYPE specengine_unauthorized_total counter", f"specengine_unauthorized_total {counts['unauthorized']}",
             "# TYPE specengine_generated_tokens_total counter", f"specengine_generated_tokens_total {m['tokens']}",
             "# TYPE specengine_rounds_total counter", f"specengine_rounds_total {m['rounds']}",
             "# TYPE specengine_requests_running gauge", f"specengine_requests_running {len(core.running)}",
@@ -238,15 +291,31 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, **core_kw
         return {"id": oid, "object": kind, "created": created, "model": model_name,
                 "choices": [choice(out.text, out.finish_reason, False)], "usage": usage(out)}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", **v1)
     async def completions(request: Request, body: CompletionRequest):
         return await _serve(request, body, body.prompt, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **v1)
     async def chat_completions(request: Request, body: ChatRequest):
         messages = [m.model_dump() for m in body.messages]
         return await _serve(request, body, messages, chat=True)
 
+    def openapi():
+        """FastAPI's schema, minus the 422 it adds to every body route: this server answers a
+        validation error with OpenAI's 400 (the error model above), never 422."""
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            for path in schema["paths"].values():
+                for op in path.values():
+                    op.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
     return app
 
 
@@ -279,6 +348,7 @@ def _failure(out, chat: bool):
 
 
 def serve(engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, **kw: Any) -> None:
+    """Run the server (kw: create_app's options, api_key included; the key is never logged)."""
     import uvicorn
 
     uvicorn.run(create_app(engine, model_name, **kw), host=host, port=port, log_level="info")
