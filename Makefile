@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: gpu-check install demo test test-fast bench bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean
+.PHONY: gpu-check install demo test test-fast bench bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
 
 $(STAMP): pyproject.toml setup.py csrc/compact_kv.cpp csrc/compact_kv_cuda.cu csrc/compact_kv.h
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -85,6 +85,12 @@ bench-parallelspec: $(STAMP)
 bench-trees: $(STAMP)
 	$(VENV)/bin/specengine bench --draft qwen2.5-coder-0.5b-instruct --dtype float32 --providers "$(TREE_PROVIDERS)" \
 	  --n-prompts 4 --max-new-tokens 128 --out bench/results/cpu_e2e_trees.json
+
+# schemathesis --checks all against the server's /openapi.json, a longer pass than make test's
+# (300 examples per operation, with and without an API key); JSON run reports committed.
+fuzz-server: $(STAMP)
+	FUZZ_EXAMPLES=300 FUZZ_REPORT=$(CURDIR)/bench/results/server_fuzz.json $(VENV)/bin/pytest -q -p no:cacheprovider \
+	  tests/test_server_fuzz.py
 
 fetch: $(STAMP)
 	$(VENV)/bin/specengine fetch

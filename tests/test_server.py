@@ -340,6 +340,8 @@ def test_api_key_guards_every_v1_route(tiny_pair, tokenizer, monkeypatch, from_e
             openai.OpenAI(base_url=url + "/v1", api_key="nope", max_retries=0).models.list()
         metrics = httpx.get(url + "/metrics").text
         assert KEY not in metrics and "specengine_unauthorized_total" in metrics
+        responses = httpx.get(url + "/openapi.json").json()["paths"]["/v1/completions"]["post"]["responses"]
+        assert responses["401"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
     finally:
         stop()
 
@@ -352,8 +354,9 @@ def test_the_openapi_schema_documents_what_the_server_does(server):
     assert '"422"' not in text and "HTTPValidationError" not in text
     for path in ("/v1/completions", "/v1/chat/completions"):
         responses = schema["paths"][path]["post"]["responses"]
-        for status in ("400", "401", "500", "503"):
+        for status in ("400", "500", "503"):  # 401 only where a key is required (test above)
             assert responses[status]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+        assert "401" not in responses and "text/event-stream" in responses["200"]["content"]
     assert "text/plain" in schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
     props = schema["components"]["schemas"]["CompletionRequest"]["properties"]
     assert props["n"]["maximum"] == 1 and props["n"]["minimum"] == 1

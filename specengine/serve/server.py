@@ -29,7 +29,9 @@ try:
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-    from pydantic import BaseModel, Field
+    from typing import Annotated
+
+    from pydantic import BaseModel, BeforeValidator, Field, StrictBool
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise SpecEngineError("the server needs the serve extra: pip install 'specengine[serve]'") from e
 
@@ -39,19 +41,31 @@ LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 FP32_MAX = 3.4028234663852886e38  # temperatures above fp32's maximum are refused (sampling.py)
 
 
+def _no_bool(value):
+    """JSON's true/false is not a number: refused where pydantic would coerce it to 1/0."""
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a number here")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_no_bool)]  # JSON Schema integers (1.0 included), never booleans
+Float = Annotated[float, BeforeValidator(_no_bool)]
+
+
 class _Sampling(BaseModel):
-    """The sampling fields, with the constraints the engine enforces (the schema tells the truth)."""
+    """The sampling fields, with the constraints the engine enforces (the schema tells the truth):
+    numbers are JSON numbers (`"ignore_eos": 0` or a prompt of booleans is refused, not coerced)."""
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0, le=FP32_MAX, allow_inf_nan=False)
-    top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
-    top_k: int = Field(default=0, ge=0)
-    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    max_tokens: Int | None = Field(default=None, ge=1)
+    temperature: Float = Field(default=1.0, ge=0, le=FP32_MAX, allow_inf_nan=False)
+    top_p: Float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
+    top_k: Int = Field(default=0, ge=0)
+    seed: Int | None = Field(default=None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: dict | None = None  # {"include_usage": true}: a last chunk with usage
-    n: int = Field(default=1, ge=1, le=1)
-    ignore_eos: bool = False
+    n: Int = Field(default=1, ge=1, le=1)
+    ignore_eos: StrictBool = False
 
 
 class ErrorDetail(BaseModel):
@@ -66,6 +80,8 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+STREAMED = {200: {"description": "a completion (JSON), or with `stream: true` server-sent events",
+                  "content": {"application/json": {}, "text/event-stream": {}}}}
 ERRORS = {400: {"model": ErrorBody, "description": "bad request: the field at fault is `error.param`"},
           401: {"model": ErrorBody, "description": "missing or wrong API key (servers started with --api-key)"},
           500: {"model": ErrorBody, "description": "the engine failed this request (others are unaffected)"},
@@ -73,7 +89,7 @@ ERRORS = {400: {"model": ErrorBody, "description": "bad request: the field at fa
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[int]
+    prompt: str | list[Int]
 
 
 class ChatMessage(BaseModel):
@@ -136,7 +152,18 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
         if not hmac.compare_digest(given, expected):  # constant time: leaks neither length nor prefix
             raise _Unauthorized()
 
-    v1 = dict(dependencies=[Depends(authorized)], responses=ERRORS)
+    # the schema declares the bearer scheme (and the 401) only when a key is required
+    v1 = dict(dependencies=[Depends(authorized)] if expected else [],
+              responses={k: v for k, v in ERRORS.items() if k != 401 or expected})
+
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc):  # e.g. a body that is not UTF-8: OpenAI's error body too
+        counts["bad_requests"] += exc.status_code == 400
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return JSONResponse({"error": {"message": str(exc.detail), "type": kind, "param": None, "code": None}},
+                            exc.status_code, headers=getattr(exc, "headers", None))  # e.g. 405's Allow
 
     @app.exception_handler(_Unauthorized)
     async def _unauthorized(request, exc):  # never echoes what was sent
@@ -291,11 +318,11 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
         return {"id": oid, "object": kind, "created": created, "model": model_name,
                 "choices": [choice(out.text, out.finish_reason, False)], "usage": usage(out)}
 
-    @app.post("/v1/completions", **v1)
+    @app.post("/v1/completions", **{**v1, "responses": {**v1["responses"], **STREAMED}})
     async def completions(request: Request, body: CompletionRequest):
         return await _serve(request, body, body.prompt, chat=False)
 
-    @app.post("/v1/chat/completions", **v1)
+    @app.post("/v1/chat/completions", **{**v1, "responses": {**v1["responses"], **STREAMED}})
     async def chat_completions(request: Request, body: ChatRequest):
         messages = [m.model_dump() for m in body.messages]
         return await _serve(request, body, messages, chat=True)
@@ -310,13 +337,35 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
             for path in schema["paths"].values():
                 for op in path.values():
                     op.get("responses", {}).pop("422", None)
+            components = schema.get("components", {}).get("schemas", {})
             for name in ("HTTPValidationError", "ValidationError"):
-                schema.get("components", {}).get("schemas", {}).pop(name, None)
+                components.pop(name, None)
+            _engine_constraints(components, model_name, engine.target.config.vocab_size,
+                                engine.max_seq_len - aeng.core._probe.headroom - 1)
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi
     return app
+
+
+def _engine_constraints(components: dict, model_name: str, vocab: int, max_new: int) -> None:
+    """Constraints the engine enforces that pydantic's models do not state: the one model
+    served, non-empty prompts and stop strings, token ids in the vocabulary, and the most
+    new tokens a one-token prompt leaves room for (a longer prompt leaves less: a 400)."""
+    for name in ("CompletionRequest", "ChatRequest"):
+        props = components.get(name, {}).get("properties", {})
+        props["model"] = {"type": "string", "enum": [model_name], "title": "Model"}
+        props["max_tokens"] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": max_new}, {"type": "null"}],
+                               "title": "Max Tokens"}
+        props["stop"] = {"anyOf": [{"type": "string", "minLength": 1},
+                                   {"type": "array", "items": {"type": "string", "minLength": 1}}, {"type": "null"}],
+                         "title": "Stop"}
+        if "prompt" in props:
+            props["prompt"] = {"anyOf": [{"type": "string", "minLength": 1},
+                                         {"type": "array", "minItems": 1,
+                                          "items": {"type": "integer", "minimum": 0, "maximum": vocab - 1}}],
+                               "title": "Prompt"}
 
 
 class _BadField(SpecEngineError):
