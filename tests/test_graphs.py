@@ -136,7 +136,6 @@ GRAPHED_CALLS = [  # steps with a tree mask or hidden states: graphs of their ow
     ("sd-tree-sampled", dict(method="sd", tree="3x2", temperature=0.9, seed=2)),
     ("specdec++", dict(method="sd", policy="specdec++", gamma=4, threshold=0.5)),
     ("parallelspec-tree", dict(method="parallelspec", tree="2x2")),
-    ("parallelspec", dict(method="parallelspec", gamma=3)),
     ("parallelspec-sampled", dict(method="parallelspec", gamma=3, temperature=0.8, seed=4)),
     ("pearl-parallel", dict(method="pearl", policy="parallel", gamma=3)),
 ]
