@@ -133,7 +133,6 @@ def test_engine_tokens_identical_with_graph_runner(tiny_dir, method, gamma):
 
 GRAPHED_CALLS = [  # steps with a tree mask or hidden states: graphs of their own
     ("sd-tree", dict(method="sd", tree="2x3:5")),
-    ("sd-tree-sampled", dict(method="sd", tree="3x2", temperature=0.9, seed=2)),
     ("specdec++", dict(method="sd", policy="specdec++", gamma=4, threshold=0.5)),
     ("parallelspec-tree", dict(method="parallelspec", tree="2x2")),
     ("parallelspec-sampled", dict(method="parallelspec", gamma=3, temperature=0.8, seed=4)),

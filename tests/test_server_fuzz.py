@@ -16,7 +16,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("schemathesis")
 pytest.importorskip("uvicorn")
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "8"))
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "5"))
 REPORT = os.environ.get("FUZZ_REPORT")  # a JSON run report (make fuzz-server)
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 KEY = "sk-fuzz-51d0"

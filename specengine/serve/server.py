@@ -29,6 +29,7 @@ try:
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+    from starlette.exceptions import HTTPException as StarletteHTTPException
     from typing import Annotated
 
     from pydantic import BaseModel, BeforeValidator, Field, StrictBool
@@ -101,8 +102,11 @@ class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
 
 
-def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status)
+def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+           code: str | None = None, headers: dict | None = None):
+    """OpenAI's error body (ErrorBody)."""
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status,
+                        headers=headers)
 
 
 class Histogram:
@@ -156,21 +160,17 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
     v1 = dict(dependencies=[Depends(authorized)] if expected else [],
               responses={k: v for k, v in ERRORS.items() if k != 401 or expected})
 
-    from starlette.exceptions import HTTPException as StarletteHTTPException
-
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc):  # e.g. a body that is not UTF-8: OpenAI's error body too
         counts["bad_requests"] += exc.status_code == 400
-        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return JSONResponse({"error": {"message": str(exc.detail), "type": kind, "param": None, "code": None}},
-                            exc.status_code, headers=getattr(exc, "headers", None))  # e.g. 405's Allow
+        return _error(exc.status_code, str(exc.detail), kind="invalid_request_error" if exc.status_code < 500
+                      else "server_error", headers=getattr(exc, "headers", None))  # e.g. 405's Allow
 
     @app.exception_handler(_Unauthorized)
     async def _unauthorized(request, exc):  # never echoes what was sent
         counts["unauthorized"] += 1
-        return JSONResponse({"error": {"message": "missing or invalid API key: send Authorization: Bearer <key>",
-                                       "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}},
-                            401, headers={"WWW-Authenticate": "Bearer"})
+        return _error(401, "missing or invalid API key: send Authorization: Bearer <key>", code="invalid_api_key",
+                      headers={"WWW-Authenticate": "Bearer"})
     hist = {"ttft": Histogram(), "latency": Histogram(), "itl": Histogram((0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))}
     counts = {"bad_requests": 0, "overloaded": 0, "unauthorized": 0}
 
