@@ -87,8 +87,9 @@ class GraphRunner:
     """Replays captured forwards of one model; `usable` says when a step has a graph.
 
     forward(tokens [b, qb], rows b, attn_len, tree_mask=None, return_hidden=False) -> logits
-    [b, qb, V] (and hidden states) is the runner's eager forward over the first b cache rows. `capture(fn, pool, device) -> graph with replay()`
-    is CUDA-graph capture on a GPU; tests pass a stand-in with the same contract.
+    [b, qb, V] (and hidden states) is the runner's eager forward over the first b cache rows.
+    `capture(fn, pool, device) -> graph with replay()` is CUDA-graph capture on a GPU; tests
+    pass a stand-in with the same contract.
     """
 
     def __init__(self, forward, device: torch.device, vocab_size: int, max_batch: int, max_seq_len: int,
@@ -148,12 +149,10 @@ class GraphRunner:
         """The key of the captured graph that runs this step (capturing a tree / hidden-state
         graph the first time one is needed), or None (run it eagerly)."""
         B, Q = tokens.shape
-        qb = q_bucket(Q, self.q_buckets)
-        bb = next((b for b in self.batch_sizes if b >= B), None)
+        qb, bb = q_bucket(Q, self.q_buckets), self._batch_bucket(B)
         if qb is None or bb is None:
             return None
-        n = next((n for n in self.lengths if n >= (attn_len or self.max_seq_len)), self.max_seq_len)
-        key = (bb, qb, n, tree_mask is not None, bool(return_hidden))
+        key = (bb, qb, self._len_bucket(attn_len), tree_mask is not None, bool(return_hidden))
         if key not in self.graphs and (key[3] or (key[4] and self.hidden is not None)) and key not in self.skipped:
             self._capture(key)
         return key if key in self.graphs else None
@@ -165,10 +164,10 @@ class GraphRunner:
         [B,T,V], or None when it does not fit (run it eagerly). Padding rows get token 0, no
         masks and a diagonal tree."""
         B, T = tokens.shape
-        b = next((x for x in self.batch_sizes if x >= B), None)
+        b = self._batch_bucket(B)
         if b is None or 2 * b * T * self.vocab_size * 4 > self.memory_limit:
             return None
-        n = next((x for x in self.lengths if x >= (attn_len or self.max_seq_len)), self.max_seq_len)
+        n = self._len_bucket(attn_len)
         key = ("drafter", b, T, n, id(drafter))
         static = self._drafter_buffers.get(T)
         if static is None:
@@ -191,6 +190,12 @@ class GraphRunner:
         self.graphs[key].replay()
         self.replays += 1
         return static["logits"][:B]
+
+    def _batch_bucket(self, batch: int) -> int | None:
+        return next((b for b in self.batch_sizes if b >= batch), None)
+
+    def _len_bucket(self, attn_len: int | None) -> int:
+        return len_bucket(attn_len or self.max_seq_len, self.max_seq_len)
 
     def _drafter_step(self, drafter, static: dict, b: int, n: int):
         def step():
