@@ -3,7 +3,8 @@
 Parameter names mirror transformers' (minus the `model.` prefix), except that q/k/v and
 gate/up are merged into one projection each (`qkv_proj`, `gate_up_proj`: one GEMM instead
 of three or two); `merge_checkpoint` maps a checkpoint's HF names onto them. Each op goes
-through `layers/` (the fused Triton kernel on CUDA, the torch reference elsewhere). Every entry point writes the new tokens' K/V at `cache.lens[b] + j` and
+through `layers/` (the fused Triton kernel on CUDA, the torch reference elsewhere).
+Every entry point writes the new tokens' K/V at `cache.lens[b] + j` and
 returns logits; the caller decides what to commit and sets `cache.lens` (rollback is
 lowering it). Nothing here syncs with the host.
 """
