@@ -27,7 +27,7 @@ demo: $(STAMP)
 # only "needs CUDA" skips: SPECENGINE_NO_SKIPS=1 in .ci/run). One process: two
 # pytest-xdist workers were slower on a 2-core VM (937 s vs 832 s: four threads on two cores).
 test: $(STAMP)
-	$(PY) -m specengine.ext_check --fetch-only
+	$(PY) tools/ext_check.py --fetch-only
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 # Everything but the real-pair tests (no multi-GB download).
@@ -48,9 +48,9 @@ bench-pearl: $(STAMP)
 	$(VENV)/bin/specengine bench --draft qwen2.5-coder-0.5b-instruct --providers ar,sd:3,pearl \
 	  --n-prompts 8 --max-new-tokens 128 --out bench/results/cpu_e2e_pearl_qwen25coder_1.5b_0.5b.json
 
-# Reproduce the SpecDec++ head shipped for the default pair (specengine/heads/; about 15
+# Reproduce the SpecDec++ head shipped for the default pair (specengine/drafting/heads/; about 15
 # minutes on 2 CPU cores, most of it the teacher-forced forwards; resumable).
-HEAD_OUT ?= specengine/heads/qwen2.5-coder-0.5b-instruct.greedy.safetensors
+HEAD_OUT ?= specengine/drafting/heads/qwen2.5-coder-0.5b-instruct.greedy.safetensors
 train-head: $(STAMP)
 	$(VENV)/bin/specengine train-head --draft qwen2.5-coder-0.5b-instruct --dtype float32 --mode greedy \
 	  --out $(HEAD_OUT) --work-dir build/head-work
@@ -68,9 +68,9 @@ bench-specdec: $(STAMP)
 	  --providers $(SPECDEC_PROVIDERS) --n-prompts 4 --max-new-tokens 128 \
 	  --out bench/results/cpu_e2e_specdec_t1.json
 
-# Reproduce the ParallelSpec drafter shipped for the default pair (specengine/drafters/;
+# Reproduce the ParallelSpec drafter shipped for the default pair (specengine/drafting/drafters/;
 # about 50 minutes on 2 CPU cores: ~11 min teacher forwards, 120 steps; resumable).
-DRAFTER_OUT ?= specengine/drafters/qwen2.5-coder-0.5b-instruct.safetensors
+DRAFTER_OUT ?= specengine/drafting/drafters/qwen2.5-coder-0.5b-instruct.safetensors
 train-parallel: $(STAMP)
 	$(VENV)/bin/specengine train-parallel --draft qwen2.5-coder-0.5b-instruct --dtype float32 --k-max 6 --rank 4 \
 	  --n-train 240 --n-val 8 --seq-len 128 --groups 96 --epochs 1 --out $(DRAFTER_OUT) --work-dir build/drafter-work
@@ -109,8 +109,8 @@ bench-kernels: $(STAMP)
 compile-check: $(STAMP)
 	env -u TRITON_INTERPRET $(PY) -m specengine.kernels.compile_check --full \
 	  --json bench/results/compile_check_full.json
-	$(PY) -m specengine.ext_check --fetch-only
-	$(PY) -m specengine.ext_check
+	$(PY) tools/ext_check.py --fetch-only
+	$(PY) tools/ext_check.py
 
 # GPU bring-up on a CUDA machine (its own python3 with torch, triton, transformers; no network):
 # installs with the sm_90 extension, runs pytest -m gpu, the kernel and end-to-end GPU

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import timed
 
-from specengine.kv_compact import compact_kv, extension_available
+from specengine.runtime.kv_compact import compact_kv, extension_available
 
 SHAPES = {"qwen2.5-1.5b": (28, 2, 128), "llama-2-7b": (32, 32, 128)}
 

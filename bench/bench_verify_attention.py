@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from conftest import device, timed
 
 from specengine.kernels import verify_attention_ref
-from specengine.tree import ancestor_mask
+from specengine.methods.token_tree import ancestor_mask
 
 HEADS = {"qwen2.5-1.5b": (12, 2, 128), "llama-2-7b": (32, 32, 128)}
 

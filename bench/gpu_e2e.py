@@ -32,8 +32,8 @@ import torch
 from gpu_kernels import copy_bandwidth
 from specengine import Engine
 from specengine.benchmark import environment
-from specengine.config import ModelConfig
-from specengine.model import Transformer
+from specengine.models.config import ModelConfig
+from specengine.models.decoder import Transformer
 
 SHAPES = {  # Qwen2.5 dims (config.json of each model); vocab 151936 everywhere
     "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
@@ -196,8 +196,8 @@ def random_extras(draft):
     measures (acceptance comes from the CPU runs with trained ones)."""
     if id(draft) in _EXTRAS:
         return _EXTRAS[id(draft)]
-    from specengine.acceptance_head import AcceptanceHead, HeadMeta, model_fingerprint
-    from specengine.parallel_drafter import DrafterMeta, ParallelDrafter
+    from specengine.drafting.acceptance_head import AcceptanceHead, HeadMeta, model_fingerprint
+    from specengine.drafting.parallel_drafter import DrafterMeta, ParallelDrafter
 
     cfg = draft.config
     head = AcceptanceHead(HeadMeta(cfg.hidden_size, cfg.vocab_size, model_fingerprint(cfg), "greedy", 2, "random"))
@@ -284,7 +284,7 @@ def to_hf(model):
     """transformers' model with our model's weights (split back to HF names), same device/dtype."""
     from transformers import AutoModelForCausalLM
 
-    from specengine.model import split_checkpoint
+    from specengine.models.decoder import split_checkpoint
 
     w = model.embed_tokens.weight
     hf = AutoModelForCausalLM.from_config(model.config.hf_config, torch_dtype=w.dtype).to(w.device).eval()

@@ -26,7 +26,7 @@ from specengine.benchmark import environment
 from specengine.kernels import rejection_sample_ref, verify_attention_ref
 from specengine.kernels.rejection_sampling import rejection_sample
 from specengine.kernels.verify_attention import verify_attention
-from specengine.kv_compact import compact_kv, extension_available
+from specengine.runtime.kv_compact import compact_kv, extension_available
 
 HEADS = {"qwen2.5-1.5b": (12, 2, 128), "qwen2.5-7b": (28, 4, 128)}
 L2_BYTES = 200 << 20  # rotate inputs past this many bytes (H100 L2 is 50 MB, H200 60 MB)

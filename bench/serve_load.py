@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from specengine import Engine
 from specengine.benchmark import environment
-from specengine.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
+from specengine.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
 from specengine.prompts import humaneval
 from specengine.serve.server import create_app
 

@@ -18,14 +18,14 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from specengine import Engine
-from specengine.acceptance_head import default_head_path
+from specengine.drafting.acceptance_head import default_head_path
 from specengine.benchmark import environment
 
 
 def heldout_prompts(report_path: Path, n: int, chars: int) -> list[str]:
     import random
 
-    from specengine.train_head import python_corpus
+    from specengine.training.head import python_corpus
 
     recipe = json.loads(report_path.read_text())["recipe"]
     val = [text for meta, text in python_corpus(recipe["packages"], recipe["val_fraction"])

@@ -15,10 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..sampling import filter_logits
-from .rejection_sampling import _row_stats
 from .rng import STREAM_DRAFT, row_offsets
 from .rng_triton import counter_uniform, stream_key
+from .sampler_jit import _row_stats
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -81,7 +80,3 @@ def draft_sample(logits: torch.Tensor, temperature: float, seed: torch.Tensor, o
     )
     return tok, q, conf
 
-
-def sample_draft_fused(logits, params, seed, offset, pos: int):
-    """`sampling.sample_draft`'s contract: the filter (if any), then one fused launch."""
-    return draft_sample(filter_logits(logits, params), params.temperature, seed, offset, pos)

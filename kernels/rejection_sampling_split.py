@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .rejection_sampling import _accept, _end_draft, _race, _row_params, _row_stats, _write_tokens
+from .sampler_jit import _accept, _end_draft, _race, _row_params, _row_stats, _write_tokens
 
 _BIG = tl.constexpr(2**62)  # larger than any vocabulary index
 

@@ -74,6 +74,10 @@ def _verify_attention_kernel(
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_TREE: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
 ):
+    """One (query block, batch row x KV head, split) program: online softmax over its key range.
+
+    Why long: a Triton program is one function; its loads, masked online-softmax loop and
+    split/unsplit stores share registers that helper calls would not make clearer."""
     pid_m, pid_bh, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b = pid_bh // HKV
     kvh = pid_bh % HKV
@@ -200,6 +204,8 @@ def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=N
     fixed_split: split the sequence at multiples of this many positions from 0 and always
     merge (one autotune key, so one BLOCK_N): a query's reduction order then depends neither
     on S nor on the GPU's size. Splits past a query's keys are empty and merge as exact zeros.
+
+    Why long: the contract's checks (each names the bad argument) come before the launch.
     """
     B, Q, Hq, D = q.shape
     S, Hkv = k_cache.shape[1], k_cache.shape[2]

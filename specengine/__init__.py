@@ -10,8 +10,9 @@ if "torch" not in _sys.modules and _os.environ.get("SPECENGINE_THP", "1") != "0"
     _os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from .api import Engine, GenerationResult
+from .config import EngineConfig
 from .errors import SpecEngineError
-from .sampling import SamplingParams
+from .methods.sampling import SamplingParams
 
-__all__ = ["Engine", "GenerationResult", "SamplingParams", "SpecEngineError"]
+__all__ = ["Engine", "EngineConfig", "GenerationResult", "SamplingParams", "SpecEngineError"]
 __version__ = "0.1.0"

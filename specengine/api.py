@@ -6,23 +6,18 @@ from typing import Iterator
 
 import torch
 
-from .backends import draft_sampler_op, sampler_op
-from .cpu_matmul import choose_dtype, optimize, unpack
-from .cross_device import CrossDeviceDraft
+from .config import EngineConfig
 from .errors import SpecEngineError
-from .generation import Generation, check_capacity, check_limits
-from .invariance import decode_seconds
-from .kernels.reference import rejection_sample_ref
-from .loading import load_model, load_tokenizer
-from .methods import METHODS
-from .methods.policies import make_policy
-from .methods.step_costs import measure_step_costs
-from .runner import ModelRunner
-from .sampling import SamplingParams
-
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-          "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-
+from .generation import Generation, RequestParams, check_capacity, headroom
+from .methods import METHODS, Method
+from .methods.context import MethodContext
+from .methods.sampling import sampler_ops
+from .models.cpu_matmul import choose_dtype, optimize, unpack
+from .models.loading import load_model, load_tokenizer
+from .runtime.backends import resolve_backend
+from .runtime.cross_device import CrossDeviceDraft
+from .runtime.runner import ModelRunner
+from .runtime.step_costs import measure_step_costs
 
 @dataclass
 class GenerationResult:
@@ -33,116 +28,76 @@ class GenerationResult:
     stats: dict = field(default_factory=dict)
 
 
-def _dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise SpecEngineError(f"unknown dtype {dtype!r}; choose from auto, {', '.join(DTYPES)}")
-    return DTYPES[dtype]
-
-
-def _device(device) -> torch.device:
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SpecEngineError(f"device {device!r} requested but CUDA is not available")
-    return dev
-
-
-INVARIANT_MAX_COST = 0.05  # batch_invariant="auto" turns the mode on when a decode costs at most this much more
-
-
 class Engine:
     """A target model, an optional draft model sharing its tokenizer, and a decoding method."""
 
-    def __init__(self, target, tokenizer, draft=None, method: str | None = None, max_seq_len: int = 2048,
-                 gamma: int | str = "auto", policy: str = "fixed", attention_backend: str = "auto",
-                 sampler_backend: str = "auto", cuda_graphs: bool = True, cpu_matmul: str = "auto",
-                 max_batch: int = 1, threshold: float | None = None, acceptance_head=None, parallel_drafter=None,
-                 batch_invariant="auto", invariant_width: int = 9):
+    def __init__(self, target, tokenizer, draft=None, config: EngineConfig | None = None, **options):
         """target / draft: our `Transformer` modules (see `from_pretrained` to load them).
         A draft on another device than the target runs there (PEARL on two GPUs).
-        max_batch: the largest batch CUDA graphs are captured for (larger batches run eagerly).
-        threshold: the confidence / specdec++ stopping threshold (None: the policy's default).
-        acceptance_head: a head file (or an AcceptanceHead) for policy="specdec++"; None: the
-        one shipped for this draft, if any (specengine/heads/).
-        parallel_drafter: a drafter file (or a ParallelDrafter) for method="parallelspec"; None:
-        the one shipped for this draft, if any (specengine/drafters/).
-        batch_invariant: "auto" (default) | True | False. On, every target verify/decode uses
-        fixed-tile attention and, where a start-up probe finds this backend's results depend on
-        the row count, runs padded to invariant_width tokens per row, so speculation gives
-        exactly ar's tokens in 16-bit precision too (docs/design.md). "auto": on for a bf16/fp16
-        target when it costs at most 5% per decode here (measured at start-up)."""
+        Options: an `EngineConfig` and/or its fields as keywords (config.py documents each:
+        method, max_seq_len, gamma, policy, threshold, backends, cuda_graphs, cpu_matmul,
+        max_batch, acceptance_head, parallel_drafter, batch_invariant, invariant_width).
+        batch_invariant "auto" (default) turns the mode on for a bf16/fp16 target when it
+        costs at most 5% per decode here (measured at start-up): speculation then gives
+        exactly ar's tokens in 16-bit precision too (docs/design.md)."""
+        cfg = self.config = (config or EngineConfig()).replace(**options)
         if draft is target:
             raise SpecEngineError("draft and target must be separate model objects (each owns its KV cache)")
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
             raise SpecEngineError(
                 f"draft/target vocab mismatch: draft has {draft.config.vocab_size} tokens, "
                 f"target {target.config.vocab_size}; they must share one tokenizer")
-        if not isinstance(max_seq_len, int) or max_seq_len < 2:
-            raise SpecEngineError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
-        if not isinstance(max_batch, int) or max_batch < 1:
-            raise SpecEngineError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         window = target.config.sliding_window
-        if window is not None and window < max_seq_len:
+        if window is not None and window < cfg.max_seq_len:
             raise SpecEngineError(
                 f"the target uses a sliding window of {window} tokens, which specengine does not "
-                f"implement; use max_seq_len <= {window}")
-        self.tokenizer, self.max_seq_len = tokenizer, max_seq_len
-        self.target = ModelRunner(target, attention_backend, cuda_graphs, max_batch)
+                f"implement; use max_seq_len <= {window}", "max_seq_len")
+        self.tokenizer, self.max_seq_len = tokenizer, cfg.max_seq_len
+        self.target = ModelRunner(target, cfg.attention_backend, cfg.cuda_graphs, cfg.max_batch)
         self.device = self.target.device
         self.draft = None
         if draft is not None:
-            runner = ModelRunner(draft, attention_backend, cuda_graphs, max_batch)
+            runner = ModelRunner(draft, cfg.attention_backend, cfg.cuda_graphs, cfg.max_batch)
             self.draft = runner if runner.device == self.device else CrossDeviceDraft(runner, self.device)
-        self.method = method or ("sd" if draft is not None else "ar")
-        self.gamma, self.policy, self.threshold = gamma, policy, threshold
+        self.method = cfg.method or ("sd" if draft is not None else "ar")
         self._check_method(self.method)
-        make_policy(policy, gamma, threshold=threshold)  # validate early
         self._heads = {}  # mode -> AcceptanceHead, loaded on first use
-        self._head_source = acceptance_head
-        self._drafter, self._drafter_source = None, parallel_drafter
-        self.set_backends(attention_backend, sampler_backend)
+        self._drafter = None
+        self.set_backends(cfg.attention_backend, cfg.sampler_backend)
         self._step_costs = {}  # batch -> StepCosts, measured on first need (sd gamma="auto", pearl)
         self._side_stream = None
-        self.set_cpu_matmul(cpu_matmul)
-        self.set_batch_invariant(batch_invariant, invariant_width)  # probes the kernels the plan chose
+        self.set_cpu_matmul(cfg.cpu_matmul)
+        self.set_batch_invariant(cfg.batch_invariant, cfg.invariant_width)  # probes the kernels the plan chose
         self.eos_ids = self._eos_ids()
 
     @classmethod
-    def from_pretrained(cls, target: str, draft: str | None = None, method: str | None = None,
-                        device="auto", dtype="auto", max_seq_len: int = 2048, gamma: int | str = "auto",
-                        policy: str = "fixed", attention_backend: str = "auto",
-                        sampler_backend: str = "auto", draft_device=None, cuda_graphs: bool = True,
-                        cpu_matmul: str = "auto", max_batch: int = 1, threshold: float | None = None,
-                        acceptance_head=None, parallel_drafter=None, batch_invariant="auto",
-                        invariant_width: int = 9) -> "Engine":
+    def from_pretrained(cls, target: str, draft: str | None = None, config: EngineConfig | None = None,
+                        **options) -> "Engine":
         """Load target (and draft) from a registry name, HF directory, hub-cache id or .gguf.
 
         dtype="auto": bfloat16 on CUDA; on a CPU, float32 or bfloat16, whichever runs the
         model's matmuls faster on this machine (measured once, cached; see cpu_matmul.py).
         draft_device: put the draft on its own device (e.g. "cuda:1"), so PEARL's draft and
-        target forwards run on two GPUs; default: the target's device.
+        target forwards run on two GPUs; default: the target's device. Every other option
+        is the Engine's (EngineConfig).
         """
-        dev = _device(device)
-        ddev = dev if draft_device is None else _device(draft_device)
-        tmodel, tpath, tchoice = _load(target, dtype, dev)
-        dmodel, _, dchoice = _load(draft, dtype, ddev) if draft is not None else (None, None, None)
-        engine = cls(tmodel, load_tokenizer(tpath), dmodel, method, max_seq_len, gamma, policy,
-                     attention_backend, sampler_backend, cuda_graphs, cpu_matmul, max_batch, threshold,
-                     acceptance_head, parallel_drafter, batch_invariant, invariant_width)
-        engine.dtype_choice = {"target": tchoice, "draft": dchoice} if dtype == "auto" else None
+        cfg = (config or EngineConfig()).replace(**options)
+        dev = _device(cfg.device)
+        ddev = dev if cfg.draft_device is None else _device(cfg.draft_device)
+        tmodel, tpath, tchoice = _load(target, cfg.torch_dtype(), dev)
+        dmodel, _, dchoice = _load(draft, cfg.torch_dtype(), ddev) if draft is not None else (None, None, None)
+        engine = cls(tmodel, load_tokenizer(tpath), dmodel, cfg)
+        engine.dtype_choice = {"target": tchoice, "draft": dchoice} if cfg.dtype == "auto" else None
         return engine
 
     def acceptance_head(self, mode: str = "greedy"):
         """The SpecDec++ head for this draft: the one given to the engine, else the one shipped
         for this draft and decoding mode (or, failing that, the other mode's)."""
-        from .acceptance_head import AcceptanceHead, default_head_path, load_head
+        from .drafting.acceptance_head import AcceptanceHead, default_head_path, load_head
 
         if mode not in self._heads:
             config = self.draft.model.config
-            src = self._head_source
+            src = self.config.acceptance_head
             if src is None:
                 other = "sampled" if mode == "greedy" else "greedy"
                 src = default_head_path(config, mode) or default_head_path(config, other)
@@ -158,12 +113,12 @@ class Engine:
     def parallel_drafter(self):
         """ParallelSpec's drafter for this draft: the one given to the engine, else the one
         shipped for this draft (specengine/drafters/, matched by fingerprint)."""
-        from .parallel_drafter import ParallelDrafter, load_drafter, shipped_drafter
+        from .drafting.parallel_drafter import ParallelDrafter, load_drafter, shipped_drafter
 
         if self._drafter is None:
             if isinstance(self.draft, CrossDeviceDraft):
                 raise SpecEngineError("parallelspec needs the draft on the target's device")
-            src, model = self._drafter_source, self.draft.model
+            src, model = self.config.parallel_drafter, self.draft.model
             if isinstance(src, ParallelDrafter):
                 src.check_fits(model.config)
                 weight = model.embed_tokens.weight  # the draft's device and dtype, as load_drafter gives
@@ -182,7 +137,7 @@ class Engine:
         """"auto": CPU Linear layers use the fastest matmul path per shape and row count,
         measured on this machine once (cached); "linear": plain F.linear everywhere."""
         if mode not in ("auto", "linear"):
-            raise SpecEngineError(f"unknown cpu_matmul mode {mode!r}; choose from auto, linear")
+            raise SpecEngineError(f"unknown cpu_matmul mode {mode!r}; choose from auto, linear", "cpu_matmul")
         for runner in self._runners():
             if runner.device.type != "cpu":
                 continue
@@ -212,45 +167,19 @@ class Engine:
                 for name, r in zip(("target", "draft"), self._runners())}
 
     def set_batch_invariant(self, mode="auto", width: int = 9) -> None:
-        """True | False | "auto": see `Engine.__init__`. "auto" is on for a 16-bit target when
-        the probe passes and one decode with the mode costs at most INVARIANT_MAX_COST more
-        than without it (measured here, now); `batch_invariant_info` says what was found."""
-        if mode not in (True, False, "auto"):
-            raise SpecEngineError(f"batch_invariant must be True, False or 'auto', got {mode!r}")
-        t = self.target
-        info = {"mode": mode, "on": False, "pad_width": None, "cost": None}
-        if mode is True or (mode == "auto" and t.dtype in (torch.float16, torch.bfloat16)):
-            t.set_batch_invariant(width)
-            try:
-                t.ensure_invariant(1)
-            except SpecEngineError:
-                if mode is True:
-                    raise
-                t.set_batch_invariant(None)
-            if mode == "auto" and t.invariant_width is not None:
-                info["cost"] = self._invariant_cost()
-                if info["cost"] > INVARIANT_MAX_COST:
-                    t.set_batch_invariant(None)
-        else:
-            t.set_batch_invariant(None)
-        info.update(on=t.invariant_width is not None, pad_width=t.pad_width)
+        """True | False | "auto": see `Engine.__init__`; `batch_invariant_info` says what the
+        target runner's BatchInvariance found (runtime/invariance.py)."""
+        info = self.target.invariance.configure(mode, width)
         self.batch_invariant, self.batch_invariant_info = info["on"], info
-        self.attention_backend = t.attention_backend
-
-    def _invariant_cost(self) -> float:
-        """Extra time of one decode with the mode (its attention and padding) over without it."""
-        t = self.target
-        off, on = decode_seconds(t.model, [(t.normal_attention, None), (t.attn_fn, t.pad_width)])
-        return on / off - 1
+        self.attention_backend = self.target.attention_backend
 
     def set_backends(self, attention: str = "auto", sampler: str = "auto") -> None:
         """Pick the attention and sampling (rejection and draft) implementations ("torch" | "triton" | "auto")."""
         for runner in self._runners():
             runner.set_attention(attention)
-        self.sampler = sampler_op(sampler, self.device)
-        self.draft_sampler = draft_sampler_op(sampler, self.device)
+        self.sampler_backend = resolve_backend(sampler, self.device, "sampler")
+        self.sampler, self.draft_sampler = sampler_ops(self.sampler_backend)
         self.attention_backend = self.target.attention_backend
-        self.sampler_backend = "torch" if self.sampler is rejection_sample_ref else "triton"
 
     def set_cuda_graphs(self, enabled: bool = True, capture=None) -> None:
         """Replay CUDA graphs for decode/verify steps (CUDA only; eager elsewhere), captured
@@ -271,12 +200,26 @@ class Engine:
             self._side_stream = torch.cuda.Stream(self.device)
         return self._side_stream
 
+    def new_method(self, method=None, gamma=None, policy=None, threshold=None, tree=None) -> Method:
+        """The method object for one generation (or the serving core's rows), options checked;
+        the engine's gamma / policy / threshold are its defaults."""
+        method = method or self.method
+        self._check_method(method)
+        return METHODS[method](gamma, policy, threshold, tree=tree, defaults=self.config)
+
+    def method_context(self) -> MethodContext:
+        """What a method may use during a generation: runners, samplers, and this engine's
+        step-cost cache, head, drafter and side stream (resolved lazily, on first use)."""
+        return MethodContext(self.target, self.draft, self.sampler, self.draft_sampler, self.device,
+                             step_costs=self.step_costs, acceptance_head=self.acceptance_head,
+                             parallel_drafter=self.parallel_drafter, side_stream=self.side_stream)
+
     # ------------------------------------------------------------------ helpers
     def _check_method(self, method):
         if method not in METHODS:
-            raise SpecEngineError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+            raise SpecEngineError(f"unknown method {method!r}; choose from {', '.join(METHODS)}", "method")
         if METHODS[method].needs_draft and self.draft is None:
-            raise SpecEngineError(f"method {method!r} needs a draft model (pass draft=...)")
+            raise SpecEngineError(f"method {method!r} needs a draft model (pass draft=...)", "method")
 
     def _eos_ids(self) -> set[int]:
         ids = set()
@@ -332,16 +275,18 @@ class Engine:
         return ids
 
     # ------------------------------------------------------------------ generation
+    def check_capacity(self, prompts: list[list[int]], max_new_tokens: int, method: Method) -> None:
+        """The prompts, their new tokens and the method's speculation headroom fit the KV buffer."""
+        check_capacity(prompts, max_new_tokens, self.max_seq_len, headroom(method, self.target))
+
     def _start(self, prompt, max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=None,
                method=None, gamma=None, policy=None, ignore_eos=False, threshold=None,
                tree=None) -> tuple[Generation, bool]:
-        method = method or self.method
-        self._check_method(method)
-        stops = check_limits(max_new_tokens, stop)
-        params = SamplingParams(temperature, top_k, top_p, seed)
+        chosen = self.new_method(method, gamma, policy, threshold, tree)
+        request = RequestParams(max_new_tokens, temperature, top_k, top_p, seed, stop, ignore_eos)
+        params, stops = request.validate()
         prompts, batched = self.encode(prompt)
-        chosen = METHODS[method](self, gamma, policy, threshold, tree=tree)
-        check_capacity(prompts, max_new_tokens, self.max_seq_len, chosen.headroom)
+        self.check_capacity(prompts, max_new_tokens, chosen)
         eos = set() if ignore_eos else self.eos_ids
         return Generation(self, prompts, params, max_new_tokens, chosen, eos, stops), batched
 
@@ -388,10 +333,19 @@ class Engine:
         self.last_stats = gen.stats()
 
 
-def _load(ref, dtype, device: torch.device):
-    """(model, path, auto-dtype decision or None) with dtype resolved ("auto" measured on CPU)."""
-    if dtype != "auto":
-        return (*load_model(ref, _dtype(dtype), device), None)
+def _device(device) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SpecEngineError(f"device {device!r} requested but CUDA is not available", "device")
+    return dev
+
+
+def _load(ref, dtype: torch.dtype | None, device: torch.device):
+    """(model, path, auto-dtype decision or None); dtype None: "auto" (measured on CPU)."""
+    if dtype is not None:
+        return (*load_model(ref, dtype, device), None)
     if device.type == "cuda":
         return (*load_model(ref, torch.bfloat16, device), {"dtype": "bfloat16", "why": "cuda"})
     model, path = load_model(ref, torch.float32, device)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .cpu_matmul import machine, matvec_bound
+from .models.cpu_matmul import machine, matvec_bound
 from .errors import SpecEngineError
 from .prompts import humaneval
 
@@ -116,7 +116,10 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8, max_new_toke
                   target_path=None, draft_path=None, baseline: str | None = None, temperature: float = 0.0,
                   seed: int = 0) -> dict:
     """temperature > 0: every provider of ours samples with the same seed (tokens then agree
-    only where the methods draw the same numbers; speeds and acceptance are what compare)."""
+    only where the methods draw the same numbers; speeds and acceptance are what compare).
+
+    Why long: one loop runs every provider (ours and HF's) prompt by prompt, side by side,
+    so that their ratios come from one run; the report is assembled right there."""
     specs = [(p, *parse_provider(p)) for p in providers]
     if any(name == "hf-assisted" for _, name, *_ in specs) and draft_path is None:
         raise SpecEngineError("hf-assisted needs a draft model")

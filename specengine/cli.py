@@ -5,46 +5,52 @@ Every user error prints one line (`error: ...`) and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 
+from .config import EngineConfig
 from .errors import SpecEngineError
-from .fetch import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY
+from .models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY
 
 
-def _engine_args(p: argparse.ArgumentParser, method_default=None):
+def _engine_args(p: argparse.ArgumentParser):
+    """--target, --draft, and one flag per EngineConfig field (its help and checks live there)."""
     p.add_argument("--target", default=DEFAULT_TARGET, help="registry name, HF dir, hub-cache id or .gguf")
     p.add_argument("--draft", default=None, help="draft model (same forms as --target)")
-    p.add_argument("--method", default=method_default,
-                   help="ar | sd | pearl | parallelspec (default: sd with a draft, else ar)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--draft-device", default=None, help="put the draft on its own device, e.g. cuda:1")
-    p.add_argument("--no-cuda-graphs", action="store_true", help="run every step eagerly on CUDA")
-    p.add_argument("--max-batch", type=int, default=1, help="largest batch CUDA graphs are captured for")
-    p.add_argument("--dtype", default="auto",
-                   help="auto (bf16 on CUDA; on CPU fp32 or bf16, whichever measures faster) | float32 | "
-                        "bfloat16 | float16")
-    p.add_argument("--max-seq-len", type=int, default=2048)
-    p.add_argument("--gamma", type=_gamma, default=None,
-                   help="sd: draft tokens per round, or auto (default: chosen each round from measured "
-                        "costs and acceptance); pearl: window (default round(1/c), measured)")
-    p.add_argument("--cpu-matmul", default="auto",
-                   help="auto (fastest path per weight shape, measured once per machine) | linear")
-    p.add_argument("--policy", default="fixed", help="fixed | heuristic | confidence | specdec++")
-    p.add_argument("--threshold", type=float, default=None,
-                   help="confidence / specdec++ stopping threshold (default: the policy's)")
-    p.add_argument("--acceptance-head", default=None,
-                   help="specdec++ head file (default: the one shipped for the draft, if any)")
-    p.add_argument("--parallel-drafter", default=None,
-                   help="parallelspec drafter file (default: the one shipped for the draft, if any)")
-    p.add_argument("--batch-invariant", default="auto", choices=["off", "on", "auto"],
-                   help="fixed-tile attention, and target forwards padded to one width where a start-up probe "
-                        "finds the kernels depend on the row count: speculation token-exact with ar in "
-                        "bf16/fp16 too (auto: on for 16-bit targets when it costs <= 5%% per decode here)")
-    p.add_argument("--invariant-width", type=int, default=9, help="widest target forward the mode covers")
-    p.add_argument("--attention-backend", default="auto", help="torch | triton | auto (triton on CUDA)")
-    p.add_argument("--sampler-backend", default="auto", help="torch | triton | auto (triton on CUDA)")
+    for f in dataclasses.fields(EngineConfig):
+        meta, flag = f.metadata, "--" + f.name.replace("_", "-")
+        text = meta["help"].replace("%", "%%")
+        if f.default is True:  # a switch that turns an on-by-default option off
+            p.add_argument(f"--no-{f.name.replace('_', '-')}", dest=f.name, action="store_false", default=None,
+                           help=text)
+        elif "choices" in meta:
+            p.add_argument(flag, default=None, choices=list(meta["choices"]), help=text)
+        else:
+            shown = "" if f.default is None or "default" in text else f" (default: {f.default})"
+            p.add_argument(flag, default=None, type=_cli_type(meta.get("type", str)), help=text + shown)
+
+
+def _cli_type(parse):
+    """argparse's type: the config's parser, with our error turned into argparse's."""
+    def convert(text):
+        try:
+            return parse(text)
+        except (SpecEngineError, ValueError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
+
+
+def config_from_args(args) -> EngineConfig:
+    """The EngineConfig the command line asks for (flags not given keep the config's defaults)."""
+    given = {}
+    for f in dataclasses.fields(EngineConfig):
+        value = getattr(args, f.name, None)
+        if value is not None:
+            given[f.name] = f.metadata["choices"][value] if "choices" in f.metadata else value
+    return EngineConfig(**given)
 
 
 def _training_parser(sub, name: str, what: str, recipe):
@@ -60,15 +66,6 @@ def _training_parser(sub, name: str, what: str, recipe):
     p.add_argument("--epochs", type=int, default=recipe.epochs)
     p.add_argument("--work-dir", default=None, help="cache + checkpoint (resumable; default <out>.work)")
     return p
-
-
-def _gamma(text: str):
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"gamma must be an integer or 'auto', got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--out", default=None, help="write the JSON report here")
 
-    from .train_head import HeadRecipe
-    from .train_parallel import ParallelRecipe
+    from .training.head import HeadRecipe
+    from .training.parallel import ParallelRecipe
 
     t = _training_parser(sub, "train-head", "a SpecDec++ acceptance head", HeadRecipe())
     t.add_argument("--mode", default="greedy", help="greedy | sampled: the decoding mode the labels are made for")
@@ -135,15 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _load(args):
     from .api import Engine
 
-    return Engine.from_pretrained(args.target, draft=args.draft, method=args.method, device=args.device,
-                                  dtype=args.dtype, max_seq_len=args.max_seq_len, gamma=args.gamma or "auto",
-                                  policy=args.policy, attention_backend=args.attention_backend,
-                                  sampler_backend=args.sampler_backend, draft_device=args.draft_device,
-                                  cuda_graphs=not args.no_cuda_graphs, cpu_matmul=args.cpu_matmul,
-                                  max_batch=args.max_batch, threshold=args.threshold,
-                                  acceptance_head=args.acceptance_head, parallel_drafter=args.parallel_drafter,
-                                  batch_invariant={"off": False, "on": True, "auto": "auto"}[args.batch_invariant],
-                                  invariant_width=args.invariant_width)
+    return Engine.from_pretrained(args.target, draft=args.draft, config=config_from_args(args))
 
 
 def cmd_generate(args):
@@ -177,7 +166,7 @@ def _stats_line(stats: dict) -> str:
 
 def cmd_bench(args):
     from .benchmark import format_table, run_benchmark, save
-    from .loading import resolve
+    from .models.loading import resolve
 
     providers = [p.strip() for p in args.providers.split(",") if p.strip()]
     engine = _load(args)
@@ -202,7 +191,7 @@ def _trainer(args, what: str):
 
 
 def cmd_train_head(args):
-    from .train_head import HeadRecipe, train_head
+    from .training.head import HeadRecipe, train_head
 
     engine, packages, command = _trainer(args, "train-head")
     recipe = HeadRecipe(packages=packages, n_train=args.n_train, n_val=args.n_val, seq_len=args.seq_len,
@@ -214,7 +203,7 @@ def cmd_train_head(args):
 
 
 def cmd_train_parallel(args):
-    from .train_parallel import ParallelRecipe, train_parallel
+    from .training.parallel import ParallelRecipe, train_parallel
 
     engine, packages, command = _trainer(args, "train-parallel")
     recipe = ParallelRecipe(packages=packages, n_train=args.n_train, n_val=args.n_val, seq_len=args.seq_len,
@@ -238,7 +227,7 @@ def cmd_serve(args):
 
 
 def cmd_fetch(args):
-    from .fetch import fetch
+    from .models.fetch import fetch
 
     for name in args.names:
         print(fetch(name))

@@ -1,56 +1,106 @@
-"""Model configuration read from a Hugging Face `config.json` (through transformers)."""
+"""`EngineConfig`: every Engine option written once, with its default, its check and its help.
+
+`Engine(...)` / `Engine.from_pretrained(...)` take these as keyword arguments (or a config),
+the CLI derives its engine flags from the fields (cli.py), and the serving core reads its
+defaults here. Checks that need the models (a draft for the method, vocabularies, the
+target's sliding window) stay with the Engine.
+"""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
+import torch
+
 from .errors import SpecEngineError
+from .methods import METHODS
+from .methods.policies import make_policy
+from .runtime.backends import BACKENDS
 
-SUPPORTED = ("llama", "qwen2", "mistral")
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+          "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
-@dataclass
-class ModelConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    qkv_bias: bool
-    tie_word_embeddings: bool
-    max_position_embeddings: int
-    sliding_window: int | None
-    hf_config: object = field(repr=False, default=None)  # kept for RoPE scaling helpers
+def option(default, help: str, **cli):
+    """A config field: its default, its help text, and how the CLI spells it (`cli`: flag,
+    type, choices; a bool field becomes a --no-... switch)."""
+    return field(default=default, metadata={"help": help, **cli})
 
-    @classmethod
-    def from_hf(cls, cfg) -> "ModelConfig":
-        if cfg.model_type not in SUPPORTED:
-            raise SpecEngineError(
-                f"unsupported model type {cfg.model_type!r}; supported: {', '.join(SUPPORTED)}")
-        if getattr(cfg, "hidden_act", "silu") != "silu":
-            raise SpecEngineError(f"unsupported activation {cfg.hidden_act!r} (only SwiGLU/silu)")
-        heads = cfg.num_attention_heads
-        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-        if heads % kv_heads:
-            raise SpecEngineError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
-        window = getattr(cfg, "sliding_window", None)
-        if cfg.model_type == "qwen2" and not getattr(cfg, "use_sliding_window", False):
-            window = None
-        return cls(
-            vocab_size=cfg.vocab_size,
-            hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size,
-            num_layers=cfg.num_hidden_layers,
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-            rms_norm_eps=cfg.rms_norm_eps,
-            # Qwen2 always has q/k/v bias; Llama/Mistral only with attention_bias.
-            qkv_bias=cfg.model_type == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
-            tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-            max_position_embeddings=getattr(cfg, "max_position_embeddings", 1 << 20),
-            sliding_window=window,
-            hf_config=cfg,
-        )
+
+def parse_gamma(text: str):
+    """A --gamma value: 'auto' or an integer (CLI and demo)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise SpecEngineError(f"gamma must be an integer or 'auto', got {text!r}", "gamma") from None
+
+
+def _positive_int(name: str, value, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise SpecEngineError(f"{name} must be an integer >= {least}, got {value!r}", name)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    method: str | None = option(None, "ar | sd | pearl | parallelspec (default: sd with a draft, else ar)")
+    max_seq_len: int = option(2048, "KV capacity per row: prompt + new tokens + speculation headroom")
+    gamma: int | str = option("auto", "sd: draft tokens per round, or auto (chosen each round from measured costs "
+                              "and acceptance); pearl: window (default round(1/c), measured); parallelspec: k",
+                              type=parse_gamma)
+    policy: str = option("fixed", "sd draft-length policy: fixed | heuristic | confidence | specdec++")
+    threshold: float | None = option(None, "confidence / specdec++ stopping threshold (default: the policy's)",
+                                     type=float)
+    attention_backend: str = option("auto", "torch | triton | auto (triton on CUDA)")
+    sampler_backend: str = option("auto", "rejection and draft sampling: torch | triton | auto (triton on CUDA)")
+    cuda_graphs: bool = option(True, "replay CUDA graphs for every step (--no-cuda-graphs: run eagerly)")
+    cpu_matmul: str = option("auto", "auto (fastest path per weight shape, measured once per machine) | linear")
+    max_batch: int = option(1, "largest batch CUDA graphs are captured for (the server's rows)", type=int)
+    acceptance_head: object = option(None, "specdec++ head file (default: the one shipped for the draft, if any)")
+    parallel_drafter: object = option(None, "parallelspec drafter file (default: the one shipped for the draft)")
+    batch_invariant: bool | str = option(
+        "auto", "fixed-tile attention, and target forwards padded to one width where a start-up probe finds the "
+        "kernels depend on the row count: speculation token-exact with ar in bf16/fp16 too (auto: on for 16-bit "
+        "targets when it costs <= 5% per decode here)", choices={"off": False, "on": True, "auto": "auto"})
+    invariant_width: int = option(9, "widest target forward the batch-invariant mode covers", type=int)
+    # loading: read by Engine.from_pretrained (an Engine built from loaded models ignores them)
+    device: str = option("auto", "auto (CUDA when available) | cpu | cuda | cuda:N")
+    dtype: object = option("auto", "auto (bf16 on CUDA; on CPU fp32 or bf16, whichever measures faster) | "
+                           "float32 | bfloat16 | float16")
+    draft_device: str | None = option(None, "put the draft on its own device, e.g. cuda:1 (PEARL on two GPUs)")
+
+    def __post_init__(self):
+        if self.method is not None and self.method not in METHODS:
+            raise SpecEngineError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}", "method")
+        _positive_int("max_seq_len", self.max_seq_len, 2)
+        _positive_int("max_batch", self.max_batch, 1)
+        if self.batch_invariant not in (True, False, "auto"):
+            raise SpecEngineError(f"batch_invariant must be True, False or 'auto', got {self.batch_invariant!r}",
+                                  "batch_invariant")
+        _positive_int("invariant_width", self.invariant_width, 1)
+        if self.cpu_matmul not in ("auto", "linear"):
+            raise SpecEngineError(f"unknown cpu_matmul mode {self.cpu_matmul!r}; choose from auto, linear",
+                                  "cpu_matmul")
+        for what in ("attention", "sampler"):
+            name = getattr(self, f"{what}_backend")
+            if name not in BACKENDS:
+                raise SpecEngineError(f"unknown {what} backend {name!r}; choose from {', '.join(BACKENDS)}",
+                                      f"{what}_backend")
+        if not isinstance(self.dtype, torch.dtype) and self.dtype != "auto" and self.dtype not in DTYPES:
+            raise SpecEngineError(f"unknown dtype {self.dtype!r}; choose from auto, {', '.join(DTYPES)}", "dtype")
+        make_policy(self.policy, self.gamma, threshold=self.threshold)  # the draft-length options, early
+
+    def replace(self, **options) -> "EngineConfig":
+        """This config with `options` changed (validated); unknown names are refused."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise SpecEngineError(f"unknown engine option {unknown[0]!r}; choose from {', '.join(sorted(names))}",
+                                  unknown[0])
+        return dataclasses.replace(self, **options) if options else self
+
+    def torch_dtype(self) -> torch.dtype | None:
+        """The dtype asked for, or None for "auto" (measured at load)."""
+        return None if self.dtype == "auto" else self.dtype if isinstance(self.dtype, torch.dtype) \
+            else DTYPES[self.dtype]

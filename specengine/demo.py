@@ -5,20 +5,17 @@ import argparse
 import time
 
 from .api import Engine
+from .config import parse_gamma
 from .benchmark import invariant_summary
-from .cpu_matmul import machine
-from .fetch import DEFAULT_DRAFT, DEFAULT_TARGET
+from .models.cpu_matmul import machine
+from .models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
 from .prompts import BUILTIN_PROMPT
-
-
-def _gamma(text):
-    return text if text == "auto" else int(text)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--gamma", type=_gamma, default="auto", help="draft length, or auto (measured costs)")
+    ap.add_argument("--gamma", type=parse_gamma, default="auto", help="draft length, or auto (measured costs)")
     ap.add_argument("--dtype", default="auto")
     args = ap.parse_args(argv)
 

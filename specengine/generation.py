@@ -20,9 +20,10 @@ import torch
 from .detokenize import IncrementalDetokenizer, find_stop, partial_stop
 from .errors import SpecEngineError
 from .methods.base import Method
-from .methods.common import DecodeState
-from .runner import ModelRunner
-from .sampling import SamplingParams
+from .methods.sampling import SamplingParams
+from .methods.state import DecodeState
+from .runtime.graphs import padded_width
+from .runtime.runner import ModelRunner
 from .timing import PhaseTimer
 
 ATTN_BUCKET = 64  # attention reads a prefix of the cache rounded up to this many positions
@@ -31,6 +32,31 @@ ATTN_BUCKET = 64  # attention reads a prefix of the cache rounded up to this man
 def attn_bound(length: int, max_seq_len: int) -> int:
     """The cache prefix a step reads: `length` rounded up to ATTN_BUCKET, within the buffer."""
     return min(-(-length // ATTN_BUCKET) * ATTN_BUCKET, max_seq_len)
+
+
+def headroom(method: Method, target) -> int:
+    """Positions past a row's committed length a round may write: the method's widest
+    forward, padded to the graph bucket (and to the batch-invariant width), for the target
+    and for a draft running ahead of it. The one place this is computed (the capacity check
+    and the attention bound use it)."""
+    return 2 * padded_width(max(method.max_width, target.invariant_width or 0))
+
+
+@dataclass
+class RequestParams:
+    """One call's (or one served request's) per-request options, checked in one place."""
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    stop: list[str] | str | None = None
+    ignore_eos: bool = False
+
+    def validate(self) -> tuple[SamplingParams, list[str]]:
+        """(the sampling parameters, the stop strings); SpecEngineError naming a bad field."""
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed), \
+            check_limits(self.max_new_tokens, self.stop)
 
 
 @dataclass
@@ -96,7 +122,8 @@ class Generation:
         self.state = self._prefill(prompts)
         self.state.attn_len = attn_bound(max(r.prompt_len for r in self.rows) + 1, engine.max_seq_len)
         self.prefill_s = time.perf_counter() - self.t0
-        method.begin(self)  # may measure step costs: once per engine and batch size
+        self.ctx = engine.method_context()
+        method.begin(self.ctx, self)  # may measure step costs: once per engine and batch size
 
     # ------------------------------------------------------------------ set-up
     def _runners(self):
@@ -111,7 +138,7 @@ class Generation:
         tokens = tokens.to(dev)
         lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=dev)
         longest = max(len(p) for p in prompts)
-        eng.target.ensure_invariant(B, self.method.max_width)  # batch-invariant mode: probed at this width
+        eng.target.invariance.ensure(B, self.method.max_width)  # batch-invariant mode: probed at this width
         for runner in self._runners():  # every cache holds the prompt but its last token
             runner.allocate(B, S)
             if longest > 1:
@@ -120,8 +147,7 @@ class Generation:
         return DecodeState(
             tokens=tokens, n=lens.clone(), active=torch.ones(B, dtype=torch.bool, device=dev),
             params=self.params, temperature=temp, seed=row_seeds(self.params.seed, B, dev),
-            offset=torch.zeros(B, dtype=torch.int64, device=dev), sampler=eng.sampler,
-            draft_sampler=eng.draft_sampler,
+            offset=torch.zeros(B, dtype=torch.int64, device=dev),
         )
 
     # ------------------------------------------------------------------ rounds
@@ -134,7 +160,7 @@ class Generation:
         """One round for every active row; the ids each row kept (one host sync)."""
         live = [b for b, r in enumerate(self.rows) if r.finish_reason is None]
         longest = max(self.rows[b].prompt_len + len(self.rows[b].ids) for b in live)
-        self.state.attn_len = attn_bound(longest + self.method.headroom, self.engine.max_seq_len)
+        self.state.attn_len = attn_bound(longest + headroom(self.method, self.engine.target), self.engine.max_seq_len)
         with self._first_rows(live[-1] + 1) as (state, target, draft):
             out = self.method.round(state, self.timer)
             target.cache.set_lens(state.n - 1)
@@ -289,13 +315,13 @@ def check_limits(max_new_tokens, stop) -> list[str]:
     return stops
 
 
-def check_capacity(prompts: list[list[int]], max_new_tokens: int, max_seq_len: int, headroom: int) -> None:
+def check_capacity(prompts: list[list[int]], max_new_tokens: int, max_seq_len: int, room: int) -> None:
     longest = max(len(p) for p in prompts)
     if longest >= max_seq_len:
         raise SpecEngineError(f"prompt has {longest} tokens but the cache holds max_seq_len={max_seq_len}", "prompt")
-    need = longest + max_new_tokens + headroom
+    need = longest + max_new_tokens + room
     if need > max_seq_len:
         raise SpecEngineError(
             f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) + speculation headroom "
-            f"({headroom}) = {need} exceeds max_seq_len={max_seq_len}; raise max_seq_len or lower max_new_tokens",
+            f"({room}) = {need} exceeds max_seq_len={max_seq_len}; raise max_seq_len or lower max_new_tokens",
             "max_new_tokens")

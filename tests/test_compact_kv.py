@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specengine import SpecEngineError
-from specengine.kv_compact import compact_kv, compact_kv_ref, extension_available, rollback
+from specengine.runtime.kv_compact import compact_kv, compact_kv_ref, extension_available
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -102,12 +102,6 @@ def test_unchecked_out_of_range_indices_never_write_out_of_bounds():
         assert torch.equal(got, expected)
 
 
-def test_rollback_sets_lengths_on_device():
-    lens = torch.tensor([5, 9], dtype=torch.int32)
-    rollback(lens, torch.tensor([3, 3]), torch.tensor([1, 4], dtype=torch.int32))
-    assert lens.tolist() == [4, 7] and lens.dtype == torch.int32
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -142,7 +136,10 @@ def test_kernel_alone_keeps_its_buffer_out_of_local_memory(tmp_path):
     import subprocess
     from pathlib import Path
 
-    from specengine.ext_check import parse_ptxas, torch_cxx_standard
+    from repo_tools import load_tool
+
+    ext_check = load_tool("ext_check")
+    parse_ptxas, torch_cxx_standard = ext_check.parse_ptxas, ext_check.torch_cxx_standard
 
     std = torch_cxx_standard(Path(torch.__file__).parent)
     csrc = Path(__file__).resolve().parents[1] / "csrc"
@@ -167,13 +164,16 @@ def test_kernel_alone_keeps_its_buffer_out_of_local_memory(tmp_path):
 def test_extension_cuda_source_compiles_against_cuda_torch_headers():
     """csrc/compact_kv_cuda.cu as the real build compiles it: torch's CUDA headers, torch's
     C++ standard (from its build config) and nvcc flags, sm_90. `make test` extracts the
-    headers of a CUDA torch wheel first (specengine.ext_check --fetch-only); without them
+    headers of a CUDA torch wheel first (tools/ext_check.py --fetch-only); without them
     this skips."""
-    from specengine.ext_check import compile_cuda, cuda_torch_root
+    from repo_tools import load_tool
+
+    ext_check = load_tool("ext_check")
+    compile_cuda, cuda_torch_root = ext_check.compile_cuda, ext_check.cuda_torch_root
 
     root = cuda_torch_root()
     if root is None:
-        pytest.skip("no CUDA torch headers (python -m specengine.ext_check --fetch-only)")
+        pytest.skip("no CUDA torch headers (python tools/ext_check.py --fetch-only)")
     std, usage = compile_cuda(root, "90")
     assert std in ("c++17", "c++20", "c++23")
     names = {k.name for k in usage}

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from specengine import Engine, cpu_matmul
-from specengine.cpu_matmul import PATHS, Plan, plan_from_entry, storage_available
-from specengine.loading import load_model
-from specengine.runner import ModelRunner
+from specengine.models.cpu_matmul import PATHS, Plan, plan_from_entry, storage_available
+from specengine.models.loading import load_model
+from specengine.runtime.runner import ModelRunner
 
 
 @pytest.fixture

@@ -73,7 +73,7 @@ def test_byte_level_bpe_splits_characters_and_is_held_back():
     the pieces join to the full decode."""
     from transformers import AutoTokenizer
 
-    from specengine.fetch import DEFAULT_DRAFT, fetch
+    from specengine.models.fetch import DEFAULT_DRAFT, fetch
 
     tok = AutoTokenizer.from_pretrained(fetch(DEFAULT_DRAFT))
     ids = tok.encode(TEXT)

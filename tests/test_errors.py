@@ -126,7 +126,7 @@ def test_loads_from_the_local_hub_cache(tmp_path, monkeypatch):
     import huggingface_hub.constants as c
 
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path))
-    from specengine.loading import resolve
+    from specengine.models.loading import resolve
 
     assert resolve("tiny-org/tiny-llama") == snap
     assert Engine.from_pretrained("tiny-org/tiny-llama").generate("ab", max_new_tokens=3).token_ids

@@ -13,7 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from specengine import Engine, layers
-from specengine.runner import ModelRunner
+from specengine.runtime.runner import ModelRunner
 
 pytest.importorskip("triton")
 
@@ -165,7 +165,7 @@ def test_batch_invariant_mode_stays_exact_on_the_fused_path(tiny_pair, tokenizer
 def test_checkpoints_load_by_hf_names_into_merged_projections(tiny_dir):
     from safetensors.torch import load_file
 
-    from specengine.loading import load_model
+    from specengine.models.loading import load_model
 
     model = load_model(tiny_dir)[0]
     hf = {k.removeprefix("model."): v for k, v in load_file(str(next(tiny_dir.glob("*.safetensors")))).items()}
@@ -181,8 +181,8 @@ def test_split_checkpoint_hands_transformers_the_same_weights(tiny_dir):
     logits (the benchmark's HF peers run the engine's own random weights this way)."""
     from transformers import AutoModelForCausalLM
 
-    from specengine.loading import load_model
-    from specengine.model import merge_checkpoint, split_checkpoint
+    from specengine.models.loading import load_model
+    from specengine.models.decoder import merge_checkpoint, split_checkpoint
 
     model = load_model(tiny_dir)[0]
     hf = AutoModelForCausalLM.from_config(model.config.hf_config).eval()

@@ -7,7 +7,7 @@ import torch
 
 from specengine import Engine, SpecEngineError
 from specengine.methods.policies import AutoGammaPolicy, best_gamma, expected_tokens, make_policy
-from specengine.methods.step_costs import StepCosts
+from specengine.runtime.step_costs import StepCosts
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 1.0])
@@ -56,7 +56,6 @@ def test_policy_tracks_acceptance():
     for _ in range(30):  # always rejected at once
         pol.update([0], [pol.gamma])
     assert pol.alpha < 0.3 and pol.gamma <= 2
-    assert len(pol.history) == 60
 
 
 def test_running_alpha_estimates_the_true_rate():

@@ -11,8 +11,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from specengine import Engine
-from specengine.graphs import batch_buckets, len_bucket, len_buckets, padded_width, q_bucket
-from specengine.runner import ModelRunner
+from specengine.runtime.graphs import batch_buckets, len_bucket, len_buckets, padded_width, q_bucket
+from specengine.runtime.runner import ModelRunner
 
 
 class FakeGraph:
@@ -57,7 +57,7 @@ def test_buckets():
 
 @pytest.fixture()
 def model(tiny_dir):
-    from specengine.loading import load_model
+    from specengine.models.loading import load_model
 
     return load_model(tiny_dir)[0]
 

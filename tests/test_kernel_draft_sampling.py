@@ -5,10 +5,10 @@ import pytest
 import torch
 from conftest import DEVICE
 
-from specengine.sampling import SamplingParams, sample_draft
+from specengine.methods.sampling import SamplingParams, sample_draft
 
 pytest.importorskip("triton")
-from specengine.kernels.draft_sampling import sample_draft_fused  # noqa: E402
+from specengine.methods.sampling import sample_draft_fused  # noqa: E402
 
 
 def case(B, V, seed):

@@ -63,7 +63,7 @@ def test_silu_and_mul_refuses_an_odd_width():
 
 
 def _rope_case(B, T, Hq, Hkv, D, S, dtype, tree: bool, seed=0):
-    from specengine.rope import rope_tables
+    from specengine.models.rope import rope_tables
     from transformers import LlamaConfig
 
     cfg = LlamaConfig(hidden_size=Hq * D, num_attention_heads=Hq, num_key_value_heads=Hkv)

@@ -3,18 +3,19 @@ KV capacity once per round on the device."""
 import pytest
 import torch
 
-from specengine import Engine, SpecEngineError
+from specengine import Engine, SpecEngineError, api, generation
+from specengine.generation import headroom
 from specengine.methods import METHODS
 from specengine.methods.ar import AutoRegressive
 from specengine.methods.base import Method
-from specengine.methods.sd import SpeculativeDecoding
 
 
 class Greedy2(AutoRegressive):
     """A toy method written against the interface only: ar, counting its own rounds."""
     name = "ar-counted"
 
-    def begin(self, generation):
+    def begin(self, ctx, generation):
+        super().begin(ctx, generation)
         self.rounds_seen = 0
 
     def after_round(self, n_acc, num_draft):
@@ -34,15 +35,17 @@ def test_a_registered_method_runs_without_touching_the_driver(tiny_pair, tokeniz
 
 def test_methods_declare_their_headroom(tiny_pair, tokenizer):
     eng = Engine(tiny_pair[0], tokenizer, draft=tiny_pair[2], max_seq_len=64)
-    assert METHODS["ar"](eng).headroom == 2  # one token, padded to its bucket, target + draft margin
-    assert METHODS["sd"](eng, gamma=3).headroom == 2 * 4 and METHODS["sd"](eng, gamma=5).headroom == 2 * 8
-    assert METHODS["pearl"](eng, gamma=2).headroom == 2 * 4
+    room = lambda method, **kw: headroom(eng.new_method(method, **kw), eng.target)  # noqa: E731
+    assert room("ar") == 2  # one token, padded to its bucket, target + draft margin
+    assert room("sd", gamma=3) == 2 * 4 and room("sd", gamma=5) == 2 * 8
+    assert room("pearl", gamma=2) == 2 * 4
     assert all(issubclass(m, Method) for m in METHODS.values())
 
 
 def test_a_round_writing_past_the_cache_is_caught_not_corrupting(tiny_pair, tokenizer, monkeypatch):
     eng = Engine(tiny_pair[0], tokenizer, draft=tiny_pair[2], max_seq_len=64)
-    monkeypatch.setattr(SpeculativeDecoding, "headroom", property(lambda self: 0))  # a miscounted method
+    monkeypatch.setattr(api, "headroom", lambda method, target: 0)  # a miscounted method
+    monkeypatch.setattr(generation, "headroom", lambda method, target: 0)
     prompt = list(range(5, 15))
     with pytest.raises(SpecEngineError, match="wrote past the KV cache"):
         eng.generate(prompt, max_new_tokens=64 - len(prompt), method="sd", gamma=5, ignore_eos=True)

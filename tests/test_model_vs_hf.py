@@ -3,8 +3,8 @@ import pytest
 import torch
 from conftest import save_tiny
 
-from specengine.loading import load_model
-from specengine.runner import ModelRunner
+from specengine.models.loading import load_model
+from specengine.runtime.runner import ModelRunner
 
 
 @pytest.mark.parametrize("kind,kw", [

@@ -42,7 +42,7 @@ def test_wheel_install_imports(tmp_path):
         files = [f for f in src.iterdir() if f.suffix in (".py", ".json", ".safetensors")]
         assert files and all(f"{dst}/{f.name}" in names for f in files), (dst, sorted(names))
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True)
-    check = CHECK + "; import specengine.model, specengine.serve"
+    check = CHECK + "; import specengine.models.decoder, specengine.serve"
     out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, cwd=tmp_path, check=True,
                          env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}).stdout.splitlines()
     assert out[0].startswith(str(site)) and out[1] == str(site / "specengine" / "kernels" / "__init__.py")

@@ -4,12 +4,13 @@ import torch
 from conftest import small_vocab_models
 
 from specengine import Engine, SpecEngineError
-from specengine.acceptance_head import model_fingerprint
+from specengine.drafting.acceptance_head import model_fingerprint
 from specengine.kernels.reference import verify_attention_ref
-from specengine.loading import load_model
-from specengine.methods.parallelspec import drafter_layout
-from specengine.parallel_drafter import DrafterMeta, ParallelDrafter, load_drafter
-from specengine.train_parallel import ParallelRecipe, _FullSequenceCache, group_layout, mask_logits, train_parallel
+from specengine.models.loading import load_model
+from specengine.methods.steps import drafter_layout
+from specengine.runtime.kv_cache import KVCache
+from specengine.drafting.parallel_drafter import DrafterMeta, ParallelDrafter, load_drafter
+from specengine.training.parallel import ParallelRecipe, _FullSequenceCache, group_layout, mask_logits, train_parallel
 
 RECIPE = ParallelRecipe(packages=("tqdm", "safetensors"), n_train=6, n_val=2, seq_len=40, k_max=4, groups=6,
                         rank=4, topk=8, epochs=4, lr=1e-2, batch=2)
@@ -107,7 +108,7 @@ def test_masks_never_change_the_committed_draft_cache(tiny_dir, tiny_pair, token
     cached = eng.draft.cache.kv[:, :, 0, :n].clone()
     with torch.no_grad():  # the same draft weights without any adapter, prefilled from scratch
         plain = fresh_draft(tiny_dir)
-        cache = plain.new_cache(1, 64)
+        cache = KVCache.for_model(plain, 1, 64)
         plain(torch.tensor([ids]), cache)
     torch.testing.assert_close(cached, cache.kv[:, :, 0, :n], atol=1e-5, rtol=1e-5)
 
@@ -115,7 +116,7 @@ def test_masks_never_change_the_committed_draft_cache(tiny_dir, tiny_pair, token
 def test_sampling_distribution_with_the_parallel_drafter(tmp_path, tokenizer):
     from test_sampling_distribution import N, PROMPT, V, exact_joint
 
-    from specengine.statistics import total_variation_bound
+    from distribution_bounds import total_variation_bound
 
     hf, target, draft = small_vocab_models(tmp_path, V)
     eng = Engine(target, tokenizer, draft, max_seq_len=32, parallel_drafter=random_drafter(draft, k_max=3))

@@ -9,7 +9,7 @@ from test_parallelspec import random_drafter
 from test_specdec import random_head
 
 from specengine import Engine, SpecEngineError
-from specengine.sampling import FP32_TINY
+from specengine.methods.sampling import FP32_TINY
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402

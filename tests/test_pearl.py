@@ -6,8 +6,8 @@ from conftest import save_tiny, small_vocab_models
 from test_sampling_distribution import next_probs
 
 from specengine import Engine, SamplingParams
-from specengine.loading import load_model
-from specengine.statistics import total_variation_bound
+from specengine.models.loading import load_model
+from distribution_bounds import total_variation_bound
 
 PROMPTS = ["def add(a, b):\n", "x = [1, 2", "q"]
 
@@ -140,7 +140,7 @@ def test_sampling_distribution_of_three_tokens(tmp_path, tokenizer, gamma, kw):
 def test_draft_on_its_own_device_adapter(models, tokenizer, ar_out, tiny_dir):
     """A draft on another device than the target is wrapped so inputs/outputs cross devices;
     same tokens (the adapter forced CPU->CPU here, cuda:0 -> cuda:1 on a two-GPU machine)."""
-    from specengine.cross_device import CrossDeviceDraft
+    from specengine.runtime.cross_device import CrossDeviceDraft
 
     if torch.cuda.device_count() > 1:
         eng = Engine(load_model(tiny_dir, device="cuda:0")[0], tokenizer, load_model(tiny_dir, device="cuda:1")[0],

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from specengine import Engine
-from specengine.fetch import cache_dir, fetch
-from specengine.loading import load_model, resolve
-from specengine.runner import ModelRunner
+from specengine.models.fetch import cache_dir, fetch
+from specengine.models.loading import load_model, resolve
+from specengine.runtime.runner import ModelRunner
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 

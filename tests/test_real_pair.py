@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specengine import Engine
-from specengine.fetch import DEFAULT_DRAFT, DEFAULT_TARGET, fetch
+from specengine.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET, fetch
 from specengine.prompts import humaneval
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]

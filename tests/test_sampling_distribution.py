@@ -10,16 +10,16 @@ import torch
 from conftest import small_vocab_models
 from test_parallelspec import random_drafter
 
-import specengine.tree
+import specengine.methods.token_tree
 from specengine import Engine
-from specengine.statistics import total_variation_bound
+from distribution_bounds import total_variation_bound
 
 V, N, PROMPT = 8, 50_000, [3, 5, 2]  # 50k rows: TV bound 0.024, a dropped top-k filter moves 0.12
 N_CONTROL = 20_000
 
 
 def hf_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """The target distribution by transformers' warpers (independent of specengine.sampling)."""
+    """The target distribution by transformers' warpers (independent of specengine.methods.sampling)."""
     from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     ids, scores = torch.zeros(1, 1, dtype=torch.long), logits.float()[None]
@@ -102,7 +102,7 @@ def accept_everything(monkeypatch, eng):
     def sampler(logits, drafts, q, *rest):
         return real(logits, drafts, None if q is None else torch.zeros_like(q), *rest)
     monkeypatch.setattr(eng, "sampler", sampler)
-    monkeypatch.setattr(specengine.tree, "counter_uniform", lambda seed, *a: torch.zeros(seed.shape))
+    monkeypatch.setattr(specengine.methods.token_tree, "counter_uniform", lambda seed, *a: torch.zeros(seed.shape))
 
 
 @pytest.mark.parametrize("kw", [c[1] for c in CASES[1:]], ids=[c[0] for c in CASES[1:]])

@@ -4,9 +4,9 @@ import torch
 from conftest import small_vocab_models
 
 from specengine import Engine, SpecEngineError
-from specengine.acceptance_head import AcceptanceHead, HeadMeta, load_head, model_fingerprint
+from specengine.drafting.acceptance_head import AcceptanceHead, HeadMeta, load_head, model_fingerprint
 from specengine.methods.policies import SpecDecPolicy, make_policy
-from specengine.train_head import HeadRecipe, auroc, train_head, weighted_bce
+from specengine.training.head import HeadRecipe, auroc, train_head, weighted_bce
 
 RECIPE = HeadRecipe(packages=("tqdm", "safetensors"), n_train=8, n_val=4, seq_len=48, prefix=8, epochs=40,
                     forward_batch=4, lr=3e-3, batch_size=64)
@@ -52,7 +52,7 @@ def test_extraction_resumes_from_its_cache(trained, tmp_path):
     assert again.train_positions == report.train_positions
     from dataclasses import replace
 
-    from specengine.train_head import DATA_FIELDS, data_key
+    from specengine.training.head import DATA_FIELDS, data_key
 
     assert data_key(replace(RECIPE, n_train=9), DATA_FIELDS) != data_key(RECIPE, DATA_FIELDS)  # no stale reuse
     assert data_key(replace(RECIPE, epochs=99), DATA_FIELDS) == data_key(RECIPE, DATA_FIELDS)
@@ -92,7 +92,7 @@ def test_threshold_controls_the_proposal_length(tiny_pair, tokenizer):
 def test_sampling_distribution_with_specdec(tmp_path, tokenizer):
     from test_sampling_distribution import N, PROMPT, V, exact_joint
 
-    from specengine.statistics import total_variation_bound
+    from distribution_bounds import total_variation_bound
 
     hf, target, draft = small_vocab_models(tmp_path, V)
     eng = Engine(target, tokenizer, draft, max_seq_len=16, acceptance_head=random_head(draft, seed=3, bias=1.0))

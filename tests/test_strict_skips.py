@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_tools import TOOLS
 
 TESTS = Path(__file__).resolve().parent
 
@@ -35,7 +36,7 @@ def test_the_cuda_headers_fetch_works_on_an_empty_cache(tmp_path):
     pip for the spec 'None', and the csrc nvcc test skipped on every fresh machine)."""
     env = {**os.environ, "SPECENGINE_CACHE": str(tmp_path)}
     env.pop("SPECENGINE_CUDA_TORCH_INCLUDE", None)
-    proc = subprocess.run([sys.executable, "-m", "specengine.ext_check", "--fetch-only"], capture_output=True,
+    proc = subprocess.run([sys.executable, str(TOOLS / "ext_check.py"), "--fetch-only"], capture_output=True,
                           text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert list(tmp_path.glob("torch-cuda-headers/*/torch/include/torch/extension.h")), proc.stdout + proc.stderr

@@ -4,8 +4,8 @@ import torch
 
 from specengine import SpecEngineError
 from specengine.kernels.reference import rejection_sample_ref
-from specengine.statistics import total_variation_bound
-from specengine.tree import TokenTree, TreeShape, ancestor_mask, children_table, tree_accept
+from distribution_bounds import total_variation_bound
+from specengine.methods.token_tree import TokenTree, TreeShape, ancestor_mask, children_table, tree_accept
 
 #        0
 #      / | \
@@ -135,12 +135,13 @@ def test_drafted_tree_scores_are_the_draft_path_log_probs(engines, tree):
     """Every node's score = the draft's log-probs summed along its root path, computed by
     running the plain draft on prompt + path: the tree forwards see exactly their ancestors."""
     from specengine.kernels.reference import verify_attention_ref
-    from specengine.methods.trees import draft_tree
+    from specengine.methods.steps import draft_tree
+    from specengine.runtime.kv_cache import KVCache
 
     eng = engines["perturbed"]
     gen, _ = eng._start(PROMPTS[:2], max_new_tokens=8, method="sd", tree=tree)
     shape, state = gen.method.tree, gen.state
-    t = draft_tree(eng.draft, state, shape)
+    t, score = draft_tree(gen.ctx, state, shape, return_scores=True)
     assert t.tokens.shape[1] == shape.nodes + 1
     model = eng.draft.model
     for b in range(2):
@@ -150,10 +151,10 @@ def test_drafted_tree_scores_are_the_draft_path_log_probs(engines, tree):
             while u > 0:
                 path.append(int(t.tokens[b, u])), (u := int(t.parent[b, u]))
             seq = prompt + path[::-1]
-            cache = model.new_cache(1, len(seq))
+            cache = KVCache.for_model(model, 1, len(seq))
             logp = torch.log_softmax(model(torch.tensor([seq]), cache, verify_attention_ref)[0], -1)
             expect = sum(float(logp[len(prompt) - 1 + i, tok]) for i, tok in enumerate(path[::-1]))
-            assert abs(expect - float(t.score[b, j])) < 1e-3, (b, j)
+            assert abs(expect - float(score[b, j])) < 1e-3, (b, j)
             assert int(t.depth[b, j]) == len(path)
 
 
@@ -172,6 +173,7 @@ def test_compacted_caches_equal_a_fresh_prefill(engines, tree):
     """After tree rounds (accepted paths moved by compact_kv) every committed position's K/V,
     in the target and the draft cache, equals a forward over the committed text from scratch."""
     from specengine.kernels.reference import verify_attention_ref
+    from specengine.runtime.kv_cache import KVCache
 
     eng = engines["perturbed"]
     out = eng.generate(PROMPTS, max_new_tokens=30, method="sd", tree=tree, ignore_eos=True)
@@ -181,7 +183,7 @@ def test_compacted_caches_equal_a_fresh_prefill(engines, tree):
             # the last round may commit past max_new_tokens (kept ids are cut): compare what we know
             valid = min(int(runner.cache.lens[b]), len(seq) - 1)
             assert valid >= len(seq) - 3  # the draft may be 1-2 behind
-            fresh = runner.model.new_cache(1, len(seq))
+            fresh = KVCache.for_model(runner.model, 1, len(seq))
             runner.model(torch.tensor([seq[:valid]]), fresh, verify_attention_ref)
             torch.testing.assert_close(runner.cache.kv[:, :, b, :valid], fresh.kv[:, :, 0, :valid], atol=1e-4, rtol=1e-4)
 

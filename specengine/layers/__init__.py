@@ -2,7 +2,7 @@
 is installed), the plain-PyTorch reference elsewhere. The reference is the spec and the CPU
 path; the kernel is tested against it (under the interpreter on CPU). Ops: residual add +
 RMSNorm (`norm.py`), RoPE + KV-cache write (`rotary.py`), SiLU-and-mul (`activation.py`);
-merged projections live in `linear.py` (docs/design.md, "Fused step").
+the merged projections they read are models/decoder.py's (docs/design.md, "Fused step").
 
 `force_kernels(True)` makes every op take its kernel on any device (the tests run them on
 CPU tensors under TRITON_INTERPRET=1); `force_kernels(False)` the reference.

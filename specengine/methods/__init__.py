@@ -1,4 +1,6 @@
-"""Decoding methods, one file each, selected by name (docs/design.md, "Methods")."""
+"""Decoding methods, one file each and siblings (ar, sd, pearl, parallelspec), over the round
+steps they share (steps.py), sampling, token trees and draft-length policies; a method sees
+only its MethodContext, never the Engine (docs/design.md, "Methods")."""
 from .ar import AutoRegressive
 from .base import Method
 from .parallelspec import ParallelSpec

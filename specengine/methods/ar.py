@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import filter_logits
+from .sampling import filter_logits
 from .base import Method
-from .common import DecodeState, RoundOutput
+from .state import DecodeState, RoundOutput
 
 
 class AutoRegressive(Method):
@@ -19,10 +19,10 @@ class AutoRegressive(Method):
     def round(self, state: DecodeState, timer) -> RoundOutput:
         B = state.batch
         with timer.phase("target"):
-            logits = self.engine.target.decode(state.last_tokens(), attn_len=state.attn_len)
+            logits = self.ctx.target.decode(state.last_tokens(), attn_len=state.attn_len)
         no_drafts = torch.zeros(B, 0, dtype=torch.int64, device=logits.device)
         zeros = torch.zeros(B, dtype=torch.int32, device=logits.device)
-        out, n_acc = state.sampler(filter_logits(logits[:, None], state.params), no_drafts, None, zeros,
+        out, n_acc = self.ctx.sampler(filter_logits(logits[:, None], state.params), no_drafts, None, zeros,
                                    state.temperature, state.seed, state.offset)
         one = n_acc + 1
         state.commit(out, one)

@@ -1,35 +1,40 @@
 """The method interface: what one round of a decoding method does (docs/design.md, "Methods").
 
 A method is one file under `methods/` and one entry in the registry (`methods/__init__.py`);
-the driver (generation.py) knows nothing else about it. Per generate call:
-  method = Cls(engine, gamma, policy, threshold)   validate the call's options
-  method.begin(generation)              after prefill (measure costs, set up state)
+the driver (generation.py) knows nothing else about it, and it knows nothing of the Engine.
+Per generate call:
+  method = Cls(gamma, policy, threshold, tree, defaults)   validate the call's options
+  method.begin(ctx, generation)         after prefill: the MethodContext (runners, samplers,
+                                        step costs, head / drafter, side stream)
   method.round(state, timer)            -> RoundOutput, device tensors only, no host sync
   method.after_round(n_acc, num_draft)  host bookkeeping on what the round's one sync read
   method.stats(generation)              method-specific numbers for GenerationResult.stats
+`gamma` is each method's draft length: sd's γ, PEARL's window, ParallelSpec's k (a tree
+takes its depth from its shape). `defaults` carries the engine's gamma / policy / threshold,
+which only methods that draft by policy (sd) read.
 """
 from __future__ import annotations
 
 from ..errors import SpecEngineError
-from ..graphs import padded_width
-from ..tree import TreeShape
-from .common import DecodeState, RoundOutput
+from .context import MethodContext
+from .state import DecodeState, RoundOutput
+from .token_tree import TreeShape
 
 
 class Method:
     name = ""
     needs_draft = True
-
-    def __init__(self, engine, gamma=None, policy=None, threshold=None, tree=None):
-        self.engine = engine
-        if threshold is not None and not self.takes_threshold:
-            raise SpecEngineError(f"threshold applies to sd's confidence and specdec++ policies, not to {self.name}")
-        if tree is not None and not self.takes_tree:
-            raise SpecEngineError(f"tree drafting applies to sd and parallelspec, not to {self.name}")
-        self.tree = None if tree is None else TreeShape.parse(tree)
-
     takes_threshold = False
     takes_tree = False
+
+    def __init__(self, gamma=None, policy=None, threshold=None, tree=None, defaults=None):
+        if threshold is not None and not self.takes_threshold:
+            raise SpecEngineError(f"threshold applies to sd's confidence and specdec++ policies, not to {self.name}",
+                                  "threshold")
+        if tree is not None and not self.takes_tree:
+            raise SpecEngineError(f"tree drafting applies to sd and parallelspec, not to {self.name}", "tree")
+        self.tree = None if tree is None else TreeShape.parse(tree)
+        self.ctx: MethodContext | None = None
 
     @property
     def rows_independent(self) -> bool:
@@ -39,18 +44,12 @@ class Method:
 
     @property
     def max_width(self) -> int:
-        """The most tokens per row any forward of a round feeds (draft catch-up included)."""
+        """The most tokens per row any forward of a round feeds (draft catch-up included);
+        the driver derives the KV headroom a round needs from it (generation.headroom)."""
         return 1
 
-    @property
-    def headroom(self) -> int:
-        """Positions past a row's committed length a round may write: its widest forward,
-        padded to the graph bucket, for the target and for a draft running ahead of it.
-        The one place this is computed (capacity check and attention bound use it)."""
-        return 2 * padded_width(max(self.max_width, self.engine.target.invariant_width or 0))
-
-    def begin(self, generation) -> None:
-        pass
+    def begin(self, ctx: MethodContext, generation) -> None:
+        self.ctx = ctx
 
     def round(self, state: DecodeState, timer) -> RoundOutput:
         raise NotImplementedError

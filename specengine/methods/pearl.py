@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import SpecEngineError
-from ..sampling import filter_logits
 from .base import Method, speculative_stats
-from .common import DecodeState, RoundOutput
-from .parallelspec import parallel_draft
-from .sd import draft_chain
+from .context import MethodContext
+from .sampling import filter_logits
+from .state import DecodeState, RoundOutput
+from .steps import draft_chain, parallel_draft
 
 GAMMA_MAX = 16  # the longest window round(1/c) may choose
 
@@ -66,13 +66,14 @@ class Pearl(Method):
     name = "pearl"
     rows_independent = False  # per-row modes sized to the whole batch
 
-    def __init__(self, engine, gamma=None, policy=None, threshold=None, tree=None):
-        super().__init__(engine, threshold=threshold, tree=tree)
+    def __init__(self, gamma=None, policy=None, threshold=None, tree=None, defaults=None):
+        super().__init__(threshold=threshold, tree=tree)
         gamma = None if gamma == "auto" else gamma
         if gamma is not None and (not isinstance(gamma, int) or gamma < 1):
-            raise SpecEngineError(f"pearl window gamma must be an integer >= 1, got {gamma!r}")
+            raise SpecEngineError(f"pearl window gamma must be an integer >= 1, got {gamma!r}", "gamma")
         if policy not in (None, "fixed", "parallel"):
-            raise SpecEngineError(f"pearl takes policy 'parallel' (the ParallelSpec drafter) or none, got {policy!r}")
+            raise SpecEngineError(f"pearl takes policy 'parallel' (the ParallelSpec drafter) or none, got {policy!r}",
+                                  "policy")
         # "parallel": the window is drafted by ParallelSpec's drafter in one forward (default 4)
         self.parallel, self.drafter = policy == "parallel", None
         if self.parallel and gamma is None:
@@ -87,13 +88,14 @@ class Pearl(Method):
             return 2 * self.gamma
         return (self.gamma or GAMMA_MAX) + 1
 
-    def begin(self, generation) -> None:
+    def begin(self, ctx: MethodContext, generation) -> None:
+        super().begin(ctx, generation)
         state = generation.state
         if self.parallel:
-            self.drafter = self.engine.parallel_drafter()
+            self.drafter = ctx.parallel_drafter()
             if self.gamma > self.drafter.meta.k_max:
                 raise SpecEngineError(f"pearl window {self.gamma} exceeds the drafter's k_max={self.drafter.meta.k_max}")
-        self.cost_ratio = self.engine.step_costs(state, 1).cost_ratio
+        self.cost_ratio = ctx.step_costs(state, 1).cost_ratio
         self.gamma = self.gamma or gamma_for(self.cost_ratio)
         self.modes = PearlModes(torch.zeros(state.batch, dtype=torch.bool, device=state.tokens.device))
 
@@ -102,7 +104,8 @@ class Pearl(Method):
             return self._round(state, timer)
 
     def _round(self, state: DecodeState, timer) -> RoundOutput:
-        target, draft, modes, gamma = self.engine.target, self.engine.draft, self.modes, self.gamma
+        ctx, modes, gamma = self.ctx, self.modes, self.gamma
+        target, draft = ctx.target, ctx.draft
         B = state.batch
         start, post = state.n.clone(), modes.post
         drafted_end = start + post.to(torch.int64) * (gamma - 1)  # committed + pending
@@ -111,15 +114,15 @@ class Pearl(Method):
         def run_draft():
             with timer.phase("draft"):
                 if self.parallel:  # unseen tokens per row stay <= γ (committed + pending of last round)
-                    return (*parallel_draft(draft, self.drafter, state, gamma, drafted_end, gamma + 1), None)
-                return draft_chain(draft, state, gamma, upto=drafted_end)
+                    return (*parallel_draft(ctx, self.drafter, state, gamma, drafted_end, gamma + 1), None)
+                return draft_chain(ctx, state, gamma, upto=drafted_end)
 
         def run_target():
             with timer.phase("target"):
                 return target.verify(state.tokens.gather(1, state.positions(start - 1, width)),
                                      attn_len=state.attn_len)
 
-        (drafts, q, _), logits = overlap(state.tokens.device, self.engine.side_stream(), run_draft, run_target)
+        (drafts, q, _), logits = overlap(state.tokens.device, ctx.side_stream(), run_draft, run_target)
 
         # proposals: post rows verify [pending, e1] (γ), pre rows verify [d1] (1)
         pending = state.tokens.gather(1, state.positions(start, gamma - 1))
@@ -132,7 +135,7 @@ class Pearl(Method):
         # the sampler wants K+1 logits rows: pad to γ+1 (pre rows read only row 0, bonus withheld)
         logits = filter_logits(logits, state.params)
         pad = logits[:, -1:].expand(B, gamma + 1 - logits.shape[1], logits.shape[2])
-        out, n_acc = state.sampler(torch.cat([logits, pad], 1), proposal, q_all, num_draft,
+        out, n_acc = ctx.sampler(torch.cat([logits, pad], 1), proposal, q_all, num_draft,
                                    state.temperature, state.seed, state.offset)
 
         all_ok = n_acc.to(torch.int32) >= num_draft
@@ -179,5 +182,5 @@ class Pearl(Method):
             "round_draft_s": times.get("draft", 0.0) / rounds,
             "round_target_s": times.get("target", 0.0) / rounds,
             "round_wall_s": times.get("round", 0.0) / rounds,
-            "concurrent": self.engine.device.type == "cuda",
+            "concurrent": self.ctx.device.type == "cuda",
         }

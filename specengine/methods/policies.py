@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SpecEngineError
-from ..sampling import check_number
+from .sampling import check_number
 
 
 DEFAULT_SPECDEC_THRESHOLD = 0.1  # the held-out sweep on the dev CPU (bench/README.md, "SpecDec++"); sweep your own
@@ -106,7 +106,6 @@ class AutoGammaPolicy(FixedPolicy):
         self.accepted, self.rejected = prior_alpha * prior_weight, (1 - prior_alpha) * prior_weight
         self.decay = decay
         self.costs = None
-        self.history: list[int] = []
 
     @property
     def alpha(self) -> float:
@@ -117,7 +116,6 @@ class AutoGammaPolicy(FixedPolicy):
         self.gamma = best_gamma(self.alpha, costs, self.gamma_max)
 
     def update(self, n_acc, num_draft):
-        self.history.append(self.gamma)
         self.accepted = self.decay * self.accepted + sum(n_acc)
         self.rejected = self.decay * self.rejected + sum(a < d for a, d in zip(n_acc, num_draft))
         if self.costs is not None:

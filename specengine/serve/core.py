@@ -26,30 +26,12 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import SpecEngineError
-from ..generation import Generation, check_capacity, check_limits
-from ..methods import METHODS
-from ..sampling import SamplingParams
+from ..generation import Generation, RequestParams
+from ..methods.sampling import SamplingParams
 
 
 class Overloaded(SpecEngineError):
     """The waiting queue is full: retry later (HTTP 503)."""
-
-
-@dataclass
-class RequestParams:
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    stop: list[str] | str | None = None
-    ignore_eos: bool = False
-
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)  # validates
-
-    def stops(self) -> list[str]:
-        return check_limits(self.max_new_tokens, self.stop)  # validates both
 
 
 @dataclass
@@ -86,16 +68,16 @@ class _Request:
 class EngineCore:
     def __init__(self, engine, max_batch: int | None = None, max_waiting: int = 64, method: str | None = None,
                  gamma=None, policy: str | None = None):
+        """Defaults from the engine's EngineConfig: its method, and its max_batch rows."""
         self.engine = engine
-        self.max_batch = max_batch or engine.target.max_batch
-        if not isinstance(self.max_batch, int) or self.max_batch < 1:
-            raise SpecEngineError(f"max_batch must be an integer >= 1, got {max_batch!r}")
-        if not isinstance(max_waiting, int) or max_waiting < 0:
-            raise SpecEngineError(f"max_waiting must be an integer >= 0, got {max_waiting!r}")
+        self.max_batch = max_batch or engine.config.max_batch
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch < 1:
+            raise SpecEngineError(f"max_batch must be an integer >= 1, got {max_batch!r}", "max_batch")
+        if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
+            raise SpecEngineError(f"max_waiting must be an integer >= 0, got {max_waiting!r}", "max_waiting")
         self.max_waiting = max_waiting
         self.method_name, self.gamma, self.policy = method or engine.method, gamma, policy
-        engine._check_method(self.method_name)
-        self._probe = METHODS[self.method_name](engine, gamma, policy)  # validates, gives headroom
+        self._probe = engine.new_method(self.method_name, gamma, policy)  # validates, gives the headroom
         self.waiting: deque[_Request] = deque()
         self.running: dict[str, _Request] = {}
         self.slots: list[str | None] = [None] * self.max_batch
@@ -120,11 +102,11 @@ class EngineCore:
     def prepare(self, prompt, params: RequestParams | None, request_id: str) -> _Request:
         """Validate and tokenize a request without touching the core's state (any thread)."""
         params = params or RequestParams()
-        sampling, stops = params.sampling(), params.stops()
+        sampling, stops = params.validate()
         prompts, batched = self.engine.encode(prompt)
         if batched:
-            raise SpecEngineError("add_request takes one prompt")
-        check_capacity(prompts, params.max_new_tokens, self.engine.max_seq_len, self._probe.headroom)
+            raise SpecEngineError("add_request takes one prompt", "prompt")
+        self.engine.check_capacity(prompts, params.max_new_tokens, self._probe)
         return _Request(request_id, prompts[0], params, sampling, stops)
 
     def overloaded(self) -> Overloaded:
@@ -235,7 +217,7 @@ class EngineCore:
 
     def _start(self, req: _Request) -> None:
         """A fresh Generation over all rows (empty) for this sampling class."""
-        method = METHODS[self.method_name](self.engine, self.gamma, self.policy)
+        method = self.engine.new_method(self.method_name, self.gamma, self.policy)
         placeholder = [[0]] * self.max_batch
         self.gen = Generation(self.engine, placeholder, req.sampling, 1, method, self.engine.eos_ids, [])
         for slot in range(self.max_batch):

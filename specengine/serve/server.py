@@ -23,6 +23,7 @@ from typing import Any
 from ..errors import SpecEngineError
 from .async_engine import AsyncEngine
 from .core import Overloaded, RequestParams
+from .metrics import Histogram
 
 try:
     from fastapi import Depends, FastAPI, Request
@@ -35,9 +36,6 @@ try:
     from pydantic import BaseModel, BeforeValidator, Field, StrictBool
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise SpecEngineError("the server needs the serve extra: pip install 'specengine[serve]'") from e
-
-LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-
 
 FP32_MAX = 3.4028234663852886e38  # temperatures above fp32's maximum are refused (sampling.py)
 
@@ -109,24 +107,6 @@ def _error(status: int, message: str, param: str | None = None, kind: str = "inv
                         headers=headers)
 
 
-class Histogram:
-    """A Prometheus histogram (cumulative buckets, sum, count)."""
-
-    def __init__(self, buckets=LATENCY_BUCKETS):
-        self.buckets, self.counts, self.sum, self.count = buckets, [0] * len(buckets), 0.0, 0
-
-    def observe(self, x: float) -> None:
-        self.sum, self.count = self.sum + x, self.count + 1
-        for i, b in enumerate(self.buckets):
-            if x <= b:
-                self.counts[i] += 1
-
-    def lines(self, name: str) -> list[str]:
-        out = [f"# TYPE {name} histogram"]
-        out += [f'{name}_bucket{{le="{b}"}} {c}' for b, c in zip(self.buckets, self.counts)]
-        return out + [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.sum}", f"{name}_count {self.count}"]
-
-
 class _Unauthorized(Exception):
     pass
 
@@ -135,7 +115,10 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
                **core_kw) -> FastAPI:
     """The FastAPI app serving `engine` as `model_name` (core_kw: EngineCore options).
     api_key: every /v1 route then wants `Authorization: Bearer <api_key>` (None: the
-    SPECENGINE_API_KEY environment variable, if set; /health stays open)."""
+    SPECENGINE_API_KEY environment variable, if set; /health stays open).
+
+    Why long: FastAPI's app-factory pattern. The routes, error handlers and metrics are
+    closures over this app's AsyncEngine, key and counters; each is short on its own."""
     api_key = api_key if api_key is not None else os.environ.get("SPECENGINE_API_KEY") or None
     aeng = AsyncEngine(engine, **core_kw)
 
@@ -230,6 +213,10 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
                              ignore_eos=req.ignore_eos)
 
     async def _serve(request: Request, body: _Sampling, prompt, chat: bool):
+        """One completion, streamed (server-sent events) or whole, with its metrics.
+
+        Why long: both answer shapes share the request's validation, failure mapping,
+        latency metrics and usage; split apart they would repeat them."""
         try:
             params = _params(body)
             rid, queue = aeng.submit(prompt, params)

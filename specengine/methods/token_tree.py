@@ -13,8 +13,8 @@ u's children in order (most probable first) with the target's distribution p_u â
 The candidates are a deterministic function of the context (top-k of the draft), so this
 is sequential sampling from p_u: P(x) = p_u(x) exactly, whatever the draft proposed; at
 temperature 0 a child is accepted iff it is the target's argmax, so the output is `ar`'s.
-The accepted path's K/V then move to contiguous slots (`compact_path`, the compact_kv
-extension or its torch fallback) and the cache lengths are set: no host sync.
+The accepted path's K/V then move to contiguous slots (`KVCache.compact_path`, the
+compact_kv extension or its torch fallback) and the cache lengths are set: no host sync.
 """
 from __future__ import annotations
 
@@ -22,10 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import SpecEngineError
-from .kernels.rng import STREAM_ACCEPT, STREAM_SAMPLE, categorical_from_counter, counter_uniform
-from .kernels.reference import tempered_softmax
-from .kv_compact import compact_kv
+from ..errors import SpecEngineError
+from ..kernels.rng import STREAM_ACCEPT, STREAM_SAMPLE, categorical_from_counter, counter_uniform
+from ..kernels.reference import tempered_softmax
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,6 @@ class TokenTree:
     depth: torch.Tensor  # [B,N+1] int64
     source: torch.Tensor | None = None  # [B,N+1] where the draft wrote each node's K/V (index from the root)
     draft_depth: int = 0  # nodes shallower than this have draft K/V at `source`
-    score: torch.Tensor | None = None  # [B,N+1] cumulative draft log-probability (0 at the root)
 
     def mask(self) -> torch.Tensor:
         return ancestor_mask(self.parent)
@@ -148,9 +146,3 @@ def tree_accept(logits, tree: TokenTree, temperature, seed, offset, max_depth: i
     out.scatter_(1, n_acc[:, None], last[:, None])
     return out, n_acc.to(torch.int32), path
 
-
-def compact_path(cache, root_slot: torch.Tensor, source: torch.Tensor, count: torch.Tensor) -> None:
-    """Move K/V of slots root_slot + source[b, i] to root_slot + 1 + i for i < count[b], every
-    layer (the extension when built, else torch); the caller sets the lengths."""
-    src = root_slot[:, None] + source.clamp(min=0)
-    compact_kv(cache.kv, src, (root_slot + 1).to(torch.int32), count.to(torch.int32), check=False)

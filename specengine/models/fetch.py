@@ -22,7 +22,7 @@ from pathlib import Path
 from filelock import FileLock
 from tqdm.auto import tqdm
 
-from .errors import SpecEngineError
+from ..errors import SpecEngineError
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .acceptance_head import AcceptanceHead, HeadMeta, model_fingerprint
-from .errors import SpecEngineError
+from ..drafting.acceptance_head import AcceptanceHead, HeadMeta, model_fingerprint
+from ..errors import SpecEngineError
 
 
 @dataclass

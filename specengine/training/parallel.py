@@ -26,12 +26,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .acceptance_head import model_fingerprint
-from .errors import SpecEngineError
-from .kernels.reference import verify_attention_ref
-from .parallel_drafter import DrafterMeta, ParallelDrafter
-from .rope import rope_tables
-from .train_head import data_key, prepare_data
+from ..drafting.acceptance_head import model_fingerprint
+from ..errors import SpecEngineError
+from ..kernels.reference import verify_attention_ref
+from ..drafting.parallel_drafter import DrafterMeta, ParallelDrafter
+from ..layers.rotary import rotate_qkv
+from ..models.rope import rope_tables
+from .head import data_key, prepare_data
 
 
 @dataclass
@@ -55,9 +56,21 @@ class ParallelRecipe:
 TEACHER_FIELDS = ("packages", "n_train", "n_val", "seq_len", "topk", "seed", "val_fraction")
 
 
-class _FullSequenceCache:
-    """A KV 'cache' for one full-sequence training forward from length 0: each layer keeps
-    its own k/v (no shared buffer written in place, so autograd can see through it)."""
+class _TrainingCache:
+    """The decoder's cache protocol for training forwards: each layer keeps its own k/v (no
+    shared buffer written in place, so autograd can see through it)."""
+
+    def store(self, layer, qkv, rope, num_heads, num_kv_heads):
+        q, k, v = rotate_qkv(qkv, rope, num_heads, num_kv_heads)
+        self.write(layer, k, v)
+        return q
+
+    def layer(self, layer, length=None):
+        return self._kv[layer]
+
+
+class _FullSequenceCache(_TrainingCache):
+    """A KV 'cache' for one full-sequence training forward from length 0."""
 
     def __init__(self, model, batch: int, length: int, device):
         c = model.config
@@ -69,11 +82,8 @@ class _FullSequenceCache:
     def write_positions(self, width):
         return torch.arange(width, device=self.lens.device)[None, :].expand(self.lens.shape[0], width)
 
-    def write(self, layer, k, v, pos):
+    def write(self, layer, k, v):
         self._kv[layer] = (k, v)
-
-    def layer(self, layer, length=None):
-        return self._kv[layer]
 
 
 def group_layout(L: int, anchors: torch.Tensor, k: int):
@@ -122,7 +132,7 @@ def teacher_topk(engine, chunks: torch.Tensor, recipe: ParallelRecipe, cache_dir
     return torch.cat(vals), torch.cat(ids)
 
 
-class _PrefixThenMasks:
+class _PrefixThenMasks(_TrainingCache):
     """The mask rows' training 'cache': each layer's real K/V (computed once, without grad)
     followed by the masks' own, read in full by `_explicit_mask_attention`."""
 
@@ -135,12 +145,9 @@ class _PrefixThenMasks:
     def write_positions(self, width):
         return None  # unused: write() appends
 
-    def write(self, layer, k, v, pos):
+    def write(self, layer, k, v):
         rk, rv = self.real.layer(layer)
         self._kv[layer] = (torch.cat([rk, k], 1), torch.cat([rv, v], 1))
-
-    def layer(self, layer, length=None):
-        return self._kv[layer]
 
 
 def _explicit_mask_attention(q, k, v, cache_lens, mask):
@@ -217,6 +224,10 @@ def _evaluate(drafter, chunks, t_vals, t_ids, recipe, gen):
 
 def train_parallel(engine, out_path, recipe: ParallelRecipe | None = None, work_dir=None, draft_name: str = "",
                    command: str = "") -> ParallelReport:
+    """Train a parallel drafter for the engine's draft, write it to out_path with a report.
+
+    Why long: the resumable pipeline in order (data, teacher cache, before-score, epochs with
+    checkpoints, after-score, save); each stage is a call, the function is their sequence."""
     recipe = recipe or ParallelRecipe()
     if recipe.k_max < 2:
         raise SpecEngineError("k_max must be >= 2 (k-1 masks)")
@@ -229,7 +240,7 @@ def train_parallel(engine, out_path, recipe: ParallelRecipe | None = None, work_
     report.teacher_seconds = time.perf_counter() - t0
 
     model = engine.draft.model
-    from .cpu_matmul import unpack
+    from ..models.cpu_matmul import unpack
 
     unpack(model)  # autograd needs plain weights (packed oneDNN weights have no backward)
     cfg = model.config

@@ -8,8 +8,8 @@ sm_90 in the C++ standard that torch's own build config names, with the flags
 torch.utils.cpp_extension adds, and reads registers, stack frame and spills per kernel from
 `-Xptxas -v`.
 
-    python -m specengine.ext_check --fetch-only      # extract headers (pip download; cached)
-    python -m specengine.ext_check                   # compile and print the resource table
+    python tools/ext_check.py --fetch-only      # extract headers (pip download; cached)
+    python tools/ext_check.py                   # compile and print the resource table
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .fetch import cache_dir
+from specengine.models.fetch import cache_dir
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 DEFAULT_WHEEL_SPEC = "torch==2.14.1"  # a CUDA (cu130) build; the CPU machines' pip finds it on disk

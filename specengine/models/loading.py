@@ -9,8 +9,8 @@ import torch
 
 from . import fetch
 from .config import ModelConfig
-from .errors import SpecEngineError
-from .model import Transformer, merge_checkpoint
+from ..errors import SpecEngineError
+from .decoder import Transformer, merge_checkpoint
 
 
 def resolve(name_or_path: str | Path) -> Path:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import SpecEngineError
+from ..errors import SpecEngineError
 
 
 def save_artifact(path, tensors: dict[str, torch.Tensor], meta, extra: dict | None = None) -> Path:

@@ -8,12 +8,9 @@ Each timed step writes K/V at positions >= cache.lens (scratch that later steps 
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
-import torch
-
-from .common import DecodeState
+from ..timing import best_seconds
 
 
 @dataclass(frozen=True)
@@ -36,21 +33,12 @@ class StepCosts:
         return t[-1] + slope * (width - len(t))
 
 
-def time_forward(model, state: DecodeState, width: int, repeats: int = 2) -> float:
-    """Best of `repeats` wall times of one forward of `width` tokens per row (the first call
-    also pays one-time costs such as kernel selection for a new shape; the minimum drops it)."""
+def time_forward(runner, state, width: int, repeats: int = 2) -> float:
+    """Best of `repeats` wall times of one forward of `width` tokens per row."""
     tokens = state.tokens.gather(1, state.positions(state.n - 1, width))
-    sync = torch.cuda.synchronize if tokens.is_cuda else (lambda: None)
-    best = float("inf")
-    for _ in range(repeats):
-        sync()
-        t = time.perf_counter()
-        model.verify(tokens, attn_len=state.attn_len)
-        sync()
-        best = min(best, time.perf_counter() - t)
-    return best
+    return best_seconds(lambda: runner.verify(tokens, attn_len=state.attn_len), repeats, tokens.device)
 
 
-def measure_step_costs(target, draft, state: DecodeState, max_width: int, repeats: int = 2) -> StepCosts:
+def measure_step_costs(target, draft, state, max_width: int, repeats: int = 2) -> StepCosts:
     return StepCosts(state.batch, time_forward(draft, state, 1, repeats),
                      tuple(time_forward(target, state, w, repeats) for w in range(1, max_width + 1)))

@@ -18,12 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .kernels.reference import verify_attention_ref
-from .kv_cache import KVCache
-from .layers.activation import silu_and_mul
-from .layers.norm import RMSNorm
-from .layers.rotary import StepRope, rope_kv_write, rotate_qkv
-from .rope import rope_tables
+from ..kernels.reference import verify_attention_ref
+from ..layers.activation import silu_and_mul
+from ..layers.norm import RMSNorm
+from ..layers.rotary import StepRope
 
 AttentionFn = Callable[..., torch.Tensor]  # the verify_attention contract (docs/design.md, "Kernel contracts")
 
@@ -76,14 +74,9 @@ class Attention(nn.Module):
         self.qkv_proj = merged_linear(cfg.hidden_size, {"q_proj": q, "k_proj": kv, "v_proj": kv}, cfg.qkv_bias)
         self.o_proj = Linear(q, cfg.hidden_size, bias=False)
 
-    def forward(self, x, layer_idx, cache: KVCache, step: Step):
+    def forward(self, x, layer_idx, cache, step: Step):
         B, T, _ = x.shape
-        qkv = self.qkv_proj(x)
-        if isinstance(cache, KVCache):  # rotate, store k/v at the write positions (fused on CUDA)
-            q = rope_kv_write(qkv, step.rope, *cache.layer(layer_idx), self.nh, self.nkv)
-        else:  # a training cache keeps its own k/v (autograd sees through)
-            q, k, v = rotate_qkv(qkv, step.rope, self.nh, self.nkv)
-            cache.write(layer_idx, k, v, step.rope.write_pos)
+        q = cache.store(layer_idx, self.qkv_proj(x), step.rope, self.nh, self.nkv)  # rotated; k/v stored
         k_all, v_all = cache.layer(layer_idx, step.attn_len)
         out = step.attn_fn(q, k_all, v_all, cache.lens, step.tree_mask)
         return self.o_proj(out.reshape(B, T, self.nh * self.hd))
@@ -130,13 +123,7 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def new_cache(self, batch: int, max_seq_len: int) -> KVCache:
-        """A static KV buffer (and RoPE tables) for this model, on its device and in its dtype."""
-        p, c = self.embed_tokens.weight, self.config
-        rope = rope_tables(c.hf_config, c.head_dim, max_seq_len, p.device)
-        return KVCache(c.num_layers, batch, max_seq_len, c.num_kv_heads, c.head_dim, p.dtype, p.device, rope)
-
-    def forward(self, tokens, cache: KVCache, attn_fn: AttentionFn = verify_attention_ref, tree_mask=None,
+    def forward(self, tokens, cache, attn_fn: AttentionFn = verify_attention_ref, tree_mask=None,
                 attn_len=None, logits_at=None, return_hidden=False, inputs_embeds=None):
         """tokens [B,T] written at cache.lens[b] + (0..T-1) (tree: rotated as depth of the node).
 
@@ -164,17 +151,22 @@ class Transformer(nn.Module):
         return (logits, h) if return_hidden else logits
 
 
+def _merged_projections(model: Transformer):
+    """(merged name, its checkpoint prefix, its parts) of every merged projection."""
+    for name, module in model.named_modules():
+        if isinstance(module, Linear) and module.parts:
+            yield name, name.rsplit(".", 1)[0], module.parts
+
+
 def merge_checkpoint(state: dict[str, torch.Tensor], model: Transformer) -> dict[str, torch.Tensor]:
     """A checkpoint's tensors by HF name -> this model's (merged projections concatenated in
     their `parts` order); names without a merged home pass through."""
     out = dict(state)
-    for name, module in model.named_modules():
-        if isinstance(module, Linear) and module.parts:
-            prefix = name.rsplit(".", 1)[0]
-            for kind in ("weight", "bias"):
-                keys = [f"{prefix}.{part}.{kind}" for part, _ in module.parts]
-                if all(k in out for k in keys):
-                    out[f"{name}.{kind}"] = torch.cat([out.pop(k) for k in keys])
+    for name, prefix, parts in _merged_projections(model):
+        for kind in ("weight", "bias"):
+            keys = [f"{prefix}.{part}.{kind}" for part, _ in parts]
+            if all(k in out for k in keys):
+                out[f"{name}.{kind}"] = torch.cat([out.pop(k) for k in keys])
     return out
 
 
@@ -182,12 +174,10 @@ def split_checkpoint(model: Transformer) -> dict[str, torch.Tensor]:
     """This model's tensors by HF name (merged projections split into their `parts`): the
     inverse of `merge_checkpoint`, for handing the same weights to transformers."""
     out = dict(model.state_dict())
-    for name, module in model.named_modules():
-        if isinstance(module, Linear) and module.parts:
-            prefix = name.rsplit(".", 1)[0]
-            for kind in ("weight", "bias"):
-                merged = out.pop(f"{name}.{kind}", None)
-                if merged is not None:
-                    for (part, _), piece in zip(module.parts, merged.split([r for _, r in module.parts])):
-                        out[f"{prefix}.{part}.{kind}"] = piece
+    for name, prefix, parts in _merged_projections(model):
+        for kind in ("weight", "bias"):
+            merged = out.pop(f"{name}.{kind}", None)
+            if merged is not None:
+                for (part, _), piece in zip(parts, merged.split([rows for _, rows in parts])):
+                    out[f"{prefix}.{part}.{kind}"] = piece
     return out

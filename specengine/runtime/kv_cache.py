@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import torch
 
+from ..layers.rotary import StepRope, rope_kv_write
+from ..models.rope import rope_tables
+from .kv_compact import compact_kv
+
 
 class KVCache:
     def __init__(self, num_layers, batch, max_seq_len, num_kv_heads, head_dim, dtype, device, rope):
@@ -21,6 +25,13 @@ class KVCache:
         self.lens = torch.zeros(batch, dtype=torch.int32, device=device)
         self.high_water = torch.zeros((), dtype=torch.int64, device=device)  # max position written + 1
         self.rope_cos, self.rope_sin = rope  # [max_seq_len, head_dim] fp32
+
+    @classmethod
+    def for_model(cls, model, batch: int, max_seq_len: int) -> "KVCache":
+        """A static buffer (and RoPE tables) for `model`, on its device and in its dtype."""
+        p, c = model.embed_tokens.weight, model.config
+        rope = rope_tables(c.hf_config, c.head_dim, max_seq_len, p.device)
+        return cls(c.num_layers, batch, max_seq_len, c.num_kv_heads, c.head_dim, p.dtype, p.device, rope)
 
     def rows(self, n: int) -> "KVCache":
         """A view of the first n rows (same storage, lengths and high-water mark)."""
@@ -50,11 +61,17 @@ class KVCache:
         torch.maximum(self.high_water, pos[:, -1].max() + 1, out=self.high_water)
         return pos.clamp(max=self.max_seq_len - 1)
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
-        """Store k/v [B,T,Hkv,D] at positions pos [B,T] of every row (no host sync)."""
-        rows = torch.arange(k.shape[0], device=k.device)[:, None].expand_as(pos)
-        self.kv[layer, 0].index_put_((rows, pos), k)
-        self.kv[layer, 1].index_put_((rows, pos), v)
+    def store(self, layer: int, qkv: torch.Tensor, rope: StepRope, num_heads: int, num_kv_heads: int):
+        """The attention's write: rotate q and k of the merged projection qkv, store k and v at
+        the step's write positions (one fused kernel on CUDA); returns the rotated q."""
+        return rope_kv_write(qkv, rope, *self.layer(layer), num_heads, num_kv_heads)
+
+    def compact_path(self, root_slot: torch.Tensor, source: torch.Tensor, count: torch.Tensor) -> None:
+        """Tree rounds: move K/V of slots root_slot + source[b, i] to root_slot + 1 + i for
+        i < count[b], every layer (the extension when built, else torch); no host sync. The
+        caller sets the lengths."""
+        src = root_slot[:, None] + source.clamp(min=0)
+        compact_kv(self.kv, src, (root_slot + 1).to(torch.int32), count.to(torch.int32), check=False)
 
     def layer(self, layer: int, length: int | None = None):
         """K and V views of one layer, optionally only the first `length` positions."""

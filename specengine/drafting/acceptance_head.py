@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .artifacts import save_artifact, shipped
-from .errors import SpecEngineError
+from ..errors import SpecEngineError
 
 HEADS_DIR = Path(__file__).parent / "heads"
 

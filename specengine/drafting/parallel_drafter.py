@@ -24,7 +24,7 @@ from torch import nn
 
 from .acceptance_head import model_fingerprint
 from .artifacts import read_metadata, save_artifact, shipped
-from .errors import SpecEngineError
+from ..errors import SpecEngineError
 
 DRAFTERS_DIR = Path(__file__).parent / "drafters"
 # the draft's projections that get adapters (merged ones adapt each of their parts:

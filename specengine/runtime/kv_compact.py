@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from .errors import SpecEngineError
+from ..errors import SpecEngineError
 
 try:
-    from . import _kvext
+    from .. import _kvext
 except ImportError:  # not built here: the torch fallback serves
     _kvext = None
 
@@ -97,7 +97,3 @@ def compact_kv(kv_buffer, src_pos, dst_start, count, backend: str = "auto", chec
         raise SpecEngineError("kv_buffer must be contiguous for the extension")
     _kvext.compact_kv(kv_buffer, src_pos.contiguous(), dst_start, count)
 
-
-def rollback(cache_lens: torch.Tensor, base_lens: torch.Tensor, accepted: torch.Tensor) -> None:
-    """Batched rollback on the device: cache_lens = base_lens + accepted (no host sync)."""
-    torch.add(base_lens.to(cache_lens.dtype), accepted.to(cache_lens.dtype), out=cache_lens)

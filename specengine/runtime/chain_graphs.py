@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .graphs import batch_buckets, cuda_capture, len_bucket
+from .graphs import batch_bucket, cuda_capture, len_bucket
 
 
 class DraftChainGraphs:
@@ -41,7 +41,7 @@ class DraftChainGraphs:
         self.replays = 0
 
     def key(self, batch: int, gamma: int, attn_len: int | None, params) -> tuple | None:
-        b = next((x for x in batch_buckets(self.max_batch) if x >= batch), None)
+        b = batch_bucket(batch, self.max_batch)
         if b is None or gamma > self.max_gamma:
             return None
         n = len_bucket(attn_len or self.max_seq_len, self.max_seq_len)
@@ -67,9 +67,10 @@ class DraftChainGraphs:
                     self.q[:b, j].copy_(q)
         return chain
 
-    def run(self, state, gamma: int, tok2, which, seen, upto):
-        """The chain draft_chain would compute (tokens [B,γ], q [B,γ,V] | None, confs [B,γ]),
-        from one graph replay; None when no graph fits (then the caller runs it eagerly)."""
+    def run(self, state, sampler, gamma: int, tok2, which, seen, upto):
+        """The chain `methods.steps.draft_chain` would compute with the draft `sampler` (tokens
+        [B,γ], q [B,γ,V] | None, confs [B,γ]), from one graph replay; None when no graph fits
+        (then the caller runs it eagerly)."""
         B = state.batch
         key = self.key(B, gamma, state.attn_len, state.params)
         if key is None:
@@ -92,7 +93,7 @@ class DraftChainGraphs:
         self.tok2[B:b].zero_()
         graph = self.graphs.get(key)
         if graph is None:
-            fn = self._fns[key] = self._chain(*key[:3], state.params, state.draft_sampler)
+            fn = self._fns[key] = self._chain(*key[:3], state.params, sampler)
             graph = self.graphs[key] = self.capture(fn, self.pool, self.runner.device)
         graph.replay()
         self.replays += 1

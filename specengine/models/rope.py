@@ -16,7 +16,7 @@ def rope_inv_freq(hf_config, head_dim: int, device=None) -> tuple[torch.Tensor, 
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     if rope_type not in ROPE_INIT_FUNCTIONS:
-        from .errors import SpecEngineError
+        from ..errors import SpecEngineError
         raise SpecEngineError(f"unsupported rope scaling type {rope_type!r}")
     inv, factor = ROPE_INIT_FUNCTIONS[rope_type](hf_config, device)
     return inv, float(factor)

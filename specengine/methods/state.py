@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import SamplingParams
+from .sampling import SamplingParams
 
 
 @dataclass
@@ -23,8 +23,6 @@ class DecodeState:
     temperature: torch.Tensor  # [B] fp32 (0 = greedy)
     seed: torch.Tensor  # [B] int64, per row (kernels/rng.py: a row's numbers never depend on its index)
     offset: torch.Tensor  # [B] int64, the row's round: bumped every round, fresh random numbers
-    sampler: object  # the rejection_sample contract (torch reference or a kernel)
-    draft_sampler: object  # the sampling.sample_draft contract (torch reference or the fused kernel)
     attn_len: int | None = None  # host bound on positions any step reads this round
 
     @property

@@ -57,6 +57,11 @@ def batch_buckets(max_batch: int) -> tuple[int, ...]:
     return doubling_buckets(max_batch)
 
 
+def batch_bucket(batch: int, max_batch: int) -> int | None:
+    """The batch bucket a step of `batch` rows replays at, or None above max_batch."""
+    return next((b for b in batch_buckets(max_batch) if b >= batch), None)
+
+
 def len_buckets(max_len: int, smallest: int = 256) -> tuple[int, ...]:
     return doubling_buckets(max_len, smallest)
 
@@ -149,7 +154,7 @@ class GraphRunner:
         """The key of the captured graph that runs this step (capturing a tree / hidden-state
         graph the first time one is needed), or None (run it eagerly)."""
         B, Q = tokens.shape
-        qb, bb = q_bucket(Q, self.q_buckets), self._batch_bucket(B)
+        qb, bb = q_bucket(Q, self.q_buckets), batch_bucket(B, self.max_batch)
         if qb is None or bb is None:
             return None
         key = (bb, qb, self._len_bucket(attn_len), tree_mask is not None, bool(return_hidden))
@@ -164,7 +169,7 @@ class GraphRunner:
         [B,T,V], or None when it does not fit (run it eagerly). Padding rows get token 0, no
         masks and a diagonal tree."""
         B, T = tokens.shape
-        b = self._batch_bucket(B)
+        b = batch_bucket(B, self.max_batch)
         if b is None or 2 * b * T * self.vocab_size * 4 > self.memory_limit:
             return None
         n = self._len_bucket(attn_len)
@@ -190,9 +195,6 @@ class GraphRunner:
         self.graphs[key].replay()
         self.replays += 1
         return static["logits"][:B]
-
-    def _batch_bucket(self, batch: int) -> int | None:
-        return next((b for b in self.batch_sizes if b >= batch), None)
 
     def _len_bucket(self, attn_len: int | None) -> int:
         return len_bucket(attn_len or self.max_seq_len, self.max_seq_len)

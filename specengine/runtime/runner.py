@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from . import invariance
+from ..errors import SpecEngineError
 from .backends import attention_op
-from .draft_graph import DraftChainGraphs
-from .graphs import Q_BUCKETS, GraphRunner, batch_buckets, len_buckets
-from .errors import SpecEngineError
-from .kernels.reference import verify_attention_ref, verify_attention_tiled
+from .chain_graphs import DraftChainGraphs
+from .graphs import Q_BUCKETS, GraphRunner, len_buckets
+from .invariance import BatchInvariance
 from .kv_cache import KVCache
 
 
@@ -31,9 +30,8 @@ class ModelRunner:
         self._warmed: KVCache | None = None  # the buffer warm-up (autotune, graphs) last ran on
         self._chain: DraftChainGraphs | None = None
         self.chain_graph = True  # as a draft: one graph for a whole chain (False: a graph per step)
-        self.invariant_width: int | None = None  # batch-invariant mode on: its widest target forward
-        self.pad_width: int | None = None  # ... and the width every forward pads to, if the probe needs it
-        self._attention_name = attention
+        self.use_graphs, self.capture = False, None
+        self.invariance = BatchInvariance(self)  # batch-invariant mode: off until configured
         self.set_attention(attention)
         self.set_cuda_graphs(cuda_graphs, capture)
 
@@ -49,87 +47,43 @@ class ModelRunner:
     def set_attention(self, name: str = "auto") -> None:
         """"torch" | "triton" | "auto" (Triton on CUDA). Captured graphs baked the old kernel.
         In batch-invariant mode a fixed-split attention serves whatever the name."""
-        self._attention_name = name
-        self.normal_attention = attention_op(name, self.device)  # what the mode off uses
-        self.reset_invariance()
+        self.normal_backend, self.normal_attention = attention_op(name, self.device)  # what the mode off uses
+        self.invariance.select()
 
-    def set_batch_invariant(self, width: int | None) -> None:
-        """Batch-invariant mode up to `width` tokens per forward (None: off): fixed-split
-        attention, and every verify/decode padded to `width` when the probe finds this
-        backend's results depend on the row count (docs/design.md, "Batch-invariant mode")."""
-        if width is not None and (not isinstance(width, int) or width < 1):
-            raise SpecEngineError(f"invariant_width must be an integer >= 1, got {width!r}")
-        self.invariant_width = width
-        self.reset_invariance()
+    @property
+    def invariant_width(self) -> int | None:
+        """Batch-invariant mode's widest target forward (None: the mode is off)."""
+        return self.invariance.width
 
-    def invariant_candidates(self) -> list[tuple]:
-        """(attention, its name, pad width) to probe, cheapest first: on a CPU the fixed-tile
-        torch attention unpadded, then padded; on CUDA always padded (graph buckets regroup
-        widths), the fixed-split Triton kernel first unless torch attention was asked for."""
-        W, tiled = self.invariant_width, (verify_attention_tiled, "torch-tiled")
-        if self.device.type != "cuda":
-            return [(*tiled, None), (*tiled, W)]
-        if self.normal_attention is verify_attention_ref:  # torch asked for, or no Triton
-            return [(*tiled, W)]
-        from .kernels.verify_attention import verify_attention_fixed
+    def spawn(self, model) -> "ModelRunner":
+        """An eager runner of its own over `model` with this one's attention (probes and
+        measurements use one, so this runner's buffer and graphs stay as they are)."""
+        runner = ModelRunner(model, cuda_graphs=False)
+        runner.normal_backend, runner.normal_attention = self.normal_backend, self.normal_attention
+        runner.invariance.select()
+        return runner
 
-        return [(verify_attention_fixed, "triton-fixed", W), (*tiled, W)]
-
-    def reset_invariance(self, choice: int = 0) -> None:
-        """Take candidate `choice` (mode on) or the normal attention (off) and forget which
-        batch sizes the probe passed (kernels, matmul plans or attention changed)."""
-        self._invariant_choice, self._invariant_batches = choice, set()
-        if self.invariant_width:
-            self.attn_fn, self.attention_backend, self.pad_width = self.invariant_candidates()[choice]
-        else:
-            self.attn_fn, self.pad_width = self.normal_attention, None
-            self.attention_backend = "torch" if self.attn_fn is verify_attention_ref else "triton"
+    def drop_graphs(self) -> None:
+        """Forget the captured graphs (the attention or the mode changed): the next
+        allocation warms up and captures anew."""
         self.graphs = self._warmed = self._chain = None
-
-    def ensure_invariant(self, batch: int, width: int | None = None) -> None:
-        """Probe (once per batch size) that forwards of `batch` rows give each token the bits
-        of decoding it alone, trying the candidates from the current one on (never back to a
-        cheaper one). `width`: a method's widest forward, which widens the mode (re-probed).
-        Raises when none holds: the mode cannot promise exactness on this backend."""
-        if self.invariant_width is None:
-            return
-        if width is not None and width > self.invariant_width:
-            self.invariant_width = width
-            self.reset_invariance()
-        if batch in self._invariant_batches:
-            return
-        rows = next(b for b in batch_buckets(self.max_batch) if b >= batch) \
-            if self.use_graphs and batch <= self.max_batch else batch  # the row count graphs replay at
-        candidates = self.invariant_candidates()
-        for i in range(self._invariant_choice, len(candidates)):
-            attn_fn, _, pad = candidates[i]
-            failure = invariance.probe(self.model, attn_fn, rows, self.invariant_width, pad)
-            if failure is None:
-                if i != self._invariant_choice:
-                    self.reset_invariance(i)
-                self._invariant_batches.add(batch)
-                return
-        raise SpecEngineError(
-            f"batch-invariant mode: on this backend the {failure}, even with every forward padded to "
-            f"{self.invariant_width} tokens; pass batch_invariant=False (16-bit speculation may then "
-            f"flip near-ties)")
 
     def set_cuda_graphs(self, enabled: bool = True, capture=None) -> None:
         """Replay captured graphs for decode/verify (CUDA; `capture` stands in on CPU in tests)."""
         self.capture = capture
         self.use_graphs = enabled and (self.device.type == "cuda" or capture is not None)
-        self.reset_invariance(self._invariant_choice)  # graphs replay at bucket row counts: re-probe
+        self.invariance.select(self.invariance.choice)  # graphs replay at bucket row counts: re-probe
 
     # ------------------------------------------------------------------ buffers and graphs
     def allocate(self, batch: int, max_seq_len: int) -> KVCache:
         """The KV buffer for a call of `batch` rows (reused when it fits), lengths reset."""
-        self.ensure_invariant(batch)
+        self.invariance.ensure(batch)
         rows = max(batch, self.max_batch) if self.use_graphs else batch
         buf = self._buffer
         stale = buf is None or buf.batch < rows or buf.max_seq_len != max_seq_len or buf.kv.dtype != self.dtype \
             or buf.kv.device != self.device
         if stale or (buf.kv.is_inference() and not torch.is_inference_mode_enabled()):  # can't write those here
-            self._buffer = self.model.new_cache(rows, max_seq_len)
+            self._buffer = KVCache.for_model(self.model, rows, max_seq_len)
             self.graphs = self._chain = None  # they point at the old buffer; warm-up captures anew
         self._buffer.reset()  # every row, padded graph rows included, starts at length 0
         self.cache = self._buffer.rows(batch)
@@ -215,13 +169,13 @@ class ModelRunner:
     def verify(self, tokens: torch.Tensor, tree_mask=None, attn_len=None, return_hidden=False):
         """Q new tokens per row [B,Q] (chain, or a tree with tree_mask [B|1,Q,Q]) -> [B,Q,V].
         Replays a captured graph when one fits, else runs eagerly (same results)."""
-        Q = tokens.shape[1]
-        if self.invariant_width is not None and Q > self.invariant_width:
+        Q, inv = tokens.shape[1], self.invariance
+        if inv.width is not None and Q > inv.width:
             raise SpecEngineError(
-                f"batch-invariant mode covers target forwards of up to invariant_width={self.invariant_width} "
+                f"batch-invariant mode covers target forwards of up to invariant_width={inv.width} "
                 f"tokens, but this round verifies {Q}; pass a larger invariant_width, a smaller gamma, "
-                f"or batch_invariant=False")
-        if self.pad_width is not None and Q != self.pad_width:
+                f"or batch_invariant=False", "invariant_width")
+        if inv.pad_width is not None and Q != inv.pad_width:
             return self._padded_verify(tokens, tree_mask, attn_len, return_hidden)
         key = self.graphs.usable(tokens, tree_mask, return_hidden, attn_len) if self.graphs is not None else None
         if key is not None:
@@ -232,7 +186,7 @@ class ModelRunner:
         """Batch-invariant mode: run Q tokens as a forward of pad_width (the padding writes K/V
         past the real tokens, which no real query sees; padded tree nodes see only themselves)."""
         B, Q = tokens.shape
-        W = self.pad_width
+        W = self.invariance.pad_width
         tokens = torch.nn.functional.pad(tokens, (0, W - Q))
         if tree_mask is not None:
             eye = torch.eye(W, dtype=torch.bool, device=tree_mask.device).expand(tree_mask.shape[0], W, W).clone()

@@ -20,13 +20,14 @@ import json
 import os
 import platform
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
+
+from ..timing import best_seconds
 
 ROWS_TUNED = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)  # decode (1), verify (γ+1), small batches
 MIN_PASS_BYTES = 256 << 20  # a timing pass reads at least this much weight (or every layer)
@@ -157,7 +158,7 @@ def _save_table(entries: dict) -> None:
 
 # ----------------------------------------------------------------------------- measuring
 def _linears(model):
-    from .model import Linear
+    from .decoder import Linear
 
     return [m for m in model.modules() if isinstance(m, Linear)]
 
@@ -199,13 +200,11 @@ def _time_pass(fn, x, weights, reps: int, xs=None) -> float:
     """Best-of-`reps` seconds per weight for one pass fn(x, w) over `weights` (per-weight
     inputs when `xs` is given). The first pass also warms up; it rarely wins the minimum."""
     xs = xs or [x] * len(weights)
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
+
+    def one_pass():
         for x_i, w in zip(xs, weights):
             fn(x_i, w)
-        best = min(best, (time.perf_counter() - t) / len(weights))
-    return best
+    return best_seconds(one_pass, reps) / len(weights)
 
 
 def measure_group(layers, dtype, rows, storages, reps: int = 2, bar=None) -> dict:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import SpecEngineError
-from .kernels.reference import tempered_softmax
-from .kernels.rng import STREAM_DRAFT, categorical_from_counter
+from ..errors import SpecEngineError
+from ..kernels.reference import rejection_sample_ref, tempered_softmax
+from ..kernels.rng import STREAM_DRAFT, categorical_from_counter
 
 
 FP32_MAX = torch.finfo(torch.float32).max
@@ -111,3 +111,19 @@ def sample_draft(logits: torch.Tensor, params: SamplingParams, seed, offset, pos
     pos_t = torch.full((logits.shape[0],), pos, dtype=torch.int64, device=logits.device)
     tok = categorical_from_counter(q, seed, offset, pos_t, STREAM_DRAFT)
     return tok, q, q.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def sample_draft_fused(logits: torch.Tensor, params: SamplingParams, seed, offset, pos: int):
+    """`sample_draft`'s contract on the fused kernel: the filter (if any), then one launch."""
+    from ..kernels.draft_sampling import draft_sample
+
+    return draft_sample(filter_logits(logits, params), params.temperature, seed, offset, pos)
+
+
+def sampler_ops(backend: str):
+    """(rejection sampler, draft sampler) of a resolved backend ("torch" | "triton")."""
+    if backend == "torch":
+        return rejection_sample_ref, sample_draft
+    from ..kernels.rejection_sampling import rejection_sample
+
+    return rejection_sample, sample_draft_fused

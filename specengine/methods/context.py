@@ -1,0 +1,41 @@
+"""What a method may use during one generation: handed to it by the driver at `begin`.
+
+Methods never reach the Engine. Everything a round needs comes in here, resolved by the API
+(heads and drafters load lazily, on the first generation that asks, so a method that never
+needs one never pays for it, and a missing one is an error of that call only):
+
+- `target`, `draft`: runners with the entry points `decode`, `verify`, `drafter_forward`,
+  `chain_graphs` and a `cache` whose lengths the round reads and sets (runtime/runner.py;
+  tests pass stand-ins with the same entry points);
+- `sampler`, `draft_sampler`: the rejection-sampling and draft-sampling contracts
+  (kernels/reference.py `rejection_sample_ref`, methods/sampling.py `sample_draft`);
+- `step_costs(state, max_width)`: measured draft step and target forward costs, cached per
+  batch size (runtime/step_costs.py);
+- `acceptance_head(mode)`, `parallel_drafter()`: SpecDec++'s head, ParallelSpec's drafter;
+- `side_stream()`: the second CUDA stream PEARL drafts on (None off CUDA).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+def _missing(what: str):
+    def fail(*_):
+        raise RuntimeError(f"this method context has no {what}")
+    return fail
+
+
+@dataclass
+class MethodContext:
+    target: object
+    draft: object | None
+    sampler: Callable
+    draft_sampler: Callable
+    device: torch.device
+    step_costs: Callable = _missing("step costs")
+    acceptance_head: Callable = _missing("acceptance head")
+    parallel_drafter: Callable = _missing("parallel drafter")
+    side_stream: Callable = lambda: None  # noqa: E731 - no second stream unless on CUDA

@@ -1,0 +1,237 @@
+"""Round steps shared by the methods: the draft's catch-up, a chain draft, a parallel draft,
+a tree draft, and chain / tree verify-and-commit. Methods import these, never each other
+(docs/design.md, "Methods"). Each step takes the generation's `MethodContext` (runners and
+samplers) and its `DecodeState`, and stays on the device.
+
+Chain drafts (`draft_chain`): after a round the draft holds the committed prefix plus some
+of the round's drafts, so it is 1 or 2 tokens behind the new committed length (2 when all
+drafts were accepted: the last draft and the bonus are unseen). The first draft step feeds
+the two tokens starting at its length and reads the logits of the right one: no host sync.
+
+Parallel drafts (`parallel_draft`, ParallelSpec's drafter): the draft reads its unseen
+committed tokens (1 .. k+1 of them) followed by MASK_1 .. MASK_{k-1}; the last real token's
+logits propose d1 and MASK_i's propose d_{i+1}. Rows have different numbers of unseen
+tokens, so the forward is a tree over k+1 real slots and k-1 masks: a real slot sees the
+real slots before it; a mask sees the row's valid real slots and the masks before it.
+Positions follow from the tree (a node's depth), so MASK_1 sits at the next token's position.
+
+Tree drafts (`tree="KxD:N"`, methods/token_tree.py): draft a token tree, verify it in one
+target forward, accept a root path losslessly, compact its K/V. Tree drafting keeps K nodes
+per depth (a beam over cumulative draft log-probability, the EAGLE-2 rule): depth 1 is the draft's top-K after the root; depth d+1 is the best K of the
+K×K children of depth d's nodes; finally the N most probable nodes are kept (a child
+never scores above its parent, so the kept set is closed under ancestors).
+  - autoregressive draft: depth d+1's candidates come from one draft forward over every
+    node drafted so far as a tree (widths K, 2K, ..., (D−1)K). Re-feeding the earlier
+    levels keeps the attention contract (a tree over the new tokens only); node j's draft
+    K/V lands at root_slot + j, so the accepted path is compacted in the draft cache too.
+  - parallel drafter: one draft forward gives every depth's distribution at once (the
+    last real token, then MASK_1..), so depth d+1's candidates are the same top-K under
+    every node; the draft cache keeps the committed tokens only, nothing to compact.
+Candidates are the draft's top-K (not samples), which is what lets `tree_accept` be
+lossless without the draft's q.
+"""
+from __future__ import annotations
+
+import torch
+
+from .context import MethodContext
+from .sampling import filter_logits
+from .state import DecodeState, RoundOutput
+from .token_tree import TokenTree, TreeShape, ancestor_mask, tree_accept
+
+
+def catch_up_inputs(draft, state: DecodeState, upto: torch.Tensor):
+    """The draft's 2-token catch-up feed: (tokens at its length and the next one [B,2], which
+    of their logits continues the chain [B] (the last unseen token: 1 or 2 are unseen))."""
+    seen = draft.cache.lens.to(torch.int64)
+    return state.tokens.gather(1, state.positions(seen, 2)), (upto - 1 - seen).clamp(0, 1)
+
+
+def draft_catch_up(draft, state: DecodeState, upto: torch.Tensor, return_hidden: bool = False):
+    """Feed the draft the tokens of state.tokens[:, :upto] it has not seen (1 or 2 per row);
+    returns the logits after the last one [B,V] (and its final hidden state [B,H])."""
+    tok2, which = catch_up_inputs(draft, state, upto)
+    out = draft.verify(tok2, attn_len=state.attn_len, return_hidden=return_hidden)
+    draft.cache.set_lens(upto)
+    rows = torch.arange(state.batch, device=which.device)
+    return (out[0][rows, which], out[1][rows, which]) if return_hidden else out[rows, which]
+
+
+def draft_chain(ctx: MethodContext, state: DecodeState, gamma: int, upto: torch.Tensor | None = None, policy=None):
+    """Up to γ draft tokens per row [B,γ'] continuing state.tokens[:, :upto] (default: the
+    committed tokens), their q [B,γ',V] (None if greedy) and the draft's confidences [B,γ'].
+    A policy that wants hidden states (specdec++) sees each step's and may end the loop
+    early (γ' < γ) once every row has stopped."""
+    draft, observe = ctx.draft, policy is not None and policy.wants_hidden
+    upto = state.n if upto is None else upto
+    chain = None if observe else getattr(draft, "chain_graphs", lambda: None)()
+    if chain is not None:  # the whole chain as one CUDA graph replay (runtime/chain_graphs.py)
+        out = chain.run(state, ctx.draft_sampler, gamma, *catch_up_inputs(draft, state, upto), draft.cache.lens,
+                        upto)
+        if out is not None:
+            return out
+    if observe:
+        policy.begin_round(state.batch, state.tokens.device)
+    out = draft_catch_up(draft, state, upto, return_hidden=observe)
+    toks, qs, confs = [], [], []
+    for j in range(gamma):
+        if j:
+            out = draft.decode(toks[-1], attn_len=state.attn_len, return_hidden=observe)
+            draft.cache.set_lens(draft.cache.lens + 1)
+        logits, hidden = out if observe else (out, None)
+        tok, q, conf = ctx.draft_sampler(logits, state.params, state.seed, state.offset, j)
+        toks.append(tok), qs.append(q), confs.append(conf)
+        if observe and policy.observe(hidden, j):
+            break
+    q = None if state.params.greedy else torch.stack(qs, 1)
+    return torch.stack(toks, 1), q, torch.stack(confs, 1)
+
+
+def verify_and_commit(ctx: MethodContext, state: DecodeState, drafts, q, num_draft, timer):
+    """One target forward over [last committed, drafts], rejection sampling, commit.
+    Returns (tokens [B,K+1], n_acc [B])."""
+    with timer.phase("target"):
+        logits = ctx.target.verify(torch.cat([state.last_tokens()[:, None], drafts], 1), attn_len=state.attn_len)
+    out, n_acc = ctx.sampler(filter_logits(logits, state.params), drafts, q, num_draft,
+                               state.temperature, state.seed, state.offset)
+    state.commit(out, n_acc + 1)
+    return out, n_acc
+
+
+def drafter_layout(unseen: torch.Tensor, k: int, real_width: int | None = None):
+    """(mask_index [B,T], tree_mask [B,T,T]) for `real_width` real slots (default k+1) then
+    k-1 masks, T = real_width + k - 1."""
+    W = k + 1 if real_width is None else real_width
+    B, T = unseen.shape[0], W + k - 1
+    dev = unseen.device
+    j = torch.arange(T, device=dev)
+    mask_index = torch.where(j >= W, j - W + 1, 0).expand(B, T)
+    causal = j[None, :] <= j[:, None]  # [T,T]
+    is_mask = (j >= W)
+    real_ok = j[None, :] < unseen[:, None]  # [B,T] valid real slots (as keys)
+    # real query rows: causal over the real slots; mask query rows: valid real slots + earlier masks
+    real_rows = causal & ~is_mask[None, :]
+    mask_rows = (real_ok[:, None, :] & ~is_mask[None, None, :]) | (causal & is_mask[None, :])[None]
+    tree = torch.where(is_mask[None, :, None], mask_rows, real_rows[None])
+    return mask_index, tree
+
+
+def parallel_logits(draft, drafter, state: DecodeState, k: int, upto: torch.Tensor, real_width: int):
+    """Logits [B,k,V] of the k proposals continuing state.tokens[:, :upto], from ONE draft
+    forward over the row's unseen tokens (1..real_width) then the masks; afterwards the
+    draft cache holds exactly tokens[:, :upto]."""
+    seen = draft.cache.lens.to(torch.int64)
+    unseen = (upto - seen).clamp(1, real_width)
+    real = state.tokens.gather(1, state.positions(seen, real_width))
+    tokens = torch.cat([real, torch.zeros_like(real[:, : k - 1])], 1)
+    mask_index, tree = drafter_layout(unseen, k, real_width)
+    logits = draft.drafter_forward(drafter, tokens, mask_index, tree, attn_len=state.attn_len)
+    draft.cache.set_lens(upto)
+    masks = real_width + torch.arange(k - 1, device=logits.device)[None, :].expand(state.batch, k - 1)
+    at = torch.cat([(unseen - 1)[:, None], masks], 1)  # d1 from the last real slot, d2.. from the masks
+    return logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1]))
+
+
+def parallel_draft(ctx: MethodContext, drafter, state: DecodeState, k: int, upto: torch.Tensor, real_width: int):
+    """k draft tokens per row [B,k] continuing state.tokens[:, :upto] in ONE draft forward,
+    and their q [B,k,V] (None if greedy)."""
+    logits = parallel_logits(ctx.draft, drafter, state, k, upto, real_width)
+    toks, qs = [], []
+    for i in range(k):
+        tok, q, _ = ctx.draft_sampler(logits[:, i].contiguous(), state.params, state.seed, state.offset, i)
+        toks.append(tok), qs.append(q)
+    return torch.stack(toks, 1), None if state.params.greedy else torch.stack(qs, 1)
+
+
+class _Beam:
+    """Nodes drafted so far, K per depth, as lists of [B,K] columns (root first)."""
+
+    def __init__(self, root: torch.Tensor, K: int):
+        B = root.shape[0]
+        self.K = K
+        self.tokens, self.parent = [root[:, None]], [torch.full((B, 1), -1, dtype=torch.int64, device=root.device)]
+        self.score, self.depth = [torch.zeros(B, 1, device=root.device)], [torch.zeros_like(self.parent[0])]
+
+    @property
+    def size(self) -> int:
+        return sum(t.shape[1] for t in self.tokens)
+
+    def grow(self, logq: torch.Tensor) -> None:
+        """Add the next depth from the draft's log-probs after each frontier node [B,F,V]."""
+        B, F, _ = logq.shape
+        first = self.size - F  # index of the first frontier node
+        cand, tok = logq.float().topk(self.K, -1)  # [B,F,K]
+        total = (self.score[-1][:, :, None] + cand).reshape(B, F * self.K)
+        best, flat = total.topk(min(self.K, F * self.K), -1)
+        self.tokens.append(tok.reshape(B, F * self.K).gather(1, flat))
+        self.parent.append(first + flat // self.K)
+        self.score.append(best)
+        self.depth.append(self.depth[-1][:, :1] + 1 + torch.zeros_like(flat))
+
+    def all(self):
+        cat = lambda xs: torch.cat(xs, 1)  # noqa: E731
+        return cat(self.tokens), cat(self.parent), cat(self.score), cat(self.depth)
+
+    def tree(self, budget: int, draft_depth: int) -> tuple[TokenTree, torch.Tensor]:
+        """The `budget` most probable nodes (ties: shallower first), re-indexed depth-major,
+        and their scores (cumulative draft log-probability, 0 at the root) [B,N+1]."""
+        tokens, parent, score, depth = self.all()
+        B, n = tokens.shape
+        if budget >= n - 1:
+            return TokenTree(tokens, parent, depth, torch.arange(n, device=tokens.device).expand(B, n),
+                             draft_depth), score
+        order = torch.sort(-score[:, 1:], dim=1, stable=True).indices[:, :budget] + 1
+        kept = torch.cat([torch.zeros_like(order[:, :1]), torch.sort(order, 1).values], 1)  # [B,N+1] old ids
+        new_id = torch.zeros(B, n, dtype=torch.int64, device=tokens.device)
+        new_id.scatter_(1, kept, torch.arange(budget + 1, device=tokens.device).expand(B, budget + 1))
+        old_parent = parent.gather(1, kept)
+        new_parent = torch.where(old_parent >= 0, new_id.gather(1, old_parent.clamp(min=0)), -1)
+        return TokenTree(tokens.gather(1, kept), new_parent, depth.gather(1, kept), kept, draft_depth), \
+            score.gather(1, kept)
+
+
+def draft_tree(ctx: MethodContext, state: DecodeState, shape: TreeShape, return_scores: bool = False):
+    """A tree from the autoregressive draft: D−1 draft forwards after the catch-up (and the
+    kept nodes' scores [B,N+1] when asked)."""
+    draft = ctx.draft
+    logits = draft_catch_up(draft, state, state.n)  # the draft now holds the root at slot n-1
+    beam = _Beam(state.last_tokens(), shape.topk)
+    beam.grow(torch.log_softmax(logits.float(), -1)[:, None])
+    for _ in range(shape.depth - 1):
+        tokens, parent, _, _ = beam.all()
+        out = draft.verify(tokens[:, 1:], tree_mask=ancestor_mask(parent)[:, 1:, 1:], attn_len=state.attn_len)
+        F = beam.tokens[-1].shape[1]
+        beam.grow(torch.log_softmax(out[:, -F:].float(), -1))
+    tree, scores = beam.tree(shape.nodes, draft_depth=shape.depth)
+    return (tree, scores) if return_scores else tree
+
+
+def positional_tree(root: torch.Tensor, logq: torch.Tensor, shape: TreeShape) -> TokenTree:
+    """A tree from per-depth draft log-probs [B,D,V] that do not depend on the parent (the
+    parallel drafter's one forward): depth d+1's candidates are position d's top-K."""
+    beam = _Beam(root, shape.topk)
+    for d in range(shape.depth):
+        F = beam.tokens[-1].shape[1]
+        beam.grow(logq[:, d: d + 1].expand(-1, F, -1))
+    return beam.tree(shape.nodes, draft_depth=0)[0]  # the draft keeps committed tokens only
+
+
+def verify_tree_and_commit(ctx: MethodContext, state: DecodeState, tree: TokenTree, shape: TreeShape, timer,
+                           draft_forwards: int) -> RoundOutput:
+    """One target forward over the tree, lossless acceptance, K/V compaction, commit."""
+    start = state.n.clone()
+    with timer.phase("target"):
+        logits = ctx.target.verify(tree.tokens, tree_mask=tree.mask(), attn_len=state.attn_len)
+    out, n_acc, path = tree_accept(filter_logits(logits, state.params), tree, state.temperature, state.seed,
+                                   state.offset, shape.depth, shape.topk)
+    root_slot = start - 1
+    ctx.target.cache.compact_path(root_slot, path, n_acc)
+    draft_lens = start  # the parallel drafter's cache holds the committed tokens only
+    if tree.draft_depth:  # the draft wrote the nodes shallower than draft_depth at root_slot + source
+        fed = n_acc.to(torch.int64).clamp(max=tree.draft_depth - 1)
+        ctx.draft.cache.compact_path(root_slot, tree.source.gather(1, path.clamp(min=0)), fed)
+        draft_lens = start + fed
+    state.commit(out, n_acc + 1)
+    num_draft = torch.full_like(n_acc, shape.depth)  # per-depth acceptance: alpha_d = P(depth d | d-1)
+    return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1, draft_forwards=draft_forwards,
+                       draft_lens=draft_lens)

@@ -1,0 +1,56 @@
+"""Model configuration read from a Hugging Face `config.json` (through transformers)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import SpecEngineError
+
+SUPPORTED = ("llama", "qwen2", "mistral")
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    qkv_bias: bool
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    sliding_window: int | None
+    hf_config: object = field(repr=False, default=None)  # kept for RoPE scaling helpers
+
+    @classmethod
+    def from_hf(cls, cfg) -> "ModelConfig":
+        if cfg.model_type not in SUPPORTED:
+            raise SpecEngineError(
+                f"unsupported model type {cfg.model_type!r}; supported: {', '.join(SUPPORTED)}")
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            raise SpecEngineError(f"unsupported activation {cfg.hidden_act!r} (only SwiGLU/silu)")
+        heads = cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        if heads % kv_heads:
+            raise SpecEngineError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+        window = getattr(cfg, "sliding_window", None)
+        if cfg.model_type == "qwen2" and not getattr(cfg, "use_sliding_window", False):
+            window = None
+        return cls(
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_layers=cfg.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+            rms_norm_eps=cfg.rms_norm_eps,
+            # Qwen2 always has q/k/v bias; Llama/Mistral only with attention_bias.
+            qkv_bias=cfg.model_type == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
+            tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+            max_position_embeddings=getattr(cfg, "max_position_embeddings", 1 << 20),
+            sliding_window=window,
+            hf_config=cfg,
+        )

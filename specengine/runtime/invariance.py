@@ -1,0 +1,206 @@
+"""Batch-invariant mode, decided by measurement (docs/design.md, "Batch-invariant mode").
+
+Whether a token's logits depend on how many tokens share its forward is a property of the
+backend (BLAS kernel choice per row count, the CPU matmul plan, GPU split-K heuristics),
+not something to assume per CPU. So the mode *probes* it: a one-layer shadow of the target
+(the same Linear modules, norms, RoPE tables and attention function, hence the same kernel
+per shape) decodes a few random tokens one at a time, then verifies them in blocks of every
+width 1..W, and every row's logits must have the same bits. Kernel choice depends on shapes,
+never on values, so random data exposes any difference in reduction order.
+
+Two ways to be invariant, cheapest first:
+- unpadded: forwards keep their own width (only the fixed-tile attention differs from the
+  normal path); on CPUs whose kernels are row-count invariant this costs almost nothing;
+- padded to W: every verify/decode runs at W tokens per row, so every matmul has one shape.
+GPU forwards always pad (graph buckets regroup widths, and memory-bound steps pay little).
+
+`BatchInvariance` is the one owner of the mode: each ModelRunner holds one, and it decides
+the attention and pad width, probes, and widens. The probe and the cost measurement get
+runners from it; this module never imports the runner.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import torch
+from torch import nn
+
+from ..errors import SpecEngineError
+from ..kernels.reference import verify_attention_tiled
+from ..timing import best_seconds
+from .graphs import batch_bucket
+
+PROBE_CONTEXT = 24  # prompt tokens before the probed ones (one attention tile is enough)
+INVARIANT_MAX_COST = 0.05  # mode "auto" turns on when a decode costs at most this much more with it
+
+
+class BatchInvariance:
+    """Batch-invariant mode of one runner: off (`width` None) or on up to `width` tokens per
+    forward, with the attention and pad width the probe accepted and the batch sizes it
+    passed. It sets the runner's `attn_fn` / `attention_backend` and drops its graphs when
+    they change (they baked the old kernel)."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.width: int | None = None  # on: the widest target forward it covers
+        self.pad_width: int | None = None  # ... and the width every forward pads to, if the probe needs it
+        self.choice, self.batches = 0, set()
+
+    def candidates(self) -> list[tuple]:
+        """(attention, its name, pad width) to probe, cheapest first: on a CPU the fixed-tile
+        torch attention unpadded, then padded; on CUDA always padded (graph buckets regroup
+        widths), the fixed-split Triton kernel first unless torch attention was asked for."""
+        W, tiled, r = self.width, (verify_attention_tiled, "torch-tiled"), self.runner
+        if r.device.type != "cuda":
+            return [(*tiled, None), (*tiled, W)]
+        if r.normal_backend == "torch":  # torch asked for, or no Triton
+            return [(*tiled, W)]
+        from ..kernels.verify_attention import verify_attention_fixed
+
+        return [(verify_attention_fixed, "triton-fixed", W), (*tiled, W)]
+
+    def select(self, choice: int = 0) -> None:
+        """Take candidate `choice` (mode on) or the normal attention (off) and forget which
+        batch sizes the probe passed (kernels, matmul plans or attention changed)."""
+        r = self.runner
+        self.choice, self.batches = choice, set()
+        if self.width:
+            r.attn_fn, r.attention_backend, self.pad_width = self.candidates()[choice]
+        else:
+            r.attn_fn, r.attention_backend, self.pad_width = r.normal_attention, r.normal_backend, None
+        r.drop_graphs()
+
+    def set_width(self, width: int | None) -> None:
+        """On up to `width` tokens per forward, or off (None)."""
+        if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
+            raise SpecEngineError(f"invariant_width must be an integer >= 1, got {width!r}", "invariant_width")
+        self.width = width
+        self.select()
+
+    def ensure(self, batch: int, width: int | None = None) -> None:
+        """Probe (once per batch size) that forwards of `batch` rows give each token the bits
+        of decoding it alone, trying the candidates from the current one on (never back to a
+        cheaper one). `width`: a method's widest forward, which widens the mode (re-probed).
+        Raises when none holds: the mode cannot promise exactness on this backend."""
+        if self.width is None:
+            return
+        if width is not None and width > self.width:
+            self.width = width
+            self.select()
+        if batch in self.batches:
+            return
+        r = self.runner
+        rows = (batch_bucket(batch, r.max_batch) if r.use_graphs and batch <= r.max_batch else None) or batch
+        shadow = r.spawn(one_layer(r.model))  # the graphs replay at the bucket's row count
+        candidates = self.candidates()
+        for i in range(self.choice, len(candidates)):
+            attn_fn, _, pad = candidates[i]
+            failure = probe(shadow, attn_fn, rows, self.width, pad)
+            if failure is None:
+                if i != self.choice:
+                    self.select(i)
+                self.batches.add(batch)
+                return
+        raise SpecEngineError(
+            f"batch-invariant mode: on this backend the {failure}, even with every forward padded to "
+            f"{self.width} tokens; pass batch_invariant=False (16-bit speculation may then "
+            f"flip near-ties)", "batch_invariant")
+
+    def configure(self, mode="auto", width: int = 9) -> dict:
+        """True | False | "auto" (on for a 16-bit model when the probe passes and one decode
+        with the mode costs at most INVARIANT_MAX_COST more than without it, measured here,
+        now). Returns what was found: mode, on, pad_width, cost."""
+        if mode not in (True, False, "auto"):
+            raise SpecEngineError(f"batch_invariant must be True, False or 'auto', got {mode!r}", "batch_invariant")
+        info = {"mode": mode, "on": False, "pad_width": None, "cost": None}
+        if mode is True or (mode == "auto" and self.runner.dtype in (torch.float16, torch.bfloat16)):
+            self.set_width(width)
+            try:
+                self.ensure(1)
+            except SpecEngineError:
+                if mode is True:
+                    raise
+                self.set_width(None)
+            if mode == "auto" and self.width is not None:
+                info["cost"] = self.cost()
+                if info["cost"] > INVARIANT_MAX_COST:
+                    self.set_width(None)
+        else:
+            self.set_width(None)
+        info.update(on=self.width is not None, pad_width=self.pad_width)
+        return info
+
+    def cost(self) -> float:
+        """Extra time of one decode with the mode (its attention and padding) over without it."""
+        r = self.runner
+        off, on = decode_seconds(r.spawn(r.model), [(r.normal_attention, None), (r.attn_fn, self.pad_width)])
+        return on / off - 1
+
+
+def one_layer(model) -> nn.Module:
+    """The model with only its first decoder layer: same modules, a 1-layer KV cache."""
+    shadow = copy.copy(model)
+    shadow._modules = dict(model._modules)  # noqa: SLF001 - a shallow module copy
+    shadow.layers = nn.ModuleList([model.layers[0]])
+    shadow.config = dataclasses.replace(model.config, num_layers=1)
+    return shadow
+
+
+@torch.inference_mode()
+def probe(runner, attn_fn, rows: int, width: int, pad: int | None, seed: int = 0) -> str | None:
+    """None when every row's logits (and so its K/V) are bit-identical decoded alone (one
+    row, one token; padded to `pad` if set) and verified in blocks of 1..width tokens with
+    `rows` rows, on `runner` (an eager runner of its own, the model's first layer); else
+    what differed."""
+    runner.attn_fn, runner.invariance.pad_width = attn_fn, pad
+    model = runner.model
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.randint(0, model.config.vocab_size, (rows, PROBE_CONTEXT + width), generator=g).to(runner.device)
+    lens = torch.arange(PROBE_CONTEXT, PROBE_CONTEXT - rows, -1).clamp_min(1).to(runner.device)
+    step = torch.arange(width, device=runner.device)
+    new = seq.gather(1, lens[:, None] + step)  # each row's probed tokens, right after its prompt
+    cache = runner.allocate(rows, PROBE_CONTEXT + 2 * max(width, pad or 0))
+
+    def reset():
+        runner.cache = cache
+        runner.prefill(seq[:, :PROBE_CONTEXT], lens)
+
+    reset()
+    alone = []
+    for r in range(rows):  # one row, one token per forward: what `ar` computes at batch 1
+        runner.cache = cache.row(r)
+        alone.append(torch.stack([_decode_next(runner, new[r:r + 1, j]) for j in range(width)]))
+    for w in range(1, width + 1):
+        reset()
+        block = runner.verify(new[:, :w])
+        for r in range(rows):
+            for j in range(w):
+                if not torch.equal(block[r, j], alone[r][j]):
+                    err = (block[r, j] - alone[r][j]).abs().max().item()
+                    return (f"logits of a token verified at position {j} of {w} (batch {rows}) differ from "
+                            f"decoding it alone by up to {err:.3g}")
+    return None
+
+
+def _decode_next(runner, token):
+    logits = runner.decode(token)[0]
+    runner.cache.set_lens(runner.cache.lens + 1)
+    return logits
+
+
+@torch.inference_mode()
+def decode_seconds(runner, settings, context: int = 128, rounds: int = 2, reps: int = 3) -> list[float]:
+    """Best time of one single-row decode at `context` on `runner` (an eager runner of its
+    own: the engine's buffers stay as they are) for each (attention, pad width) setting,
+    interleaved round by round so a noisy machine biases no setting."""
+    runner.allocate(1, context + 2 * max(pad or 1 for _, pad in settings))
+    lens = torch.tensor([context], dtype=torch.int32, device=runner.device)  # K/V values: any
+    token = torch.zeros(1, dtype=torch.int64, device=runner.device)
+    best = [float("inf")] * len(settings)
+    for _ in range(rounds):
+        for i, (attn_fn, pad) in enumerate(settings):
+            runner.attn_fn, runner.invariance.pad_width = attn_fn, pad
+            best[i] = best_seconds(lambda: runner.decode(token), reps, runner.device,
+                                   setup=lambda: runner.cache.set_lens(lens), best=best[i])
+    return best
