@@ -36,7 +36,7 @@ PY
 if [[ $PARTS == *" tests "* ]]; then
   export TORCH_CUDA_ARCH_LIST=9.0 SPECENGINE_BUILD_EXT=1
   step install $PY -m pip install -q --no-deps --no-build-isolation --no-cache-dir -e .
-  step ext $PY -c "from specengine import kv_compact as k; assert k.extension_available(), 'KV extension not built'; print('kv extension:', k._kvext.__file__)"
+  step ext $PY -c "from specengine.runtime import kv_compact as k; assert k.extension_available(), 'KV extension not built'; print('kv extension:', k._kvext.__file__)"
   step gpu-tests timeout ${GPU_TESTS_TIMEOUT:-300} $PY -m pytest -q -p no:cacheprovider -m gpu --junitxml=build/gpu-logs/gpu_tests_$DEV.xml tests
 fi
 if [[ $PARTS == *" bench "* ]]; then

@@ -19,6 +19,7 @@ from .runtime.cross_device import CrossDeviceDraft
 from .runtime.runner import ModelRunner
 from .runtime.step_costs import measure_step_costs
 
+
 @dataclass
 class GenerationResult:
     text: str
@@ -112,7 +113,7 @@ class Engine:
 
     def parallel_drafter(self):
         """ParallelSpec's drafter for this draft: the one given to the engine, else the one
-        shipped for this draft (specengine/drafters/, matched by fingerprint)."""
+        shipped for this draft (specengine/drafting/drafters/, matched by fingerprint)."""
         from .drafting.parallel_drafter import ParallelDrafter, load_drafter, shipped_drafter
 
         if self._drafter is None:

@@ -15,8 +15,9 @@ from .errors import SpecEngineError
 from .models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY
 
 
-def _engine_args(p: argparse.ArgumentParser):
-    """--target, --draft, and one flag per EngineConfig field (its help and checks live there)."""
+def _engine_args(p: argparse.ArgumentParser, **defaults):
+    """--target, --draft, and one flag per EngineConfig field (its help and checks live there);
+    `defaults`: this command's own defaults for some of them."""
     p.add_argument("--target", default=DEFAULT_TARGET, help="registry name, HF dir, hub-cache id or .gguf")
     p.add_argument("--draft", default=None, help="draft model (same forms as --target)")
     for f in dataclasses.fields(EngineConfig):
@@ -28,8 +29,10 @@ def _engine_args(p: argparse.ArgumentParser):
         elif "choices" in meta:
             p.add_argument(flag, default=None, choices=list(meta["choices"]), help=text)
         else:
-            shown = "" if f.default is None or "default" in text else f" (default: {f.default})"
-            p.add_argument(flag, default=None, type=_cli_type(meta.get("type", str)), help=text + shown)
+            default = defaults.get(f.name, f.default)
+            shown = "" if default is None or "default" in text else f" (default: {default})"
+            parse = meta.get("type") or (int if type(f.default) is int else str)
+            p.add_argument(flag, default=defaults.get(f.name), type=_cli_type(parse), help=text + shown)
 
 
 def _cli_type(parse):
@@ -114,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--rank", type=int, default=8, help="LoRA rank of the mask-row adapters")
 
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the serve extra)")
-    _engine_args(s)
+    _engine_args(s, max_batch=8)  # rows served at once (and the CUDA graphs' largest batch)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--model-name", default=None, help="the name clients pass as `model` (default: --target)")
@@ -122,7 +125,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--default-max-tokens", type=int, default=256, help="when a request has no max_tokens")
     s.add_argument("--api-key", default=None,
                    help="require `Authorization: Bearer KEY` on /v1 routes (default: $SPECENGINE_API_KEY, if set)")
-    s.set_defaults(max_batch=8)  # rows served at once (and the CUDA graphs' largest batch)
 
     f = sub.add_parser("fetch", help="download + convert a registry model into the cache")
     f.add_argument("names", nargs="*", default=[DEFAULT_TARGET, DEFAULT_DRAFT], help=", ".join(REGISTRY))

@@ -22,8 +22,9 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.floa
 
 
 def option(default, help: str, **cli):
-    """A config field: its default, its help text, and how the CLI spells it (`cli`: flag,
-    type, choices; a bool field becomes a --no-... switch)."""
+    """A config field: its default, its help text, and how the CLI reads it (`cli`: `type`, a
+    parser, default int for an int default else str; `choices`, CLI word -> value). A field
+    whose default is True becomes a --no-... switch."""
     return field(default=default, metadata={"help": help, **cli})
 
 
@@ -56,14 +57,14 @@ class EngineConfig:
     sampler_backend: str = option("auto", "rejection and draft sampling: torch | triton | auto (triton on CUDA)")
     cuda_graphs: bool = option(True, "replay CUDA graphs for every step (--no-cuda-graphs: run eagerly)")
     cpu_matmul: str = option("auto", "auto (fastest path per weight shape, measured once per machine) | linear")
-    max_batch: int = option(1, "largest batch CUDA graphs are captured for (the server's rows)", type=int)
+    max_batch: int = option(1, "largest batch CUDA graphs are captured for (the server's rows)")
     acceptance_head: object = option(None, "specdec++ head file (default: the one shipped for the draft, if any)")
     parallel_drafter: object = option(None, "parallelspec drafter file (default: the one shipped for the draft)")
     batch_invariant: bool | str = option(
         "auto", "fixed-tile attention, and target forwards padded to one width where a start-up probe finds the "
         "kernels depend on the row count: speculation token-exact with ar in bf16/fp16 too (auto: on for 16-bit "
         "targets when it costs <= 5% per decode here)", choices={"off": False, "on": True, "auto": "auto"})
-    invariant_width: int = option(9, "widest target forward the batch-invariant mode covers", type=int)
+    invariant_width: int = option(9, "widest target forward the batch-invariant mode covers")
     # loading: read by Engine.from_pretrained (an Engine built from loaded models ignores them)
     device: str = option("auto", "auto (CUDA when available) | cpu | cuda | cuda:N")
     dtype: object = option("auto", "auto (bf16 on CUDA; on CPU fp32 or bf16, whichever measures faster) | "

@@ -25,7 +25,8 @@ def test_editable_install_maps_kernels_under_specengine(tmp_path):
 @pytest.mark.slow
 def test_wheel_install_imports(tmp_path):
     """A wheel built with the extension off: no package-discovery warnings, it carries every
-    kernel, layer, head and drafter, and it imports (the model included) from site-packages."""
+    kernel and every subpackage's files (heads and drafters included), and it imports (the
+    model included) from site-packages."""
     import zipfile
 
     wheels, site = tmp_path / "wheels", tmp_path / "site"
@@ -36,9 +37,10 @@ def test_wheel_install_imports(tmp_path):
     assert "would be ignored" not in build.stdout + build.stderr
     wheel = next(wheels.glob("specengine-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    for src, dst in ((ROOT / "kernels", "specengine/kernels"), (ROOT / "specengine" / "layers", "specengine/layers"),
-                     (ROOT / "specengine" / "heads", "specengine/heads"),
-                     (ROOT / "specengine" / "drafters", "specengine/drafters")):
+    folders = [d for d in (ROOT / "specengine").rglob("*") if d.is_dir() and d.name != "__pycache__"]
+    assert {"layers", "models", "runtime", "methods", "drafting", "heads", "drafters"} <= {d.name for d in folders}
+    for src, dst in [(ROOT / "kernels", "specengine/kernels")] + [
+            (d, d.relative_to(ROOT).as_posix()) for d in folders]:
         files = [f for f in src.iterdir() if f.suffix in (".py", ".json", ".safetensors")]
         assert files and all(f"{dst}/{f.name}" in names for f in files), (dst, sorted(names))
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True)

@@ -2,7 +2,8 @@
 
 Each file carries its description as safetensors metadata (strings): what draft it fits
 (hidden size, vocabulary, config fingerprint) and how it was made. The shipped ones sit in
-`specengine/heads/` and `specengine/drafters/` and are found by matching that metadata.
+`specengine/drafting/heads/` and `specengine/drafting/drafters/` and are found by matching
+that metadata.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ class AutoRegressive(Method):
         no_drafts = torch.zeros(B, 0, dtype=torch.int64, device=logits.device)
         zeros = torch.zeros(B, dtype=torch.int32, device=logits.device)
         out, n_acc = self.ctx.sampler(filter_logits(logits[:, None], state.params), no_drafts, None, zeros,
-                                   state.temperature, state.seed, state.offset)
+                                      state.temperature, state.seed, state.offset)
         one = n_acc + 1
         state.commit(out, one)
         return RoundOutput(out, n_acc, zeros, one, target_forwards=1)

@@ -136,7 +136,7 @@ class Pearl(Method):
         logits = filter_logits(logits, state.params)
         pad = logits[:, -1:].expand(B, gamma + 1 - logits.shape[1], logits.shape[2])
         out, n_acc = ctx.sampler(torch.cat([logits, pad], 1), proposal, q_all, num_draft,
-                                   state.temperature, state.seed, state.offset)
+                                 state.temperature, state.seed, state.offset)
 
         all_ok = n_acc.to(torch.int32) >= num_draft
         n_new = torch.where(all_ok, n_acc.to(torch.int64), n_acc.to(torch.int64) + 1)

@@ -17,9 +17,10 @@ Positions follow from the tree (a node's depth), so MASK_1 sits at the next toke
 
 Tree drafts (`tree="KxD:N"`, methods/token_tree.py): draft a token tree, verify it in one
 target forward, accept a root path losslessly, compact its K/V. Tree drafting keeps K nodes
-per depth (a beam over cumulative draft log-probability, the EAGLE-2 rule): depth 1 is the draft's top-K after the root; depth d+1 is the best K of the
-K×K children of depth d's nodes; finally the N most probable nodes are kept (a child
-never scores above its parent, so the kept set is closed under ancestors).
+per depth (a beam over cumulative draft log-probability, the EAGLE-2 rule): depth 1 is the
+draft's top-K after the root; depth d+1 is the best K of the K×K children of depth d's
+nodes; finally the N most probable nodes are kept (a child never scores above its parent,
+so the kept set is closed under ancestors).
   - autoregressive draft: depth d+1's candidates come from one draft forward over every
     node drafted so far as a tree (widths K, 2K, ..., (D−1)K). Re-feeding the earlier
     levels keeps the attention contract (a tree over the new tokens only); node j's draft
@@ -93,7 +94,7 @@ def verify_and_commit(ctx: MethodContext, state: DecodeState, drafts, q, num_dra
     with timer.phase("target"):
         logits = ctx.target.verify(torch.cat([state.last_tokens()[:, None], drafts], 1), attn_len=state.attn_len)
     out, n_acc = ctx.sampler(filter_logits(logits, state.params), drafts, q, num_draft,
-                               state.temperature, state.seed, state.offset)
+                             state.temperature, state.seed, state.offset)
     state.commit(out, n_acc + 1)
     return out, n_acc
 

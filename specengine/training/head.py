@@ -36,11 +36,19 @@ from ..errors import SpecEngineError
 
 
 @dataclass
-class HeadRecipe:
+class CorpusRecipe:
+    """The corpus both trainers read: chunks of the Python sources of installed packages,
+    held-out chunks from held-out files."""
     packages: tuple[str, ...] = ("transformers", "numpy", "setuptools")
     n_train: int = 48  # chunks
     n_val: int = 8
     seq_len: int = 256
+    seed: int = 0
+    val_fraction: float = 0.1
+
+
+@dataclass
+class HeadRecipe(CorpusRecipe):
     prefix: int = 32  # real tokens kept at the start of each mixed sequence
     mix: float = 0.15  # fraction of target tokens in the mixed sequence
     mode: str = "greedy"
@@ -50,8 +58,6 @@ class HeadRecipe:
     lr: float = 1e-3
     batch_size: int = 256
     forward_batch: int = 2
-    seed: int = 0
-    val_fraction: float = 0.1
 
 
 @dataclass
@@ -64,14 +70,19 @@ class CorpusFile:
 
 
 @dataclass
-class TrainReport:
+class Report:
+    """What every trainer writes beside its artifact (`<out>.json`)."""
     recipe: dict
     files: list = field(default_factory=list)
+    train_seconds: float = 0.0
+    losses: list = field(default_factory=list)
+
+
+@dataclass
+class TrainReport(Report):
     train_positions: int = 0
     val_positions: int = 0
     extract_seconds: float = 0.0
-    train_seconds: float = 0.0
-    losses: list = field(default_factory=list)
     val_auroc: float | None = None
     val_auroc_constant: float = 0.5
     val_calibration: list = field(default_factory=list)
@@ -267,6 +278,14 @@ def train(head: AcceptanceHead, x: torch.Tensor, y: torch.Tensor, recipe: HeadRe
     return losses
 
 
+def both_splits(fn, engine, train_c, val_c, recipe, cache: Path):
+    """fn(engine, chunks, recipe, cache, split) on the training and the held-out chunks (each
+    cached under `cache`), and the seconds both took."""
+    t0 = time.perf_counter()
+    train = fn(engine, train_c, recipe, cache, "train")
+    return train, fn(engine, val_c, recipe, cache, "val"), time.perf_counter() - t0
+
+
 def train_head(engine, out_path, recipe: HeadRecipe | None = None, work_dir=None, draft_name: str = "",
                command: str = "") -> TrainReport:
     """Extract features, train, evaluate on held-out files; writes the head and `<head>.json`."""
@@ -275,11 +294,8 @@ def train_head(engine, out_path, recipe: HeadRecipe | None = None, work_dir=None
         raise SpecEngineError(f"mode must be 'greedy' or 'sampled', got {recipe.mode!r}")
     out_path, work, train_c, val_c, files = prepare_data(engine, recipe, out_path, work_dir, "train-head")
     report = TrainReport(recipe=asdict(recipe), files=files)
-    t0 = time.perf_counter()
     features = work / f"features-{data_key(recipe, DATA_FIELDS)}"
-    x, y = extract_features(engine, train_c, recipe, features, "train")
-    xv, yv = extract_features(engine, val_c, recipe, features, "val")
-    report.extract_seconds = time.perf_counter() - t0
+    (x, y), (xv, yv), report.extract_seconds = both_splits(extract_features, engine, train_c, val_c, recipe, features)
     report.train_positions, report.val_positions = len(x), len(xv)
     torch.manual_seed(recipe.seed)
     cfg = engine.draft.model.config

@@ -32,14 +32,12 @@ from ..kernels.reference import verify_attention_ref
 from ..drafting.parallel_drafter import DrafterMeta, ParallelDrafter
 from ..layers.rotary import rotate_qkv
 from ..models.rope import rope_tables
-from .head import data_key, prepare_data
+from .head import CorpusRecipe, Report, both_splits, data_key, prepare_data
 
 
 @dataclass
-class ParallelRecipe:
-    packages: tuple[str, ...] = ("transformers", "numpy", "setuptools")
+class ParallelRecipe(CorpusRecipe):
     n_train: int = 64  # chunks
-    n_val: int = 8
     seq_len: int = 128
     k_max: int = 4
     groups: int = 16  # mask groups per chunk
@@ -49,8 +47,6 @@ class ParallelRecipe:
     epochs: int = 2
     lr: float = 1e-3  # peak; cosine decay to 0, gradients clipped at norm 1
     batch: int = 2
-    seed: int = 0
-    val_fraction: float = 0.1
 
 
 TEACHER_FIELDS = ("packages", "n_train", "n_val", "seq_len", "topk", "seed", "val_fraction")
@@ -199,12 +195,8 @@ def group_loss(drafter, chunk: torch.Tensor, t_vals, t_ids, anchors, recipe: Par
 
 
 @dataclass
-class ParallelReport:
-    recipe: dict
-    files: list = field(default_factory=list)
+class ParallelReport(Report):
     teacher_seconds: float = 0.0
-    train_seconds: float = 0.0
-    losses: list = field(default_factory=list)
     val_loss_before: float | None = None
     val_loss_after: float | None = None
     val_mask_agreement_before: list = field(default_factory=list)
@@ -233,11 +225,8 @@ def train_parallel(engine, out_path, recipe: ParallelRecipe | None = None, work_
         raise SpecEngineError("k_max must be >= 2 (k-1 masks)")
     out_path, work, train_c, val_c, files = prepare_data(engine, recipe, out_path, work_dir, "train-parallel")
     report = ParallelReport(recipe=asdict(recipe), files=files)
-    t0 = time.perf_counter()
     teacher = work / f"teacher-{data_key(recipe, TEACHER_FIELDS)}"
-    tv, ti = teacher_topk(engine, train_c, recipe, teacher, "train")
-    vv, vi = teacher_topk(engine, val_c, recipe, teacher, "val")
-    report.teacher_seconds = time.perf_counter() - t0
+    (tv, ti), (vv, vi), report.teacher_seconds = both_splits(teacher_topk, engine, train_c, val_c, recipe, teacher)
 
     model = engine.draft.model
     from ..models.cpu_matmul import unpack
