@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specengine import Engine, cpu_matmul
+from specengine import Engine
+from specengine.models import cpu_matmul
 from specengine.models.cpu_matmul import PATHS, Plan, plan_from_entry, storage_available
 from specengine.models.loading import load_model
 from specengine.runtime.runner import ModelRunner

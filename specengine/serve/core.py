@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import SpecEngineError
-from ..generation import Generation, RequestParams
+from ..generation import Generation, RequestParams, headroom
 from ..methods.sampling import SamplingParams
 
 
@@ -122,6 +122,11 @@ class EngineCore:
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self._aborts)
+
+    @property
+    def headroom(self) -> int:
+        """KV positions a round of this core's method may write past a row's length."""
+        return headroom(self._probe, self.engine.target)
 
     @property
     def free_slots(self) -> int:

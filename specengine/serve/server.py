@@ -328,7 +328,7 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
             for name in ("HTTPValidationError", "ValidationError"):
                 components.pop(name, None)
             _engine_constraints(components, model_name, engine.target.config.vocab_size,
-                                engine.max_seq_len - aeng.core._probe.headroom - 1)
+                                engine.max_seq_len - aeng.core.headroom - 1)
             app.openapi_schema = schema
         return app.openapi_schema
 
