@@ -10,7 +10,7 @@ therefore trains every group. MASK_i of group g learns the token x_{a_g+i+1}:
 Only the mask embeddings and the mask-row LoRA adapters train; the draft is frozen, so real
 positions (and the draft's K/V) are unchanged.
 
-Data rules as for the SpecDec++ head (train_head.py): Python sources of installed packages,
+Data rules as for the SpecDec++ head (head.py): Python sources of installed packages,
 never HumanEval or MT-bench; provenance (package, version, path, sha256) recorded. The
 target's top-k logits per chunk are cached on disk and training checkpoints every step
 batch, so an interrupted run resumes.
