@@ -84,7 +84,7 @@ class ModelRunner:
             or buf.kv.device != self.device
         if stale or (buf.kv.is_inference() and not torch.is_inference_mode_enabled()):  # can't write those here
             self._buffer = KVCache.for_model(self.model, rows, max_seq_len)
-            self.graphs = self._chain = None  # they point at the old buffer; warm-up captures anew
+            self.drop_graphs()  # they point at the old buffer; warm-up captures anew
         self._buffer.reset()  # every row, padded graph rows included, starts at length 0
         self.cache = self._buffer.rows(batch)
         if self._warmed is not self._buffer and (self.use_graphs or self.device.type == "cuda"):
@@ -134,7 +134,6 @@ class ModelRunner:
             if out is not None:
                 return out
         return drafter(tokens, mask_index, self.cache, self.attn_fn, tree, attn_len=attn_len)
-
 
     def forward(self, tokens, tree_mask=None, attn_len=None, logits_at=None, return_hidden=False):
         return self.model(tokens, self.cache, self.attn_fn, tree_mask=tree_mask, attn_len=attn_len,
