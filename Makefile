@@ -26,9 +26,10 @@ demo: $(STAMP)
 # against them; where they cannot be had, that one test skips (and fails CI, which allows
 # only "needs CUDA" skips: SPECENGINE_NO_SKIPS=1 in .ci/run). One process: two
 # pytest-xdist workers were slower on a 2-core VM (937 s vs 832 s: four threads on two cores).
+# The 15 slowest tests are listed at the end: CI is held to about 20 minutes.
 test: $(STAMP)
 	$(PY) tools/ext_check.py --fetch-only
-	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q --durations=15 $(PYTEST_ARGS)
 
 # Everything but the real-pair tests (no multi-GB download).
 test-fast: $(STAMP)
