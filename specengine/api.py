@@ -137,8 +137,7 @@ class Engine:
     def set_cpu_matmul(self, mode: str = "auto") -> None:
         """"auto": CPU Linear layers use the fastest matmul path per shape and row count,
         measured on this machine once (cached); "linear": plain F.linear everywhere."""
-        if mode not in ("auto", "linear"):
-            raise SpecEngineError(f"unknown cpu_matmul mode {mode!r}; choose from auto, linear", "cpu_matmul")
+        self.config = self.config.replace(cpu_matmul=mode)  # checked there; the config stays true
         for runner in self._runners():
             if runner.device.type != "cpu":
                 continue
@@ -146,7 +145,6 @@ class Engine:
                 optimize(runner.model)
             else:
                 unpack(runner.model)
-        self.cpu_matmul = mode
 
     def step_costs(self, state, max_width: int):
         """Measured draft step and target forward costs for the state's batch (widths 1..max_width),
@@ -170,12 +168,14 @@ class Engine:
     def set_batch_invariant(self, mode="auto", width: int = 9) -> None:
         """True | False | "auto": see `Engine.__init__`; `batch_invariant_info` says what the
         target runner's BatchInvariance found (runtime/invariance.py)."""
+        self.config = self.config.replace(batch_invariant=mode, invariant_width=width)
         info = self.target.invariance.configure(mode, width)
         self.batch_invariant, self.batch_invariant_info = info["on"], info
         self.attention_backend = self.target.attention_backend
 
     def set_backends(self, attention: str = "auto", sampler: str = "auto") -> None:
         """Pick the attention and sampling (rejection and draft) implementations ("torch" | "triton" | "auto")."""
+        self.config = self.config.replace(attention_backend=attention, sampler_backend=sampler)
         for runner in self._runners():
             runner.set_attention(attention)
         self.sampler_backend = resolve_backend(sampler, self.device, "sampler")

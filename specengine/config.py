@@ -15,7 +15,8 @@ import torch
 from .errors import SpecEngineError
 from .methods import METHODS
 from .methods.policies import make_policy
-from .runtime.backends import BACKENDS
+from .runtime.backends import check_backend
+from .runtime.invariance import check_options as check_invariant_options
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -76,18 +77,12 @@ class EngineConfig:
             raise SpecEngineError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}", "method")
         _positive_int("max_seq_len", self.max_seq_len, 2)
         _positive_int("max_batch", self.max_batch, 1)
-        if self.batch_invariant not in (True, False, "auto"):
-            raise SpecEngineError(f"batch_invariant must be True, False or 'auto', got {self.batch_invariant!r}",
-                                  "batch_invariant")
-        _positive_int("invariant_width", self.invariant_width, 1)
+        check_invariant_options(self.batch_invariant, self.invariant_width)
         if self.cpu_matmul not in ("auto", "linear"):
             raise SpecEngineError(f"unknown cpu_matmul mode {self.cpu_matmul!r}; choose from auto, linear",
                                   "cpu_matmul")
-        for what in ("attention", "sampler"):
-            name = getattr(self, f"{what}_backend")
-            if name not in BACKENDS:
-                raise SpecEngineError(f"unknown {what} backend {name!r}; choose from {', '.join(BACKENDS)}",
-                                      f"{what}_backend")
+        check_backend(self.attention_backend, "attention")
+        check_backend(self.sampler_backend, "sampler")
         if not isinstance(self.dtype, torch.dtype) and self.dtype != "auto" and self.dtype not in DTYPES:
             raise SpecEngineError(f"unknown dtype {self.dtype!r}; choose from auto, {', '.join(DTYPES)}", "dtype")
         make_policy(self.policy, self.gamma, threshold=self.threshold)  # the draft-length options, early

@@ -40,3 +40,16 @@ def test_engine_and_core_read_the_config(tiny_pair, tokenizer):
     eng = Engine(tiny_pair[0], tokenizer, draft=tiny_pair[2], config=config, gamma=2)
     assert eng.config == dataclasses.replace(config, gamma=2) and eng.max_seq_len == 96
     assert EngineCore(eng).max_batch == 3
+
+
+def test_the_setters_keep_the_config_true(tiny_pair, tokenizer):
+    eng = Engine(tiny_pair[0], tokenizer, draft=tiny_pair[2], max_seq_len=64)
+    eng.set_cpu_matmul("linear")
+    eng.set_backends("torch", "torch")
+    eng.set_batch_invariant(False, 5)
+    assert (eng.config.cpu_matmul, eng.config.attention_backend, eng.config.sampler_backend) == ("linear", "torch",
+                                                                                                  "torch")
+    assert (eng.config.batch_invariant, eng.config.invariant_width) == (False, 5)
+    with pytest.raises(SpecEngineError) as err:
+        eng.set_cpu_matmul("fast")
+    assert err.value.param == "cpu_matmul" and eng.config.cpu_matmul == "linear"

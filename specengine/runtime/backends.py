@@ -17,11 +17,16 @@ from ..kernels import triton_available, verify_attention_ref
 BACKENDS = ("torch", "triton", "auto")
 
 
-def resolve_backend(name: str, device: torch.device, what: str) -> str:
-    """"torch" or "triton" for a requested backend name on `device` (`what` names the op)."""
+def check_backend(name: str, what: str) -> None:
+    """A backend name is one of BACKENDS (`what` names the op: "attention" | "sampler")."""
     if name not in BACKENDS:
         raise SpecEngineError(f"unknown {what} backend {name!r}; choose from {', '.join(BACKENDS)}",
                               f"{what}_backend")
+
+
+def resolve_backend(name: str, device: torch.device, what: str) -> str:
+    """"torch" or "triton" for a requested backend name on `device` (`what` names the op)."""
+    check_backend(name, what)
     if name == "auto":
         return "triton" if device.type == "cuda" and triton_available() else "torch"
     if name == "triton":

@@ -73,8 +73,8 @@ class BatchInvariance:
 
     def set_width(self, width: int | None) -> None:
         """On up to `width` tokens per forward, or off (None)."""
-        if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
-            raise SpecEngineError(f"invariant_width must be an integer >= 1, got {width!r}", "invariant_width")
+        if width is not None:
+            check_width(width)
         self.width = width
         self.select()
 
@@ -111,8 +111,7 @@ class BatchInvariance:
         """True | False | "auto" (on for a 16-bit model when the probe passes and one decode
         with the mode costs at most INVARIANT_MAX_COST more than without it, measured here,
         now). Returns what was found: mode, on, pad_width, cost."""
-        if mode not in (True, False, "auto"):
-            raise SpecEngineError(f"batch_invariant must be True, False or 'auto', got {mode!r}", "batch_invariant")
+        check_options(mode, width)
         info = {"mode": mode, "on": False, "pad_width": None, "cost": None}
         if mode is True or (mode == "auto" and self.runner.dtype in (torch.float16, torch.bfloat16)):
             self.set_width(width)
@@ -136,6 +135,18 @@ class BatchInvariance:
         r = self.runner
         off, on = decode_seconds(r.spawn(r.model), [(r.normal_attention, None), (r.attn_fn, self.pad_width)])
         return on / off - 1
+
+
+def check_width(width) -> None:
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise SpecEngineError(f"invariant_width must be an integer >= 1, got {width!r}", "invariant_width")
+
+
+def check_options(mode, width) -> None:
+    """The mode's options as the Engine (EngineConfig) and `configure` accept them."""
+    if mode not in (True, False, "auto"):
+        raise SpecEngineError(f"batch_invariant must be True, False or 'auto', got {mode!r}", "batch_invariant")
+    check_width(width)
 
 
 def one_layer(model) -> nn.Module:

@@ -58,10 +58,7 @@ class ModelRunner:
     def spawn(self, model) -> "ModelRunner":
         """An eager runner of its own over `model` with this one's attention (probes and
         measurements use one, so this runner's buffer and graphs stay as they are)."""
-        runner = ModelRunner(model, cuda_graphs=False)
-        runner.normal_backend, runner.normal_attention = self.normal_backend, self.normal_attention
-        runner.invariance.select()
-        return runner
+        return ModelRunner(model, self.normal_backend, cuda_graphs=False)
 
     def drop_graphs(self) -> None:
         """Forget the captured graphs (the attention or the mode changed): the next
