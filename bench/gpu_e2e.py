@@ -17,14 +17,17 @@ as draft, Qwen2.5-7B shape as a second target (vocab 151936 for all), bf16.
   (bench/results/cpu_e2e_*.json) / these GPU round times, x our ar and x HF generate.
   PROJECTED, not measured; the 7B pair uses the 1.5B pair's acceptance as a proxy.
 Writes JSON: python bench/gpu_e2e.py --out bench/results/gpu_e2e_h100.json
+`--smoke` runs every section on the CPU with tiny shapes and a few tokens (no torch.compile):
+a test (tests/test_gpu_bench_smoke.py) so that a GPU session never loses its minutes to an
+error this script would have hit anyway. Its figures mean nothing.
 """
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -43,10 +46,40 @@ SHAPES = {  # Qwen2.5 dims (config.json of each model); vocab 151936 everywhere
     "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                        num_key_value_heads=4, tie_word_embeddings=False),
 }
+TINY = {name: dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, tie_word_embeddings=dims["tie_word_embeddings"])
+        for name, dims in SHAPES.items()}  # --smoke: the same code paths in seconds on a CPU
 PEAK_BW = {"H100": 3.35e12, "H200": 4.8e12}  # datasheet HBM bandwidth, bytes/s
-MAX_SEQ = 4096 + 256
-NEW = 64
-PROMPT_IDS_BELOW = 150000
+
+
+@dataclass
+class Setup:
+    """What one run measures: the real shapes on a GPU, or (`smoke`) tiny ones on the CPU."""
+    device: str = "cuda"
+    shapes: dict = field(default_factory=lambda: SHAPES)
+    vocab: int = 151936
+    new: int = 64  # new tokens per generate
+    contexts: tuple = (512, 4096)  # the ar section's prompt lengths
+    spec_ctx: int = 512  # the prompt length of the method, peer and invariant sections
+    batches: tuple = (1, 8)
+    max_seq: int = 4096 + 256
+    compile: bool = True  # the torch.compile providers (ours and HF's)
+    dtype: torch.dtype = torch.bfloat16  # smoke: fp32, where "same tokens as ar" must hold against HF too
+
+
+SMOKE = Setup(device="cpu", shapes=TINY, vocab=512, new=6, contexts=(24,), spec_ctx=24, batches=(1, 2), max_seq=128,
+              compile=False, dtype=torch.float32)
+S = Setup()  # main() swaps in SMOKE for --smoke
+
+
+def sync() -> None:
+    if S.device == "cuda":
+        torch.cuda.synchronize()
+
+
+def free_memory() -> None:
+    if S.device == "cuda":
+        torch.cuda.empty_cache()
 
 
 class NoTokenizer:
@@ -61,15 +94,15 @@ class NoTokenizer:
 def random_model(name: str, seed: int) -> Transformer:
     from transformers import Qwen2Config
 
-    hf = Qwen2Config(vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=32768,
-                     **SHAPES[name])
+    hf = Qwen2Config(vocab_size=S.vocab, rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=32768,
+                     **S.shapes[name])
     torch.manual_seed(seed)
-    with torch.device("cuda"):
+    with torch.device(S.device):
         model = Transformer(ModelConfig.from_hf(hf))
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.02)
-    return model.to(torch.bfloat16).eval()
+    return model.to(S.dtype).eval()
 
 
 def weight_bytes(model) -> int:
@@ -83,24 +116,25 @@ def kv_bytes_per_token(model) -> int:
 
 def prompts(batch: int, ctx: int, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(100, PROMPT_IDS_BELOW, (batch, ctx), generator=g).tolist()
+    return torch.randint(min(100, S.vocab // 4), S.vocab - S.vocab // 64, (batch, ctx), generator=g).tolist()
 
 
 def run(eng, batch, ctx, profile=False, **kw) -> dict:
     """One timed generate (after the caller's warm-up): decode wall, rounds, phases."""
-    kw = dict(max_new_tokens=NEW, ignore_eos=True, **kw)
-    torch.cuda.synchronize()
+    kw = dict(max_new_tokens=S.new, ignore_eos=True, **kw)
+    sync()
     with torch.inference_mode():
         gen, _ = eng._start(prompts(batch, ctx), **kw)
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         prof = None
         if profile:
-            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            activity = torch.profiler.ProfilerActivity.CUDA if S.device == "cuda" else torch.profiler.ProfilerActivity.CPU
+            prof = torch.profiler.profile(activities=[activity])
             prof.__enter__()
         for _ in gen.rounds():
             pass
-        torch.cuda.synchronize()
+        sync()
         wall = time.perf_counter() - t0
         if prof is not None:
             prof.__exit__(None, None, None)
@@ -157,19 +191,21 @@ def ar_section(rows: list, peak: float, bw: float, only_small: bool) -> None:
         model = random_model(name, 0)
         wb, kvt = weight_bytes(model), kv_bytes_per_token(model)
         for variant in STEP_VARIANTS:
+            if variant == "torch.compile" and not S.compile:
+                continue
             net = torch.compile(model, dynamic=False) if variant == "torch.compile" else model
-            eng = Engine(net, NoTokenizer(), None, method="ar", max_seq_len=MAX_SEQ, max_batch=8,
+            eng = Engine(net, NoTokenizer(), None, method="ar", max_seq_len=S.max_seq, max_batch=max(S.batches),
                          batch_invariant=False)
             with layers.force_kernels(None if variant == "fused" else False):
                 for graphs in (False, True) if variant == "fused" else (True,):
                     eng.set_cuda_graphs(graphs)
-                    for batch in (1, 8):
-                        for ctx in (512, 4096):
+                    for batch in S.batches:
+                        for ctx in S.contexts:
                             run(eng, batch, ctx)  # warm-up: buffers, autotuning, compiling, graphs
                             profile = graphs and batch == 1  # per-kernel profile of the step
                             r = run(eng, batch, ctx, profile=profile)
                             step = r["round_s"]
-                            nbytes = wb + batch * (ctx + NEW / 2) * kvt
+                            nbytes = wb + batch * (ctx + S.new / 2) * kvt
                             r.update(model=name, variant=variant, graphs=graphs, weight_bytes=wb, step_s=step,
                                      bytes_per_step=nbytes, mbu=nbytes / step / peak,
                                      fraction_of_copy_bw=nbytes / step / bw)
@@ -182,9 +218,9 @@ def ar_section(rows: list, peak: float, bw: float, only_small: bool) -> None:
                                   flush=True)
                             rows.append(r)
             del eng, net
-            torch.cuda.empty_cache()
+            free_memory()
         del model
-        torch.cuda.empty_cache()
+        free_memory()
 
 
 _EXTRAS: dict[int, dict] = {}
@@ -224,11 +260,12 @@ def spec_section(rows: list, target, draft, label: str) -> None:
     """Every method (sd γ 2-6 and auto, whole-chain vs per-step draft graphs, specdec++,
     parallelspec, the best trees, pearl ± its second stream): round wall, GPU busy time,
     engine overhead = 1 − busy / round wall, draft / verify split."""
-    eng = Engine(target, NoTokenizer(), draft, max_seq_len=MAX_SEQ, max_batch=8, batch_invariant=False,
+    ctx = S.spec_ctx
+    eng = Engine(target, NoTokenizer(), draft, max_seq_len=S.max_seq, max_batch=max(S.batches), batch_invariant=False,
                  **random_extras(draft))
-    run(eng, 1, 512, method="ar")
-    ar = run(eng, 1, 512, method="ar")
-    ar_prof = run(eng, 1, 512, method="ar", profile=True)
+    run(eng, 1, ctx, method="ar")
+    ar = run(eng, 1, ctx, method="ar")
+    ar_prof = run(eng, 1, ctx, method="ar", profile=True)
     ar.update(gpu_busy_s_per_round=ar_prof["gpu_busy_s_per_round"], sampling_s_per_round=ar_prof["sampling_s_per_round"],
               top_kernels_s_per_round=ar_prof["top_kernels_s_per_round"])
     ref = ar.pop("token_ids")
@@ -237,11 +274,11 @@ def spec_section(rows: list, target, draft, label: str) -> None:
     rows.append(ar_row)
     for provider, kw, opts in METHOD_CONFIGS:
         eng.draft.chain_graph = opts.get("chain_graph", True)
-        if opts.get("one_stream"):
+        if opts.get("one_stream") and S.device == "cuda":
             eng.side_stream = lambda: torch.cuda.current_stream(eng.device)  # draft and target serialized
-        run(eng, 1, 512, **kw)
-        r = run(eng, 1, 512, **kw)
-        p = run(eng, 1, 512, profile=True, **kw)
+        run(eng, 1, ctx, **kw)
+        r = run(eng, 1, ctx, **kw)
+        p = run(eng, 1, ctx, profile=True, **kw)
         r.update(gpu_busy_s_per_round=p["gpu_busy_s_per_round"], sampling_s_per_round=p["sampling_s_per_round"],
                  gpu_kernels_per_round=p["gpu_kernels"] / max(p["rounds"], 1),
                  top_kernels_s_per_round=p["top_kernels_s_per_round"])
@@ -251,7 +288,7 @@ def spec_section(rows: list, target, draft, label: str) -> None:
         r["same_tokens_as_ar"] = r.pop("token_ids") == ref
         r["speedup_vs_ar"] = r["tokens_per_s"] / ar["tokens_per_s"]
         rows.append(dict(r, pair=label, provider=provider))
-        if opts.get("one_stream"):
+        if opts.get("one_stream") and S.device == "cuda":
             del eng.side_stream
         print(f"{label} {provider:22s}: {r['tokens_per_s']:7.1f} tok/s ({r['speedup_vs_ar']:.2f}x ar)  round "
               f"{r['round_s'] * 1e3:6.2f} ms  draft {r['draft_s_per_round'] * 1e3:5.2f}  verify "
@@ -265,12 +302,13 @@ def invariant_section(rows: list, target, draft) -> None:
     """Batch-invariant mode on vs off (bf16, batch 1 and 8, ctx 512): ar and sd:4 tokens/s, sd
     == ar, what the probe chose and what "auto" measured."""
     for mode in (False, True, "auto"):
-        eng = Engine(target, NoTokenizer(), draft, max_seq_len=MAX_SEQ, max_batch=8, batch_invariant=mode)
-        for batch in (1, 8):
-            run(eng, batch, 512, method="ar")
-            ar = run(eng, batch, 512, method="ar")
-            run(eng, batch, 512, method="sd", gamma=4)
-            sd = run(eng, batch, 512, method="sd", gamma=4)
+        eng = Engine(target, NoTokenizer(), draft, max_seq_len=S.max_seq, max_batch=max(S.batches),
+                     batch_invariant=mode)
+        for batch in S.batches:
+            run(eng, batch, S.spec_ctx, method="ar")
+            ar = run(eng, batch, S.spec_ctx, method="ar")
+            run(eng, batch, S.spec_ctx, method="sd", gamma=4)
+            sd = run(eng, batch, S.spec_ctx, method="sd", gamma=4)
             row = dict(mode=str(mode), info=eng.batch_invariant_info, attention=eng.attention_backend, batch=batch,
                        ar_tokens_per_s=ar["tokens_per_s"], sd4_tokens_per_s=sd["tokens_per_s"],
                        sd_same_tokens_as_ar=sd["token_ids"] == ar["token_ids"])
@@ -287,7 +325,7 @@ def to_hf(model):
     from specengine.models.decoder import split_checkpoint
 
     w = model.embed_tokens.weight
-    hf = AutoModelForCausalLM.from_config(model.config.hf_config, torch_dtype=w.dtype).to(w.device).eval()
+    hf = AutoModelForCausalLM.from_config(model.config.hf_config, dtype=w.dtype).to(w.device).eval()
     state = split_checkpoint(model)
     lm_head = state.pop("lm_head.weight")
     hf.model.load_state_dict(state, strict=False)
@@ -298,37 +336,41 @@ def to_hf(model):
 def hf_timed(fn) -> tuple[float, list[int]]:
     for _ in range(2):  # warm-up: compile, static cache, autotune
         fn()
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     out = fn()
-    torch.cuda.synchronize()
+    sync()
     return time.perf_counter() - t0, out
 
 
 def peers_section(rows: list, target, draft, label: str, ar_tokens: list[int] | None) -> None:
     """transformers on the same weights and prompt: `generate` with its static cache and
     torch.compile (the fast HF path), and assisted generation with the draft. Greedy, batch 1,
-    context 512, NEW tokens (min_new_tokens = NEW: no early stop)."""
-    ids = torch.tensor(prompts(1, 512), device="cuda")
+    context 512, S.new tokens (min_new_tokens too: no early stop). `--smoke` runs `generate`
+    uncompiled (the provider keeps its name; its figure means nothing there). "Same tokens as
+    our ar" must hold in fp32 (the smoke test asserts it); in bf16 the near-flat logits of
+    random weights can flip a greedy pick between two implementations, so there it only informs."""
+    ids = torch.tensor(prompts(1, S.spec_ctx), device=S.device)
     hf_t, hf_d = to_hf(target), to_hf(draft)
-    kw = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, pad_token_id=0)
+    kw = dict(max_new_tokens=S.new, min_new_tokens=S.new, do_sample=False, pad_token_id=0)
     runs = {
         "hf generate (static cache, torch.compile)": lambda: compiled.generate(ids, cache_implementation="static",
                                                                                **kw)[0, ids.shape[1]:].tolist(),
         "hf assisted (draft)": lambda: hf_t.generate(ids, assistant_model=hf_d, **kw)[0, ids.shape[1]:].tolist(),
     }
     compiled = to_hf(target)
-    compiled.forward = torch.compile(compiled.forward, mode="reduce-overhead", fullgraph=True)
+    if S.compile:
+        compiled.forward = torch.compile(compiled.forward, mode="reduce-overhead", fullgraph=True)
     for provider, fn in runs.items():
         with torch.inference_mode():
             wall, toks = hf_timed(fn)
-        row = dict(pair=label, provider=provider, batch=1, ctx=512, new_tokens=len(toks), decode_wall_s=wall,
+        row = dict(pair=label, provider=provider, batch=1, ctx=S.spec_ctx, new_tokens=len(toks), decode_wall_s=wall,
                    tokens_per_s=len(toks) / wall, same_tokens_as_ar=None if ar_tokens is None else toks == ar_tokens)
         rows.append(row)
         print(f"{label} {provider:40s}: {row['tokens_per_s']:7.1f} tok/s (prefill included)  same as our ar "
               f"{row['same_tokens_as_ar']}", flush=True)
     del hf_t, hf_d, compiled
-    torch.cuda.empty_cache()
+    free_memory()
 
 
 CPU_ACCEPTANCE = ("cpu_e2e_qwen25coder_1.5b_0.5b.json", "cpu_e2e_specdec_greedy.json", "cpu_e2e_parallelspec.json",
@@ -371,15 +413,22 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default="spec,peers,allaccept,ar,invariant")
     ap.add_argument("--small", action="store_true", help="1.5B only in the ar section (a quick check)")
+    ap.add_argument("--smoke", action="store_true", help="every section on the CPU, tiny shapes: checks the script")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("gpu_e2e: needs a CUDA device", file=sys.stderr)
+    global S
+    S = SMOKE if args.smoke else Setup()
+    if S.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_e2e: needs a CUDA device (--smoke checks the script on a CPU)", file=sys.stderr)
         return 2
-    name = torch.cuda.get_device_name()
-    peak = next((v for k, v in PEAK_BW.items() if k in name), None) or 3.35e12
-    bw = copy_bandwidth()
+    if S.device == "cuda":
+        name = torch.cuda.get_device_name()
+        peak, bw = next((v for k, v in PEAK_BW.items() if k in name), None) or 3.35e12, copy_bandwidth()
+    else:
+        peak, bw = PEAK_BW["H100"], float("nan")  # smoke: the figures mean nothing
     result = {"environment": environment(), "weights": "random (real architectures; see the docstring)",
-              "dtype": "bfloat16", "new_tokens": NEW, "peak_bandwidth_Bps": peak, "copy_bandwidth_Bps": bw,
+              "smoke": args.smoke, "dtype": str(S.dtype).removeprefix("torch."), "new_tokens": S.new, "peak_bandwidth_Bps": peak,
+              "copy_bandwidth_Bps": bw,
+              "method_providers": [p for p, _, _ in METHOD_CONFIGS],
               "ar": [], "spec": [], "peers": [], "projected": [], "invariant": []}
 
     def save():
@@ -405,11 +454,14 @@ def main(argv=None) -> int:
             ar = next((r for r in result["spec"] if r["pair"] == label and r["provider"] == "ar"), None)
             guarded("peers", lambda rows: peers_section(rows, target, draft, label, ar and ar.get("tokens")))
         if "allaccept" in args.only and target_name == "qwen2.5-1.5b":  # draft = the target: pure engine cost
-            guarded("spec", lambda rows: spec_section(rows, target, copy.deepcopy(target), "all-accept 1.5b/1.5b copy"))
+            # a second model from the same seed: the same weights (a deepcopy would also copy what
+            # the engine installed on the first, e.g. the CPU matmul plan's packed weights)
+            guarded("spec", lambda rows: spec_section(rows, target, random_model(target_name, 0),
+                                                      "all-accept 1.5b/1.5b copy"))
         if "invariant" in args.only and target_name == "qwen2.5-1.5b":
             guarded("invariant", lambda rows: invariant_section(rows, target, draft))
         del target
-        torch.cuda.empty_cache()
+        free_memory()
     guarded("projected", lambda rows: projections(rows, result["spec"], result["peers"]))
     if "ar" in args.only:
         guarded("ar", lambda rows: ar_section(rows, peak, bw, args.small))

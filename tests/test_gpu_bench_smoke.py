@@ -1,0 +1,35 @@
+"""`bench/gpu_e2e.py --smoke`: every section of the GPU end-to-end benchmark on the CPU with
+tiny shapes, so that a GPU session (30 minutes, rarely lent) never spends its time on an
+error the script would have hit anyway. The figures mean nothing; what is checked is that
+every section ran, wrote its rows, and that the rows keep their exactness promises."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def test_gpu_e2e_smoke_runs_every_section(tmp_path):
+    out = tmp_path / "smoke.json"
+    proc = subprocess.run([sys.executable, "gpu_e2e.py", "--smoke", "--out", str(out)], cwd=BENCH,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["smoke"] and "errors" not in result
+    spec = result["spec"]
+    pairs = {r["pair"] for r in spec}
+    assert pairs == {"random 1.5b/0.5b", "random 7b/0.5b", "all-accept 1.5b/1.5b copy"}
+    providers = {"ar"} | set(result["method_providers"])
+    assert len(providers) == 13
+    for pair in pairs:
+        assert {r["provider"] for r in spec if r["pair"] == pair} == providers, pair
+    assert all(r["same_tokens_as_ar"] for r in spec if r["provider"] != "ar")  # lossless, every method
+    # the all-accept copy accepts every draft: each sd:γ round commits γ+1 tokens (S.new = 6)
+    sd2 = next(r for r in spec if r["pair"].startswith("all-accept") and r["provider"] == "sd:2")
+    assert sd2["acceptance_rate"] == 1.0 and sd2["tokens_per_target_forward"] == 3.0
+    peers = result["peers"]
+    assert len(peers) == 4 and all(r["same_tokens_as_ar"] for r in peers)  # fp32: HF == our ar
+    assert {r["variant"] for r in result["ar"]} == {"unfused", "fused"}  # no torch.compile in smoke
+    assert len(result["invariant"]) == 6 and all(r["sd_same_tokens_as_ar"] for r in result["invariant"])
+    assert result["projected"] and all(r["projected"] for r in result["projected"])
