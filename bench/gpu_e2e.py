@@ -17,7 +17,8 @@ as draft, Qwen2.5-7B shape as a second target (vocab 151936 for all), bf16.
   (bench/results/cpu_e2e_*.json) / these GPU round times, x our ar and x HF generate.
   PROJECTED, not measured; the 7B pair uses the 1.5B pair's acceptance as a proxy.
 Writes JSON: python bench/gpu_e2e.py --out bench/results/gpu_e2e_h100.json
-`--smoke` runs every section on the CPU with tiny shapes and a few tokens (no torch.compile):
+`--smoke` runs every section on the CPU with tiny shapes and a few tokens (torch.compile with
+dynamo's "eager" backend: the same tracing and recompiles, no inductor):
 a test (tests/test_gpu_bench_smoke.py) so that a GPU session never loses its minutes to an
 error this script would have hit anyway. Its figures mean nothing.
 """
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch._dynamo.utils import counters as dynamo_counters
 
 from gpu_kernels import copy_bandwidth
 from specengine import Engine
@@ -63,12 +65,19 @@ class Setup:
     spec_ctx: int = 512  # the prompt length of the method, peer and invariant sections
     batches: tuple = (1, 8)
     max_seq: int = 4096 + 256
-    compile: bool = True  # the torch.compile providers (ours and HF's)
+    compile_backend: str = "inductor"  # of the torch.compile providers (ours and HF's)
     dtype: torch.dtype = torch.bfloat16  # smoke: fp32, where "same tokens as ar" must hold against HF too
+    capture: object = None  # CUDA graph capture; smoke: a stand-in that replays by calling (graph paths run)
+
+
+def replaying_capture(fn, pool, device):
+    """--smoke's stand-in for CUDA-graph capture: the warm-up runs, then replay = call."""
+    fn(), fn()
+    return type("Replay", (), {"replay": staticmethod(fn)})()
 
 
 SMOKE = Setup(device="cpu", shapes=TINY, vocab=512, new=6, contexts=(24,), spec_ctx=24, batches=(1, 2), max_seq=128,
-              compile=False, dtype=torch.float32)
+              compile_backend="eager", dtype=torch.float32, capture=replaying_capture)
 S = Setup()  # main() swaps in SMOKE for --smoke
 
 
@@ -180,7 +189,8 @@ STEP_VARIANTS = {  # how the target step runs (docs/design.md, "Fused step")
     "unfused": "the plain-torch reference ops (the CPU path), our CUDA graphs",
     "fused": "our Triton kernels (layers/: add+RMSNorm, RoPE+KV write, SiLU-and-mul) and merged projections",
     "torch.compile": "the reference ops through torch.compile (inductor, no cudagraphs of its own) inside our "
-                     "graphs: the gpt-fast recipe, the peer to beat",
+                     "graphs, captured lazily so dynamo compiles once per shape used: the gpt-fast recipe, "
+                     "the peer to beat",
 }
 
 
@@ -191,15 +201,18 @@ def ar_section(rows: list, peak: float, bw: float, only_small: bool) -> None:
         model = random_model(name, 0)
         wb, kvt = weight_bytes(model), kv_bytes_per_token(model)
         for variant in STEP_VARIANTS:
-            if variant == "torch.compile" and not S.compile:
-                continue
-            net = torch.compile(model, dynamic=False) if variant == "torch.compile" else model
-            eng = Engine(net, NoTokenizer(), None, method="ar", max_seq_len=S.max_seq, max_batch=max(S.batches),
+            eng = Engine(model, NoTokenizer(), None, method="ar", max_seq_len=S.max_seq, max_batch=max(S.batches),
                          batch_invariant=False)
+            compiled = variant == "torch.compile"
+            if compiled:  # inside our graphs, captured when first needed: one compile per shape used
+                torch._dynamo.reset()
+                dynamo_counters.clear()
+                eng.target.set_graph_model(torch.compile(model, backend=S.compile_backend, dynamic=False,
+                                                         fullgraph=True))
             with layers.force_kernels(None if variant == "fused" else False):
                 for graphs in (False, True) if variant == "fused" else (True,):
-                    eng.set_cuda_graphs(graphs)
-                    for batch in S.batches:
+                    eng.set_cuda_graphs(graphs, capture=S.capture, lazy=compiled)
+                    for batch in S.batches[:1] if compiled else S.batches:  # its goal is batch 1; compiles cost minutes
                         for ctx in S.contexts:
                             run(eng, batch, ctx)  # warm-up: buffers, autotuning, compiling, graphs
                             profile = graphs and batch == 1  # per-kernel profile of the step
@@ -213,11 +226,16 @@ def ar_section(rows: list, peak: float, bw: float, only_small: bool) -> None:
                                 r["kernels_per_step"] = r["gpu_kernels"] / max(r["rounds"], 1)
                                 r["kernels_per_layer"] = r["kernels_per_step"] / model.config.num_layers
                             r.pop("token_ids")
+                            if compiled:  # what dynamo did: a fallback to the plain model is an error
+                                r["dynamo_graphs"] = dynamo_counters["stats"]["unique_graphs"]
+                                fallbacks = {**dynamo_counters["unimplemented"], **dynamo_counters["graph_break"]}
+                                if fallbacks:
+                                    raise RuntimeError(f"torch.compile fell back to eager: {list(fallbacks)[:2]}")
                             print(f"ar {name} {variant:13s} graphs={graphs!s:5} B={batch} ctx={ctx}: "
                                   f"{r['tokens_per_s']:8.1f} tok/s  step {step * 1e3:6.2f} ms  MBU {r['mbu']:.2f}",
                                   flush=True)
                             rows.append(r)
-            del eng, net
+            del eng
             free_memory()
         del model
         free_memory()
@@ -263,6 +281,7 @@ def spec_section(rows: list, target, draft, label: str) -> None:
     ctx = S.spec_ctx
     eng = Engine(target, NoTokenizer(), draft, max_seq_len=S.max_seq, max_batch=max(S.batches), batch_invariant=False,
                  **random_extras(draft))
+    eng.set_cuda_graphs(True, capture=S.capture)
     run(eng, 1, ctx, method="ar")
     ar = run(eng, 1, ctx, method="ar")
     ar_prof = run(eng, 1, ctx, method="ar", profile=True)
@@ -304,6 +323,7 @@ def invariant_section(rows: list, target, draft) -> None:
     for mode in (False, True, "auto"):
         eng = Engine(target, NoTokenizer(), draft, max_seq_len=S.max_seq, max_batch=max(S.batches),
                      batch_invariant=mode)
+        eng.set_cuda_graphs(True, capture=S.capture)
         for batch in S.batches:
             run(eng, batch, S.spec_ctx, method="ar")
             ar = run(eng, batch, S.spec_ctx, method="ar")
@@ -346,8 +366,7 @@ def hf_timed(fn) -> tuple[float, list[int]]:
 def peers_section(rows: list, target, draft, label: str, ar_tokens: list[int] | None) -> None:
     """transformers on the same weights and prompt: `generate` with its static cache and
     torch.compile (the fast HF path), and assisted generation with the draft. Greedy, batch 1,
-    context 512, S.new tokens (min_new_tokens too: no early stop). `--smoke` runs `generate`
-    uncompiled (the provider keeps its name; its figure means nothing there). "Same tokens as
+    context 512, S.new tokens (min_new_tokens too: no early stop). "Same tokens as
     our ar" must hold in fp32 (the smoke test asserts it); in bf16 the near-flat logits of
     random weights can flip a greedy pick between two implementations, so there it only informs."""
     ids = torch.tensor(prompts(1, S.spec_ctx), device=S.device)
@@ -359,8 +378,8 @@ def peers_section(rows: list, target, draft, label: str, ar_tokens: list[int] | 
         "hf assisted (draft)": lambda: hf_t.generate(ids, assistant_model=hf_d, **kw)[0, ids.shape[1]:].tolist(),
     }
     compiled = to_hf(target)
-    if S.compile:
-        compiled.forward = torch.compile(compiled.forward, mode="reduce-overhead", fullgraph=True)
+    mode = "reduce-overhead" if S.compile_backend == "inductor" else None
+    compiled.forward = torch.compile(compiled.forward, backend=S.compile_backend, mode=mode, fullgraph=True)
     for provider, fn in runs.items():
         with torch.inference_mode():
             wall, toks = hf_timed(fn)

@@ -182,12 +182,12 @@ class Engine:
         self.sampler, self.draft_sampler = sampler_ops(self.sampler_backend)
         self.attention_backend = self.target.attention_backend
 
-    def set_cuda_graphs(self, enabled: bool = True, capture=None) -> None:
+    def set_cuda_graphs(self, enabled: bool = True, capture=None, lazy: bool = False) -> None:
         """Replay CUDA graphs for decode/verify steps (CUDA only; eager elsewhere), captured
-        when the next call allocates its buffers. `capture` stands in for torch.cuda.graph
-        capture (tests use one on CPU)."""
+        when the next call allocates its buffers (lazy: each bucket when a step first needs
+        it). `capture` stands in for torch.cuda.graph capture (tests use one on CPU)."""
         for runner in self._runners():
-            runner.set_cuda_graphs(enabled, capture)
+            runner.set_cuda_graphs(enabled, capture, lazy)
 
     def _runners(self):
         """The ModelRunners (the draft's unwrapped when it lives on another device)."""

@@ -1,5 +1,6 @@
 """`bench/gpu_e2e.py --smoke`: every section of the GPU end-to-end benchmark on the CPU with
-tiny shapes, so that a GPU session (30 minutes, rarely lent) never spends its time on an
+tiny shapes (graphs through a stand-in capture, torch.compile with dynamo's eager backend), so
+that a GPU session (30 minutes, rarely lent) never spends its time on an
 error the script would have hit anyway. The figures mean nothing; what is checked is that
 every section ran, wrote its rows, and that the rows keep their exactness promises."""
 import json
@@ -30,6 +31,8 @@ def test_gpu_e2e_smoke_runs_every_section(tmp_path):
     assert sd2["acceptance_rate"] == 1.0 and sd2["tokens_per_target_forward"] == 3.0
     peers = result["peers"]
     assert len(peers) == 4 and all(r["same_tokens_as_ar"] for r in peers)  # fp32: HF == our ar
-    assert {r["variant"] for r in result["ar"]} == {"unfused", "fused"}  # no torch.compile in smoke
+    assert {r["variant"] for r in result["ar"]} == {"unfused", "fused", "torch.compile"}
+    compiled = [r for r in result["ar"] if r["variant"] == "torch.compile"]
+    assert compiled and all(r["dynamo_graphs"] == 1 for r in compiled)  # one shape (batch 1, one context)
     assert len(result["invariant"]) == 6 and all(r["sd_same_tokens_as_ar"] for r in result["invariant"])
     assert result["projected"] and all(r["projected"] for r in result["projected"])

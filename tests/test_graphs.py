@@ -131,6 +131,78 @@ def test_engine_tokens_identical_with_graph_runner(tiny_dir, method, gamma):
     assert eng.target.graphs is None
 
 
+@pytest.mark.parametrize("method,gamma", [("ar", None), ("sd", 3)])
+def test_lazy_graphs_capture_only_the_shapes_a_call_uses(tiny_dir, method, gamma):
+    """lazy=True: nothing is captured at warm-up, each bucket when a step first needs it, and
+    the tokens are the eager ones."""
+    eng = Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=256, max_batch=2)
+    prompts = ["def add(a, b):\n", "x = [1"]
+    ref = [r.token_ids for r in eng.generate(prompts, max_new_tokens=24, method=method, gamma=gamma, ignore_eos=True)]
+    eng.set_cuda_graphs(True, capture=fake_capture, lazy=True)
+    out = eng.generate(prompts, max_new_tokens=24, method=method, gamma=gamma, ignore_eos=True)
+    assert [r.token_ids for r in out] == ref
+    graphs = eng.target.graphs
+    q = 1 if method == "ar" else 4  # the target's one step shape: decode, or [last, d1..d3]
+    assert set(graphs.graphs) == {(2, q, 256, False, False)} and graphs.replays > 0
+    eng.set_cuda_graphs(True, capture=fake_capture)  # eager capture again: every bucket at warm-up
+    eng.generate(prompts, max_new_tokens=4, method=method, gamma=gamma, ignore_eos=True)
+    assert len(eng.target.graphs.graphs) == 2 * 6 * 1
+
+
+class Counting(torch.nn.Module):
+    """A graph model that counts its calls and computes what the model does."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.calls = model, 0
+
+    def forward(self, *args, **kw):
+        self.calls += 1
+        return self.model(*args, **kw)
+
+
+def replaying_capture(fn, pool, device):  # runs fn at replay: enough where nothing is frozen
+    fn(), fn()
+    return type("Replay", (), {"replay": staticmethod(fn)})()
+
+
+def test_graph_model_runs_the_captured_steps_only(tiny_dir):
+    """set_graph_model: captured steps run the given module (e.g. torch.compile of the model, the
+    gpt-fast recipe inside our graphs), prefill and eager steps the model; tokens unchanged."""
+    eng = Engine.from_pretrained(str(tiny_dir), max_seq_len=256, max_batch=1)
+    prompts = ["def add(a, b):\n"]
+    ref = eng.generate(prompts, max_new_tokens=12, method="ar", ignore_eos=True)[0].token_ids
+    counting = Counting(eng.target.model)
+    eng.target.set_graph_model(counting)
+    eng.generate(prompts, max_new_tokens=12, method="ar", ignore_eos=True)
+    assert counting.calls == 0  # graphs off: every step eager, on the model
+    eng.set_cuda_graphs(True, capture=replaying_capture, lazy=True)
+    out = eng.generate(prompts, max_new_tokens=12, method="ar", ignore_eos=True)[0].token_ids
+    assert out == ref and counting.calls == 2 + 12  # the stand-in capture's two runs, then a replay per token
+    eng.target.set_graph_model(None)
+    assert eng.target.graph_model is eng.target.model and eng.target.graphs is None
+
+
+def test_compiled_graph_model_compiles_once_per_shape_used(tiny_dir):
+    """The torch.compile peer (bench/gpu_e2e.py): with lazy graphs dynamo compiles one graph per
+    shape the call uses, instead of meeting every warm-up bucket and hitting its recompile limit
+    (after which it silently runs the model uncompiled). backend="eager": dynamo only, fast."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    eng = Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=256, max_batch=2)
+    prompts = ["def add(a, b):\n", "x = [1"]
+    ref = [r.token_ids for r in eng.generate(prompts, max_new_tokens=10, method="sd", gamma=3, ignore_eos=True)]
+    eng.target.set_graph_model(torch.compile(eng.target.model, backend="eager", dynamic=False, fullgraph=True))
+    eng.set_cuda_graphs(True, capture=replaying_capture, lazy=True)
+    out = eng.generate(prompts, max_new_tokens=10, method="sd", gamma=3, ignore_eos=True)
+    assert [r.token_ids for r in out] == ref
+    assert counters["stats"]["unique_graphs"] == len(eng.target.graphs.graphs) == 1
+    assert not counters["unimplemented"] and not counters["graph_break"]
+    torch._dynamo.reset()
+
+
 GRAPHED_CALLS = [  # steps with a tree mask or hidden states: graphs of their own
     ("sd-tree", dict(method="sd", tree="2x3:5")),
     ("specdec++", dict(method="sd", policy="specdec++", gamma=4, threshold=0.5)),
@@ -153,7 +225,7 @@ def test_tree_and_hidden_state_steps_replay_graphs_with_eager_tokens(tiny_pair, 
                  acceptance_head=random_head(draft, seed=3, bias=1.0), parallel_drafter=random_drafter(draft, k_max=3))
     prompts = ["def add(a, b):\n", "x = [1", "for i in range(3"]
     ref = [r.token_ids for r in eng.generate(prompts, max_new_tokens=20, ignore_eos=True, **kw)]
-    eng.set_cuda_graphs(True, capture=fake_capture)
+    eng.set_cuda_graphs(True, capture=fake_capture, lazy=True)  # (every bucket at warm-up: tested above)
     out = eng.generate(prompts, max_new_tokens=20, ignore_eos=True, **kw)
     assert [r.token_ids for r in out] == ref
     runner = eng.draft if kw.get("policy") == "specdec++" else eng.target
@@ -175,7 +247,7 @@ def test_whole_chain_draft_graph_gives_eager_tokens(tiny_pair, tokenizer, method
     prompts = ["def add(a, b):\n", "x = [1", "for i in range(3"]
     kw = dict(max_new_tokens=30, method=method, gamma=3, ignore_eos=True, **sampling)
     ref = [r.token_ids for r in eng.generate(prompts, **kw)]
-    eng.set_cuda_graphs(True, capture=fake_capture)
+    eng.set_cuda_graphs(True, capture=fake_capture, lazy=True)  # the target's verify buckets on first use
     out = eng.generate(prompts, **kw)
     chain = eng.draft._chain
     assert chain is not None and chain.replays > 0 and len(chain.graphs) >= 1

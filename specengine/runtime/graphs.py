@@ -23,7 +23,7 @@ keyed also by (tree, hidden) and captured the first time such a step runs: the t
 is a static input ([max_batch, Q, Q]; padded nodes see only themselves, as in
 `ModelRunner._padded_verify`), the hidden states a static output. A capture mid-round is
 harmless: its warm-up forwards write K/V only past every row's length, where the replay
-writes right after. Q above the largest bucket, batches above the declared maximum and
+writes right after. With `lazy=True` every key is captured that way, on first use. Q above the largest bucket, batches above the declared maximum and
 shapes not captured run eagerly: the same function, the same results.
 """
 from __future__ import annotations
@@ -98,11 +98,11 @@ class GraphRunner:
     """
 
     def __init__(self, forward, device: torch.device, vocab_size: int, max_batch: int, max_seq_len: int,
-                 capture=None, q_buckets=Q_BUCKETS, memory_limit: int = 2 << 30):
+                 capture=None, q_buckets=Q_BUCKETS, memory_limit: int = 2 << 30, lazy: bool = False):
         self.forward, self.device, self.vocab_size = forward, device, vocab_size
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
         self.capture = capture or cuda_capture
-        self.q_buckets, self.memory_limit = q_buckets, memory_limit
+        self.q_buckets, self.memory_limit, self.lazy = q_buckets, memory_limit, lazy
         self.graphs: dict[tuple, object] = {}  # (batch, Q, length, tree, hidden) buckets
         self.skipped: list[tuple] = []
         self.replays = 0
@@ -158,7 +158,10 @@ class GraphRunner:
         if qb is None or bb is None:
             return None
         key = (bb, qb, self._len_bucket(attn_len), tree_mask is not None, bool(return_hidden))
-        if key not in self.graphs and (key[3] or (key[4] and self.hidden is not None)) and key not in self.skipped:
+        first_use = self.lazy or key[3] or (key[4] and self.hidden is not None)  # captured when first needed
+        if key not in self.graphs and first_use and key not in self.skipped:
+            if self.pool is None and self.device.type == "cuda":
+                self.pool = torch.cuda.graph_pool_handle()
             self._capture(key)
         return key if key in self.graphs else None
 

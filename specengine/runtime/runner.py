@@ -5,7 +5,9 @@ Entry points mirror the engine's needs: `allocate` (a static buffer for a call's
 `prefill`, `decode`, `verify` (chain or tree); all write K/V at `cache.lens[b] + j` and
 return logits; callers set `cache.lens` (rollback is lowering it). On CUDA with graphs on,
 the buffer is allocated for `max_batch` rows and every (batch, Q, length) bucket is
-captured when the buffer is allocated (`warmup`), never in the middle of a generation.
+captured when the buffer is allocated (`warmup`), never in the middle of a generation;
+with `lazy=True` a bucket is captured the first time a step needs it instead (only the
+shapes a workload uses: what a torch.compile'd `graph_model` wants, one compile per shape).
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ class ModelRunner:
         self._warmed: KVCache | None = None  # the buffer warm-up (autotune, graphs) last ran on
         self._chain: DraftChainGraphs | None = None
         self.chain_graph = True  # as a draft: one graph for a whole chain (False: a graph per step)
-        self.use_graphs, self.capture = False, None
+        self.use_graphs, self.capture, self.lazy_graphs = False, None, False
+        self.graph_model = model  # what captured steps run (set_graph_model); prefill runs `model`
         self.invariance = BatchInvariance(self)  # batch-invariant mode: off until configured
         self.set_attention(attention)
         self.set_cuda_graphs(cuda_graphs, capture)
@@ -65,11 +68,22 @@ class ModelRunner:
         allocation warms up and captures anew."""
         self.graphs = self._warmed = self._chain = None
 
-    def set_cuda_graphs(self, enabled: bool = True, capture=None) -> None:
-        """Replay captured graphs for decode/verify (CUDA; `capture` stands in on CPU in tests)."""
-        self.capture = capture
+    def set_cuda_graphs(self, enabled: bool = True, capture=None, lazy: bool = False) -> None:
+        """Replay captured graphs for decode/verify (CUDA; `capture` stands in on CPU in tests).
+        lazy: capture each bucket when a step first needs it, not all of them at warm-up."""
+        if (enabled, capture, lazy) != (self.use_graphs, self.capture, self.lazy_graphs):
+            self.drop_graphs()
+        self.capture, self.lazy_graphs = capture, lazy
         self.use_graphs = enabled and (self.device.type == "cuda" or capture is not None)
         self.invariance.select(self.invariance.choice)  # graphs replay at bucket row counts: re-probe
+
+    def set_graph_model(self, module=None) -> None:
+        """The module captured steps run: e.g. `torch.compile(model)`, the gpt-fast recipe inside
+        our graphs (use with lazy graphs: one compile per shape a workload uses). It must compute
+        what the model does, from the same weights; None restores the model. Prefill and steps
+        that run eagerly keep the model."""
+        self.graph_model = self.model if module is None else module
+        self.drop_graphs()
 
     # ------------------------------------------------------------------ buffers and graphs
     def allocate(self, batch: int, max_seq_len: int) -> KVCache:
@@ -91,19 +105,22 @@ class ModelRunner:
     def warmup(self) -> None:
         """Before any generation on this buffer: run every (Q, length) bucket once, so Triton
         autotunes here (its keys are shapes that never change per call), then capture every
-        bucket's graph when graphs are on. Never during a capture or inside a round."""
+        bucket's graph when graphs are on. Never during a capture or inside a round. Lazy graphs
+        skip both: a capture's own warm-up runs autotune its shape."""
         buf = self._buffer
         tokens = torch.zeros(1, Q_BUCKETS[-1], dtype=torch.int64, device=self.device)
-        for q in Q_BUCKETS:
+        for q in () if self.use_graphs and self.lazy_graphs else Q_BUCKETS:
             for n in {len_buckets(buf.max_seq_len)[0], buf.max_seq_len}:  # short: no KV split; long: split
                 self._forward_rows(tokens[:, :q], 1, n)
         if self.use_graphs:
             self.graphs = GraphRunner(self._forward_rows, self.device, self.config.vocab_size, self.max_batch,
-                                      buf.max_seq_len, capture=self.capture, memory_limit=self.graph_memory_limit)
+                                      buf.max_seq_len, capture=self.capture, memory_limit=self.graph_memory_limit,
+                                      lazy=self.lazy_graphs)
             self.graphs.hidden = torch.zeros(self.max_batch, Q_BUCKETS[-1], self.config.hidden_size,
                                              dtype=self.dtype, device=self.device)
             self.graphs.forward_drafter = self._drafter_rows
-            self.graphs.capture_all()
+            if not self.lazy_graphs:
+                self.graphs.capture_all()
         buf.reset()
         self._warmed = buf
 
@@ -116,8 +133,8 @@ class ModelRunner:
         return self._chain
 
     def _forward_rows(self, tokens, rows: int, attn_len: int, tree_mask=None, return_hidden=False):
-        return self.model(tokens, self._buffer.rows(rows), self.attn_fn, tree_mask=tree_mask, attn_len=attn_len,
-                          return_hidden=return_hidden)
+        return self.graph_model(tokens, self._buffer.rows(rows), self.attn_fn, tree_mask=tree_mask,
+                                attn_len=attn_len, return_hidden=return_hidden)
 
     def _drafter_rows(self, drafter, tokens, mask_index, tree, rows: int, attn_len: int):
         return drafter(tokens, mask_index, self._buffer.rows(rows), self.attn_fn, tree, attn_len=attn_len)
