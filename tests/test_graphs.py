@@ -271,6 +271,27 @@ def test_reallocated_cache_recaptures(model):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_compiled_graph_model_gives_eager_tokens(tiny_dir):
+    """bench/gpu_e2e.py's torch.compile peer on a real GPU: inductor, fullgraph, torch attention,
+    captured lazily in our graphs; the eager tokens, one dynamo graph per shape used."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    eng = Engine.from_pretrained(str(tiny_dir), device="cuda", max_seq_len=512, cuda_graphs=False, max_batch=2,
+                                 attention_backend="torch")
+    prompts = ["def add(a, b):\n", "x = [1"]
+    ref = [r.token_ids for r in eng.generate(prompts, max_new_tokens=24, method="ar", ignore_eos=True)]
+    eng.target.set_graph_model(torch.compile(eng.target.model, dynamic=False, fullgraph=True))
+    eng.set_cuda_graphs(True, lazy=True)
+    out = eng.generate(prompts, max_new_tokens=24, method="ar", ignore_eos=True)
+    assert [r.token_ids for r in out] == ref and eng.target.graphs.replays > 0
+    assert counters["stats"]["unique_graphs"] == len(eng.target.graphs.graphs) == 1
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("method", ["ar", "sd", "pearl"])
 def test_cuda_graph_replay_gives_eager_tokens(tiny_dir, method):
     eng = Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), device="cuda", max_seq_len=512,
