@@ -62,10 +62,10 @@ if [[ $PARTS == *" spec "* ]]; then
     --out $RES/gpu_e2e_$DEV.json
 fi
 if [[ $PARTS == *" kernels "* ]]; then
-  step kernels timeout ${KERNELS_TIMEOUT:-90} $PY bench/gpu_kernels.py --out $RES/gpu_kernels_$DEV.json
+  step kernels timeout ${KERNELS_TIMEOUT:-120} $PY bench/gpu_kernels.py --out $RES/gpu_kernels_$DEV.json
 fi
 if [[ $PARTS == *" suite "* ]]; then
-  step suite-on-cuda timeout ${SUITE_TIMEOUT:-200} $PY -m pytest -q -p no:cacheprovider -m "not real and not gpu" -n 16 --timeout 120 -v \
+  step suite-on-cuda timeout ${SUITE_TIMEOUT:-170} $PY -m pytest -q -p no:cacheprovider -m "not real and not gpu" -n 16 --timeout 120 -v \
     --junitxml=build/gpu-logs/gpu_suite_$DEV.xml tests
 fi
 if [ -n "${OUT:-}" ]; then cp $RES/gpu_* "$OUT"/ 2>/dev/null; tar czf "$OUT/logs.tgz" build/gpu-logs; fi
