@@ -36,3 +36,17 @@ def test_gpu_e2e_smoke_runs_every_section(tmp_path):
     assert compiled and all(r["dynamo_graphs"] == 1 for r in compiled)  # one shape (batch 1, one context)
     assert len(result["invariant"]) == 6 and all(r["sd_same_tokens_as_ar"] for r in result["invariant"])
     assert result["projected"] and all(r["projected"] for r in result["projected"])
+
+
+def test_kernel_microbenchmarks_run_their_torch_providers(tmp_path):
+    """`make bench-kernels` (GPU) shares its files with a CPU check: every case of the fused-op,
+    attention and rejection-sampling benchmarks runs once with the torch provider."""
+    import os
+
+    env = dict(os.environ, SPECENGINE_BENCH_CPU="1")
+    files = ["bench_fused_ops.py", "bench_verify_attention.py", "bench_rejection_sampling.py"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files, "-k",
+                           "torch and not compile", "--benchmark-disable"], cwd=BENCH, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout and "failed" not in proc.stdout
