@@ -138,7 +138,8 @@ def run(eng, batch, ctx, profile=False, **kw) -> dict:
         t0 = time.perf_counter()
         prof = None
         if profile:
-            activity = torch.profiler.ProfilerActivity.CUDA if S.device == "cuda" else torch.profiler.ProfilerActivity.CPU
+            kinds = torch.profiler.ProfilerActivity
+            activity = kinds.CUDA if S.device == "cuda" else kinds.CPU
             prof = torch.profiler.profile(activities=[activity])
             prof.__enter__()
         for _ in gen.rounds():
@@ -188,9 +189,9 @@ def gpu_busy(prof, rounds: int) -> dict:
 STEP_VARIANTS = {  # how the target step runs (docs/design.md, "Fused step")
     "unfused": "the plain-torch reference ops (the CPU path), our CUDA graphs",
     "fused": "our Triton kernels (layers/: add+RMSNorm, RoPE+KV write, SiLU-and-mul) and merged projections",
-    "torch.compile": "the reference ops, attention included, through torch.compile (inductor, no cudagraphs of its own) inside our "
-                     "graphs, captured lazily so dynamo compiles once per shape used: the gpt-fast recipe, "
-                     "the peer to beat",
+    "torch.compile": "the reference ops, attention included, through torch.compile (inductor, no cudagraphs "
+                     "of its own) inside our graphs, captured lazily so dynamo compiles once per shape used: "
+                     "the gpt-fast recipe, the peer to beat",
 }
 
 
@@ -453,7 +454,8 @@ def main(argv=None) -> int:
     else:
         peak, bw = PEAK_BW["H100"], float("nan")  # smoke: the figures mean nothing
     result = {"environment": environment(), "weights": "random (real architectures; see the docstring)",
-              "smoke": args.smoke, "dtype": str(S.dtype).removeprefix("torch."), "new_tokens": S.new, "peak_bandwidth_Bps": peak,
+              "smoke": args.smoke, "dtype": str(S.dtype).removeprefix("torch."), "new_tokens": S.new,
+              "peak_bandwidth_Bps": peak,
               "copy_bandwidth_Bps": bw,
               "method_providers": [p for p, _, _ in METHOD_CONFIGS],
               "ar": [], "spec": [], "peers": [], "projected": [], "invariant": []}

@@ -23,8 +23,9 @@ keyed also by (tree, hidden) and captured the first time such a step runs: the t
 is a static input ([max_batch, Q, Q]; padded nodes see only themselves, as in
 `ModelRunner._padded_verify`), the hidden states a static output. A capture mid-round is
 harmless: its warm-up forwards write K/V only past every row's length, where the replay
-writes right after. With `lazy=True` every key is captured that way, on first use. Q above the largest bucket, batches above the declared maximum and
-shapes not captured run eagerly: the same function, the same results.
+writes right after. With `lazy=True` every key is captured that way, on first use. Q above
+the largest bucket, batches above the declared maximum and shapes not captured run eagerly:
+the same function, the same results.
 """
 from __future__ import annotations
 
