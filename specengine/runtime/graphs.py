@@ -114,7 +114,8 @@ class GraphRunner:
         self.logits = torch.zeros(max_batch, qmax, vocab_size, dtype=torch.float32, device=device)
         self.mask = torch.zeros(max_batch, qmax, qmax, dtype=torch.bool, device=device)  # tree steps
         self.hidden: torch.Tensor | None = None  # [max_batch, qmax, H]: the runner allocates it
-        self.pool = None
+        # one memory pool for every graph of this model, however and whenever it is captured
+        self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
         self.forward_drafter = None  # (drafter, tokens, mask_index, tree, rows, attn_len) -> logits
         self._drafter_buffers: dict[int, dict] = {}  # static inputs/outputs per drafter width T
         self._fns: dict[tuple, object] = {}
@@ -124,7 +125,6 @@ class GraphRunner:
         pool's memory; measure what the graphs hold."""
         on_cuda = self.device.type == "cuda"
         before = torch.cuda.memory_reserved(self.device) if on_cuda else 0
-        self.pool = torch.cuda.graph_pool_handle() if on_cuda else None
         keys = [(b, q, n, False, False) for b in self.batch_sizes for q in self.q_buckets for n in self.lengths]
         for key in sorted(keys, key=lambda k: (k[0] * k[1], k[2]), reverse=True):
             self._capture(key)
@@ -161,8 +161,6 @@ class GraphRunner:
         key = (bb, qb, self._len_bucket(attn_len), tree_mask is not None, bool(return_hidden))
         first_use = self.lazy or key[3] or (key[4] and self.hidden is not None)  # captured when first needed
         if key not in self.graphs and first_use and key not in self.skipped:
-            if self.pool is None and self.device.type == "cuda":
-                self.pool = torch.cuda.graph_pool_handle()
             self._capture(key)
         return key if key in self.graphs else None
 

@@ -71,10 +71,10 @@ class ModelRunner:
     def set_cuda_graphs(self, enabled: bool = True, capture=None, lazy: bool = False) -> None:
         """Replay captured graphs for decode/verify (CUDA; `capture` stands in on CPU in tests).
         lazy: capture each bucket when a step first needs it, not all of them at warm-up."""
-        if (enabled, capture, lazy) != (self.use_graphs, self.capture, self.lazy_graphs):
+        use = enabled and (self.device.type == "cuda" or capture is not None)
+        if (use, capture, lazy) != (self.use_graphs, self.capture, self.lazy_graphs):
             self.drop_graphs()
-        self.capture, self.lazy_graphs = capture, lazy
-        self.use_graphs = enabled and (self.device.type == "cuda" or capture is not None)
+        self.use_graphs, self.capture, self.lazy_graphs = use, capture, lazy
         self.invariance.select(self.invariance.choice)  # graphs replay at bucket row counts: re-probe
 
     def set_graph_model(self, module=None) -> None:
@@ -107,19 +107,19 @@ class ModelRunner:
         autotunes here (its keys are shapes that never change per call), then capture every
         bucket's graph when graphs are on. Never during a capture or inside a round. Lazy graphs
         skip both: a capture's own warm-up runs autotune its shape."""
-        buf = self._buffer
+        buf, lazy = self._buffer, self.use_graphs and self.lazy_graphs
         tokens = torch.zeros(1, Q_BUCKETS[-1], dtype=torch.int64, device=self.device)
-        for q in () if self.use_graphs and self.lazy_graphs else Q_BUCKETS:
+        for q in () if lazy else Q_BUCKETS:
             for n in {len_buckets(buf.max_seq_len)[0], buf.max_seq_len}:  # short: no KV split; long: split
                 self._forward_rows(tokens[:, :q], 1, n)
         if self.use_graphs:
             self.graphs = GraphRunner(self._forward_rows, self.device, self.config.vocab_size, self.max_batch,
                                       buf.max_seq_len, capture=self.capture, memory_limit=self.graph_memory_limit,
-                                      lazy=self.lazy_graphs)
+                                      lazy=lazy)
             self.graphs.hidden = torch.zeros(self.max_batch, Q_BUCKETS[-1], self.config.hidden_size,
                                              dtype=self.dtype, device=self.device)
             self.graphs.forward_drafter = self._drafter_rows
-            if not self.lazy_graphs:
+            if not lazy:
                 self.graphs.capture_all()
         buf.reset()
         self._warmed = buf
