@@ -166,11 +166,22 @@ def _fused_step_variants(full: bool):
                 dict(dtype=dt, BLOCK_H=half)
 
 
+def _commit_variants(full: bool):
+    from . import commit_tokens as ct
+
+    for new in ("i32", "i64"):
+        sig = dict(tok_ptr="*i64", n_ptr="*i64", offset_ptr="*i64", active_ptr="*i1", out_ptr="*i64",
+                   new_ptr=f"*{new}", **_i32("S", "W", "s_tok", "s_out"))
+        yield "commit_tokens", ct._commit_tokens_kernel, sig, dict(BLOCK_W=16), dict(num_warps=1), \
+            dict(dtype="any", n_new=new, BLOCK_W=16)
+
+
 def variants(full: bool = False):
     yield from _attention_variants(full)
     yield from _sampler_variants(full)
     yield from _draft_variants(full)
     yield from _fused_step_variants(full)
+    yield from _commit_variants(full)
 
 
 def _resource_usage(cubin: bytes) -> tuple[int, int, int]:

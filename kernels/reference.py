@@ -5,6 +5,7 @@ Contracts (docs/design.md, "Kernel contracts"):
                    tree_mask=None | [B|1,Q,Q] bool, sm_scale=None) -> [B,Q,Hq,D]
   rejection_sample(target_logits[B,K+1,V], draft_tokens[B,K], draft_probs[B,K,V] | None,
                    num_draft[B], temperature[B], seed[B], offset[B] | []) -> (tokens[B,K+1], n_acc[B])
+  commit_tokens(tokens[B,S], n[B], offset[B], active[B] bool, out_tokens[B,W], n_new[B]) -> None (in place)
 
 The sampler's random numbers come from the counter-based generator in `rng.py`, which
 the Triton kernel reproduces bit for bit.
@@ -154,3 +155,15 @@ def verify_attention_tiled(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_s
         m = m_new
     out = acc / l_sum[..., None]
     return out.reshape(B, Hkv, Q, G, D).permute(0, 2, 1, 3, 4).reshape(B, Q, Hq, D).to(q.dtype)
+
+
+def commit_tokens_ref(tokens, n, offset, active, out_tokens, n_new) -> None:
+    """Append out_tokens[b, :n_new[b]] to each active row of tokens at n[b] (positions clamp to
+    the last slot), advance n by what an active row kept, and every row's offset by one."""
+    width = out_tokens.shape[1]
+    j = torch.arange(width, device=out_tokens.device)[None, :]
+    idx = (n[:, None] + j).clamp(max=tokens.shape[1] - 1)
+    keep = (j < n_new.to(torch.int64)[:, None]) & active[:, None]
+    tokens.scatter_(1, idx, torch.where(keep, out_tokens, tokens.gather(1, idx)))
+    n += n_new.to(torch.int64) * active
+    offset += 1

@@ -179,7 +179,7 @@ class Engine:
         for runner in self._runners():
             runner.set_attention(attention)
         self.sampler_backend = resolve_backend(sampler, self.device, "sampler")
-        self.sampler, self.draft_sampler = sampler_ops(self.sampler_backend)
+        self.sampler, self.draft_sampler, self.commit_op = sampler_ops(self.sampler_backend)
         self.attention_backend = self.target.attention_backend
 
     def set_cuda_graphs(self, enabled: bool = True, capture=None, lazy: bool = False) -> None:

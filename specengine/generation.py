@@ -147,7 +147,7 @@ class Generation:
         return DecodeState(
             tokens=tokens, n=lens.clone(), active=torch.ones(B, dtype=torch.bool, device=dev),
             params=self.params, temperature=temp, seed=row_seeds(self.params.seed, B, dev),
-            offset=torch.zeros(B, dtype=torch.int64, device=dev),
+            offset=torch.zeros(B, dtype=torch.int64, device=dev), commit_op=eng.commit_op,
         )
 
     # ------------------------------------------------------------------ rounds

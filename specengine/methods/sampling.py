@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import SpecEngineError
-from ..kernels.reference import rejection_sample_ref, tempered_softmax
+from ..kernels.reference import commit_tokens_ref, rejection_sample_ref, tempered_softmax
 from ..kernels.rng import STREAM_DRAFT, categorical_from_counter
 
 
@@ -121,9 +121,11 @@ def sample_draft_fused(logits: torch.Tensor, params: SamplingParams, seed, offse
 
 
 def sampler_ops(backend: str):
-    """(rejection sampler, draft sampler) of a resolved backend ("torch" | "triton")."""
+    """(rejection sampler, draft sampler, commit) of a resolved backend ("torch" | "triton"):
+    the round's device work between its forwards."""
     if backend == "torch":
-        return rejection_sample_ref, sample_draft
+        return rejection_sample_ref, sample_draft, commit_tokens_ref
+    from ..kernels.commit_tokens import commit_tokens
     from ..kernels.rejection_sampling import rejection_sample
 
-    return rejection_sample, sample_draft_fused
+    return rejection_sample, sample_draft_fused, commit_tokens

@@ -8,9 +8,11 @@ round to read what was committed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
+from ..kernels.reference import commit_tokens_ref
 from .sampling import SamplingParams
 
 
@@ -24,6 +26,7 @@ class DecodeState:
     seed: torch.Tensor  # [B] int64, per row (kernels/rng.py: a row's numbers never depend on its index)
     offset: torch.Tensor  # [B] int64, the row's round: bumped every round, fresh random numbers
     attn_len: int | None = None  # host bound on positions any step reads this round
+    commit_op: Callable = commit_tokens_ref  # the contract in kernels/reference.py (one launch: commit_tokens.py)
 
     @property
     def batch(self) -> int:
@@ -40,13 +43,7 @@ class DecodeState:
 
     def commit(self, out_tokens: torch.Tensor, n_new: torch.Tensor) -> None:
         """Append out_tokens[b, :n_new[b]] to the active rows and move to fresh random numbers."""
-        width = out_tokens.shape[1]
-        j = torch.arange(width, device=out_tokens.device)[None, :]
-        idx = self.positions(self.n, width)
-        keep = (j < n_new.to(torch.int64)[:, None]) & self.active[:, None]
-        self.tokens.scatter_(1, idx, torch.where(keep, out_tokens, self.tokens.gather(1, idx)))
-        self.n += n_new.to(torch.int64) * self.active
-        self.offset += 1
+        self.commit_op(self.tokens, self.n, self.offset, self.active, out_tokens, n_new)
 
 
 @dataclass

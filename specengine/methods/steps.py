@@ -41,17 +41,27 @@ from .state import DecodeState, RoundOutput
 from .token_tree import TokenTree, TreeShape, ancestor_mask, tree_accept
 
 
-def catch_up_inputs(draft, state: DecodeState, upto: torch.Tensor):
-    """The draft's 2-token catch-up feed: (tokens at its length and the next one [B,2], which
-    of their logits continues the chain [B] (the last unseen token: 1 or 2 are unseen))."""
-    seen = draft.cache.lens.to(torch.int64)
-    return state.tokens.gather(1, state.positions(seen, 2)), (upto - 1 - seen).clamp(0, 1)
+def graphed(runner):
+    """The runner's `graphed(name, fn, *args)`: a round's pure device function (tree masks,
+    tree acceptance, the drafter's layout) replayed from a CUDA graph where the runner has
+    graphs; a direct call for runners without one (another device's wrapper, test stand-ins)."""
+    return getattr(runner, "graphed", lambda name, fn, *args: fn(*args))
+
+
+def catch_up_feed(tokens: torch.Tensor, seen: torch.Tensor, upto: torch.Tensor):
+    """The draft's 2-token catch-up feed, from the token buffer [B,S], the draft's length [B]
+    and the length to reach [B]: (tokens at its length and the next one [B,2] (clamped inside
+    the buffer), which of their logits continues the chain [B] (the last unseen token: 1 or 2
+    are unseen)). Pure tensor ops: the whole-chain graph runs it inside its replay."""
+    seen = seen.to(torch.int64)
+    at = (seen[:, None] + torch.arange(2, device=seen.device)).clamp(max=tokens.shape[1] - 1)
+    return tokens.gather(1, at), (upto - 1 - seen).clamp(0, 1)
 
 
 def draft_catch_up(draft, state: DecodeState, upto: torch.Tensor, return_hidden: bool = False):
     """Feed the draft the tokens of state.tokens[:, :upto] it has not seen (1 or 2 per row);
     returns the logits after the last one [B,V] (and its final hidden state [B,H])."""
-    tok2, which = catch_up_inputs(draft, state, upto)
+    tok2, which = catch_up_feed(state.tokens, draft.cache.lens, upto)
     out = draft.verify(tok2, attn_len=state.attn_len, return_hidden=return_hidden)
     draft.cache.set_lens(upto)
     rows = torch.arange(state.batch, device=which.device)
@@ -67,8 +77,7 @@ def draft_chain(ctx: MethodContext, state: DecodeState, gamma: int, upto: torch.
     upto = state.n if upto is None else upto
     chain = None if observe else getattr(draft, "chain_graphs", lambda: None)()
     if chain is not None:  # the whole chain as one CUDA graph replay (runtime/chain_graphs.py)
-        out = chain.run(state, ctx.draft_sampler, gamma, *catch_up_inputs(draft, state, upto), draft.cache.lens,
-                        upto)
+        out = chain.run(state, ctx.draft_sampler, catch_up_feed, gamma, draft.cache.lens, upto)
         if out is not None:
             return out
     if observe:
@@ -125,7 +134,7 @@ def parallel_logits(draft, drafter, state: DecodeState, k: int, upto: torch.Tens
     unseen = (upto - seen).clamp(1, real_width)
     real = state.tokens.gather(1, state.positions(seen, real_width))
     tokens = torch.cat([real, torch.zeros_like(real[:, : k - 1])], 1)
-    mask_index, tree = drafter_layout(unseen, k, real_width)
+    mask_index, tree = graphed(draft)("drafter_layout", drafter_layout, unseen, k, real_width)
     logits = draft.drafter_forward(drafter, tokens, mask_index, tree, attn_len=state.attn_len)
     draft.cache.set_lens(upto)
     masks = real_width + torch.arange(k - 1, device=logits.device)[None, :].expand(state.batch, k - 1)
@@ -200,7 +209,8 @@ def draft_tree(ctx: MethodContext, state: DecodeState, shape: TreeShape, return_
     beam.grow(torch.log_softmax(logits.float(), -1)[:, None])
     for _ in range(shape.depth - 1):
         tokens, parent, _, _ = beam.all()
-        out = draft.verify(tokens[:, 1:], tree_mask=ancestor_mask(parent)[:, 1:, 1:], attn_len=state.attn_len)
+        mask = graphed(draft)("ancestor_mask", ancestor_mask, parent)
+        out = draft.verify(tokens[:, 1:], tree_mask=mask[:, 1:, 1:], attn_len=state.attn_len)
         F = beam.tokens[-1].shape[1]
         beam.grow(torch.log_softmax(out[:, -F:].float(), -1))
     tree, scores = beam.tree(shape.nodes, draft_depth=shape.depth)
@@ -217,14 +227,21 @@ def positional_tree(root: torch.Tensor, logq: torch.Tensor, shape: TreeShape) ->
     return beam.tree(shape.nodes, draft_depth=0)[0]  # the draft keeps committed tokens only
 
 
+def _accept(logits, tokens, parent, depth, temperature, seed, offset, max_depth: int, max_children: int):
+    """tree_accept over the tree's tensors (what a graph can take as inputs)."""
+    return tree_accept(logits, TokenTree(tokens, parent, depth), temperature, seed, offset, max_depth, max_children)
+
+
 def verify_tree_and_commit(ctx: MethodContext, state: DecodeState, tree: TokenTree, shape: TreeShape, timer,
                            draft_forwards: int) -> RoundOutput:
     """One target forward over the tree, lossless acceptance, K/V compaction, commit."""
-    start = state.n.clone()
+    start, on_device = state.n.clone(), graphed(ctx.target)
     with timer.phase("target"):
-        logits = ctx.target.verify(tree.tokens, tree_mask=tree.mask(), attn_len=state.attn_len)
-    out, n_acc, path = tree_accept(filter_logits(logits, state.params), tree, state.temperature, state.seed,
-                                   state.offset, shape.depth, shape.topk)
+        mask = on_device("ancestor_mask", ancestor_mask, tree.parent)
+        logits = ctx.target.verify(tree.tokens, tree_mask=mask, attn_len=state.attn_len)
+    out, n_acc, path = on_device("tree_accept", _accept, filter_logits(logits, state.params), tree.tokens,
+                                 tree.parent, tree.depth, state.temperature, state.seed, state.offset, shape.depth,
+                                 shape.topk)
     root_slot = start - 1
     ctx.target.cache.compact_path(root_slot, path, n_acc)
     draft_lens = start  # the parallel drafter's cache holds the committed tokens only

@@ -6,10 +6,12 @@ Python round trip per draft token; here the draft of a round is one replay.
 A graph is keyed by (batch bucket, γ, attention-length bucket, sampling parameters) and
 captured on the first round that needs it (a capture is two eager runs plus the capture;
 the chain is idempotent: it sets the draft's lengths from a static input before feeding, so
-the warm-up runs leave the same state the replay does). Static inputs: the two catch-up
-tokens per row, which of their logits continues the chain, the length to set, seeds and
-the round's offset. Padding rows (B..b−1) are unused cache rows: their lengths are set to
-0 before and after each replay, so they never hold anything another call could read.
+the warm-up runs leave the same state the replay does). Static inputs: the token buffer,
+the draft's length before the round, the length to reach, seeds and the round's offset;
+the 2-token catch-up feed is computed from them inside the replay (by the caller's `feed`
+function), so a round launches five copies and one replay. Padding rows (B..b−1) are
+unused cache rows: their lengths are 0 before and after each replay, so they never hold
+anything another call could read.
 """
 from __future__ import annotations
 
@@ -24,8 +26,7 @@ class DraftChainGraphs:
         buf = runner._buffer
         self.max_batch, self.max_seq_len, self.max_gamma = buf.batch, buf.max_seq_len, max_gamma
         dev, V, bm = runner.device, runner.config.vocab_size, buf.batch
-        self.tok2 = torch.zeros(bm, 2, dtype=torch.int64, device=dev)
-        self.which = torch.zeros(bm, dtype=torch.int64, device=dev)
+        self.tokens = torch.zeros(bm, self.max_seq_len, dtype=torch.int64, device=dev)
         self.seen = torch.zeros(bm, dtype=torch.int32, device=dev)
         self.upto = torch.zeros(bm, dtype=torch.int32, device=dev)
         self.seed = torch.zeros(bm, dtype=torch.int64, device=dev)
@@ -47,14 +48,15 @@ class DraftChainGraphs:
         n = len_bucket(attn_len or self.max_seq_len, self.max_seq_len)
         return b, gamma, n, (params.temperature, params.top_k, params.top_p)  # seeds are an input
 
-    def _chain(self, b: int, gamma: int, n: int, params, sampler):
+    def _chain(self, b: int, gamma: int, n: int, params, sampler, feed):
         # every tensor the graph reads is an attribute of self: a graph holds raw pointers, and a
         # tensor local to this closure would be freed (and its memory reused) after the capture
         runner, buf, rows = self.runner, self.runner._buffer.rows(b), self.rows[:b]
 
         def chain():
             buf.lens.copy_(self.seen[:b])  # the catch-up feeds the unseen tokens from there
-            logits = runner._forward_rows(self.tok2[:b], b, n)[rows, self.which[:b]]
+            tok2, which = feed(self.tokens[:b], self.seen[:b], self.upto[:b])
+            logits = runner._forward_rows(tok2, b, n)[rows, which]
             buf.lens.copy_(self.upto[:b])
             for j in range(gamma):
                 if j:
@@ -67,37 +69,36 @@ class DraftChainGraphs:
                     self.q[:b, j].copy_(q)
         return chain
 
-    def run(self, state, sampler, gamma: int, tok2, which, seen, upto):
+    def run(self, state, sampler, feed, gamma: int, seen, upto):
         """The chain `methods.steps.draft_chain` would compute with the draft `sampler` (tokens
         [B,γ], q [B,γ,V] | None, confs [B,γ]), from one graph replay; None when no graph fits
-        (then the caller runs it eagerly)."""
+        (then the caller runs it eagerly). feed(tokens, seen, upto) -> (the catch-up's 2 tokens
+        [B,2], which of their logits continues [B]) runs inside the replay; seen: the draft's
+        length [B], upto: the length to reach [B]."""
         B = state.batch
         key = self.key(B, gamma, state.attn_len, state.params)
-        if key is None:
+        if key is None or state.tokens.shape[1] != self.max_seq_len:
             return None
         b = key[0]
         if not state.params.greedy and self.q is None:
             self.q = torch.zeros(self.max_batch, self.max_gamma, self.vocab, dtype=torch.float32,
                                  device=self.runner.device)
-        self.tok2[:B].copy_(tok2)
-        self.which[:B].copy_(which)
+        self.tokens[:B].copy_(state.tokens)
         self.seen[:B].copy_(seen)
-        self.upto[:B].copy_(upto.to(torch.int32))
+        self.upto[:B].copy_(upto)
         self.seed[:B].copy_(state.seed)
         self.offset[:B].copy_(state.offset)
-        buf = self.runner._buffer
-        pad = buf.lens[B:b]
-        self.seen[B:b].zero_()  # padding rows: catch-up at 0, lengths end at γ; reset below
-        self.upto[B:b].fill_(1)
-        self.which[B:b].zero_()
-        self.tok2[B:b].zero_()
+        if b > B:  # padding rows: catch-up at 0 to length 1, lengths end at γ; reset after
+            self.seen[B:b].zero_()
+            self.upto[B:b].fill_(1)
         graph = self.graphs.get(key)
         if graph is None:
-            fn = self._fns[key] = self._chain(*key[:3], state.params, sampler)
+            fn = self._fns[key] = self._chain(*key[:3], state.params, sampler, feed)
             graph = self.graphs[key] = self.capture(fn, self.pool, self.runner.device)
         graph.replay()
         self.replays += 1
-        pad.zero_()
+        if b > B:
+            self.runner._buffer.lens[B:b].zero_()
         # copies: the static outputs are overwritten by the next replay (PEARL keeps drafts a round)
         q = None if state.params.greedy else self.q[:B, :gamma].clone()
         return self.toks[:B, :gamma].clone(), q, self.confs[:B, :gamma].clone()

@@ -212,7 +212,8 @@ class GraphRunner:
         buffers), with the hidden states [B,Q,H] for a hidden-state key."""
         B, Q = tokens.shape
         b, q = key[:2]
-        self.tokens[:b, :q].zero_()
+        if (B, Q) != (b, q):  # padded rows / columns feed token 0
+            self.tokens[:b, :q].zero_()
         self.tokens[:B, :Q].copy_(tokens)
         if key[3]:  # padded nodes and rows see only themselves
             self.mask[:b, :q, :q].copy_(torch.eye(q, dtype=torch.bool, device=self.device))

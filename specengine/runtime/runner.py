@@ -16,7 +16,8 @@ import torch
 from ..errors import SpecEngineError
 from .backends import attention_op
 from .chain_graphs import DraftChainGraphs
-from .graphs import Q_BUCKETS, GraphRunner, len_buckets
+from .graphed_calls import GraphedCalls
+from .graphs import Q_BUCKETS, GraphRunner, cuda_capture, len_buckets
 from .invariance import BatchInvariance
 from .kv_cache import KVCache
 
@@ -31,6 +32,7 @@ class ModelRunner:
         self.graphs: GraphRunner | None = None
         self._warmed: KVCache | None = None  # the buffer warm-up (autotune, graphs) last ran on
         self._chain: DraftChainGraphs | None = None
+        self._calls: GraphedCalls | None = None  # a round's own device functions (graphed)
         self.chain_graph = True  # as a draft: one graph for a whole chain (False: a graph per step)
         self.use_graphs, self.capture, self.lazy_graphs = False, None, False
         self.graph_model = model  # what captured steps run (set_graph_model); prefill runs `model`
@@ -66,7 +68,7 @@ class ModelRunner:
     def drop_graphs(self) -> None:
         """Forget the captured graphs (the attention or the mode changed): the next
         allocation warms up and captures anew."""
-        self.graphs = self._warmed = self._chain = None
+        self.graphs = self._warmed = self._chain = self._calls = None
 
     def set_cuda_graphs(self, enabled: bool = True, capture=None, lazy: bool = False) -> None:
         """Replay captured graphs for decode/verify (CUDA; `capture` stands in on CPU in tests).
@@ -131,6 +133,15 @@ class ModelRunner:
         if self._chain is None:
             self._chain = DraftChainGraphs(self, capture=self.capture)
         return self._chain
+
+    def graphed(self, name: str, fn, *args):
+        """fn(*args) for a pure device function of a round (tree acceptance, tree masks): from a
+        CUDA graph when graphs are on (runtime/graphed_calls.py), else called directly."""
+        if not self.use_graphs:
+            return fn(*args)
+        if self._calls is None:
+            self._calls = GraphedCalls(self.capture or cuda_capture, self.device)
+        return self._calls(name, fn, *args)
 
     def _forward_rows(self, tokens, rows: int, attn_len: int, tree_mask=None, return_hidden=False):
         return self.graph_model(tokens, self._buffer.rows(rows), self.attn_fn, tree_mask=tree_mask,
