@@ -344,3 +344,26 @@ def test_cuda_tree_and_hidden_state_graphs_give_eager_tokens(tiny_pair, tokenize
     assert runner.graphs.replays > 0
     if kw["method"] == "parallelspec" or kw.get("policy") == "parallel":
         assert any(k[0] == "drafter" for k in eng.draft.graphs.graphs)
+
+
+def _scaled_sum(x, y, k: int):
+    return x * k + y.sum(), (x > 0).sum()
+
+
+def test_graphed_calls_replay_pure_functions_per_shape_and_key(model):
+    """ModelRunner.graphed: captured once per (name, function, shapes, non-tensor args); each
+    call sees its own inputs; outputs are copies (the next replay does not change them);
+    with graphs off it is a direct call."""
+    runner = ModelRunner(model, cuda_graphs=False)
+    x = torch.tensor([1.0, -2.0, 3.0])
+    assert runner.graphed("f", _scaled_sum, x, torch.ones(2), 2)[1] == 2 and runner._calls is None
+    runner.set_cuda_graphs(True, capture=fake_capture, lazy=True)
+    first = runner.graphed("f", _scaled_sum, x, torch.ones(2), 2)
+    second = runner.graphed("f", _scaled_sum, -x, torch.zeros(2), 2)
+    assert torch.equal(first[0], x * 2 + 2) and int(first[1]) == 2  # not overwritten by the replay after it
+    assert torch.equal(second[0], -x * 2) and int(second[1]) == 1
+    runner.graphed("f", _scaled_sum, x, torch.ones(2), 3)  # a new constant: a new capture
+    runner.graphed("f", _scaled_sum, torch.ones(4), torch.ones(2), 2)  # a new shape: a new capture
+    assert len(runner._calls.entries) == 3 and runner._calls.replays == 4
+    with pytest.raises(RuntimeError, match="_local_scalar_dense"):  # a host sync cannot be captured
+        runner.graphed("g", lambda t: t * t.sum().item(), x)

@@ -122,6 +122,14 @@ class AutoGammaPolicy(FixedPolicy):
             self.gamma = best_gamma(self.alpha, self.costs, self.gamma_max)
 
 
+def specdec_update(hidden, log_all_accept, k, j: int, head, threshold: float, k_min: int):
+    """SpecDec++'s per-step update: (log P(all accepted so far) [B], each row's K [B])."""
+    p = head.accept_prob(hidden).clamp_min(1e-6)
+    log_all_accept = log_all_accept + torch.log(p)
+    stop_now = (1 - torch.exp(log_all_accept) > threshold) & (j + 1 >= k_min)
+    return log_all_accept, torch.where(stop_now & (k > j + 1), torch.full_like(k, j + 1), k)
+
+
 class SpecDecPolicy(FixedPolicy):
     """SpecDec++ (arXiv 2405.19715): stop drafting once P(at least one rejection so far) =
     1 - prod_i P(accept_i) exceeds `threshold`, with P(accept_i) from a trained acceptance
@@ -153,13 +161,14 @@ class SpecDecPolicy(FixedPolicy):
         self._log_all_accept = torch.zeros(batch, device=device)
         self._k = torch.full((batch,), self.gamma_max, dtype=torch.int32, device=device)
 
-    def observe(self, hidden: torch.Tensor, j: int) -> bool:
+    def observe(self, hidden: torch.Tensor, j: int, run=None) -> bool:
         """After draft token j (0-based) of every row: update each row's K on the device;
-        True when every row has stopped and the host may end the loop (early exit only)."""
-        p = self.head.accept_prob(hidden).clamp_min(1e-6)
-        self._log_all_accept = self._log_all_accept + torch.log(p)
-        stop_now = (1 - torch.exp(self._log_all_accept) > self.threshold) & (j + 1 >= self.k_min)
-        self._k = torch.where(stop_now & (self._k > j + 1), torch.full_like(self._k, j + 1), self._k)
+        True when every row has stopped and the host may end the loop (early exit only).
+        run(name, fn, *args): how the update runs (a runner's `graphed`: one graph replay
+        in place of the head's ~25 small kernels); default: called directly."""
+        run = run or (lambda name, fn, *args: fn(*args))
+        self._log_all_accept, self._k = run("specdec++ head", specdec_update, hidden, self._log_all_accept, self._k,
+                                            j, self.head, self.threshold, self.k_min)
         return self.early_exit and bool((self._k <= j + 1).all())
 
     def num_draft(self, conf):

@@ -91,7 +91,7 @@ def draft_chain(ctx: MethodContext, state: DecodeState, gamma: int, upto: torch.
         logits, hidden = out if observe else (out, None)
         tok, q, conf = ctx.draft_sampler(logits, state.params, state.seed, state.offset, j)
         toks.append(tok), qs.append(q), confs.append(conf)
-        if observe and policy.observe(hidden, j):
+        if observe and policy.observe(hidden, j, run=graphed(draft)):
             break
     q = None if state.params.greedy else torch.stack(qs, 1)
     return torch.stack(toks, 1), q, torch.stack(confs, 1)

@@ -8,9 +8,11 @@ copies the arguments into static buffers, replays, and hands back copies of the 
 outputs (the next replay overwrites them).
 
 The function must be capture-safe: tensors in, a tensor or a tuple of tensors out, no host
-sync, and every Python value it reads (ints, flags) part of the key or an argument that is
-not a tensor (those are frozen at capture). Off CUDA (and with graphs off) the runner calls
-the function directly: the same results.
+sync, and every Python value it reads (ints, flags, a module) an argument that is not a
+tensor: those are part of the key (hashable), and frozen at capture. The function itself is
+part of the key too, so pass a module-level function (a bound method or a lambda made per
+call would capture anew every time). Off CUDA (and with graphs off) the runner calls the
+function directly: the same results.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ class GraphedCalls:
     def __call__(self, name: str, fn, *args):
         """fn(*args) from a graph replay (captured on the first call with this name and these
         argument shapes; non-tensor arguments are part of the key)."""
-        key = (name, _signature(args))
+        key = (name, fn, _signature(args))
         entry = self.entries.get(key)
         if entry is None:
             entry = self.entries[key] = self._capture(fn, args)
