@@ -161,12 +161,11 @@ class SpecDecPolicy(FixedPolicy):
         self._log_all_accept = torch.zeros(batch, device=device)
         self._k = torch.full((batch,), self.gamma_max, dtype=torch.int32, device=device)
 
-    def observe(self, hidden: torch.Tensor, j: int, run=None) -> bool:
+    def observe(self, hidden: torch.Tensor, j: int, run) -> bool:
         """After draft token j (0-based) of every row: update each row's K on the device;
         True when every row has stopped and the host may end the loop (early exit only).
-        run(name, fn, *args): how the update runs (a runner's `graphed`: one graph replay
-        in place of the head's ~25 small kernels); default: called directly."""
-        run = run or (lambda name, fn, *args: fn(*args))
+        run(name, fn, *args): how the update runs (the draft runner's `graphed`: one graph
+        replay in place of the head's ~25 small kernels)."""
         self._log_all_accept, self._k = run("specdec++ head", specdec_update, hidden, self._log_all_accept, self._k,
                                             j, self.head, self.threshold, self.k_min)
         return self.early_exit and bool((self._k <= j + 1).all())

@@ -16,6 +16,13 @@ from ..kernels.reference import commit_tokens_ref
 from .sampling import SamplingParams
 
 
+def buffer_positions(start: torch.Tensor, width: int, size: int) -> torch.Tensor:
+    """[B,width] token-buffer positions start[b] + j, clamped inside a buffer of `size` (rows at
+    the end of their capacity read/write the last slot, never out of range)."""
+    j = torch.arange(width, device=start.device)[None, :]
+    return (start.to(torch.int64)[:, None] + j).clamp(max=size - 1)
+
+
 @dataclass
 class DecodeState:
     tokens: torch.Tensor  # [B,S] int64, committed tokens (prompt + generated) per row
@@ -33,10 +40,7 @@ class DecodeState:
         return self.tokens.shape[0]
 
     def positions(self, start: torch.Tensor, width: int) -> torch.Tensor:
-        """[B,width] token-buffer positions start[b] + j, clamped inside the buffer (rows at the
-        end of their capacity read/write the last slot, never out of range)."""
-        j = torch.arange(width, device=start.device)[None, :]
-        return (start.to(torch.int64)[:, None] + j).clamp(max=self.tokens.shape[1] - 1)
+        return buffer_positions(start, width, self.tokens.shape[1])
 
     def last_tokens(self) -> torch.Tensor:
         return self.tokens.gather(1, (self.n - 1)[:, None]).squeeze(1)

@@ -37,7 +37,7 @@ import torch
 
 from .context import MethodContext
 from .sampling import filter_logits
-from .state import DecodeState, RoundOutput
+from .state import DecodeState, RoundOutput, buffer_positions
 from .token_tree import TokenTree, TreeShape, ancestor_mask, tree_accept
 
 
@@ -54,8 +54,7 @@ def catch_up_feed(tokens: torch.Tensor, seen: torch.Tensor, upto: torch.Tensor):
     the buffer), which of their logits continues the chain [B] (the last unseen token: 1 or 2
     are unseen)). Pure tensor ops: the whole-chain graph runs it inside its replay."""
     seen = seen.to(torch.int64)
-    at = (seen[:, None] + torch.arange(2, device=seen.device)).clamp(max=tokens.shape[1] - 1)
-    return tokens.gather(1, at), (upto - 1 - seen).clamp(0, 1)
+    return tokens.gather(1, buffer_positions(seen, 2, tokens.shape[1])), (upto - 1 - seen).clamp(0, 1)
 
 
 def draft_catch_up(draft, state: DecodeState, upto: torch.Tensor, return_hidden: bool = False):

@@ -70,9 +70,6 @@ class TokenTree:
     source: torch.Tensor | None = None  # [B,N+1] where the draft wrote each node's K/V (index from the root)
     draft_depth: int = 0  # nodes shallower than this have draft K/V at `source`
 
-    def mask(self) -> torch.Tensor:
-        return ancestor_mask(self.parent)
-
 
 def ancestor_mask(parent: torch.Tensor) -> torch.Tensor:
     """[B,N,N] bool: mask[b,i,j] = j is i or an ancestor of i (parent[b,i] < i, -1 = none)."""
