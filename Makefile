@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: gpu-check install demo test test-fast bench bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
+.PHONY: gpu-check install demo test test-fast bench bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
 
 $(STAMP): pyproject.toml setup.py csrc/compact_kv.cpp csrc/compact_kv_cuda.cu csrc/compact_kv.h
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,9 +27,14 @@ demo: $(STAMP)
 # only "needs CUDA" skips: SPECENGINE_NO_SKIPS=1 in .ci/run). One process: two
 # pytest-xdist workers were slower on a 2-core VM (937 s vs 832 s: four threads on two cores).
 # The 15 slowest tests are listed at the end: CI is held to about 20 minutes.
+# Then the tests that depend on what this machine makes `auto` choose run again with each
+# choice forced, so a submission made on one CPU kind is checked for the others too.
 test: $(STAMP)
 	$(PY) tools/ext_check.py --fetch-only
 	$(VENV)/bin/pytest -q --durations=15 $(PYTEST_ARGS)
+	SPECENGINE_CPU_DTYPE=bfloat16 $(VENV)/bin/pytest -q -m cpu_dtype_choice $(PYTEST_ARGS)
+	SPECENGINE_CPU_DTYPE=float32 $(VENV)/bin/pytest -q -m cpu_dtype_choice $(PYTEST_ARGS)
+	SPECENGINE_INVARIANT_PROBE=refuse $(VENV)/bin/pytest -q -m invariance_probe $(PYTEST_ARGS)
 
 # Everything but the real-pair tests (no multi-GB download).
 test-fast: $(STAMP)
@@ -43,6 +48,12 @@ bench: $(STAMP)
 	$(VENV)/bin/specengine bench --draft qwen2.5-coder-0.5b-instruct \
 	  --providers hf,hf-assisted,ar,sd:2,sd:3,sd:auto --baseline hf \
 	  --n-prompts 8 --max-new-tokens 128 --out $(BENCH_OUT)
+
+# dtype "auto" beside the grid it chooses from: target x draft dtype (fp32/bf16) x sd γ 1-6 and
+# auto, ar in both dtypes; auto's distance from the best cell and the cost model's error
+# (3 prompts x 64 tokens: about 40 minutes on 2 cores).
+bench-grid: $(STAMP)
+	$(PY) bench/dtype_grid.py --out bench/results/cpu_dtype_grid.json
 
 # PEARL vs ar and the best CPU sd on the real pair (about 15 minutes on 2 cores).
 bench-pearl: $(STAMP)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 
 import torch
 import triton
@@ -194,6 +195,21 @@ def _num_splits(programs: int, length: int, device: torch.device) -> int:
     return max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(length, MIN_SPLIT), MAX_SPLITS))
 
 
+INTERPRETER_BF16_NOTE = (
+    "Triton's interpreter (TRITON_INTERPRET=1) computes tl.dot on bfloat16 inputs wrongly "
+    "(a 16x16 product is off by ~1e10); verify_attention upcasts bf16 q/k/v to float32 under the "
+    "interpreter and casts the result back. Compiled kernels on a GPU are not affected.")
+
+
+def _interpreter_bf16(q, k_cache, v_cache):
+    """The one place the interpreter's bf16 `tl.dot` limit is handled: True when this call
+    must compute through fp32 (interpreter, bf16 inputs); warns once per process."""
+    if not (_INTERPRET and q.dtype == k_cache.dtype == v_cache.dtype == torch.bfloat16):
+        return False
+    warnings.warn(INTERPRETER_BF16_NOTE, RuntimeWarning, stacklevel=3)
+    return True
+
+
 def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, num_splits=None,
                      fixed_split: int | None = None):
     """Triton version of `reference.verify_attention_ref` (same contract).
@@ -207,6 +223,10 @@ def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=N
 
     Why long: the contract's checks (each names the bad argument) come before the launch.
     """
+    if _interpreter_bf16(q, k_cache, v_cache):
+        out = verify_attention(q.float(), k_cache.float(), v_cache.float(), cache_lens, tree_mask, sm_scale,
+                               num_splits, fixed_split)
+        return out.to(q.dtype)
     B, Q, Hq, D = q.shape
     S, Hkv = k_cache.shape[1], k_cache.shape[2]
     if Hq % Hkv:

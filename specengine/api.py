@@ -1,6 +1,7 @@
 """Public API: `Engine.from_pretrained(...)`, `generate(...)`, `stream(...)`."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -12,7 +13,8 @@ from .generation import Generation, RequestParams, check_capacity, headroom
 from .methods import METHODS, Method
 from .methods.context import MethodContext
 from .methods.sampling import sampler_ops
-from .models.cpu_matmul import choose_dtype, optimize, unpack
+from . import precision
+from .models.cpu_matmul import optimize, unpack
 from .models.loading import load_model, load_tokenizer
 from .runtime.backends import resolve_backend
 from .runtime.cross_device import CrossDeviceDraft
@@ -67,6 +69,7 @@ class Engine:
         self.set_backends(cfg.attention_backend, cfg.sampler_backend)
         self._step_costs = {}  # batch -> StepCosts, measured on first need (sd gamma="auto", pearl)
         self._side_stream = None
+        self.dtype_choice, self._dtype_notes = None, set()  # from_pretrained sets the choice (dtype "auto")
         self.set_cpu_matmul(cfg.cpu_matmul)
         self.set_batch_invariant(cfg.batch_invariant, cfg.invariant_width)  # probes the kernels the plan chose
         self.eos_ids = self._eos_ids()
@@ -76,8 +79,11 @@ class Engine:
                         **options) -> "Engine":
         """Load target (and draft) from a registry name, HF directory, hub-cache id or .gguf.
 
-        dtype="auto": bfloat16 on CUDA; on a CPU, float32 or bfloat16, whichever runs the
-        model's matmuls faster on this machine (measured once, cached; see cpu_matmul.py).
+        dtype="auto": bfloat16 on CUDA; on a CPU, each model's dtype (float32 or bfloat16) for
+        its role: the pair that maximizes the engine's method's expected tokens/s, from the
+        matmul costs measured on this machine (once, cached; precision.py). `dtype_choice`
+        says what was chosen and the costs behind it. A draft may differ from its target:
+        the sampler works in fp32, and greedy output is the target's own either way.
         draft_device: put the draft on its own device (e.g. "cuda:1"), so PEARL's draft and
         target forwards run on two GPUs; default: the target's device. Every other option
         is the Engine's (EngineConfig).
@@ -85,10 +91,9 @@ class Engine:
         cfg = (config or EngineConfig()).replace(**options)
         dev = _device(cfg.device)
         ddev = dev if cfg.draft_device is None else _device(cfg.draft_device)
-        tmodel, tpath, tchoice = _load(target, cfg.torch_dtype(), dev)
-        dmodel, _, dchoice = _load(draft, cfg.torch_dtype(), ddev) if draft is not None else (None, None, None)
+        tmodel, tpath, dmodel, choice = _load_pair(target, draft, cfg, dev, ddev)
         engine = cls(tmodel, load_tokenizer(tpath), dmodel, cfg)
-        engine.dtype_choice = {"target": tchoice, "draft": dchoice} if cfg.dtype == "auto" else None
+        engine.dtype_choice = choice
         return engine
 
     def acceptance_head(self, mode: str = "greedy"):
@@ -216,6 +221,17 @@ class Engine:
                              parallel_drafter=self.parallel_drafter, side_stream=self.side_stream)
 
     # ------------------------------------------------------------------ helpers
+    def _say_better_dtypes(self, method: str) -> None:
+        """Warn once per method when dtype "auto" chose for another method and this one is
+        predicted faster with other dtypes (precision.better_setting)."""
+        if method in self._dtype_notes:
+            return
+        self._dtype_notes.add(method)
+        draft = self.draft.model.embed_tokens.weight.dtype if self.draft is not None else None
+        note = precision.better_setting(getattr(self, "dtype_choice", None), method, self.target.dtype, draft)
+        if note:
+            warnings.warn(note, RuntimeWarning, stacklevel=4)
+
     def _check_method(self, method):
         if method not in METHODS:
             raise SpecEngineError(f"unknown method {method!r}; choose from {', '.join(METHODS)}", "method")
@@ -284,6 +300,7 @@ class Engine:
                method=None, gamma=None, policy=None, ignore_eos=False, threshold=None,
                tree=None) -> tuple[Generation, bool]:
         chosen = self.new_method(method, gamma, policy, threshold, tree)
+        self._say_better_dtypes(chosen.name)
         request = RequestParams(max_new_tokens, temperature, top_k, top_p, seed, stop, ignore_eos)
         params, stops = request.validate()
         prompts, batched = self.encode(prompt)
@@ -343,17 +360,35 @@ def _device(device) -> torch.device:
     return dev
 
 
-def _load(ref, dtype: torch.dtype | None, device: torch.device):
-    """(model, path, auto-dtype decision or None); dtype None: "auto" (measured on CPU)."""
+def _load_pair(target, draft, cfg: EngineConfig, dev: torch.device, ddev: torch.device):
+    """(target model, its path, draft model or None, dtype decision or None). dtype "auto":
+    bf16 on CUDA; on a CPU each model's dtype for its role in the engine's method, from the
+    measured matmul table (precision.py), unless SPECENGINE_CPU_DTYPE forces one."""
+    dtype = cfg.torch_dtype()
     if dtype is not None:
-        return (*load_model(ref, dtype, device), None)
-    if device.type == "cuda":
-        return (*load_model(ref, torch.bfloat16, device), {"dtype": "bfloat16", "why": "cuda"})
-    model, path = load_model(ref, torch.float32, device)
-    best, seconds = choose_dtype(model)
-    if best != torch.float32:
-        model.to(best)
-    return model, path, {"dtype": str(best).removeprefix("torch."), "matmul_step_s": seconds}
+        tmodel, tpath = load_model(target, dtype, dev)
+        return tmodel, tpath, load_model(draft, dtype, ddev)[0] if draft is not None else None, None
+    method = cfg.method or ("sd" if draft is not None else "ar")
+    on_cpu = [d.type == "cpu" for d in (dev, ddev)]
+    force = precision.forced_cpu_dtype()
+    first = {True: torch.float32 if force is None else getattr(torch, force), False: torch.bfloat16}
+    tmodel, tpath = load_model(target, first[on_cpu[0]], dev)
+    dmodel = load_model(draft, first[on_cpu[1]], ddev)[0] if draft is not None else None
+    if not on_cpu[0] and (dmodel is None or not on_cpu[1]):
+        return tmodel, tpath, dmodel, {"target": "bfloat16", "draft": "bfloat16" if dmodel is not None else None,
+                                       "method": method, "why": "cuda"}
+    if force is not None:
+        return tmodel, tpath, dmodel, precision.forced(force, dmodel is not None, method)
+    cpu_draft = dmodel if on_cpu[1] else None
+    if on_cpu[0]:
+        choice = precision.choose(tmodel, cpu_draft, method, gamma=cfg.gamma)
+        tmodel.to(getattr(torch, choice["target"]))
+    else:  # only the draft on a CPU: its one-row steps decide
+        choice = precision.choose(dmodel, None, "ar")
+        choice = {**choice, "target": "bfloat16", "draft": choice["target"], "method": method}
+    if cpu_draft is not None and choice["draft"]:
+        cpu_draft.to(getattr(torch, choice["draft"]))
+    return tmodel, tpath, dmodel, choice
 
 
 def _is_chat(p) -> bool:

@@ -155,6 +155,11 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8, max_new_toke
                 row["draft_cost_ratio"] = sum(s["draft_cost_ratio"] or 0 for s in ours) / len(ours)
                 row["draft_s_per_round"] = sum(s["draft_s"] for s in ours) / max(sum(s["rounds"] for s in ours), 1)
                 row["acceptance_by_position"] = _pooled_positions(ours)
+            errors = sorted(s["prediction_error"] for s in ours if "prediction_error" in s)
+            if errors:  # γ auto: the cost model's tokens/s against the measured decode rate, per prompt
+                row["prediction_error"] = errors[len(errors) // 2]  # median
+                row["predicted_tokens_per_s"] = sum(s["predicted_tokens_per_s"] for s in ours) / len(ours)
+                row["plain_rounds"] = sum(s.get("plain_rounds", 0) for s in ours)
             if name == "pearl":
                 runs = sum(s["new_tokens"] / s["mean_accepted_tokens"] for s in ours)
                 row["mean_accepted_tokens"] = new / runs
@@ -216,7 +221,7 @@ def _provider_fn(engine, hf, name, gamma, policy, threshold, temperature, seed, 
 
 def format_table(report: dict) -> str:
     cols = ["provider", "tokens_per_s", "speedup", "tokens_per_target_forward", "acceptance_rate",
-            "mean_accepted_tokens", "gamma_mean", "draft_cost_ratio", "exact_match_rate"]
+            "mean_accepted_tokens", "gamma_mean", "draft_cost_ratio", "prediction_error", "exact_match_rate"]
     lines = [" | ".join(cols), " | ".join("---" for _ in cols)]
     for r in report["results"]:
         cells = []

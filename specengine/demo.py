@@ -26,7 +26,8 @@ def main(argv=None):
                                     dtype=args.dtype)
     engine.warmup()
     dtype = str(engine.target.dtype).removeprefix("torch.")
-    print(f"target {DEFAULT_TARGET}  draft {DEFAULT_DRAFT}  device {engine.device}  {dtype}  greedy  "
+    ddtype = str(engine.draft.dtype).removeprefix("torch.")
+    print(f"target {DEFAULT_TARGET} ({dtype})  draft {DEFAULT_DRAFT} ({ddtype})  device {engine.device}  greedy  "
           f"(load + one-time measurements {time.perf_counter() - t:.1f} s)\n")
     print("prompt:\n" + BUILTIN_PROMPT)
     runs = {m: engine.generate(BUILTIN_PROMPT, max_new_tokens=args.max_new_tokens, method=m, ignore_eos=True)
@@ -36,12 +37,29 @@ def main(argv=None):
     ar, sd = runs["ar"].stats, runs["sd"].stats
     print(f"identical tokens: {runs['ar'].token_ids == runs['sd'].token_ids}  ({dtype}; "
           f"{invariant_summary(engine.batch_invariant_info)})")
-    print(f"ar: {ar['tokens_per_s']:.2f} tokens/s")
-    print(f"sd: {sd['tokens_per_s']:.2f} tokens/s  speedup {sd['tokens_per_s'] / ar['tokens_per_s']:.2f}x  "
-          f"gamma {sd['policy'] if sd['policy'] == 'auto' else sd['gamma']} (mean {sd['gamma_mean']:.2f})  "
-          f"acceptance_rate {sd['acceptance_rate']:.2f}  "
+    plain = {dtype: ar["tokens_per_s"]} | best_plain_elsewhere(engine, args)
+    for dt, tps in plain.items():
+        print(f"ar ({dt}): {tps:.2f} tokens/s")
+    best_dt = max(plain, key=plain.get)
+    print(f"sd: {sd['tokens_per_s']:.2f} tokens/s  speedup {sd['tokens_per_s'] / plain[best_dt]:.2f}x "
+          f"(vs ar in {best_dt}, the fastest plain decoding here)  "
+          f"gamma {sd['policy'] if sd['policy'] == 'auto' else sd['gamma']} (mean {sd['gamma_mean']:.2f}, "
+          f"{sd.get('plain_rounds', 0)} plain rounds)  acceptance_rate {sd['acceptance_rate']:.2f}  "
           f"tokens_per_target_forward {sd['tokens_per_target_forward']:.2f}  "
-          f"draft_cost_ratio {sd['draft_cost_ratio']:.2f}")
+          f"draft_cost_ratio {sd['draft_cost_ratio'] or 0:.2f}")
+
+
+def best_plain_elsewhere(engine, args) -> dict:
+    """{dtype: ar tokens/s} of the target in the dtype dtype "auto" measured fastest for plain
+    decoding, when that is not the dtype it chose for `sd` (so the speedup printed is against the
+    fastest plain decoding on this machine, not against ar in a dtype chosen for speculation)."""
+    best = ((engine.dtype_choice or {}).get("best_by_method") or {}).get("ar")
+    if best is None or f"torch.{best['target']}" == str(engine.target.dtype):
+        return {}
+    plain = Engine.from_pretrained(DEFAULT_TARGET, max_seq_len=1024, method="ar", dtype=best["target"])
+    plain.generate(BUILTIN_PROMPT, max_new_tokens=4, ignore_eos=True)  # warm-up
+    r = plain.generate(BUILTIN_PROMPT, max_new_tokens=args.max_new_tokens, ignore_eos=True)
+    return {best["target"]: r.stats["tokens_per_s"]}
 
 
 if __name__ == "__main__":

@@ -122,6 +122,7 @@ class Generation:
         self.state = self._prefill(prompts)
         self.state.attn_len = attn_bound(max(r.prompt_len for r in self.rows) + 1, engine.max_seq_len)
         self.prefill_s = time.perf_counter() - self.t0
+        self.decode_s = 0.0  # wall time inside rounds (step costs and prefill excluded)
         self.ctx = engine.method_context()
         method.begin(self.ctx, self)  # may measure step costs: once per engine and batch size
 
@@ -156,8 +157,13 @@ class Generation:
         while any(r.finish_reason is None for r in self.rows):
             yield self.step()
 
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(r.ids) for r in self.rows)
+
     def step(self) -> list[list[int]]:
         """One round for every active row; the ids each row kept (one host sync)."""
+        t0 = time.perf_counter()
         live = [b for b, r in enumerate(self.rows) if r.finish_reason is None]
         longest = max(self.rows[b].prompt_len + len(self.rows[b].ids) for b in live)
         self.state.attn_len = attn_bound(longest + headroom(self.method, self.engine.target), self.engine.max_seq_len)
@@ -179,7 +185,9 @@ class Generation:
         n_acc, num_draft, n_new = (host[B * width + i * B: B * width + (i + 1) * B] for i in range(3))
         pad = len(self.rows) - B  # rows past the last live one sat this round out
         committed = [toks[b * width: b * width + n_new[b]] for b in range(B)] + [[]] * pad
-        return self._book(out, committed, n_acc + [0] * pad, num_draft + [0] * pad)
+        kept = self._book(out, committed, n_acc + [0] * pad, num_draft + [0] * pad)
+        self.decode_s += time.perf_counter() - t0
+        return kept
 
     @contextmanager
     def _first_rows(self, hi: int):
@@ -280,7 +288,7 @@ class Generation:
     # ------------------------------------------------------------------ results
     def stats(self) -> dict:
         wall = time.perf_counter() - self.t0
-        new_tokens = sum(len(r.ids) for r in self.rows)
+        new_tokens = self.new_tokens
         return {
             "method": self.method.name,
             "batch": len(self.rows),

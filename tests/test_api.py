@@ -7,7 +7,7 @@ from specengine import Engine, GenerationResult
 
 @pytest.fixture(scope="module")
 def engine(tiny_dir):
-    return Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), device="cpu", max_seq_len=256)
+    return Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), device="cpu", max_seq_len=256, dtype="float32")
 
 
 def test_from_pretrained_defaults_to_sd_with_a_draft(engine, tiny_dir):

@@ -10,7 +10,7 @@ PROMPTS = ["def add(a, b):\n", "x = [1"]
 
 @pytest.fixture(scope="module")
 def engine(tiny_dir):
-    return Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=128)
+    return Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=128, dtype="float32")
 
 
 def run(engine, attention, sampler, **kw):

@@ -140,19 +140,62 @@ def test_bad_options_and_capacity(bf16_pair, tokenizer):
         eng.target.verify(torch.zeros(1, 8, dtype=torch.int64))
 
 
-def test_auto_weighs_the_measured_cost(bf16_pair, tiny_pair, tokenizer, monkeypatch):
+def test_auto_needs_no_timing_where_no_padding_is_needed(bf16_pair, tiny_pair, tokenizer, monkeypatch):
+    """A backend whose kernels are row-count invariant (the probe passes unpadded) gets the mode
+    on with no timing at all: exactness never hangs on a noisy timer."""
     target, draft = bf16_pair
     fp32 = Engine(tiny_pair[0], tokenizer, tiny_pair[2], batch_invariant="auto")
     assert not fp32.batch_invariant and fp32.batch_invariant_info["cost"] is None  # fp32: nothing to fix
+    monkeypatch.setattr(invariance, "probe", lambda *a, **k: None)  # stand-in: invariant kernels
+    monkeypatch.setattr(invariance.BatchInvariance, "cost", lambda self: pytest.fail("timed"))
+    eng = Engine(target, tokenizer, draft, max_seq_len=256)  # "auto" is the default
+    info = eng.batch_invariant_info
+    assert eng.batch_invariant and info["pad_width"] is None and info["cost"] is None
+    assert "no padding needed" in info["why"] and eng.attention_backend == "torch-tiled"
+
+
+def test_auto_weighs_the_padding_cost_timed_until_stable(bf16_pair, tokenizer, monkeypatch):
+    """Where padding is needed (a backend with row-count rounding), a timing decides: repeated
+    until three agree, and the decision and its figures are in batch_invariant_info."""
+    target, draft = bf16_pair
+    target.lm_head.forward = RowCountRounding(target.lm_head)
     monkeypatch.setattr(invariance, "INVARIANT_MAX_COST", 1e9)
-    cheap = Engine(target, tokenizer, draft, max_seq_len=256)  # "auto" is the default
+    cheap = Engine(target, tokenizer, draft, max_seq_len=256)
     info = cheap.batch_invariant_info
-    assert cheap.batch_invariant and info["mode"] == "auto" and info["cost"] > -1
-    assert cheap.attention_backend == "torch-tiled"
+    assert cheap.batch_invariant and info["pad_width"] == 9 and info["cost"] > -1 and len(info["costs"]) >= 3
+    assert info["cost"] in info["costs"] and "within" in info["why"]
     monkeypatch.setattr(invariance, "INVARIANT_MAX_COST", -1.0)  # nothing is that cheap
     dear = Engine(target, tokenizer, draft, max_seq_len=256)
     assert not dear.batch_invariant and dear.attention_backend != "torch-tiled"
-    assert dear.batch_invariant_info["cost"] is not None
+    assert dear.batch_invariant_info["cost"] is not None and "over" in dear.batch_invariant_info["why"]
+
+
+def test_stable_cost_repeats_until_three_timings_agree():
+    values = iter([0.30, -0.10, 0.05, 0.04, 0.05, 0.9])
+    cost, costs = invariance.stable_cost(lambda: next(values), spread=0.02)
+    assert costs == [0.30, -0.10, 0.05, 0.04, 0.05] and cost == 0.05
+    noisy = iter([0.0, 1.0] * 10)
+    cost, costs = invariance.stable_cost(lambda: next(noisy), spread=0.02, tries=7)
+    assert len(costs) == 7 and cost == 0.0  # never stable: the median of the last three (0, 1, 0)
+
+
+@pytest.mark.invariance_probe
+def test_a_refused_probe_is_a_clear_error_or_a_recorded_fallback(bf16_pair, tokenizer):
+    """Whatever the probe finds on this machine (CI also runs this with
+    SPECENGINE_INVARIANT_PROBE=refuse): mode True either holds (sd == ar) or refuses with an
+    error naming the mode; "auto" either holds or falls back off and records the refusal."""
+    target, draft = bf16_pair
+    try:
+        on = Engine(target, tokenizer, draft, max_seq_len=256, batch_invariant=True, invariant_width=6)
+    except SpecEngineError as e:
+        assert "batch-invariant mode" in str(e) and "batch_invariant=False" in str(e)
+        auto = Engine(target, tokenizer, draft, max_seq_len=256)
+        assert not auto.batch_invariant and auto.batch_invariant_info["why"] == "the probe refused"
+        assert "batch-invariant mode" in auto.batch_invariant_info["refused"]
+        return
+    ar = on.generate(PROMPTS[:2], max_new_tokens=16, method="ar", ignore_eos=True)
+    sd = on.generate(PROMPTS[:2], max_new_tokens=16, method="sd", gamma=4, ignore_eos=True)
+    assert [r.token_ids for r in sd] == [r.token_ids for r in ar]
 
 
 class RowPositionNoise:

@@ -111,17 +111,6 @@ def test_applied_plans_keep_logits_and_unpack_restores_weights(tiny_dir, storage
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
-def test_choose_dtype_follows_measurement(tiny_dir, monkeypatch):
-    model = load_model(tiny_dir)[0]
-    fake = {torch.float32: 2.0, torch.bfloat16: 1.0}
-    monkeypatch.setattr(cpu_matmul, "tune", lambda m, rows, progress, dtype: dtype)
-    monkeypatch.setattr(cpu_matmul, "step_seconds", lambda m, entries, r, dt: fake[entries])
-    assert cpu_matmul.choose_dtype(model)[0] == torch.bfloat16
-    fake[torch.float32] = 0.5
-    best, seconds = cpu_matmul.choose_dtype(model)
-    assert best == torch.float32 and seconds == {"float32": 1.0, "bfloat16": 2.0}
-
-
 def test_matvec_bound_is_measured(tiny_dir):
     model = load_model(tiny_dir)[0]
     b = cpu_matmul.matvec_bound(model)

@@ -59,7 +59,7 @@ def test_partial_stop_is_the_tail_to_hold_back():
 def test_stream_with_a_stop_string_equals_generate(tiny_dir):
     from specengine import Engine
 
-    eng = Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), device="cpu", max_seq_len=256)
+    eng = Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), device="cpu", max_seq_len=256, dtype="float32")
     full = eng.generate("q", max_new_tokens=30, ignore_eos=True, method="ar")
     stop = full.text[7:9]
     ref = eng.generate("q", max_new_tokens=30, ignore_eos=True, stop=[stop], method="sd", gamma=3)

@@ -10,7 +10,7 @@ from specengine.cli import main
 
 @pytest.fixture(scope="module")
 def engine(tiny_dir):
-    return Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=64)
+    return Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=64, dtype="float32")
 
 
 @pytest.mark.parametrize("kw,match", [

@@ -61,7 +61,7 @@ def test_policy_tracks_acceptance():
 def test_running_alpha_estimates_the_true_rate():
     g = torch.Generator().manual_seed(0)
     pol = make_policy("fixed", "auto")
-    pol.set_costs(STEEP)
+    pol.set_costs(FLAT)  # speculation always pays: every round drafts and informs alpha
     estimates = []
     for _ in range(400):  # rounds of i.i.d. acceptance at 0.6, truncated at the first rejection
         ok = (torch.rand(pol.gamma, generator=g) < 0.6).tolist() + [False]
@@ -84,7 +84,7 @@ def test_sd_auto_equals_ar_and_measures_costs_once(tiny_pair, tokenizer):
     out = eng.generate(prompts, max_new_tokens=30, method="sd", ignore_eos=True)
     assert [r.token_ids for r in out] == ar
     s = out[0].stats
-    assert s["policy"] == "auto" and 1 <= s["gamma_mean"] <= 8 and 1 <= s["gamma"] <= 8
+    assert s["policy"] == "auto" and 1 <= s["gamma_mean"] <= 8 and 0 <= s["gamma"] <= 8  # 0: plain decoding wins
     costs = eng._step_costs[3]
     assert len(costs.target_s) == 9 and costs.draft_s > 0 and all(t > 0 for t in costs.target_s)
     eng.generate(prompts, max_new_tokens=4, method="sd", ignore_eos=True)
@@ -100,3 +100,88 @@ def test_sampling_with_auto_gamma_is_seeded(tiny_pair, tokenizer):
     a, b = eng.generate("def f(", **kw), eng.generate("def f(", **kw)
     assert a.token_ids == b.token_ids and a.stats["policy"] == "auto"
     assert torch.tensor(a.token_ids).lt(target.config.vocab_size).all()
+
+
+LOSING = StepCosts(1, draft_s=0.5, target_s=tuple(1.0 + 1.0 * w for w in range(9)))  # bf16 on AVX2: verify ~ k decodes
+
+
+def _brute_with_plain(alpha, costs, gamma_max):
+    """Plain decoding (1 token per target decode) against every speculative γ, by enumeration."""
+    rates = {0: 1.0 / costs.target_s[0]}
+    for g in range(1, gamma_max + 1):
+        rates[g] = expected_tokens(alpha, g) / (g * costs.draft_s + costs.target_s[g])
+    return max(rates, key=rates.get)
+
+
+@pytest.mark.parametrize("costs", [FLAT, STEEP, LOSING])
+@pytest.mark.parametrize("alpha", [0.1, 0.5, 0.8])
+def test_gamma_zero_is_chosen_exactly_when_plain_decoding_wins(costs, alpha):
+    assert best_gamma(alpha, costs, 8, gamma_min=0) == _brute_with_plain(alpha, costs, 8)
+    assert best_gamma(0.8, LOSING, 8, gamma_min=0) == 0 and best_gamma(0.95, FLAT, 8, gamma_min=0) == 8
+
+
+def test_plain_rounds_probe_again_and_learn_from_the_probe():
+    pol = make_policy("fixed", "auto")
+    pol.set_costs(LOSING)
+    assert pol.gamma == 0
+    seen = []
+    for _ in range(40):
+        seen.append(pol.gamma)
+        pol.update([0], [pol.gamma])  # a probe round: rejected at once
+    probes = [i for i, g in enumerate(seen) if g]
+    assert probes == [16, 33] and all(seen[i] == 0 for i in range(40) if i not in probes)
+    before = pol.alpha
+    pol.costs = FLAT  # the text (or the machine) changed: speculation pays now
+    while pol.gamma == 0:
+        pol.update([0], [0])
+    pol.update([pol.gamma], [pol.gamma])  # the probe accepted everything
+    assert pol.alpha > before and pol.gamma >= 1
+
+
+def test_sd_that_falls_back_to_plain_rounds_is_lossless(tiny_pair, tokenizer, monkeypatch):
+    """Costs that make speculation lose: sd runs plain decode rounds, probes every 16, and its
+    draft catches up across the plain rounds; tokens are ar's, greedy and seeded sampling,
+    ragged batches included."""
+    from specengine.methods import policies
+
+    target, _, perturbed = tiny_pair
+    eng = Engine(target, tokenizer, draft=perturbed, max_seq_len=256)
+    monkeypatch.setattr(eng, "step_costs", lambda state, width: LOSING)
+    prompts = ["def f(x):", "abc abc abc", "for i in range(10):"]
+    for kw in (dict(), dict(temperature=0.9, top_k=20, seed=4)):
+        ar = [r.token_ids for r in eng.generate(prompts, max_new_tokens=60, method="ar", ignore_eos=True, **kw)]
+        results = eng.generate(prompts, max_new_tokens=60, method="sd", ignore_eos=True, **kw)
+        out, s = [r.token_ids for r in results], results[0].stats
+        if kw:  # sampling: the 16 plain rounds before the first probe are ar's rounds, same random stream
+            assert [o[:16] for o in out] == [a[:16] for a in ar] and out != ar
+        else:
+            assert out == ar
+        assert s["plain_rounds"] > 30 and s["rounds"] > s["plain_rounds"]  # some rounds probed
+        assert s["predicted_tokens_per_s"] > 0 and "prediction_error" in s
+
+
+@pytest.mark.parametrize("behind", [1, 5, 16])
+def test_draft_resync_gives_the_cache_of_a_draft_that_saw_every_token(tiny_pair, behind):
+    """After `behind` plain rounds a row's draft is behind+1 or behind+2 tokens short of n-1;
+    one resync forward brings it to n-1 with the K/V a prefill of those tokens gives."""
+    from specengine.methods.sampling import SamplingParams
+    from specengine.methods.state import DecodeState
+    from specengine.methods.steps import draft_resync
+    from specengine.runtime.runner import ModelRunner
+
+    draft = ModelRunner(tiny_pair[2], cuda_graphs=False)
+    g = torch.Generator().manual_seed(behind)
+    tokens = torch.randint(4, draft.config.vocab_size, (2, 64), generator=g)
+    n = torch.tensor([30, 31])  # committed before the plain rounds; the draft 1 and 2 short of n
+    draft.allocate(2, 64)
+    draft.prefill(tokens[:, :29], torch.tensor([29, 29]))
+    state = DecodeState(tokens, n + behind, torch.ones(2, dtype=torch.bool), SamplingParams(), torch.zeros(2),
+                        torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), attn_len=64)
+    draft_resync(draft, state, behind)
+    assert draft.cache.lens.tolist() == (n + behind - 1).tolist()
+    ref = ModelRunner(tiny_pair[2], cuda_graphs=False)
+    for b in range(2):
+        m = int(n[b]) + behind - 1
+        ref.allocate(1, 64)
+        ref.prefill(tokens[b:b + 1, :m], torch.tensor([m]))
+        torch.testing.assert_close(draft.cache.kv[:, :, b, :m], ref.cache.kv[:, :, 0, :m], atol=1e-5, rtol=1e-5)

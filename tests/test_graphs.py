@@ -117,7 +117,7 @@ def test_graph_memory_is_bounded(model):
 
 @pytest.mark.parametrize("method,gamma", [("ar", None), ("sd", 3), ("pearl", 3)])
 def test_engine_tokens_identical_with_graph_runner(tiny_dir, method, gamma):
-    eng = Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=256, max_batch=2)
+    eng = Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=256, max_batch=2, dtype="float32")
     prompts = ["def add(a, b):\n", "x = [1"]
     ref = [r.token_ids for r in eng.generate(prompts, max_new_tokens=24, method=method, gamma=gamma, ignore_eos=True)]
     eng.set_cuda_graphs(True, capture=fake_capture)
@@ -135,7 +135,7 @@ def test_engine_tokens_identical_with_graph_runner(tiny_dir, method, gamma):
 def test_lazy_graphs_capture_only_the_shapes_a_call_uses(tiny_dir, method, gamma):
     """lazy=True: nothing is captured at warm-up, each bucket when a step first needs it, and
     the tokens are the eager ones."""
-    eng = Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=256, max_batch=2)
+    eng = Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=256, max_batch=2, dtype="float32")
     prompts = ["def add(a, b):\n", "x = [1"]
     ref = [r.token_ids for r in eng.generate(prompts, max_new_tokens=24, method=method, gamma=gamma, ignore_eos=True)]
     eng.set_cuda_graphs(True, capture=fake_capture, lazy=True)
@@ -169,7 +169,7 @@ def replaying_capture(fn, pool, device):  # runs fn at replay: enough where noth
 def test_graph_model_runs_the_captured_steps_only(tiny_dir):
     """set_graph_model: captured steps run the given module (e.g. torch.compile of the model, the
     gpt-fast recipe inside our graphs), prefill and eager steps the model; tokens unchanged."""
-    eng = Engine.from_pretrained(str(tiny_dir), max_seq_len=256, max_batch=1)
+    eng = Engine.from_pretrained(str(tiny_dir), max_seq_len=256, max_batch=1, dtype="float32")
     prompts = ["def add(a, b):\n"]
     ref = eng.generate(prompts, max_new_tokens=12, method="ar", ignore_eos=True)[0].token_ids
     counting = Counting(eng.target.model)
@@ -191,7 +191,7 @@ def test_compiled_graph_model_compiles_once_per_shape_used(tiny_dir):
 
     torch._dynamo.reset()
     counters.clear()
-    eng = Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=256, max_batch=2)
+    eng = Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=256, max_batch=2, dtype="float32")
     prompts = ["def add(a, b):\n", "x = [1"]
     ref = [r.token_ids for r in eng.generate(prompts, max_new_tokens=10, method="sd", gamma=3, ignore_eos=True)]
     eng.target.set_graph_model(torch.compile(eng.target.model, backend="eager", dynamic=False, fullgraph=True))

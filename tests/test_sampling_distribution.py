@@ -12,6 +12,7 @@ from test_parallelspec import random_drafter
 
 import specengine.methods.token_tree
 from specengine import Engine
+from specengine.runtime.step_costs import StepCosts
 from distribution_bounds import total_variation_bound
 
 V, N, PROMPT = 8, 50_000, [3, 5, 2]  # 50k rows: TV bound 0.024, a dropped top-k filter moves 0.12
@@ -50,13 +51,22 @@ def joint_tv(out, exact) -> tuple[float, float]:
     return 0.5 * (emp - exact.double()).abs().sum().item(), total_variation_bound(V * V, len(out))
 
 
+COSTS = {  # step costs pinned for γ auto (the tiny models' measured ones make either likely)
+    "pays": StepCosts(1, draft_s=0.05, target_s=(1.0,) * 9),
+    "loses": StepCosts(1, draft_s=0.5, target_s=tuple(1.0 + w for w in range(9))),
+}
+
+
 @pytest.fixture(scope="module")
 def small_vocab(tmp_path_factory, tokenizer):
     hf, target, draft = small_vocab_models(tmp_path_factory.mktemp("v8"), V)
     drafter = random_drafter(draft, k_max=3)
 
-    def engine(max_seq_len=40):
-        return Engine(target, tokenizer, draft, max_seq_len=max_seq_len, parallel_drafter=drafter)
+    def engine(max_seq_len=40, costs=None):
+        eng = Engine(target, tokenizer, draft, max_seq_len=max_seq_len, parallel_drafter=drafter)
+        if costs:
+            eng.step_costs = lambda state, width: COSTS[costs]
+        return eng
     return hf, engine
 
 
@@ -67,7 +77,9 @@ CASES = [  # (id, generate kwargs): every method, policy and drafting shape that
     ("sd-topp", dict(method="sd", gamma=3, temperature=1.3, top_p=0.8)),
     # gamma from past rounds only (no bias to look for in the current one): fewer rows; the
     # heuristic's gamma may grow to 16, so its cache is longer
-    ("sd-auto", dict(method="sd", gamma="auto", temperature=1.0, rows=30_000)),
+    # γ auto under costs where speculation pays, and where it loses (every round a plain decode)
+    ("sd-auto", dict(method="sd", gamma="auto", temperature=1.0, rows=30_000, costs="pays")),
+    ("sd-auto-plain", dict(method="sd", gamma="auto", temperature=1.0, rows=30_000, costs="loses")),
     ("sd-heuristic", dict(method="sd", gamma=2, policy="heuristic", temperature=0.9, top_k=6, rows=30_000,
                           max_seq_len=72)),
     ("sd-confidence", dict(method="sd", gamma=3, policy="confidence", threshold=0.5, temperature=1.0)),
@@ -86,12 +98,15 @@ def _sampling(kw):
 def test_two_token_joint_matches_target(small_vocab, kw):
     hf, engine = small_vocab
     kw = dict(kw)
-    rows, eng = kw.pop("rows", N), engine(kw.pop("max_seq_len", 40))
+    rows, eng = kw.pop("rows", N), engine(kw.pop("max_seq_len", 40), kw.pop("costs", None))
     out = eng.generate([PROMPT] * rows, max_new_tokens=2, seed=1234, ignore_eos=True, **kw)
     tv, bound = joint_tv(out, exact_joint(hf, **_sampling(kw)))
     assert tv <= bound, (tv, bound)
-    if kw["method"] != "ar":
-        assert 0 < out[0].stats["acceptance_rate"] < 1  # both accept and reject paths ran
+    stats = out[0].stats
+    if stats.get("plain_rounds"):  # γ auto fell back to plain decoding: no draft ran at all
+        assert stats["plain_rounds"] == stats["rounds"] and stats["proposed_drafts"] == 0
+    elif kw["method"] != "ar":
+        assert 0 < stats["acceptance_rate"] < 1  # both accept and reject paths ran
 
 
 def accept_everything(monkeypatch, eng):
@@ -105,14 +120,17 @@ def accept_everything(monkeypatch, eng):
     monkeypatch.setattr(specengine.methods.token_tree, "counter_uniform", lambda seed, *a: torch.zeros(seed.shape))
 
 
-@pytest.mark.parametrize("kw", [c[1] for c in CASES[1:]], ids=[c[0] for c in CASES[1:]])
+CONTROLS = [c for c in CASES[1:] if c[0] != "sd-auto-plain"]  # plain rounds accept nothing to break
+
+
+@pytest.mark.parametrize("kw", [c[1] for c in CONTROLS], ids=[c[0] for c in CONTROLS])
 def test_a_wrong_acceptance_rule_fails_the_same_check(small_vocab, kw, monkeypatch):
     """The check above can fail: with every draft accepted the output is (close to) the draft's
     own distribution, and the bound catches it at a fifth of the rows."""
     hf, engine = small_vocab
     kw = dict(kw)
     kw.pop("rows", None)
-    eng = engine(kw.pop("max_seq_len", 40))
+    eng = engine(kw.pop("max_seq_len", 40), kw.pop("costs", None))
     accept_everything(monkeypatch, eng)
     out = eng.generate([PROMPT] * N_CONTROL, max_new_tokens=2, seed=1234, ignore_eos=True, **kw)
     tv, bound = joint_tv(out, exact_joint(hf, **_sampling(kw)))

@@ -80,17 +80,26 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return gamma + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
-def best_gamma(alpha: float, costs, gamma_max: int) -> int:
-    """The γ that maximizes committed tokens per second: E[tokens](α, γ) / (γ·draft + verify(γ+1))."""
-    def rate(g):
-        return expected_tokens(alpha, g) / (g * costs.draft_s + costs.verify_s(g + 1))
-    return max(range(1, gamma_max + 1), key=rate)
+def round_rate(alpha: float, gamma: int, costs) -> float:
+    """Committed tokens per second of a round of γ drafts: E[tokens](α, γ) / (γ·draft +
+    verify(γ+1)); γ = 0 is a plain decode step (one token per target decode)."""
+    return expected_tokens(alpha, gamma) / (gamma * costs.draft_s + costs.verify_s(gamma + 1))
+
+
+def best_gamma(alpha: float, costs, gamma_max: int, gamma_min: int = 1) -> int:
+    """The γ in [gamma_min, gamma_max] that maximizes committed tokens per second."""
+    return max(range(gamma_min, gamma_max + 1), key=lambda g: round_rate(alpha, g, costs))
 
 
 class AutoGammaPolicy(FixedPolicy):
     """`gamma="auto"`: each round's γ maximizes expected tokens per unit of time, from the
     measured draft step cost, the measured target cost per width (`step_costs.py`) and the
     running acceptance rate. No sweep: the best γ of each machine and prompt falls out.
+
+    γ = 0 is a choice: when the costs and the acceptance say a speculative round would commit
+    fewer tokens per second than plain decoding, the round is a plain decode step (the draft
+    does not run; it catches up when drafting resumes). Every `probe_every` plain rounds one
+    round drafts at the best γ >= 1 anyway, so that a change in the text is noticed.
 
     α is the maximum-likelihood rate of the truncated-geometric acceptance model
     (accepted / (accepted + rejections)), with a weak prior and a decay so that it follows
@@ -100,12 +109,14 @@ class AutoGammaPolicy(FixedPolicy):
     needs_costs = True
 
     def __init__(self, gamma_max: int = 8, prior_alpha: float = 0.7, prior_weight: float = 4.0,
-                 decay: float = 0.9):
+                 decay: float = 0.9, probe_every: int = 16):
         super().__init__(min(4, gamma_max))
         self.gamma_max = gamma_max
         self.accepted, self.rejected = prior_alpha * prior_weight, (1 - prior_alpha) * prior_weight
         self.decay = decay
         self.costs = None
+        self.probe_every, self.plain_run = probe_every, 0  # consecutive plain rounds so far
+        self.predicted = [0.0, 0.0]  # expected tokens, expected seconds of the rounds run
 
     @property
     def alpha(self) -> float:
@@ -113,13 +124,29 @@ class AutoGammaPolicy(FixedPolicy):
 
     def set_costs(self, costs) -> None:
         self.costs = costs
-        self.gamma = best_gamma(self.alpha, costs, self.gamma_max)
+        self._choose()
+
+    def _choose(self) -> None:
+        probe = self.plain_run >= self.probe_every
+        self.gamma = best_gamma(self.alpha, self.costs, self.gamma_max, gamma_min=1 if probe else 0)
+
+    def prediction(self) -> float | None:
+        """Tokens/s the cost model expected of the rounds run so far (None before any)."""
+        return self.predicted[0] / self.predicted[1] if self.predicted[1] > 0 else None
 
     def update(self, n_acc, num_draft):
-        self.accepted = self.decay * self.accepted + sum(n_acc)
-        self.rejected = self.decay * self.rejected + sum(a < d for a, d in zip(n_acc, num_draft))
+        if self.costs is not None:  # what the model expected of this round, before it learns from it
+            c, g = self.costs, self.gamma
+            self.predicted[0] += len(n_acc) * expected_tokens(self.alpha, g)
+            self.predicted[1] += g * c.draft_s + c.verify_s(g + 1)
+        if self.gamma == 0:
+            self.plain_run += 1
+        else:
+            self.plain_run = 0
+            self.accepted = self.decay * self.accepted + sum(n_acc)
+            self.rejected = self.decay * self.rejected + sum(a < d for a, d in zip(n_acc, num_draft))
         if self.costs is not None:
-            self.gamma = best_gamma(self.alpha, self.costs, self.gamma_max)
+            self._choose()
 
 
 def specdec_update(hidden, log_all_accept, k, j: int, head, threshold: float, k_min: int):

@@ -16,7 +16,7 @@ from .base import Method, speculative_stats
 from .context import MethodContext
 from .policies import make_policy
 from .state import DecodeState, RoundOutput
-from .steps import draft_chain, draft_tree, verify_and_commit, verify_tree_and_commit
+from .steps import PlainStep, draft_chain, draft_resync, draft_tree, verify_and_commit, verify_tree_and_commit
 
 
 class SpeculativeDecoding(Method):
@@ -36,7 +36,8 @@ class SpeculativeDecoding(Method):
         policy = policy or getattr(defaults, "policy", "fixed")
         threshold = getattr(defaults, "threshold", None) if threshold is None else threshold
         self.policy = make_policy(policy, gamma, threshold=threshold)
-        self.gammas: list[int] = []  # γ of every round
+        self.gammas: list[int] = []  # γ of every round (0: a plain decode round)
+        self.plain, self.behind = PlainStep(), 0  # plain rounds since the draft last ran
 
     @property
     def max_width(self) -> int:
@@ -61,8 +62,15 @@ class SpeculativeDecoding(Method):
             with timer.phase("draft"):
                 tree = draft_tree(ctx, state, self.tree)
             return verify_tree_and_commit(ctx, state, tree, self.tree, timer, draft_forwards=self.tree.depth)
+        if self.policy.gamma == 0:  # γ auto: speculation would lose here; the draft sits out
+            self.gammas.append(0)
+            self.behind += 1
+            return self.plain(ctx, state, timer)
         start = state.n.clone()
         with timer.phase("draft"):
+            if self.behind:
+                draft_resync(ctx.draft, state, self.behind)
+                self.behind = 0
             drafts, q, conf = draft_chain(ctx, state, self.policy.gamma, policy=self.policy)
             num_draft = self.policy.num_draft(conf)
         gamma = drafts.shape[1]  # a policy may have ended the loop early
@@ -77,7 +85,19 @@ class SpeculativeDecoding(Method):
         if self.tree is None:
             self.policy.update(n_acc, num_draft)
 
+    def prediction(self, generation) -> dict:
+        """γ auto: the cost model's tokens/s for the rounds it chose beside the measured decode
+        rate (rounds only: prefill and the one-time cost measurement excluded)."""
+        predicted = getattr(self.policy, "prediction", lambda: None)()
+        if predicted is None or generation.decode_s <= 0:
+            return {}
+        measured = generation.new_tokens / generation.decode_s
+        return {"predicted_tokens_per_s": predicted, "decode_tokens_per_s": measured,
+                "prediction_error": predicted / measured - 1}
+
     def stats(self, generation) -> dict:
+        drafted = [g for g in self.gammas if g]
         return {"policy": self.policy.name, "gamma": self.policy.gamma, **self.tree_stats(),
-                "gamma_mean": sum(self.gammas) / max(len(self.gammas), 1),
+                "gamma_mean": sum(drafted) / max(len(drafted), 1),  # over the rounds that drafted
+                "plain_rounds": len(self.gammas) - len(drafted), **self.prediction(generation),
                 **speculative_stats(generation, generation.timer.totals())}

@@ -67,6 +67,44 @@ def draft_catch_up(draft, state: DecodeState, upto: torch.Tensor, return_hidden:
     return (out[0][rows, which], out[1][rows, which]) if return_hidden else out[rows, which]
 
 
+def draft_resync(draft, state: DecodeState, behind: int) -> None:
+    """After `behind` plain rounds (γ = 0: the draft did not run) the draft is up to behind+2
+    tokens behind; one forward over behind+1 of its unseen tokens brings it to n-1, so the
+    next chain starts 1 behind as usual. Positions it writes past a row's n-1 are scratch:
+    the length set afterwards drops them."""
+    tokens = state.tokens.gather(1, state.positions(draft.cache.lens.to(torch.int64), behind + 1))
+    draft.verify(tokens, attn_len=state.attn_len)
+    draft.cache.set_lens(state.n - 1)
+
+
+class PlainStep:
+    """One target decode step and commit, no drafts: `ar`'s round, and a speculative method's
+    round when its costs say speculation would lose (γ = 0). Sampling goes through the same
+    rejection sampler with zero drafts (a bonus token from p)."""
+
+    def __init__(self):
+        self._none = None
+
+    def _no_drafts(self, B: int, device):
+        """([B,0] draft tokens, [B] zero draft counts), made once per batch size (nothing writes
+        them): two launches fewer per token."""
+        cached = self._none
+        if cached is None or cached[1].shape[0] != B or cached[1].device != device:
+            self._none = (torch.zeros(B, 0, dtype=torch.int64, device=device),
+                          torch.zeros(B, dtype=torch.int32, device=device))
+        return self._none
+
+    def __call__(self, ctx: MethodContext, state: DecodeState, timer) -> RoundOutput:
+        with timer.phase("target"):
+            logits = ctx.target.decode(state.last_tokens(), attn_len=state.attn_len)
+        no_drafts, zeros = self._no_drafts(state.batch, logits.device)
+        out, n_acc = ctx.sampler(filter_logits(logits[:, None], state.params), no_drafts, None, zeros,
+                                 state.temperature, state.seed, state.offset)
+        one = n_acc + 1
+        state.commit(out, one)
+        return RoundOutput(out, n_acc, zeros, one, target_forwards=1)
+
+
 def draft_chain(ctx: MethodContext, state: DecodeState, gamma: int, upto: torch.Tensor | None = None, policy=None):
     """Up to γ draft tokens per row [B,γ'] continuing state.tokens[:, :upto] (default: the
     committed tokens), their q [B,γ',V] (None if greedy) and the draft's confidences [B,γ'].

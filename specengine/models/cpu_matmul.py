@@ -303,14 +303,3 @@ def matvec_bound(model, repeats: int = 3) -> dict:
     nbytes = weight_bytes(model)
     return {"weight_bytes": nbytes, "matvec_s": seconds, "matvec_gb_per_s": nbytes / seconds / 1e9,
             "tokens_per_s_bound": 1.0 / seconds}
-
-
-def choose_dtype(model, candidates=(torch.float32, torch.bfloat16), rows=(1, 4), progress: bool = True):
-    """The dtype whose best paths run the model's matmuls fastest (decode and a γ=3 verify),
-    from measurements on this machine; returns (dtype, {dtype name: seconds})."""
-    seconds = {}
-    for dt in candidates:
-        entries = tune(model, rows=rows, progress=progress, dtype=dt)
-        seconds[str(dt).removeprefix("torch.")] = sum(step_seconds(model, entries, r, dt) for r in rows)
-    best = min(seconds, key=seconds.get)
-    return getattr(torch, best), seconds

@@ -1,0 +1,140 @@
+"""Each model's precision chosen for its role, from the work the method gives it
+(docs/design.md, "Precision per role").
+
+On a CPU, fp32 and bf16 matmuls scale differently with their row count: on AVX2, bf16 is
+cheap for one row and costs about k times that for k rows, while fp32 is memory-bound up to
+several rows. A draft only ever runs 1-row steps (and a 2-row catch-up); a target verifies
+γ+1 rows. So the dtype that wins a 1-row decode may lose a verify, and the right choice is a
+pair: for every (target dtype, draft dtype) the method's expected tokens per second is
+computed from the measured matmul table (models/cpu_matmul.py) and an assumed acceptance,
+over every draft length the method may run, γ = 0 (plain decoding) included. The best pair
+is loaded; `Engine.dtype_choice` keeps the grid behind it, and the best pair of every other
+method so that a call switching methods can be told what it would gain.
+
+`SPECENGINE_CPU_DTYPE=float32|bfloat16` forces "auto" to one dtype for both models (CI runs
+the tests that depend on the machine's choice both ways).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .errors import SpecEngineError
+from .methods.policies import expected_tokens
+from .models import cpu_matmul
+
+FORCE_ENV = "SPECENGINE_CPU_DTYPE"
+CPU_DTYPES = ("float32", "bfloat16")
+EXPECTED_ALPHA = 0.7  # acceptance assumed before any round (AutoGammaPolicy's prior)
+GAMMA_MAX = 8  # sd's γ auto range (AutoGammaPolicy.gamma_max)
+PARALLEL_KS = (2, 3, 4, 5, 6)  # parallelspec k (the shipped drafter's range)
+
+
+def forced_cpu_dtype() -> str | None:
+    value = os.environ.get(FORCE_ENV, "")
+    if value and value not in CPU_DTYPES:
+        raise SpecEngineError(f"{FORCE_ENV} must be one of {', '.join(CPU_DTYPES)}, got {value!r}", FORCE_ENV)
+    return value or None
+
+
+def matmul_seconds(model, dtype: str, rows: tuple[int, ...], progress: bool = True):
+    """rows -> seconds of one forward's matmuls at that many rows in `dtype`, from the
+    machine's measured table (measured now where missing; cached per machine)."""
+    dt = getattr(torch, dtype)
+    entries = cpu_matmul.tune(model, rows=rows, progress=progress, dtype=dt)
+    return {r: cpu_matmul.step_seconds(model, entries, r, dt) for r in rows}
+
+
+# ----------------------------------------------------------------------------- the methods' work
+def method_widths(method: str, gamma=None, tree=None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(target widths, draft widths) the method's rounds run, for the rows to measure."""
+    if method == "ar":
+        return (1,), ()
+    if tree is not None:
+        return (1, tree.nodes + 1), (1, tree.topk, 2)
+    if method == "parallelspec":
+        ks = (gamma,) if isinstance(gamma, int) else PARALLEL_KS
+        return (1, *sorted({k + 1 for k in ks})), tuple(sorted({2 * k for k in ks}))
+    gmax = gamma if isinstance(gamma, int) else GAMMA_MAX
+    return tuple(range(1, gmax + 2)), (1, 2)
+
+
+def best_round(method: str, t: dict, d: dict | None, alpha: float, gamma=None, tree=None) -> tuple[float, int]:
+    """(expected tokens/s, draft length) of the method's best round from the seconds of a
+    target forward `t[width]` and a draft forward `d[width]`; draft length 0 = a plain decode
+    (sd's γ auto may choose it, so a losing pair falls back to plain decoding)."""
+    plain = 1.0 / t[1]
+    if method == "ar" or d is None:
+        return plain, 0
+    if tree is not None:  # one of K candidates per depth accepted: a chain at 1 - (1 - α)^K
+        a_tree = 1 - (1 - alpha) ** tree.topk
+        draft = d[1] + (tree.depth - 1) * d[tree.topk]
+        return max((expected_tokens(a_tree, tree.depth) / (draft + t[tree.nodes + 1]), tree.depth), (plain, 0))
+    if method == "parallelspec":
+        ks = (gamma,) if isinstance(gamma, int) else PARALLEL_KS
+        return max((expected_tokens(alpha, k) / (d[2 * k] + t[k + 1]), k) for k in ks)
+    gammas = (gamma,) if isinstance(gamma, int) else range(0, GAMMA_MAX + 1)
+    rates = [(plain, 0) if g == 0 else (expected_tokens(alpha, g) / (d[2] + (g - 1) * d[1] + t[g + 1]), g)
+             for g in gammas]
+    return max(rates)
+
+
+# ----------------------------------------------------------------------------- the choice
+def choose(target, draft, method: str, gamma=None, tree=None, alpha: float = EXPECTED_ALPHA,
+           progress: bool = True) -> dict:
+    """The (target, draft) dtypes that maximize `method`'s expected tokens/s on this CPU, with
+    the grid behind the choice and each other method's best pair. Models in fp32 (as loaded)."""
+    widths = {m: method_widths(m, gamma if m == method else None, tree if m == method else None)
+              for m in ("ar", "sd", "parallelspec")} if draft is not None else {"ar": method_widths("ar")}
+    widths.setdefault(method, method_widths(method, gamma, tree))
+    t_rows = tuple(sorted({w for tw, _ in widths.values() for w in tw}))
+    d_rows = tuple(sorted({w for _, dw in widths.values() for w in dw}))
+    t_sec = {dt: matmul_seconds(target, dt, t_rows, progress) for dt in CPU_DTYPES}
+    d_sec = {dt: matmul_seconds(draft, dt, d_rows, progress) for dt in CPU_DTYPES} if draft is not None else {}
+    grid, best = [], {}
+    for m in widths:
+        kw = dict(gamma=gamma, tree=tree) if m == method else {}
+        for tdt in CPU_DTYPES:
+            for ddt in (CPU_DTYPES if m != "ar" and draft is not None else (None,)):
+                rate, g = best_round(m, t_sec[tdt], d_sec.get(ddt), alpha, **kw)
+                cell = {"method": m, "target": tdt, "draft": ddt, "gamma": g, "tokens_per_s": rate}
+                grid.append(cell)
+                if m not in best or rate > best[m]["tokens_per_s"]:
+                    best[m] = cell
+    chosen = best[method]
+    return {"target": chosen["target"], "draft": chosen["draft"] if draft is not None else None,
+            "method": method, "why": "measured", "expected_alpha": alpha,
+            "predicted_tokens_per_s": chosen["tokens_per_s"], "predicted_gamma": chosen["gamma"],
+            "best_by_method": {m: {k: c[k] for k in ("target", "draft", "gamma", "tokens_per_s")}
+                               for m, c in best.items()},
+            "grid": grid, "matmul_s": {"target": _named(t_sec), "draft": _named(d_sec)}}
+
+
+def _named(seconds: dict) -> dict:
+    return {dt: {str(r): s for r, s in by_rows.items()} for dt, by_rows in seconds.items()}
+
+
+def forced(dtype: str, has_draft: bool, method: str) -> dict:
+    return {"target": dtype, "draft": dtype if has_draft else None, "method": method,
+            "why": f"forced by {FORCE_ENV}={dtype}"}
+
+
+def better_setting(choice: dict | None, method: str, target_dtype: torch.dtype,
+                   draft_dtype: torch.dtype | None) -> str | None:
+    """What a call of `method` would gain from other dtypes, as a sentence naming the setting,
+    or None (no measured choice, the same pair, or less than 5% to gain)."""
+    best = (choice or {}).get("best_by_method", {}).get(method)
+    if best is None:
+        return None
+    have = {"target": str(target_dtype).removeprefix("torch."),
+            "draft": str(draft_dtype).removeprefix("torch.") if draft_dtype is not None else None}
+    if best["target"] == have["target"] and best["draft"] in (None, have["draft"]):
+        return None
+    now = next((c["tokens_per_s"] for c in choice["grid"] if c["method"] == method and c["target"] == have["target"]
+                and c["draft"] in (None, have["draft"])), None)
+    if now is None or best["tokens_per_s"] < 1.05 * now:
+        return None
+    pair = f"target {best['target']}" + (f", draft {best['draft']}" if best["draft"] else "")
+    return (f"method {method!r} is predicted {best['tokens_per_s'] / now:.2f}x faster on this CPU with {pair} "
+            f"(this engine chose its dtypes for {choice['method']!r}); load with method={method!r} to get them")
