@@ -19,13 +19,14 @@ as draft, Qwen2.5-7B shape as a second target (vocab 151936 for all), bf16.
 Writes JSON: python bench/gpu_e2e.py --out bench/results/gpu_e2e_h100.json
 `--smoke` runs every section on the CPU with tiny shapes and a few tokens (torch.compile with
 dynamo's "eager" backend: the same tracing and recompiles, no inductor):
-a test (tests/test_gpu_bench_smoke.py) so that a GPU session never loses its minutes to an
+a test (tests/test_gpu_check_rehearsal.py) so that a GPU session never loses its minutes to an
 error this script would have hit anyway. Its figures mean nothing.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from specengine import Engine, SpecEngineError
 from specengine.benchmark import environment
 from specengine.models.config import ModelConfig
 from specengine.models.decoder import Transformer
+from specengine.runtime.invariance import one_layer
 
 SHAPES = {  # Qwen2.5 dims (config.json of each model); vocab 151936 everywhere
     "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
@@ -115,7 +117,11 @@ def random_model(name: str, seed: int) -> Transformer:
 
 
 def weight_bytes(model) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes of weights one decode step reads: every parameter but an untied embedding
+    table (a step gathers one of its rows; the LM head is its own matrix). A tied table is
+    the LM head, read whole."""
+    skip = set() if model.config.tie_word_embeddings else {id(model.embed_tokens.weight)}
+    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skip)
 
 
 def kv_bytes_per_token(model) -> int:
@@ -162,13 +168,14 @@ def run(eng, batch, ctx, profile=False, **kw) -> dict:
 
 def gpu_busy(prof, rounds: int) -> dict:
     """Union of GPU activity intervals (kernels, copies) and time in sampling kernels, per round."""
-    spans, sampling, by_name = [], 0.0, {}
+    spans, sampling, by_name, kernels = [], 0.0, {}, 0
     for e in prof.profiler.kineto_results.events():
         if e.device_type() != torch.autograd.DeviceType.CUDA:
             continue
         s, d = e.start_ns(), e.duration_ns()
         spans.append((s, s + d))
         name = e.name()
+        kernels += not is_copy(name)
         by_name[name] = by_name.get(name, 0) + d
         if any(k in name.lower() for k in ("rejection", "sample", "topk", "sort")):
             sampling += d
@@ -183,7 +190,13 @@ def gpu_busy(prof, rounds: int) -> dict:
             end = t
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]  # where the GPU time goes
     return dict(gpu_busy_s_per_round=busy / 1e9 / max(rounds, 1), sampling_s_per_round=sampling / 1e9 / max(rounds, 1),
-                gpu_kernels=len(spans), top_kernels_s_per_round={k[:120]: v / 1e9 / max(rounds, 1) for k, v in top})
+                gpu_kernels=kernels, gpu_copies=len(spans) - kernels,
+                top_kernels_s_per_round={k[:120]: v / 1e9 / max(rounds, 1) for k, v in top})
+
+
+def is_copy(name: str) -> bool:
+    """A memcpy / memset in the profiler's list: not a kernel of the step's math."""
+    return name.lower().startswith(("memcpy", "memset")) or "memcpy" in name.lower()
 
 
 STEP_VARIANTS = {  # how the target step runs (docs/design.md, "Fused step")
@@ -195,52 +208,68 @@ STEP_VARIANTS = {  # how the target step runs (docs/design.md, "Fused step")
 }
 
 
-def ar_section(rows: list, peak: float, bw: float, only_small: bool) -> None:
+AR_SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b")  # the draft's step first: speculation leans on it most
+
+
+def ar_section(rows: list, peak: float, bw: float, only_small: bool, variants=("fused",), batches=None,
+               graph_modes=(True,)) -> None:
+    """The target step of each shape in each variant (STEP_VARIANTS): tokens/s, step time, MBU
+    over the bytes a step reads, and with graphs at batch 1 the profiler's kernel list
+    (kernels per layer from a 1-layer twin: (K(L) - K(1)) / (L - 1), so the LM head, the
+    sampler and the copies are not counted as layer work)."""
     from specengine import layers
 
-    for name in ("qwen2.5-1.5b",) if only_small else ("qwen2.5-1.5b", "qwen2.5-7b"):
+    for name in ("qwen2.5-1.5b",) if only_small else AR_SHAPES:
         model = random_model(name, 0)
         wb, kvt = weight_bytes(model), kv_bytes_per_token(model)
-        for variant in STEP_VARIANTS:
+        for variant in variants:
             compiled = variant == "torch.compile"
-            # the compiled peer is torch all through (attention too): dynamo does not trace our launcher
-            eng = Engine(model, NoTokenizer(), None, method="ar", max_seq_len=S.max_seq, max_batch=max(S.batches),
-                         batch_invariant=False, attention_backend="torch" if compiled else "auto")
-            if compiled:  # inside our graphs, captured when first needed: one compile per shape used
-                torch._dynamo.reset()
-                dynamo_counters.clear()
-                eng.target.set_graph_model(torch.compile(model, backend=S.compile_backend, dynamic=False,
-                                                         fullgraph=True))
             with layers.force_kernels(None if variant == "fused" else False):
-                for graphs in (False, True) if variant == "fused" else (True,):
-                    eng.set_cuda_graphs(graphs, capture=S.capture, lazy=compiled)
-                    for batch in S.batches[:1] if compiled else S.batches:  # its goal is batch 1; compiles cost minutes
+                for graphs in graph_modes:
+                    for batch in (S.batches[:1] if compiled else batches or S.batches):
                         for ctx in S.contexts:
-                            run(eng, batch, ctx)  # warm-up: buffers, autotuning, compiling, graphs
-                            profile = graphs and batch == 1  # per-kernel profile of the step
-                            r = run(eng, batch, ctx, profile=profile)
+                            r = _ar_step(model, variant, graphs, batch, ctx, profile=graphs and batch == 1)
                             step = r["round_s"]
                             nbytes = wb + batch * (ctx + S.new / 2) * kvt
                             r.update(model=name, variant=variant, graphs=graphs, weight_bytes=wb, step_s=step,
                                      bytes_per_step=nbytes, mbu=nbytes / step / peak,
                                      fraction_of_copy_bw=nbytes / step / bw)
-                            if profile:
-                                r["kernels_per_step"] = r["gpu_kernels"] / max(r["rounds"], 1)
-                                r["kernels_per_layer"] = r["kernels_per_step"] / model.config.num_layers
-                            r.pop("token_ids")
-                            if compiled:  # what dynamo did: a fallback to the plain model is an error
-                                r["dynamo_graphs"] = dynamo_counters["stats"]["unique_graphs"]
-                                fallbacks = {**dynamo_counters["unimplemented"], **dynamo_counters["graph_break"]}
-                                if fallbacks:
-                                    raise RuntimeError(f"torch.compile fell back to eager: {list(fallbacks)[:2]}")
+                            if "gpu_kernels" in r and not compiled:
+                                one = _ar_step(one_layer(model), variant, graphs, batch, ctx, profile=True)
+                                k_all, k_one = (x["gpu_kernels"] / max(x["rounds"], 1) for x in (r, one))
+                                r["kernels_per_step"] = k_all
+                                r["kernels_per_layer"] = (k_all - k_one) / max(model.config.num_layers - 1, 1)
+                                r["kernels_outside_layers"] = k_one - r["kernels_per_layer"]
                             print(f"ar {name} {variant:13s} graphs={graphs!s:5} B={batch} ctx={ctx}: "
-                                  f"{r['tokens_per_s']:8.1f} tok/s  step {step * 1e3:6.2f} ms  MBU {r['mbu']:.2f}",
-                                  flush=True)
+                                  f"{r['tokens_per_s']:8.1f} tok/s  step {step * 1e3:6.2f} ms  MBU {r['mbu']:.2f}  "
+                                  f"kernels/layer {r.get('kernels_per_layer', float('nan')):.1f}", flush=True)
                             rows.append(r)
-            del eng
-            free_memory()
         del model
         free_memory()
+
+
+def _ar_step(model, variant: str, graphs: bool, batch: int, ctx: int, profile: bool) -> dict:
+    """One warmed-up, timed `ar` generate of `model` in `variant` (a fresh engine each time)."""
+    compiled = variant == "torch.compile"
+    # the compiled peer is torch all through (attention too): dynamo does not trace our launcher
+    eng = Engine(model, NoTokenizer(), None, method="ar", max_seq_len=S.max_seq, max_batch=max(S.batches),
+                 batch_invariant=False, attention_backend="torch" if compiled else "auto")
+    if compiled:  # inside our graphs, captured when first needed: one compile per shape used
+        torch._dynamo.reset()
+        dynamo_counters.clear()
+        eng.target.set_graph_model(torch.compile(model, backend=S.compile_backend, dynamic=False, fullgraph=True))
+    eng.set_cuda_graphs(graphs, capture=S.capture, lazy=compiled)
+    run(eng, batch, ctx)  # warm-up: buffers, autotuning, compiling, graphs
+    r = run(eng, batch, ctx, profile=profile)
+    r.pop("token_ids")
+    if compiled:  # what dynamo did: a fallback to the plain model is an error
+        r["dynamo_graphs"] = dynamo_counters["stats"]["unique_graphs"]
+        fallbacks = {**dynamo_counters["unimplemented"], **dynamo_counters["graph_break"]}
+        if fallbacks:
+            raise RuntimeError(f"torch.compile fell back to eager: {list(fallbacks)[:2]}")
+    del eng
+    free_memory()
+    return r
 
 
 _EXTRAS: dict[int, dict] = {}
@@ -263,20 +292,25 @@ def random_extras(draft):
     return _EXTRAS[id(draft)]
 
 
-# every method at its best CPU setting (bench/README.md), on the GPU (issue 26)
-METHOD_CONFIGS = [(f"sd:{g}", dict(method="sd", gamma=g), {}) for g in (2, 3, 4, 6)] + [
-    ("sd:auto", dict(method="sd", gamma="auto"), {}),
+# the first command's methods: γ auto, the fixed γ it competes with, and pearl (window by cost and 4)
+CORE_CONFIGS = [("sd:auto", dict(method="sd", gamma="auto"), {})] + [
+    (f"sd:{g}", dict(method="sd", gamma=g), {}) for g in (2, 3, 4, 6)] + [
+    ("pearl:auto", dict(method="pearl"), {}),
+    ("pearl:4", dict(method="pearl", gamma=4), {}),
+]
+# every other method at its best CPU setting (bench/README.md): the second command
+MORE_CONFIGS = [
     ("sd:4 per-step graphs", dict(method="sd", gamma=4), {"chain_graph": False}),
     ("sd:8@specdec++=0.5", dict(method="sd", gamma=8, policy="specdec++", threshold=0.5), {}),
     ("parallelspec:4", dict(method="parallelspec", gamma=4), {}),
     ("sd[tree=4x4]", dict(method="sd", tree="4x4"), {}),
     ("parallelspec[tree=4x4]", dict(method="parallelspec", tree="4x4"), {}),
-    ("pearl:4", dict(method="pearl", gamma=4), {}),
     ("pearl:4 one stream", dict(method="pearl", gamma=4), {"one_stream": True}),
 ]
+METHOD_CONFIGS = CORE_CONFIGS + MORE_CONFIGS
 
 
-def spec_section(rows: list, target, draft, label: str) -> None:
+def spec_section(rows: list, target, draft, label: str, configs=CORE_CONFIGS) -> None:
     """Every method (sd γ 2-6 and auto, whole-chain vs per-step draft graphs, specdec++,
     parallelspec, the best trees, pearl ± its second stream): round wall, GPU busy time,
     engine overhead = 1 − busy / round wall, draft / verify split."""
@@ -293,7 +327,7 @@ def spec_section(rows: list, target, draft, label: str) -> None:
     ar_row = dict(ar, pair=label, provider="ar", tokens=ref[0])
     ar_row["engine_overhead"] = 1 - ar_row["gpu_busy_s_per_round"] / ar_row["round_s"]
     rows.append(ar_row)
-    for provider, kw, opts in METHOD_CONFIGS:
+    for provider, kw, opts in configs:
         eng.draft.chain_graph = opts.get("chain_graph", True)
         one_stream = opts.get("one_stream") and S.device == "cuda"  # a CPU runs them one after the other anyway
         if one_stream:
@@ -381,8 +415,10 @@ def peers_section(rows: list, target, draft, label: str, ar_tokens: list[int] | 
     hf_t, hf_d = to_hf(target), to_hf(draft)
     kw = dict(max_new_tokens=S.new, min_new_tokens=S.new, do_sample=False, pad_token_id=0)
     runs = {
-        "hf generate (static cache, torch.compile)": lambda: compiled.generate(ids, cache_implementation="static",
-                                                                               **kw)[0, ids.shape[1]:].tolist(),
+        # disable_compile: transformers would compile generate on its own with a static cache on
+        # CUDA, on top of the script's compile of the forward
+        "hf generate (static cache, torch.compile)": lambda: compiled.generate(
+            ids, cache_implementation="static", disable_compile=True, **kw)[0, ids.shape[1]:].tolist(),
         "hf assisted (draft)": lambda: hf_t.generate(ids, assistant_model=hf_d, **kw)[0, ids.shape[1]:].tolist(),
     }
     compiled = to_hf(target)
@@ -422,7 +458,9 @@ def projections(out: list, spec_rows: list[dict], peer_rows: list[dict]) -> None
         for r in spec_rows:
             key = r["provider"].split(" ")[0]  # "sd:4 per-step graphs" -> "sd:4"
             cpu_tau = tau.get(key)
-            if r["pair"] != pair or r["provider"] == "ar" or not cpu_tau:
+            # γ auto adapts to the acceptance it sees: with random weights it sees almost none and
+            # may decode plainly, so its GPU round says nothing about the real pair's round
+            if r["pair"] != pair or r["provider"] == "ar" or not cpu_tau or ":auto" in r["provider"]:
                 continue
             tps = cpu_tau / r["round_s"]
             row = dict(pair=pair, provider=r["provider"], projected=True, cpu_tau=cpu_tau, gpu_round_s=r["round_s"],
@@ -435,18 +473,46 @@ def projections(out: list, spec_rows: list[dict], peer_rows: list[dict]) -> None
                   f"x HF generate {row['projected_x_hf_generate'] or 0:.2f}", flush=True)
 
 
-SECTIONS = ("ar", "spec", "peers", "allaccept", "invariant")  # in the order they run
-PAIR_SECTIONS = {"spec", "peers", "allaccept", "invariant"}  # on the target/draft pairs
+# in the order they run. The first device command: the step's figures, the core methods on both
+# pairs and their projections; the second: everything else, torch.compile of our model last.
+SECTIONS = ("ar", "spec", "projected", "methods", "peers", "allaccept", "invariant", "ar-variants", "compile")
+FIRST, SECOND = "ar,spec,projected", "methods,peers,allaccept,invariant,ar-variants,compile"
+PAIR_SECTIONS = {"spec", "methods", "peers", "allaccept", "invariant"}  # on the target/draft pairs
+KEYS = {"ar": "ar", "ar-variants": "ar", "compile": "ar", "spec": "spec", "methods": "spec", "allaccept": "spec",
+        "peers": "peers", "projected": "projected", "invariant": "invariant"}  # section -> result key
+
+
+def summary(result: dict) -> str:
+    """One screen: the step per shape, each method's speed against ar, what failed."""
+    lines = [f"gpu_e2e {result['environment'].get('device')} commit {result['environment'].get('commit')} "
+             f"smoke={result['smoke']} sections done: {', '.join(result['done']) or 'none'}"]
+    for r in result["ar"]:
+        lines.append(f"ar {r['model']:13s} {r['variant']:13s} graphs={r['graphs']!s:5} B{r['batch']} ctx {r['ctx']:5d}: "
+                     f"step {r['step_s'] * 1e3:7.3f} ms  MBU {r['mbu']:.2f}  kernels/layer "
+                     f"{r.get('kernels_per_layer', float('nan')):.1f}")
+    for r in result["spec"]:
+        if r["provider"] != "ar":
+            lines.append(f"{r['pair']:28s} {r['provider']:22s} {r['tokens_per_s']:8.1f} tok/s  "
+                         f"{r['speedup_vs_ar']:.2f}x ar  tau {r['tokens_per_target_forward']:.2f}  "
+                         f"same {r['same_tokens_as_ar']}")
+    for r in result["projected"]:
+        lines.append(f"PROJECTED {r['pair']} {r['provider']}: {r['projected_tokens_per_s']:.1f} tok/s "
+                     f"x ar {r['projected_x_ar'] or 0:.2f}")
+    for key, err in result.get("errors", {}).items():
+        lines.append(f"ERROR in {key}: {err[:300]}")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {','.join(SECTIONS)}")
+    ap.add_argument("--only", default=",".join(SECTIONS),
+                    help=f"comma-separated sections of {','.join(SECTIONS)}; 'first' = {FIRST}, 'second' = {SECOND}")
     ap.add_argument("--small", action="store_true", help="1.5B only in the ar section (a quick check)")
     ap.add_argument("--smoke", action="store_true", help="every section on the CPU, tiny shapes: checks the script")
     args = ap.parse_args(argv)
-    sections = set(args.only.split(","))
+    only = args.only.replace("first", FIRST).replace("second", SECOND)
+    sections = set(only.split(","))
     if not sections <= set(SECTIONS):
         ap.error(f"unknown section(s) {', '.join(sorted(sections - set(SECTIONS)))}; choose from {','.join(SECTIONS)}")
     global S
@@ -461,49 +527,65 @@ def main(argv=None) -> int:
         peak, bw = PEAK_BW["H100"], float("nan")  # smoke: the figures mean nothing
     result = {"environment": environment(), "weights": "random (real architectures; see the docstring)",
               "smoke": args.smoke, "dtype": str(S.dtype).removeprefix("torch."), "new_tokens": S.new,
-              "peak_bandwidth_Bps": peak,
-              "copy_bandwidth_Bps": bw,
-              "method_providers": [p for p, _, _ in METHOD_CONFIGS],
+              "peak_bandwidth_Bps": peak, "copy_bandwidth_Bps": bw, "sections": sorted(sections), "done": [],
+              "method_providers": [p for p, _, _ in CORE_CONFIGS + (MORE_CONFIGS if "methods" in sections else [])],
               "ar": [], "spec": [], "peers": [], "projected": [], "invariant": []}
 
     def save():
         Path(args.out).write_text(json.dumps(result, indent=1))
+        Path(args.out).with_suffix(".summary.txt").write_text(summary(result))
 
-    def guarded(key, fn):
+    def guarded(section, fn):
         try:
-            fn(result[key])  # appends row by row
+            fn(result[KEYS[section]])  # appends row by row
+            if section not in result["done"]:
+                result["done"].append(section)
         except Exception as e:  # record and go on
             import traceback
             traceback.print_exc()
-            result.setdefault("errors", {})[key] = repr(e)
+            result.setdefault("errors", {})[section] = repr(e)
         finally:  # also when a time limit interrupts the run
             save()
+        if args.smoke and os.environ.get("GPU_SMOKE_STALL_AFTER") == section:  # rehearse a part killed by its limit
+            time.sleep(3600)
 
-    if "ar" in sections:  # first: the fused step's figures (issue 25) come before the methods built on it
-        guarded("ar", lambda rows: ar_section(rows, peak, bw, args.small))
-    if not sections & PAIR_SECTIONS:
-        return 1 if result.get("errors") else 0
+    if "ar" in sections:  # first: the fused, graphed step at batch 1 (the figures everything builds on)
+        guarded("ar", lambda rows: ar_section(rows, peak, bw, args.small, batches=S.batches[:1]))
+    if sections & PAIR_SECTIONS:
+        pair_sections(sections, result, guarded, args.small)
+    if "projected" in sections and result["spec"]:
+        guarded("projected", lambda rows: projections(rows, result["spec"], result["peers"]))
+    if "ar-variants" in sections:  # unfused, fused eager, batch 8
+        guarded("ar-variants", lambda rows: ar_section(rows, peak, bw, args.small, variants=("unfused", "fused"),
+                                                       graph_modes=(False, True)))
+    if "compile" in sections:  # last: two inductor compiles per shape
+        guarded("compile", lambda rows: ar_section(rows, peak, bw, True, variants=("torch.compile",)))
+    save()
+    return 1 if result.get("errors") else 0
+
+
+def pair_sections(sections: set, result: dict, guarded, small: bool) -> None:
+    """The sections on target/draft pairs, the 7B/0.5B pair first (the one the goals name)."""
     draft = random_model("qwen2.5-0.5b", 1)
-    for target_name in ("qwen2.5-1.5b",) if args.small else ("qwen2.5-1.5b", "qwen2.5-7b"):
+    for target_name in ("qwen2.5-1.5b",) if small else ("qwen2.5-7b", "qwen2.5-1.5b"):
         target = random_model(target_name, 0)
         label = f"random {target_name.split('-')[1]}/0.5b"
         if "spec" in sections:
             guarded("spec", lambda rows: spec_section(rows, target, draft, label))
+        if "methods" in sections:
+            guarded("methods", lambda rows: spec_section(rows, target, draft, label, MORE_CONFIGS))
         if "peers" in sections:
             ar = next((r for r in result["spec"] if r["pair"] == label and r["provider"] == "ar"), None)
             guarded("peers", lambda rows: peers_section(rows, target, draft, label, ar and ar.get("tokens")))
         if "allaccept" in sections and target_name == "qwen2.5-1.5b":  # draft = the target: pure engine cost
             # a second model from the same seed: the same weights (a deepcopy would also copy what
             # the engine installed on the first, e.g. the CPU matmul plan's packed weights)
-            guarded("spec", lambda rows: spec_section(rows, target, random_model(target_name, 0),
-                                                      "all-accept 1.5b/1.5b copy"))
+            guarded("allaccept", lambda rows: spec_section(rows, target, random_model(target_name, 0),
+                                                           "all-accept 1.5b/1.5b copy", METHOD_CONFIGS))
         if "invariant" in sections and target_name == "qwen2.5-1.5b":
             guarded("invariant", lambda rows: invariant_section(rows, target, draft))
         del target
         free_memory()
-    if result["spec"]:
-        guarded("projected", lambda rows: projections(rows, result["spec"], result["peers"]))
-    return 1 if result.get("errors") else 0
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ def _attention_variants(full: bool):
                            m_part="*fp32", l_part="*fp32", acc_part="*fp32", qk_scale="fp32")
                 sig.update({n: "i32" for n in ("s_qb", "s_qq", "s_qh", "s_kb", "s_ks", "s_kh", "s_vb", "s_vs",
                                                "s_vh", "s_ob", "s_oq", "s_oh", "s_mb", "s_mi", "s_mj", "NQ", "G",
-                                               "HKV", "NSPLIT", "MPAD", "CHUNK")})
+                                               "HKV", "NSPLIT", "MPAD", "CHUNK", "FIXED", "S_LOG2")})
                 const = dict(D=D, BLOCK_M=BLOCK_M, BLOCK_N=cfg["BLOCK_N"], HAS_TREE=tree, SPLIT=split,
                              IEEE=dt == "fp32")
                 yield "verify_attention", va._verify_attention_kernel.fn, sig, const, \

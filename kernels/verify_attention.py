@@ -61,17 +61,18 @@ def _prune(configs, named_args, **kwargs):
     return [c for c in configs if spill_free(kind, block_m, c.kwargs["BLOCK_N"], c.num_warps)]
 
 
-# Keyed on what never changes within a model (head dim, GQA packing, tree or chain, split or
-# not; Triton adds the dtypes), so tuning happens once, at the runner's warm-up; configs that
-# would spill for this dtype and BLOCK_M are pruned before timing.
-@triton.autotune(configs=_configs(), key=["D", "BLOCK_M", "HAS_TREE", "SPLIT"],
+# Keyed on what changes the best config: head dim, GQA packing, tree or chain, split or not,
+# fixed splits (batch-invariant mode) or not, and the length read (S_LOG2: its power-of-two
+# bucket; each graph bucket has one, tuned in the warm-up runs before its capture); Triton
+# adds the dtypes. Configs that would spill for this dtype and BLOCK_M are pruned first.
+@triton.autotune(configs=_configs(), key=["D", "BLOCK_M", "HAS_TREE", "SPLIT", "FIXED", "S_LOG2"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _verify_attention_kernel(
     q_ptr, k_ptr, v_ptr, lens_ptr, mask_ptr, out_ptr, m_part, l_part, acc_part,
     qk_scale,
     s_qb, s_qq, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_ob, s_oq, s_oh, s_mb, s_mi, s_mj,
-    NQ, G, HKV, NSPLIT, MPAD, CHUNK,
+    NQ, G, HKV, NSPLIT, MPAD, CHUNK, FIXED, S_LOG2,  # FIXED, S_LOG2: autotune key only
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_TREE: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
 ):
@@ -268,7 +269,7 @@ def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=N
         q, k_cache, v_cache, lens, tm, out, m_part, l_part, acc_part, scale,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        *mask_strides, Q, G, Hkv, splits, mpad, chunk,
+        *mask_strides, Q, G, Hkv, splits, mpad, chunk, int(fixed_split is not None), max(S, 1).bit_length(),
         D=D, BLOCK_M=BLOCK_M, HAS_TREE=tree_mask is not None, SPLIT=split,
         IEEE=q.dtype == torch.float32,
     )

@@ -1,72 +1,121 @@
 #!/usr/bin/env bash
-# GPU bring-up in one script (docs/design.md "GPU check"). Parts, run in the order given:
-#   tests    install (CUDA extension for sm_90), pytest -m gpu
-#   ar       bench/gpu_e2e.py --only ar: the target step unfused / fused / torch.compile, MBU,
-#            kernels per layer (issue 25's figures; after tests)
-#   spec     bench/gpu_e2e.py: every method, HF peers, all-accept bound, batch-invariant,
-#            projections (issue 26's figures)
-#   kernels  kernel microbenchmarks (rejection sampling, verify attention vs SDPA, compact_kv)
-#   suite    the rest of the suite with every kernel on CUDA
-#   bench    = ar spec kernels
-# Default: tests ar spec kernels suite. Each part has its own time limit (env *_TIMEOUT), so
-# two device commands of <= 10 minutes are `GPU_PARTS="tests ar"` (<= 540 s of limits plus the
-# install) then `GPU_PARTS="spec kernels suite"` (<= 590 s)
-# (timings on an H100 not measured yet: lower the limits if the second runs long).
-# Runs with the machine's own python3 (torch/triton/transformers preinstalled, no network).
-# Every result is JSON under bench/results/, written row by row (copied to $OUT when set).
+# GPU bring-up (docs/design.md "GPU check"), in two device commands of <= 10 minutes:
+#   make gpu-check GPU_PARTS=first    install, check, e2e-first: the headline figures (<= 6 min)
+#   make gpu-check GPU_PARTS=second   gpu-tests, e2e-second, kernels, suite: everything else
+# Parts:
+#   install     editable install with the CUDA extension (sm_90); skipped when it imports
+#   check       every Triton kernel against its torch reference on CUDA, bf16 included (the
+#               kernel test files), before any timing is believed
+#   e2e-first   bench/gpu_e2e.py --only first: the fused, graphed ar step of the 0.5B/1.5B/7B
+#               shapes with kernel profiles; sd auto, fixed γ and pearl on 7B/0.5B then
+#               1.5B/0.5B; projections
+#   gpu-tests   pytest -m gpu
+#   e2e-second  bench/gpu_e2e.py --only second: other methods, HF peers, all-accept bound,
+#               batch-invariant mode, ar variants, torch.compile of our model last
+#   kernels     kernel microbenchmarks (rejection sampling, verify attention vs SDPA, compact_kv)
+#   suite       the rest of the suite on CUDA (two workers at most: few CUDA contexts), then
+#               the tests marked `interpreter` (kernels on CPU tensors) in a process of their own
+# Each part has its own limit (env <PART>_TIMEOUT, e.g. E2E_FIRST_TIMEOUT) and, the moment it
+# ends (also when its limit kills it), its JSON, log and a line of $OUT/summary.txt are in
+# $OUT, so a command killed at the device's limit still returns everything finished before.
+# GPU_SMOKE=1 rehearses every part on this CPU with tiny shapes (results under build/).
 set -uo pipefail
-PARTS=" ${*:-tests ar spec kernels suite} "
-PARTS=${PARTS/ bench / ar spec kernels }
-PY=${PYTHON:-python3}
-RES=bench/results
-mkdir -p "$RES" build/gpu-logs
-DEV=$($PY -c "import torch; print(torch.cuda.get_device_name().split()[1].lower() if torch.cuda.is_available() else 'nogpu')")
+PARTS=" ${*:-first second} "
+PARTS=${PARTS/ first / install check e2e-first }
+PARTS=${PARTS/ second / gpu-tests e2e-second kernels suite }
+PARTS=${PARTS/ bench / e2e-first e2e-second kernels }
+SMOKE=${GPU_SMOKE:-}
+if [ -n "$SMOKE" ]; then
+  PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+  RES=${GPU_RESULTS:-build/gpu-smoke/results}; E2E_FLAGS=--smoke
+else
+  PY=${PYTHON:-python3}; RES=${GPU_RESULTS:-bench/results}; E2E_FLAGS=
+fi
+OUT=${OUT:-}
+LOGS=build/gpu-logs
+mkdir -p "$RES" "$LOGS" ${OUT:+"$OUT"}
+DEV=$($PY -c "import torch; print(torch.cuda.get_device_name().split()[1].lower() if torch.cuda.is_available() else 'cpu')")
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 status=0
-step() {  # step NAME CMD...: run, log, remember failures, keep going
-  local name=$1; shift
-  echo "=== $name: $*"
-  local t0=$SECONDS
-  "$@" 2>&1 | tee "build/gpu-logs/$name.log"
-  local rc=${PIPESTATUS[0]}
-  echo "=== $name: rc=$rc in $((SECONDS - t0)) s"
-  [ "$rc" = 0 ] || status=1
-}
 
-$PY - <<'PY'
+publish() {  # publish NAME RC SECONDS FILES...: into $OUT now, with a summary line
+  local name=$1 rc=$2 secs=$3; shift 3
+  local line="$name: rc=$rc in ${secs} s$([ "$rc" = 124 ] && echo ' (killed by its limit: partial results)')"
+  echo "=== $line"
+  [ -n "$OUT" ] || return 0
+  echo "$line" >> "$OUT/summary.txt"
+  cp "$LOGS/$name.log" "$OUT/" 2>/dev/null
+  for f in "$@"; do [ -f "$f" ] && cp "$f" "$OUT/"; done
+  return 0
+}
+step() {  # step NAME LIMIT_S "FILES" CMD...: run under its limit, log, publish, keep going
+  local name=$1 limit=$2 files=$3; shift 3
+  echo "=== $name (limit ${limit} s): $*"
+  local t0=$SECONDS
+  timeout --signal=TERM --kill-after=20 "$limit" "$@" > >(tee "$LOGS/$name.log") 2>&1
+  local rc=$?
+  [ "$rc" = 0 ] || status=1
+  # shellcheck disable=SC2086
+  publish "$name" "$rc" $((SECONDS - t0)) $files
+}
+has() { [[ $PARTS == *" $1 "* ]]; }
+
+$PY - > "$LOGS/environment.json" <<'PY'
 import json, subprocess, torch
 from specengine.benchmark import environment
 env = environment()
-env["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem",
-                                    "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+if torch.cuda.is_available():
+    env["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,"
+                                        "clocks.max.mem", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
 print(json.dumps(env, indent=1))
 PY
+publish environment 0 0 "$LOGS/environment.json"
 
-install() {  # editable install with the CUDA extension (a fresh machine has neither)
+if has install && [ -z "$SMOKE" ]; then
   export TORCH_CUDA_ARCH_LIST=9.0 SPECENGINE_BUILD_EXT=1
-  step install $PY -m pip install -q --no-deps --no-build-isolation --no-cache-dir -e .
-  step ext $PY -c "from specengine.runtime import kv_compact as k; assert k.extension_available(), 'KV extension not built'; print('kv extension:', k._kvext.__file__)"
-}
-PYBIN=$(cd "$(dirname "$(command -v "$PY")")" && pwd)/$(basename "$PY")  # absolute, venv kept
-if [[ $PARTS == *" tests "* ]] || ! (cd / && "$PYBIN" -c "import specengine" 2>/dev/null); then
-  install
+  step install 240 "" $PY -m pip install -q --no-deps --no-build-isolation --no-cache-dir -e .
+  step ext 30 "" $PY -c "from specengine.runtime import kv_compact as k; assert k.extension_available(), \
+'KV extension not built'; print('kv extension:', k._kvext.__file__)"
 fi
-if [[ $PARTS == *" tests "* ]]; then
-  step gpu-tests timeout ${GPU_TESTS_TIMEOUT:-240} $PY -m pytest -q -p no:cacheprovider -m gpu --junitxml=build/gpu-logs/gpu_tests_$DEV.xml tests
+KERNEL_TESTS="tests/test_kernel_fused_ops.py tests/test_kernel_verify_attention.py tests/test_kernel_commit_tokens.py
+  tests/test_kernel_draft_sampling.py tests/test_kernel_rejection_sampling.py"
+if has check; then  # smoke: one op, under the interpreter
+  SELECT=(); [ -n "$SMOKE" ] && SELECT=(-k silu_and_mul)
+  # shellcheck disable=SC2086
+  step check ${CHECK_TIMEOUT:-90} "$LOGS/check_$DEV.xml" $PY -m pytest -q -p no:cacheprovider $KERNEL_TESTS \
+    "${SELECT[@]}" --junitxml="$LOGS/check_$DEV.xml"
 fi
-if [[ $PARTS == *" ar "* ]]; then
-  step e2e-ar timeout ${E2E_AR_TIMEOUT:-300} $PY bench/gpu_e2e.py --only ar --out $RES/gpu_e2e_ar_$DEV.json
+if has e2e-first; then
+  step e2e-first ${E2E_FIRST_TIMEOUT:-270} "$RES/gpu_e2e_first_$DEV.json $RES/gpu_e2e_first_$DEV.summary.txt" \
+    $PY bench/gpu_e2e.py $E2E_FLAGS --only first --out "$RES/gpu_e2e_first_$DEV.json"
 fi
-if [[ $PARTS == *" spec "* ]]; then
-  step e2e-spec timeout ${E2E_SPEC_TIMEOUT:-300} $PY bench/gpu_e2e.py --only spec,peers,allaccept,invariant \
-    --out $RES/gpu_e2e_$DEV.json
+if has gpu-tests; then
+  step gpu-tests ${GPU_TESTS_TIMEOUT:-120} "$LOGS/gpu_tests_$DEV.xml" $PY -m pytest -q -p no:cacheprovider -m gpu \
+    ${SMOKE:+tests/test_kernel_verify_attention.py} --junitxml="$LOGS/gpu_tests_$DEV.xml"
 fi
-if [[ $PARTS == *" kernels "* ]]; then
-  step kernels timeout ${KERNELS_TIMEOUT:-120} $PY bench/gpu_kernels.py --out $RES/gpu_kernels_$DEV.json
+if has e2e-second; then
+  step e2e-second ${E2E_SECOND_TIMEOUT:-300} "$RES/gpu_e2e_second_$DEV.json $RES/gpu_e2e_second_$DEV.summary.txt" \
+    $PY bench/gpu_e2e.py $E2E_FLAGS --only second --out "$RES/gpu_e2e_second_$DEV.json"
 fi
-if [[ $PARTS == *" suite "* ]]; then
-  step suite-on-cuda timeout ${SUITE_TIMEOUT:-170} $PY -m pytest -q -p no:cacheprovider -m "not real and not gpu" -n 16 --timeout 120 -v \
-    --junitxml=build/gpu-logs/gpu_suite_$DEV.xml tests
+if has kernels; then
+  if [ -n "$SMOKE" ]; then  # the microbenchmarks' torch providers, once each, on the CPU
+    step kernels ${KERNELS_TIMEOUT:-120} "" env SPECENGINE_BENCH_CPU=1 $PY -m pytest -q -p no:cacheprovider \
+      bench/bench_fused_ops.py bench/bench_verify_attention.py bench/bench_rejection_sampling.py \
+      -k "torch and not compile" --benchmark-disable
+  else
+    step kernels ${KERNELS_TIMEOUT:-90} "$RES/gpu_kernels_$DEV.json" $PY bench/gpu_kernels.py --out "$RES/gpu_kernels_$DEV.json"
+  fi
 fi
-if [ -n "${OUT:-}" ]; then cp $RES/gpu_* "$OUT"/ 2>/dev/null; tar czf "$OUT/logs.tgz" build/gpu-logs; fi
+if has suite; then  # two workers at most (two CUDA contexts), where xdist is installed
+  FLAGS=$($PY -c "import importlib.util as u; print(('--timeout 120 ' if u.find_spec('pytest_timeout') else '') + \
+('-n 2' if u.find_spec('xdist') else ''))")
+  # shellcheck disable=SC2086
+  step suite ${SUITE_TIMEOUT:-150} "$LOGS/gpu_suite_$DEV.xml" $PY -m pytest -q -p no:cacheprovider \
+    -m "not real and not gpu and not interpreter" ${SMOKE:+tests/test_config.py} $FLAGS --junitxml="$LOGS/gpu_suite_$DEV.xml"
+  # the tests that run kernels on CPU tensors, under the interpreter in a process of their own
+  # shellcheck disable=SC2086
+  step suite-interpreter ${SUITE_INTERPRETER_TIMEOUT:-120} "$LOGS/gpu_suite_interpreter_$DEV.xml" env \
+    SPECENGINE_TEST_INTERPRETER=1 CUDA_VISIBLE_DEVICES= $PY -m pytest -q -p no:cacheprovider -m interpreter \
+    ${SMOKE:+tests/test_round_launches.py -k counter_sees} $FLAGS --junitxml="$LOGS/gpu_suite_interpreter_$DEV.xml"
+fi
 exit $status

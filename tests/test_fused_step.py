@@ -15,6 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from specengine import Engine, layers
 from specengine.runtime.runner import ModelRunner
 
+pytestmark = pytest.mark.interpreter  # kernels on CPU tensors (conftest.py)
+
 pytest.importorskip("triton")
 
 # aten ops that only make a view or a new empty tensor: no kernel on a GPU
@@ -62,7 +64,9 @@ class LaunchCounter(TorchDispatchMode):
 @pytest.fixture()
 def count_triton(monkeypatch):
     """Route Triton launches through the active LaunchCounter."""
-    from triton.runtime.interpreter import InterpretedFunction
+    from triton_launches import launch_class
+
+    InterpretedFunction = launch_class()  # noqa: N806 - the class whose `run` launches a kernel here
 
     state = {"counter": None}
     real = InterpretedFunction.run

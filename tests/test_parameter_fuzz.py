@@ -89,6 +89,7 @@ def test_every_parameter_set_keeps_the_contract_or_raises_a_clear_error(engine, 
         assert engine.generate(PROMPT, max_new_tokens=NEW, ignore_eos=True, **kw).token_ids == r.token_ids
 
 
+@pytest.mark.interpreter  # the triton sampler on CPU tensors
 @pytest.mark.parametrize("temperature", [1e-45, 1e-40, 1.2e-38, 1e-37])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_tiny_temperatures_are_greedy_on_both_samplers(tiny_pair, tokenizer, temperature, backend):

@@ -152,3 +152,22 @@ def test_draft_on_its_own_device_adapter(models, tokenizer, ar_out, tiny_dir):
     for method in ("pearl", "sd"):
         out = eng.generate(PROMPTS, max_new_tokens=40, method=method, gamma=3, ignore_eos=True)
         assert [r.token_ids for r in out] == [r.token_ids for r in ar_out]
+
+
+def test_a_window_chosen_by_cost_falls_back_to_plain_rounds_losslessly(models, tokenizer, ar_out, monkeypatch):
+    """pearl with its window chosen by cost, where the costs say a PEARL round loses to a plain
+    decode: it decodes plainly (pending drafts dropped, the draft kept to the committed
+    tokens), runs a PEARL round every 16 plain ones (the draft resynced first), and gives ar's
+    tokens; with the window given, it never falls back."""
+    from specengine.runtime.step_costs import StepCosts
+
+    target, same, _ = models
+    eng = Engine(target, tokenizer, same, max_seq_len=256)
+    losing = StepCosts(3, draft_s=0.5, target_s=tuple(1.0 + w for w in range(17)))
+    monkeypatch.setattr(eng, "step_costs", lambda state, width: losing)
+    out = eng.generate(PROMPTS, max_new_tokens=40, method="pearl", ignore_eos=True)
+    assert [r.token_ids for r in out] == [r.token_ids for r in ar_out]
+    s = out[0].stats
+    assert s["plain_rounds"] >= 32 and s["rounds"] > s["plain_rounds"] and s["accepted_drafts"] > 0
+    given = eng.generate(PROMPTS, max_new_tokens=40, method="pearl", gamma=2, ignore_eos=True)
+    assert [r.token_ids for r in given] == [r.token_ids for r in ar_out] and given[0].stats["plain_rounds"] == 0

@@ -17,6 +17,8 @@ from specengine import Engine, generation, layers
 pytest.importorskip("triton")
 from test_fused_step import NO_KERNEL  # noqa: E402
 
+pytestmark = pytest.mark.interpreter  # kernels on CPU tensors (conftest.py)
+
 # aten ops that launch nothing when they change nothing (a `.to` to the dtype a tensor has, a
 # reshape of a contiguous one); the cast or copy one of them does make is not counted
 MAYBE_NOTHING = {"to", "contiguous", "resolve_conj", "resolve_neg", "flatten", "reshape", "detach_"}
@@ -58,7 +60,9 @@ class RoundLaunches(TorchDispatchMode):
 @pytest.fixture()
 def counted(monkeypatch):
     """A RoundLaunches that sees Triton launches, graph replays and round boundaries."""
-    from triton.runtime.interpreter import InterpretedFunction
+    from triton_launches import launch_class
+
+    InterpretedFunction = launch_class()  # noqa: N806 - the class whose `run` launches a kernel here
 
     counter = RoundLaunches()
     real_run, real_step = InterpretedFunction.run, generation.Generation.step

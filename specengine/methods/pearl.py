@@ -27,11 +27,13 @@ import torch
 from ..errors import SpecEngineError
 from .base import Method, speculative_stats
 from .context import MethodContext
+from .policies import expected_tokens
 from .sampling import filter_logits
 from .state import DecodeState, RoundOutput
-from .steps import draft_chain, parallel_draft
+from .steps import PlainStep, draft_chain, draft_resync, parallel_draft
 
 GAMMA_MAX = 16  # the longest window round(1/c) may choose
+PROBE_EVERY = 16  # plain rounds between two PEARL rounds that re-measure the acceptance
 
 
 def gamma_for(cost_ratio: float, gamma_max: int = GAMMA_MAX) -> int:
@@ -79,8 +81,12 @@ class Pearl(Method):
         if self.parallel and gamma is None:
             gamma = 4
         self.gamma = gamma  # None: round(1/c) once c is measured, in begin()
-        self.cost_ratio = None
+        self.by_cost = gamma is None  # a window chosen by cost may also choose plain decoding
+        self.cost_ratio = self.costs = None
         self.modes: PearlModes | None = None
+        self.plain, self.behind, self.plain_rounds = PlainStep(), 0, 0  # γ = 0 rounds (see _plain_wins)
+        self.plain_total = 0
+        self.accepted, self.proposed = 0.7 * 4, 4.0  # running acceptance: prior 0.7, weight 4, decayed
 
     @property
     def max_width(self) -> int:
@@ -97,9 +103,37 @@ class Pearl(Method):
                 raise SpecEngineError(f"pearl window {self.gamma} exceeds the drafter's k_max={self.drafter.meta.k_max}")
         self.cost_ratio = ctx.step_costs(state, 1).cost_ratio
         self.gamma = self.gamma or gamma_for(self.cost_ratio)
+        if self.by_cost:  # the verify widths the window's rounds run, for the plain-decoding check
+            self.costs = ctx.step_costs(state, self.gamma + 1)
         self.modes = PearlModes(torch.zeros(state.batch, dtype=torch.bool, device=state.tokens.device))
 
+    def _plain_wins(self) -> bool:
+        """Window chosen by cost only: a PEARL round is expected to commit fewer tokens per
+        second than a plain decode step (its cost: the draft's window plus the verify, one
+        after the other on a CPU, overlapped on CUDA), so the round decodes plainly instead.
+        Every PROBE_EVERY plain rounds one PEARL round runs anyway, to follow the text."""
+        if not self.by_cost or self.plain_rounds >= PROBE_EVERY:
+            return False
+        c, g = self.costs, self.gamma
+        parts = (g * c.draft_s, c.verify_s(g + 1))
+        cost = max(parts) if self.ctx.device.type == "cuda" else sum(parts)
+        return expected_tokens(self.accepted / self.proposed, g) / cost < 1.0 / c.verify_s(1)
+
     def round(self, state: DecodeState, timer) -> RoundOutput:
+        if self._plain_wins():
+            self.plain_rounds += 1
+            self.plain_total += 1
+            self.behind += 1
+            modes = self.modes  # pending drafts are dropped: every row restarts in pre-verify
+            modes.post = torch.zeros_like(modes.post)
+            modes.pending_q, modes.any_post = None, False
+            draft = self.ctx.draft.cache  # the draft keeps what it saw of the committed tokens only
+            draft.set_lens(torch.minimum(draft.lens.to(torch.int64), state.n - 1))
+            return self.plain(self.ctx, state, timer)
+        self.plain_rounds = 0
+        if self.behind:
+            draft_resync(self.ctx.draft, state, self.behind)
+            self.behind = 0
         with timer.phase("round"):
             return self._round(state, timer)
 
@@ -157,6 +191,10 @@ class Pearl(Method):
 
     def after_round(self, n_acc, num_draft) -> None:
         """Host bookkeeping after the round's sync (the modes themselves moved on the device)."""
+        if not any(num_draft):  # a plain round: nothing was proposed
+            return
+        self.accepted = 0.9 * self.accepted + sum(n_acc)
+        self.proposed = 0.9 * self.proposed + sum(num_draft)
         full = [a >= d for a, d in zip(n_acc, num_draft)]
         self.modes.rejections += sum(not f for f in full)
         self.modes.any_post = any(full)
@@ -183,4 +221,5 @@ class Pearl(Method):
             "round_target_s": times.get("target", 0.0) / rounds,
             "round_wall_s": times.get("round", 0.0) / rounds,
             "concurrent": self.ctx.device.type == "cuda",
+            "plain_rounds": self.plain_total,
         }
