@@ -191,6 +191,7 @@ class Engine:
         """Replay CUDA graphs for decode/verify steps (CUDA only; eager elsewhere), captured
         when the next call allocates its buffers (lazy: each bucket when a step first needs
         it). `capture` stands in for torch.cuda.graph capture (tests use one on CPU)."""
+        self.config = self.config.replace(cuda_graphs=bool(enabled))  # the config stays true
         for runner in self._runners():
             runner.set_cuda_graphs(enabled, capture, lazy)
 

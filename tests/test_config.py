@@ -50,6 +50,10 @@ def test_the_setters_keep_the_config_true(tiny_pair, tokenizer):
     assert (eng.config.cpu_matmul, eng.config.attention_backend, eng.config.sampler_backend) == ("linear", "torch",
                                                                                                   "torch")
     assert (eng.config.batch_invariant, eng.config.invariant_width) == (False, 5)
+    eng.set_cuda_graphs(False)
+    assert eng.config.cuda_graphs is False
+    eng.set_cuda_graphs(True)
+    assert eng.config.cuda_graphs is True
     with pytest.raises(SpecEngineError) as err:
         eng.set_cpu_matmul("fast")
     assert err.value.param == "cpu_matmul" and eng.config.cpu_matmul == "linear"
