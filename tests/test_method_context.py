@@ -14,6 +14,8 @@ from specengine.methods.state import DecodeState
 from specengine.timing import PhaseTimer
 
 V, S = 16, 96
+# the step-cost contract (runtime/step_costs.StepCosts): a draft step at a tenth of a decode, a flat verify
+COSTS = SimpleNamespace(cost_ratio=0.1, draft_s=0.1, verify_s=lambda width: 1.0)
 
 
 class Cache:
@@ -52,7 +54,7 @@ def greedy_text(table, prompt: list[int], n: int) -> list[int]:
 def run(method, target, draft, prompt: list[int], n: int) -> list[int]:
     """The driver's part, by hand: state, caches at n - 1, rounds, lengths set after each."""
     ctx = MethodContext(target, draft, rejection_sample_ref, sample_draft, torch.device("cpu"),
-                        step_costs=lambda state, width: SimpleNamespace(cost_ratio=0.5))
+                        step_costs=lambda state, width: COSTS)
     tokens = torch.zeros(1, S, dtype=torch.int64)
     tokens[0, : len(prompt)] = torch.tensor(prompt)
     state = DecodeState(tokens, torch.tensor([len(prompt)]), torch.ones(1, dtype=torch.bool), SamplingParams(),

@@ -62,16 +62,17 @@ def test_parallelspec_with_the_shipped_drafter_equals_ar(pair, prompts, ar_token
     """The drafter shipped for this draft loads automatically: parallelspec (k proposals from one
     draft forward) and PEARL drafting with it both reproduce ar; its masks are accepted."""
     eng = pair[0]
+    first_k4 = None
     for p, ref in zip(prompts, ar_tokens):
         for k in (2, 4):
             r = eng.generate(p, max_new_tokens=NEW, method="parallelspec", gamma=k, ignore_eos=True)
             assert r.token_ids == ref
             assert r.stats["draft_forwards"] == r.stats["target_forwards"]  # one draft forward per round
+            first_k4 = first_k4 or (r.stats if k == 4 else None)
         r = eng.generate(p, max_new_tokens=NEW, method="pearl", policy="parallel", ignore_eos=True)
         assert r.token_ids == ref
     assert eng.parallel_drafter().meta.draft == DEFAULT_DRAFT
-    r = eng.generate(prompts[0], max_new_tokens=NEW, method="parallelspec", gamma=4, ignore_eos=True)
-    assert r.stats["acceptance_by_position"][1] > MIN_MASK1_ACCEPTANCE  # MASK_1 proposes usable tokens
+    assert first_k4["acceptance_by_position"][1] > MIN_MASK1_ACCEPTANCE  # MASK_1 proposes usable tokens
 
 
 def test_token_trees_equal_ar(pair, prompts, ar_tokens):
