@@ -161,6 +161,7 @@ def test_kernel_alone_keeps_its_buffer_out_of_local_memory(tmp_path):
 
 
 @needs_nvcc
+@pytest.mark.slow  # ~1-2 minutes of nvcc: in the last tier (conftest.py)
 def test_extension_cuda_source_compiles_against_cuda_torch_headers():
     """csrc/compact_kv_cuda.cu as the real build compiles it: torch's CUDA headers, torch's
     C++ standard (from its build config) and nvcc flags, sm_90. `make test` extracts the

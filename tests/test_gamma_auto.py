@@ -125,11 +125,12 @@ def test_plain_rounds_probe_again_and_learn_from_the_probe():
     pol.set_costs(LOSING)
     assert pol.gamma == 0
     seen = []
-    for _ in range(40):
+    for _ in range(120):
         seen.append(pol.gamma)
         pol.update([0], [pol.gamma])  # a probe round: rejected at once
     probes = [i for i, g in enumerate(seen) if g]
-    assert probes == [16, 33] and all(seen[i] == 0 for i in range(40) if i not in probes)
+    # each probe that confirms plain decoding doubles the wait: 16, 32, 64 plain rounds
+    assert probes == [16, 49, 114] and all(seen[i] == 0 for i in range(120) if i not in probes)
     before = pol.alpha
     pol.costs = FLAT  # the text (or the machine) changed: speculation pays now
     while pol.gamma == 0:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # minutes: in the last tier (conftest.py)
 
 
 def gpu_check(out: Path, parts: str, **env) -> subprocess.CompletedProcess:

@@ -98,8 +98,10 @@ class AutoGammaPolicy(FixedPolicy):
 
     γ = 0 is a choice: when the costs and the acceptance say a speculative round would commit
     fewer tokens per second than plain decoding, the round is a plain decode step (the draft
-    does not run; it catches up when drafting resumes). Every `probe_every` plain rounds one
-    round drafts at the best γ >= 1 anyway, so that a change in the text is noticed.
+    does not run; it catches up when drafting resumes). After `probe_every` plain rounds one
+    round drafts at the best γ >= 1 anyway, so that a change in the text is noticed; a probe
+    that confirms plain decoding doubles the wait (up to `probe_max`), since every probe pays a
+    catch-up and a losing round, and speculation winning again resets it.
 
     α is the maximum-likelihood rate of the truncated-geometric acceptance model
     (accepted / (accepted + rejections)), with a weak prior and a decay so that it follows
@@ -109,13 +111,15 @@ class AutoGammaPolicy(FixedPolicy):
     needs_costs = True
 
     def __init__(self, gamma_max: int = 8, prior_alpha: float = 0.7, prior_weight: float = 4.0,
-                 decay: float = 0.9, probe_every: int = 16):
+                 decay: float = 0.9, probe_every: int = 16, probe_max: int = 256):
         super().__init__(min(4, gamma_max))
         self.gamma_max = gamma_max
         self.accepted, self.rejected = prior_alpha * prior_weight, (1 - prior_alpha) * prior_weight
         self.decay = decay
         self.costs = None
-        self.probe_every, self.plain_run = probe_every, 0  # consecutive plain rounds so far
+        self.probe_first, self.probe_max = probe_every, probe_max
+        self.probe_every, self.plain_run = probe_every, 0  # the current wait; consecutive plain rounds so far
+        self.probing = False  # this round is a probe
         self.predicted = [0.0, 0.0]  # expected tokens, expected seconds of the rounds run
 
     @property
@@ -127,8 +131,8 @@ class AutoGammaPolicy(FixedPolicy):
         self._choose()
 
     def _choose(self) -> None:
-        probe = self.plain_run >= self.probe_every
-        self.gamma = best_gamma(self.alpha, self.costs, self.gamma_max, gamma_min=1 if probe else 0)
+        self.probing = self.plain_run >= self.probe_every
+        self.gamma = best_gamma(self.alpha, self.costs, self.gamma_max, gamma_min=1 if self.probing else 0)
 
     def prediction(self) -> float | None:
         """Tokens/s the cost model expected of the rounds run so far (None before any)."""
@@ -139,6 +143,7 @@ class AutoGammaPolicy(FixedPolicy):
             c, g = self.costs, self.gamma
             self.predicted[0] += len(n_acc) * expected_tokens(self.alpha, g)
             self.predicted[1] += g * c.draft_s + c.verify_s(g + 1)
+        probed = self.probing
         if self.gamma == 0:
             self.plain_run += 1
         else:
@@ -147,6 +152,10 @@ class AutoGammaPolicy(FixedPolicy):
             self.rejected = self.decay * self.rejected + sum(a < d for a, d in zip(n_acc, num_draft))
         if self.costs is not None:
             self._choose()
+            if probed and self.gamma == 0:  # the probe confirmed plain decoding: wait longer
+                self.probe_every = min(2 * self.probe_every, self.probe_max)
+            elif self.gamma and not self.probing:  # speculation pays (again), by the costs alone
+                self.probe_every = self.probe_first
 
 
 def specdec_update(hidden, log_all_accept, k, j: int, head, threshold: float, k_min: int):
