@@ -298,6 +298,8 @@ class Generation:
             "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
             "target_forwards": self.counters.target_forwards,
             "tokens_per_target_forward": new_tokens / max(self.counters.row_target_forwards, 1),
+            # what batch-invariant mode decided and the figures behind it (runtime/invariance.py)
+            "batch_invariant": getattr(self.engine, "batch_invariant_info", None),
             **self.method.stats(self),
         }
 

@@ -164,6 +164,7 @@ def test_auto_weighs_the_padding_cost_timed_until_stable(bf16_pair, tokenizer, m
     info = cheap.batch_invariant_info
     assert cheap.batch_invariant and info["pad_width"] == 9 and info["cost"] > -1 and len(info["costs"]) >= 3
     assert info["cost"] in info["costs"] and "within" in info["why"]
+    assert cheap.generate("x", max_new_tokens=2).stats["batch_invariant"] == info  # and in every call's stats
     monkeypatch.setattr(invariance, "INVARIANT_MAX_COST", -1.0)  # nothing is that cheap
     dear = Engine(target, tokenizer, draft, max_seq_len=256)
     assert not dear.batch_invariant and dear.attention_backend != "torch-tiled"
