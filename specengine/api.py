@@ -229,7 +229,7 @@ class Engine:
             return
         self._dtype_notes.add(method)
         draft = self.draft.model.embed_tokens.weight.dtype if self.draft is not None else None
-        note = precision.better_setting(getattr(self, "dtype_choice", None), method, self.target.dtype, draft)
+        note = precision.better_setting(self.dtype_choice, method, self.target.dtype, draft)
         if note:
             warnings.warn(note, RuntimeWarning, stacklevel=4)
 
