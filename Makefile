@@ -102,7 +102,7 @@ bench-trees: $(STAMP)
 # (300 examples per operation, with and without an API key); JSON run reports committed.
 fuzz-server: $(STAMP)
 	FUZZ_EXAMPLES=300 FUZZ_REPORT=$(CURDIR)/bench/results/server_fuzz.json $(VENV)/bin/pytest -q -p no:cacheprovider \
-	  tests/test_server_fuzz.py
+	  tests/serve/test_server_fuzz.py
 
 fetch: $(STAMP)
 	$(VENV)/bin/specengine fetch

@@ -7,9 +7,9 @@ import pytest
 import torch
 from conftest import device, timed
 
-from specengine.layers.activation import silu_and_mul_ref
-from specengine.layers.norm import add_rms_norm_ref
-from specengine.layers.rotary import StepRope, rope_kv_write_ref
+from specengine.kernels.add_rms_norm import add_rms_norm_ref
+from specengine.kernels.rope_kv_write import rope_kv_write_ref
+from specengine.kernels.silu_and_mul import silu_and_mul_ref
 
 # (hidden, intermediate, q heads, kv heads, head_dim) of the real shapes
 SHAPES = {"0.5B": (896, 4864, 14, 2, 64), "1.5B": (1536, 8960, 12, 2, 128), "7B": (3584, 18944, 28, 4, 128)}
@@ -61,12 +61,9 @@ def test_rope_kv_write(benchmark, provider, model, tokens):
     k_cache, v_cache = (torch.zeros(1, CONTEXT, hkv, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
     cos, sin = (torch.randn(1, tokens, d, device=dev) for _ in range(2))
     wpos = torch.arange(100, 100 + tokens, device=dev)[None]
-    if provider == "triton":
-        kernel = pick(provider, None, "rope_kv_write", "rope_kv_write")
-        fn = lambda: kernel(qkv, cos, sin, wpos, k_cache, v_cache, hq, hkv)  # noqa: E731
-    else:
-        ref = pick(provider, rope_kv_write_ref, None, None)
-        step = StepRope(cos.to(qkv.dtype), sin.to(qkv.dtype), wpos, torch.zeros_like(wpos), False)
-        fn = lambda: ref(qkv, step, k_cache, v_cache, hq, hkv)  # noqa: E731
+    if provider != "triton":  # the reference's roundings: cos/sin in the model dtype (cast once per step)
+        cos, sin = cos.to(qkv.dtype), sin.to(qkv.dtype)
+    op = pick(provider, rope_kv_write_ref, "rope_kv_write", "rope_kv_write")
+    fn = lambda: op(qkv, cos, sin, wpos, k_cache, v_cache, hq, hkv)  # noqa: E731
     benchmark.extra_info.update(provider=provider, model=model, tokens=tokens, op="rope_kv_write")
     timed(benchmark, fn, qkv.numel() * 2 * 2)

@@ -201,12 +201,19 @@ def is_copy(name: str) -> bool:
 
 STEP_VARIANTS = {  # how the target step runs (docs/design.md, "Fused step")
     "unfused": "the plain-torch reference ops (the CPU path), our CUDA graphs",
-    "fused": "our Triton kernels (layers/: add+RMSNorm, RoPE+KV write, SiLU-and-mul) and merged projections",
+    "fused": "our Triton kernels (kernels/: add+RMSNorm, RoPE+KV write, SiLU-and-mul) and merged projections",
     "torch.compile": "the reference ops, attention included, through torch.compile (inductor, no cudagraphs "
                      "of its own) inside our graphs, captured lazily so dynamo compiles once per shape used: "
                      "the gpt-fast recipe, the peer to beat",
 }
 
+
+STEP_OPS = "add_rms_norm={0},rope_kv_write={0},silu_and_mul={0}"
+VARIANT_KERNELS = {  # the engine's `kernels` switch per variant (the samplers take Triton in each)
+    "unfused": "auto," + STEP_OPS.format("torch"),
+    "fused": "auto",
+    "torch.compile": "auto,attention=torch," + STEP_OPS.format("torch"),  # dynamo does not trace our launchers
+}
 
 AR_SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b")  # the draft's step first: speculation leans on it most
 
@@ -217,33 +224,30 @@ def ar_section(rows: list, peak: float, bw: float, only_small: bool, variants=("
     over the bytes a step reads, and with graphs at batch 1 the profiler's kernel list
     (kernels per layer from a 1-layer twin: (K(L) - K(1)) / (L - 1), so the LM head, the
     sampler and the copies are not counted as layer work)."""
-    from specengine import layers
-
     for name in ("qwen2.5-1.5b",) if only_small else AR_SHAPES:
         model = random_model(name, 0)
         wb, kvt = weight_bytes(model), kv_bytes_per_token(model)
         for variant in variants:
             compiled = variant == "torch.compile"
-            with layers.force_kernels(None if variant == "fused" else False):
-                for graphs in graph_modes:
-                    for batch in (S.batches[:1] if compiled else batches or S.batches):
-                        for ctx in S.contexts:
-                            r = _ar_step(model, variant, graphs, batch, ctx, profile=graphs and batch == 1)
-                            step = r["round_s"]
-                            nbytes = wb + batch * (ctx + S.new / 2) * kvt
-                            r.update(model=name, variant=variant, graphs=graphs, weight_bytes=wb, step_s=step,
-                                     bytes_per_step=nbytes, mbu=nbytes / step / peak,
-                                     fraction_of_copy_bw=nbytes / step / bw)
-                            if "gpu_kernels" in r and not compiled:
-                                one = _ar_step(one_layer(model), variant, graphs, batch, ctx, profile=True)
-                                k_all, k_one = (x["gpu_kernels"] / max(x["rounds"], 1) for x in (r, one))
-                                r["kernels_per_step"] = k_all
-                                r["kernels_per_layer"] = (k_all - k_one) / max(model.config.num_layers - 1, 1)
-                                r["kernels_outside_layers"] = k_one - r["kernels_per_layer"]
-                            print(f"ar {name} {variant:13s} graphs={graphs!s:5} B={batch} ctx={ctx}: "
-                                  f"{r['tokens_per_s']:8.1f} tok/s  step {step * 1e3:6.2f} ms  MBU {r['mbu']:.2f}  "
-                                  f"kernels/layer {r.get('kernels_per_layer', float('nan')):.1f}", flush=True)
-                            rows.append(r)
+            for graphs in graph_modes:
+                for batch in (S.batches[:1] if compiled else batches or S.batches):
+                    for ctx in S.contexts:
+                        r = _ar_step(model, variant, graphs, batch, ctx, profile=graphs and batch == 1)
+                        step = r["round_s"]
+                        nbytes = wb + batch * (ctx + S.new / 2) * kvt
+                        r.update(model=name, variant=variant, graphs=graphs, weight_bytes=wb, step_s=step,
+                                 bytes_per_step=nbytes, mbu=nbytes / step / peak,
+                                 fraction_of_copy_bw=nbytes / step / bw)
+                        if "gpu_kernels" in r and not compiled:
+                            one = _ar_step(one_layer(model), variant, graphs, batch, ctx, profile=True)
+                            k_all, k_one = (x["gpu_kernels"] / max(x["rounds"], 1) for x in (r, one))
+                            r["kernels_per_step"] = k_all
+                            r["kernels_per_layer"] = (k_all - k_one) / max(model.config.num_layers - 1, 1)
+                            r["kernels_outside_layers"] = k_one - r["kernels_per_layer"]
+                        print(f"ar {name} {variant:13s} graphs={graphs!s:5} B={batch} ctx={ctx}: "
+                              f"{r['tokens_per_s']:8.1f} tok/s  step {step * 1e3:6.2f} ms  MBU {r['mbu']:.2f}  "
+                              f"kernels/layer {r.get('kernels_per_layer', float('nan')):.1f}", flush=True)
+                        rows.append(r)
         del model
         free_memory()
 
@@ -251,9 +255,8 @@ def ar_section(rows: list, peak: float, bw: float, only_small: bool, variants=("
 def _ar_step(model, variant: str, graphs: bool, batch: int, ctx: int, profile: bool) -> dict:
     """One warmed-up, timed `ar` generate of `model` in `variant` (a fresh engine each time)."""
     compiled = variant == "torch.compile"
-    # the compiled peer is torch all through (attention too): dynamo does not trace our launcher
     eng = Engine(model, NoTokenizer(), None, method="ar", max_seq_len=S.max_seq, max_batch=max(S.batches),
-                 batch_invariant=False, attention_backend="torch" if compiled else "auto")
+                 batch_invariant=False, kernels=VARIANT_KERNELS[variant])
     if compiled:  # inside our graphs, captured when first needed: one compile per shape used
         torch._dynamo.reset()
         dynamo_counters.clear()
@@ -371,7 +374,7 @@ def invariant_section(rows: list, target, draft) -> None:
             ar = run(eng, batch, S.spec_ctx, method="ar")
             run(eng, batch, S.spec_ctx, method="sd", gamma=4)
             sd = run(eng, batch, S.spec_ctx, method="sd", gamma=4)
-            row = dict(mode=str(mode), info=eng.batch_invariant_info, attention=eng.attention_backend, batch=batch,
+            row = dict(mode=str(mode), info=eng.batch_invariant_info, attention=eng.ops.names["attention"], batch=batch,
                        ar_tokens_per_s=ar["tokens_per_s"], sd4_tokens_per_s=sd["tokens_per_s"],
                        sd_same_tokens_as_ar=sd["token_ids"] == ar["token_ids"])
             rows.append(row)

@@ -1,19 +1,15 @@
 """Kernels of specengine, installed as `specengine.kernels` (never a bare `kernels`, which
-is Hugging Face's package name). Each op has a plain-PyTorch reference in `reference.py`
-that is its specification and its CPU fallback; `rng.py` is the counter-based random
-number generator both paths share. The Triton versions, one file per kernel
-(`verify_attention.py`, `rejection_sampling.py` and its split path, `draft_sampling.py`,
-the fused step ops), are imported only when asked for (Triton is optional; on CPU they run
-under TRITON_INTERPRET=1); the samplers' shared `@triton.jit` helpers are `sampler_jit.py`."""
-from .reference import rejection_sample_ref, verify_attention_ref
+is Hugging Face's package name). One file per op, Liger's discipline: the plain-PyTorch
+reference (`<op>_ref`, the specification and the CPU path), the Triton kernel(s)
+(`_<name>_kernel`) and the launcher, tested against the reference. Ops: `verify_attention`,
+`rejection_sampling`, `draft_sampling`, `commit_tokens`, and the fused step's
+`add_rms_norm`, `rope_kv_write`, `silu_and_mul`. Shared pieces: `jit.py` (Triton, or a
+stand-in without it, and the `@triton.jit` helpers), `rng.py` (the samplers' random numbers
+in torch). `ops.py` chooses per engine which one runs. Triton is optional: every reference
+imports without it; on CPU the kernels run under TRITON_INTERPRET=1."""
+from .jit import HAVE_TRITON
+from .rejection_sampling import rejection_sample_ref
 from .rng import counter_uniform
+from .verify_attention import verify_attention_ref
 
-__all__ = ["counter_uniform", "rejection_sample_ref", "verify_attention_ref", "triton_available"]
-
-
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+__all__ = ["HAVE_TRITON", "counter_uniform", "rejection_sample_ref", "verify_attention_ref"]

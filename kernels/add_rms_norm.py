@@ -6,13 +6,21 @@
 The order of roundings is transformers' (`LlamaRMSNorm`): the sum is stored in the model
 dtype, the statistics are fp32, the normalized row is cast to the dtype before the weight
 multiplies it. Without a residual (the first layer) it is RMSNorm alone and the residual
-out is x itself. The plain-PyTorch reference is `specengine.layers.norm.add_rms_norm_ref`.
+out is x itself. `add_rms_norm_ref` below is the spec and the CPU path.
 """
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from .jit import needs_triton, tl, triton
+
+
+def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """(weight * rmsnorm(s), s) with s = x + residual (or x): transformers' roundings (the sum
+    in the model dtype, statistics in fp32, the normed row cast before the weight)."""
+    s = x if residual is None else x + residual
+    sf = s.float()
+    return weight * (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps)).to(s.dtype), s
 
 
 @triton.jit
@@ -33,6 +41,7 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, N, eps, s_x, s_r, s_
     tl.store(y_ptr + row * s_y + cols, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
+@needs_triton
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
     """(normed [..., N], new residual [..., N]) for x (+ residual) [..., N] (last dim contiguous)."""
     N = x.shape[-1]

@@ -1,7 +1,8 @@
-"""Fused commit: append each active row's accepted tokens to the token buffer, advance its
-committed count and move every row to its next round's random numbers, in one launch (the
-torch reference, `reference.commit_tokens_ref`, is eleven small kernels on a GPU, each an
-eager launch between the round's graph replays). One program per row.
+"""Commit: append each active row's accepted tokens to the token buffer, advance its
+committed count and move every row to its next round's random numbers. The torch reference
+`commit_tokens_ref` (the spec and the CPU path) is eleven small kernels on a GPU, each an
+eager launch between the round's graph replays; the Triton kernel is one launch, a program
+per row.
 
 Contract: in place on tokens [B,S] int64, n [B] int64, offset [B] int64; reads active [B]
 bool, out_tokens [B,W] int64 and n_new [B] (any int). Row b stores out_tokens[b, :n_new[b]]
@@ -11,8 +12,20 @@ keeps an active row's n + n_new within S), then n[b] += n_new[b] if active, offs
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from .jit import needs_triton, tl, triton
+
+
+def commit_tokens_ref(tokens, n, offset, active, out_tokens, n_new) -> None:
+    """Append out_tokens[b, :n_new[b]] to each active row of tokens at n[b] (positions clamp to
+    the last slot), advance n by what an active row kept, and every row's offset by one."""
+    width = out_tokens.shape[1]
+    j = torch.arange(width, device=out_tokens.device)[None, :]
+    idx = (n[:, None] + j).clamp(max=tokens.shape[1] - 1)
+    keep = (j < n_new.to(torch.int64)[:, None]) & active[:, None]
+    tokens.scatter_(1, idx, torch.where(keep, out_tokens, tokens.gather(1, idx)))
+    n += n_new.to(torch.int64) * active
+    offset += 1
 
 
 @triton.jit
@@ -30,6 +43,7 @@ def _commit_tokens_kernel(tok_ptr, n_ptr, offset_ptr, active_ptr, out_ptr, new_p
     tl.store(offset_ptr + row, tl.load(offset_ptr + row) + 1)
 
 
+@needs_triton
 def commit_tokens(tokens, n, offset, active, out_tokens, n_new) -> None:
     """The contract above, in one launch."""
     B, W = out_tokens.shape

@@ -86,7 +86,6 @@ def _i32(*names):
 
 def _sampler_variants(full: bool):
     from . import rejection_sampling as rs
-    from . import rejection_sampling_split as rss
 
     common = dict(drafts_ptr="*i64", num_draft_ptr="*i32", temp_ptr="*fp32", seed_ptr="*i64", offset_ptr="*i64")
     shapes = [(1, 2048, 8), (4, 128, 8), (1, 1024, 8), (1, 2048, 32)] if full else [(1, 2048, 8)]
@@ -104,7 +103,7 @@ def _sampler_variants(full: bool):
     for dt in DTYPES:
         sig = dict(logits_ptr=f"*{dt}", num_draft_ptr="*i32", temp_ptr="*fp32", m_part="*fp32", s_part="*fp32",
                    a_part="*i64", **_i32("s_lb", "s_lk", "K1", "V", "NSPLIT", "CHUNK"))
-        yield "split_stats", rss._split_stats_kernel, sig, dict(BLOCK_V=2048), dict(num_warps=8), \
+        yield "split_stats", rs._split_stats_kernel, sig, dict(BLOCK_V=2048), dict(num_warps=8), \
             dict(dtype=dt, BLOCK_V=2048)
         for has_q in ((False, True) if full else (True,)):
             q = "*fp32" if has_q else f"*{dt}"
@@ -114,20 +113,20 @@ def _sampler_variants(full: bool):
                        KEY_ACCEPT="i64")
             for bb, nsp in ((1, 128), (16, 16)) if full else ((1, 128),):
                 const = dict(HAS_Q=has_q, BLOCK_B=bb, NS_P=nsp)
-                yield "split_accept", rss._split_accept_kernel, sig, const, dict(num_warps=4), \
+                yield "split_accept", rs._split_accept_kernel, sig, const, dict(num_warps=4), \
                     dict(dtype=dt, **const)
             sig = dict(logits_ptr=f"*{dt}", q_ptr=q, **common, n_acc_ptr="*i32", end_ptr="*fp32", br_part="*fp32",
                        ir_part="*i64", bp_part="*fp32", ip_part="*i64",
                        **_i32("s_lb", "s_lk", "s_db", "s_dk", "s_qb", "s_qk", "K", "V", "NSPLIT", "CHUNK"),
                        KEY_SAMPLE="i64")
             const = dict(HAS_Q=has_q, BLOCK_V=2048)
-            yield "split_race", rss._split_race_kernel, sig, const, dict(num_warps=8), dict(dtype=dt, **const)
+            yield "split_race", rs._split_race_kernel, sig, const, dict(num_warps=8), dict(dtype=dt, **const)
     sig = dict(drafts_ptr="*i64", temp_ptr="*fp32", n_acc_ptr="*i32", end_arg_ptr="*i64", br_part="*fp32",
                ir_part="*i64", bp_part="*fp32", ip_part="*i64", out_ptr="*i64",
                **_i32("B", "s_db", "s_dk", "s_ob", "K", "NSPLIT"))
     for bb, nsp in ((1, 128), (16, 16)) if full else ((1, 128),):
         const = dict(BLOCK_B=bb, NS_P=nsp, BLOCK_K=8)
-        yield "split_finalize", rss._split_finalize_kernel, sig, const, dict(num_warps=4), dict(dtype="any", **const)
+        yield "split_finalize", rs._split_finalize_kernel, sig, const, dict(num_warps=4), dict(dtype="any", **const)
 
 
 def _draft_variants(full: bool):

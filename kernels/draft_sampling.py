@@ -1,9 +1,13 @@
-"""Fused draft-token sampling: one launch per draft token, graph-capturable.
+"""Draft-token sampling: the torch reference (the spec and the CPU path) and a fused kernel,
+one launch per draft token, graph-capturable.
 
-One program per row sweeps the row's vocabulary twice: first an online max / sum / first
+Contract: draft_sample(logits[B,V] already filtered (top-k / top-p), temperature (0 = greedy),
+seed[B], offset[B], pos) -> (token[B] int64, q[B,V] fp32 or None when greedy, q(token)[B]).
+
+The kernel: one program per row sweeps the row's vocabulary twice: first an online max / sum / first
 argmax of the logits l, then (sampling only) it writes q = exp((l - max) / T) / sum and draws the
 token by the exponential race argmax(q / E) with E from the counter-based hash on the draft
-stream, exactly the numbers of the torch reference (`sampling.sample_draft`, the spec).
+stream, exactly the numbers of `draft_sample_ref`.
 Greedy rows take the argmax; their confidence q(token) is 1 / sum. The top-k / top-p filter,
 when set, runs before this kernel (it sets the dropped logits to -inf, which get q = 0).
 """
@@ -12,14 +16,24 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
-import triton.language as tl
 
-from .rng import STREAM_DRAFT, row_offsets
-from .rng_triton import counter_uniform, stream_key
-from .sampler_jit import _row_stats
+from .jit import _row_stats, counter_uniform, needs_triton, stream_key, tl, triton
+from .rng import STREAM_DRAFT, categorical_from_counter, row_offsets, tempered_softmax
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def draft_sample_ref(logits: torch.Tensor, temperature: float, seed, offset, pos: int):
+    """One draft token per row of already-filtered logits [B,V]: the argmax when greedy (its
+    confidence is its softmax probability), else a draw from q = softmax(logits / T) by the
+    exponential race on the draft stream at position `pos` of the round."""
+    if temperature == 0:
+        conf, tok = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+        return tok, None, conf
+    q = tempered_softmax(logits, temperature)
+    pos_t = torch.full((logits.shape[0],), pos, dtype=torch.int64, device=logits.device)
+    tok = categorical_from_counter(q, seed, offset, pos_t, STREAM_DRAFT)
+    return tok, q, q.gather(-1, tok[:, None]).squeeze(-1)
 
 
 @triton.jit
@@ -59,8 +73,9 @@ def _draft_sample_kernel(
         tl.store(conf_ptr + row + tl.arange(0, 1), q_tok)
 
 
+@needs_triton
 def draft_sample(logits: torch.Tensor, temperature: float, seed: torch.Tensor, offset: torch.Tensor, pos: int):
-    """Triton version of `sampling.sample_draft` on already-filtered logits [B,V].
+    """Triton version of `draft_sample_ref` (same contract, same random numbers).
 
     Returns (token [B] int64, q [B,V] fp32 or None when greedy, q(token) [B] fp32).
     """

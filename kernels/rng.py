@@ -1,8 +1,9 @@
-"""Counter-based random numbers: a hash of (seed, offset, position, index, stream).
+"""What the samplers' torch references share: counter-based random numbers (a hash of
+seed, offset, position, index, stream), the exponential race that samples with them, and
+the tempered softmax they sample from. `jit.py` is the Triton side of the same numbers.
 
 No generator state, so results are reproducible and safe inside a captured CUDA graph, and
-a Triton kernel (`rng_triton.py`) computes the very same numbers. Used on the hot path
-(draft sampling) and by the sampler references.
+the Triton kernels (`jit.counter_uniform`) compute the very same numbers.
 
 Seeds and offsets are per row and the row's index is not hashed: a row's numbers depend on
 its own seed and round only, never on where it sits in a batch. So a request decodes the
@@ -51,3 +52,14 @@ def categorical_from_counter(probs: torch.Tensor, seed, offset, pos, stream: int
     offset = row_offsets(offset, probs.shape[0])
     u = counter_uniform(seed[:, None], offset[:, None], pos[:, None], idx[None, :], stream)
     return torch.argmax(probs / -torch.log(u), dim=-1)
+
+
+def tempered_softmax(logits: torch.Tensor, temperature) -> torch.Tensor:
+    """softmax(logits / T) over the last dim in fp32, as softmax((l - max) / T): the same
+    distribution, but finite for every T > 0 (l / T overflows fp32 when T is tiny). The
+    Triton samplers compute it the same way. temperature: a number, or a tensor that
+    broadcasts against logits[..., :1]."""
+    x = logits.float()
+    m = x.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # a fully masked row stays masked
+    return torch.softmax((x - m) / temperature, dim=-1)

@@ -6,14 +6,44 @@ row b. cos/sin are the step's fp32 rows [B, T, D], gathered once per step at eac
 RoPE position (tree nodes: their depth). Write positions come clamped from
 `KVCache.write_positions`, which also keeps the high-water mark (once per step, not per
 layer). One launch per layer; a program per (token, head), the Hq query heads then the
-Hkv KV heads. Rotation is fp32 with one rounding; the plain-PyTorch reference is
-`specengine.layers.rotary.rope_kv_write_ref`.
+Hkv KV heads. Rotation is fp32 with one rounding. `rope_kv_write_ref` below is the spec and
+the CPU path (transformers' roundings: cos/sin in the model dtype).
+
+Contract: rope_kv_write(qkv[B,T,(Hq+2Hkv)*D], cos[B,T,D], sin[B,T,D], wpos[B,T] int64 (clamped),
+k_cache[B,S,Hkv,D], v_cache, Hq, Hkv) -> q[B,T,Hq,D] rotated; k rotated and v stored in place.
 """
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from .jit import needs_triton, tl, triton
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B,T,H,D]; cos/sin [B,T,D] in x's dtype (rotate-half layout)."""
+    cos, sin = cos[:, :, None], sin[:, :, None]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def rotate_qkv(qkv, cos, sin, num_heads: int, num_kv_heads: int):
+    """(q, k rotated, v) of qkv [B,T,(Hq+2Hkv)*D] as [B,T,H,D] (cos/sin cast to qkv's dtype)."""
+    B, T, width = qkv.shape
+    D = width // (num_heads + 2 * num_kv_heads)
+    q, k, v = qkv.split([num_heads * D, num_kv_heads * D, num_kv_heads * D], dim=-1)
+    cos, sin = cos.to(qkv.dtype), sin.to(qkv.dtype)  # no-ops when the caller cast them once per step
+    return (apply_rope(q.view(B, T, num_heads, D), cos, sin), apply_rope(k.view(B, T, num_kv_heads, D), cos, sin),
+            v.view(B, T, num_kv_heads, D))
+
+
+def rope_kv_write_ref(qkv, cos, sin, wpos, k_cache, v_cache, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+    """The contract above in torch: rotate q and k, store k and v at wpos of each row."""
+    q, k, v = rotate_qkv(qkv, cos, sin, num_heads, num_kv_heads)
+    rows = torch.arange(wpos.shape[0], device=wpos.device)[:, None].expand_as(wpos)
+    k_cache.index_put_((rows, wpos), k)
+    v_cache.index_put_((rows, wpos), v)
+    return q
 
 
 @triton.jit
@@ -60,6 +90,7 @@ def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, wpos_ptr, q_ptr, k_ptr, v_p
         tl.store(v_ptr + at + HALF + j, v2.to(v_ptr.dtype.element_ty), mask=ok)
 
 
+@needs_triton
 def rope_kv_write(qkv, cos, sin, wpos, k_cache, v_cache, num_heads: int, num_kv_heads: int) -> torch.Tensor:
     """qkv [B,T,(Hq+2Hkv)*D]; cos/sin [B,T,D] fp32; wpos [B,T] int64 (clamped); k_cache /
     v_cache [B,S,Hkv,D] (one layer, written in place). Returns the rotated q [B,T,Hq,D]."""

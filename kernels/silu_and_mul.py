@@ -2,14 +2,21 @@
 two halves of the last dim. One launch; a program per (row, column tile).
 
 Roundings follow transformers' MLP (`act_fn(gate) * up` in the model dtype): silu is
-computed in fp32 and rounded to the dtype, then multiplied by u and rounded again. The
-plain-PyTorch reference is `specengine.layers.activation.silu_and_mul_ref`.
+computed in fp32 and rounded to the dtype, then multiplied by u and rounded again.
+`silu_and_mul_ref` below is the spec and the CPU path.
 """
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+import torch.nn.functional as F
+
+from .jit import needs_triton, tl, triton
+
+
+def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for [gate | up] on the last dim, in the input dtype (transformers' MLP)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 @triton.jit
@@ -25,6 +32,7 @@ def _silu_and_mul_kernel(gu_ptr, out_ptr, I, s_in, s_out, BLOCK: tl.constexpr):
     tl.store(out_ptr + row * s_out + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
 
 
+@needs_triton
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[..., 2I] -> [..., I]."""
     two_i = gate_up.shape[-1]

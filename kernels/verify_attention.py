@@ -6,7 +6,12 @@ takes one (row, KV head) and packs the G query heads that share it with the Q qu
 into its M rows (GQA: K/V are read once for the group), with an online softmax over KV
 tiles. When rows x KV heads cannot fill the GPU the sequence is split across programs
 (flash-decoding) and a second small kernel merges the partial softmaxes.
-The torch reference `reference.verify_attention_ref` is the spec.
+`verify_attention_ref` below is the spec and the CPU path; `verify_attention_tiled` is the
+batch-invariant reference (fixed tiles), which `verify_attention_fixed` matches on a GPU.
+
+Contract (docs/design.md, "Kernel contracts"):
+  verify_attention(q[B,Q,Hq,D], k_cache[B,S,Hkv,D], v_cache, cache_lens[B] int32,
+                   tree_mask=None | [B|1,Q,Q] bool, sm_scale=None) -> [B,Q,Hq,D]
 """
 from __future__ import annotations
 
@@ -15,12 +20,85 @@ import os
 import warnings
 
 import torch
-import triton
-import triton.language as tl
+import torch.nn.functional as F
+
+from .jit import needs_triton, tl, triton
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634
-INVARIANT_SPLIT = 256  # positions per split in batch-invariant mode (reference.INVARIANT_TILE)
+INVARIANT_TILE = 256  # cache positions per tile of the batch-invariant attention (both paths)
+
+
+
+def verify_attention_ref(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None):
+    """Q new tokens per row attend to the cache prefix and (chain or tree) to each other.
+
+    The new tokens' K/V must already be written at cache_lens[b] + j. Only the first
+    `k_cache.shape[1]` positions are read, so callers may pass a prefix view.
+    """
+    B, Q, Hq, D = q.shape
+    L = k_cache.shape[1]
+    s = torch.arange(L, device=q.device)
+    lens = cache_lens.to(torch.long)[:, None, None]  # [B,1,1]
+    rel = s[None, None, :] - lens  # [B,1,L] position relative to the first new token
+    if tree_mask is None:
+        i = torch.arange(Q, device=q.device)[None, :, None]
+        mask = rel <= i  # cached prefix (rel < 0) plus the causal chain
+    else:
+        tm = tree_mask.to(torch.bool).expand(B, Q, Q)
+        in_new = (rel >= 0) & (rel < Q)
+        gathered = torch.gather(tm, 2, rel.clamp(0, Q - 1).expand(B, Q, L))
+        mask = (rel < 0) | (in_new & gathered)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+        attn_mask=mask[:, None], scale=sm_scale, enable_gqa=Hq != k_cache.shape[2],
+    )
+    return out.transpose(1, 2)
+
+
+def verify_attention_tiled(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, tile=INVARIANT_TILE):
+    """`verify_attention_ref`'s contract, computed so that a query's result does not depend on
+    how many positions are read (`k_cache.shape[1]`) or how many queries share the call:
+    fp32 online softmax over fixed tiles of `tile` positions from position 0 (the last tile
+    zero-padded to full size: every matmul has the same shape), queries of a KV head packed
+    as rows. Masked tiles change nothing exactly (max and sum unchanged, weights 0).
+    Batch-invariant mode uses it (docs/design.md, "Batch-invariant mode")."""
+    B, Q, Hq, D = q.shape
+    L, Hkv = k_cache.shape[1], k_cache.shape[2]
+    G = Hq // Hkv
+    scale = sm_scale if sm_scale is not None else D ** -0.5
+    qf = q.float().reshape(B, Q, Hkv, G, D).permute(0, 2, 1, 3, 4).reshape(B, Hkv, Q * G, D) * scale
+    qi = torch.arange(Q, device=q.device).repeat_interleave(G)  # query index of each packed row
+    lens = cache_lens.to(torch.long)[:, None, None, None]
+    m = torch.full((B, Hkv, Q * G), float("-inf"), device=q.device)
+    l_sum = torch.zeros(B, Hkv, Q * G, device=q.device)
+    acc = torch.zeros(B, Hkv, Q * G, D, device=q.device)
+    tm = None if tree_mask is None else tree_mask.to(torch.bool).expand(B, Q, Q)
+    for s0 in range(0, L, tile):
+        kt, vt = k_cache[:, s0:s0 + tile], v_cache[:, s0:s0 + tile]
+        if kt.shape[1] < tile:  # same shapes for every tile
+            kt = F.pad(kt, (0, 0, 0, 0, 0, tile - kt.shape[1]))
+            vt = F.pad(vt, (0, 0, 0, 0, 0, tile - vt.shape[1]))
+        kt, vt = kt.float().permute(0, 2, 3, 1), vt.float().permute(0, 2, 1, 3)  # [B,Hkv,D,t], [B,Hkv,t,D]
+        s = qf @ kt  # [B,Hkv,QG,t]
+        rel = torch.arange(s0, s0 + tile, device=q.device)[None, None, None, :] - lens  # [B,1,1,t]
+        if tm is None:
+            visible = rel <= qi[None, None, :, None]
+        else:
+            j = rel.clamp(0, Q - 1).expand(B, 1, Q * G, tile)
+            rows = tm[:, qi][:, None].expand(B, 1, Q * G, Q)
+            visible = (rel < 0) | ((rel < Q) & torch.gather(rows, 3, j))
+        visible = visible & (rel < Q)  # positions past the new tokens (and the padding) never count
+        s = s.masked_fill(~visible, float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1))
+        m_safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+        p = torch.exp(s - m_safe[..., None])
+        alpha = torch.exp(m - m_safe)
+        l_sum = l_sum * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + p @ vt
+        m = m_new
+    out = acc / l_sum[..., None]
+    return out.reshape(B, Hkv, Q, G, D).permute(0, 2, 1, 3, 4).reshape(B, Q, Hq, D).to(q.dtype)
 
 
 # (BLOCK_M, BLOCK_N, num_warps) that compile without spilling registers for sm_80 and sm_90 at
@@ -211,9 +289,10 @@ def _interpreter_bf16(q, k_cache, v_cache):
     return True
 
 
+@needs_triton
 def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, num_splits=None,
                      fixed_split: int | None = None):
-    """Triton version of `reference.verify_attention_ref` (same contract).
+    """Triton version of `verify_attention_ref` (same contract).
 
     q [B,Q,Hq,D]; k_cache / v_cache [B,S,Hkv,D] (a view of the shared buffer is fine: only
     the last dim must be contiguous); cache_lens [B] int32 with cache_lens[b] + Q <= S;
@@ -281,7 +360,8 @@ def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=N
     return out
 
 
+@needs_triton
 def verify_attention_fixed(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None):
     """`verify_attention` with fixed 256-position splits: batch-invariant mode's GPU kernel
-    (`reference.verify_attention_tiled` is its torch counterpart)."""
-    return verify_attention(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, fixed_split=INVARIANT_SPLIT)
+    (`verify_attention_tiled` is its torch counterpart)."""
+    return verify_attention(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, fixed_split=INVARIANT_TILE)

@@ -77,8 +77,8 @@ if has install && [ -z "$SMOKE" ]; then
   step ext 30 "" $PY -c "from specengine.runtime import kv_compact as k; assert k.extension_available(), \
 'KV extension not built'; print('kv extension:', k._kvext.__file__)"
 fi
-KERNEL_TESTS="tests/test_kernel_fused_ops.py tests/test_kernel_verify_attention.py tests/test_kernel_commit_tokens.py
-  tests/test_kernel_draft_sampling.py tests/test_kernel_rejection_sampling.py"
+KERNEL_TESTS="tests/ops/test_fused_step_ops.py tests/ops/test_verify_attention.py tests/ops/test_commit_tokens.py
+  tests/ops/test_draft_sampling.py tests/ops/test_rejection_sampling.py"
 if has check; then  # smoke: one op, under the interpreter
   SELECT=(); [ -n "$SMOKE" ] && SELECT=(-k silu_and_mul)
   # shellcheck disable=SC2086
@@ -91,7 +91,7 @@ if has e2e-first; then
 fi
 if has gpu-tests; then
   step gpu-tests ${GPU_TESTS_TIMEOUT:-120} "$LOGS/gpu_tests_$DEV.xml" $PY -m pytest -q -p no:cacheprovider -m gpu \
-    ${SMOKE:+tests/test_kernel_verify_attention.py} --junitxml="$LOGS/gpu_tests_$DEV.xml"
+    ${SMOKE:+tests/ops/test_verify_attention.py} --junitxml="$LOGS/gpu_tests_$DEV.xml"
 fi
 if has e2e-second; then
   step e2e-second ${E2E_SECOND_TIMEOUT:-300} "$RES/gpu_e2e_second_$DEV.json $RES/gpu_e2e_second_$DEV.summary.txt" \
@@ -111,11 +111,11 @@ if has suite; then  # two workers at most (two CUDA contexts), where xdist is in
 ('-n 2' if u.find_spec('xdist') else ''))")
   # shellcheck disable=SC2086
   step suite ${SUITE_TIMEOUT:-150} "$LOGS/gpu_suite_$DEV.xml" $PY -m pytest -q -p no:cacheprovider \
-    -m "not real and not gpu and not interpreter" ${SMOKE:+tests/test_config.py} $FLAGS --junitxml="$LOGS/gpu_suite_$DEV.xml"
+    -m "not real and not gpu and not interpreter" ${SMOKE:+tests/runtime/test_config.py} $FLAGS --junitxml="$LOGS/gpu_suite_$DEV.xml"
   # the tests that run kernels on CPU tensors, under the interpreter in a process of their own
   # shellcheck disable=SC2086
   step suite-interpreter ${SUITE_INTERPRETER_TIMEOUT:-120} "$LOGS/gpu_suite_interpreter_$DEV.xml" env \
     SPECENGINE_TEST_INTERPRETER=1 CUDA_VISIBLE_DEVICES= $PY -m pytest -q -p no:cacheprovider -m interpreter \
-    ${SMOKE:+tests/test_round_launches.py -k counter_sees} $FLAGS --junitxml="$LOGS/gpu_suite_interpreter_$DEV.xml"
+    ${SMOKE:+tests/runtime/test_round_launches.py -k counter_sees} $FLAGS --junitxml="$LOGS/gpu_suite_interpreter_$DEV.xml"
 fi
 exit $status

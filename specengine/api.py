@@ -9,16 +9,15 @@ import torch
 
 from .config import EngineConfig
 from .errors import SpecEngineError
-from .generation import Generation, RequestParams, check_capacity, headroom
+from .generation import Generation, check_capacity, headroom
 from .methods import METHODS, Method
 from .methods.context import MethodContext
-from .methods.sampling import sampler_ops
 from . import precision
 from .models.cpu_matmul import optimize, unpack
 from .models.loading import load_model, load_tokenizer
-from .runtime.backends import resolve_backend
 from .runtime.cross_device import CrossDeviceDraft
 from .runtime.runner import ModelRunner
+from .request import RequestParams
 from .runtime.step_costs import measure_step_costs
 
 
@@ -38,7 +37,7 @@ class Engine:
         """target / draft: our `Transformer` modules (see `from_pretrained` to load them).
         A draft on another device than the target runs there (PEARL on two GPUs).
         Options: an `EngineConfig` and/or its fields as keywords (config.py documents each:
-        method, max_seq_len, gamma, policy, threshold, backends, cuda_graphs, cpu_matmul,
+        method, max_seq_len, gamma, policy, threshold, kernels, cuda_graphs, cpu_matmul,
         max_batch, acceptance_head, parallel_drafter, batch_invariant, invariant_width).
         batch_invariant "auto" (default) turns the mode on for a bf16/fp16 target when it
         costs at most 5% per decode here (measured at start-up): speculation then gives
@@ -56,17 +55,16 @@ class Engine:
                 f"the target uses a sliding window of {window} tokens, which specengine does not "
                 f"implement; use max_seq_len <= {window}", "max_seq_len")
         self.tokenizer, self.max_seq_len = tokenizer, cfg.max_seq_len
-        self.target = ModelRunner(target, cfg.attention_backend, cfg.cuda_graphs, cfg.max_batch)
+        self.target = ModelRunner(target, cfg.kernels, cfg.cuda_graphs, cfg.max_batch)
         self.device = self.target.device
         self.draft = None
         if draft is not None:
-            runner = ModelRunner(draft, cfg.attention_backend, cfg.cuda_graphs, cfg.max_batch)
+            runner = ModelRunner(draft, cfg.kernels, cfg.cuda_graphs, cfg.max_batch)
             self.draft = runner if runner.device == self.device else CrossDeviceDraft(runner, self.device)
         self.method = cfg.method or ("sd" if draft is not None else "ar")
         self._check_method(self.method)
         self._heads = {}  # mode -> AcceptanceHead, loaded on first use
         self._drafter = None
-        self.set_backends(cfg.attention_backend, cfg.sampler_backend)
         self._step_costs = {}  # batch -> StepCosts, measured on first need (sd gamma="auto", pearl)
         self._side_stream = None
         self.dtype_choice, self._dtype_notes = None, set()  # from_pretrained sets the choice (dtype "auto")
@@ -176,16 +174,20 @@ class Engine:
         self.config = self.config.replace(batch_invariant=mode, invariant_width=width)
         info = self.target.invariance.configure(mode, width)
         self.batch_invariant, self.batch_invariant_info = info["on"], info
-        self.attention_backend = self.target.attention_backend
 
-    def set_backends(self, attention: str = "auto", sampler: str = "auto") -> None:
-        """Pick the attention and sampling (rejection and draft) implementations ("torch" | "triton" | "auto")."""
-        self.config = self.config.replace(attention_backend=attention, sampler_backend=sampler)
+    def set_kernels(self, kernels="auto") -> None:
+        """The one switch between torch references and Triton kernels, for every op of both
+        models and the samplers: "auto" | "torch" | "triton", with optional per-op overrides
+        ("triton,attention=torch"; kernels/ops.py). `engine.ops.names` says what runs."""
+        self.config = self.config.replace(kernels=kernels)  # checked there; the config stays true
         for runner in self._runners():
-            runner.set_attention(attention)
-        self.sampler_backend = resolve_backend(sampler, self.device, "sampler")
-        self.sampler, self.draft_sampler, self.commit_op = sampler_ops(self.sampler_backend)
-        self.attention_backend = self.target.attention_backend
+            runner.set_kernels(kernels)
+
+    @property
+    def ops(self):
+        """The target's ops table (kernels/ops.py): what every op of a forward runs, batch-
+        invariant mode's attention included, and the samplers the methods use."""
+        return self.target.ops
 
     def set_cuda_graphs(self, enabled: bool = True, capture=None, lazy: bool = False) -> None:
         """Replay CUDA graphs for decode/verify steps (CUDA only; eager elsewhere), captured
@@ -217,9 +219,9 @@ class Engine:
     def method_context(self) -> MethodContext:
         """What a method may use during a generation: runners, samplers, and this engine's
         step-cost cache, head, drafter and side stream (resolved lazily, on first use)."""
-        return MethodContext(self.target, self.draft, self.sampler, self.draft_sampler, self.device,
-                             step_costs=self.step_costs, acceptance_head=self.acceptance_head,
-                             parallel_drafter=self.parallel_drafter, side_stream=self.side_stream)
+        return MethodContext(self.target, self.draft, self.device, self.ops, step_costs=self.step_costs,
+                             acceptance_head=self.acceptance_head, parallel_drafter=self.parallel_drafter,
+                             side_stream=self.side_stream)
 
     # ------------------------------------------------------------------ helpers
     def _say_better_dtypes(self, method: str) -> None:
@@ -297,29 +299,27 @@ class Engine:
         """The prompts, their new tokens and the method's speculation headroom fit the KV buffer."""
         check_capacity(prompts, max_new_tokens, self.max_seq_len, headroom(method, self.target))
 
-    def _start(self, prompt, max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=None,
-               method=None, gamma=None, policy=None, ignore_eos=False, threshold=None,
-               tree=None) -> tuple[Generation, bool]:
-        chosen = self.new_method(method, gamma, policy, threshold, tree)
+    def _start(self, prompt, params: RequestParams | None = None, **options) -> tuple[Generation, bool]:
+        request = (params or RequestParams()).replace(**options)
+        m = request.method_options()
+        chosen = self.new_method(m["method"], m["gamma"], m["policy"], m["threshold"], m["tree"])
         self._say_better_dtypes(chosen.name)
-        request = RequestParams(max_new_tokens, temperature, top_k, top_p, seed, stop, ignore_eos)
-        params, stops = request.validate()
+        sampling, stops = request.validate()
         prompts, batched = self.encode(prompt)
-        self.check_capacity(prompts, max_new_tokens, chosen)
-        eos = set() if ignore_eos else self.eos_ids
-        return Generation(self, prompts, params, max_new_tokens, chosen, eos, stops), batched
+        self.check_capacity(prompts, request.max_new_tokens, chosen)
+        eos = set() if request.ignore_eos else self.eos_ids
+        return Generation(self, prompts, sampling, request.max_new_tokens, chosen, eos, stops), batched
 
     @torch.inference_mode()
-    def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int = 0, stop=None, method: str | None = None,
-                 gamma: int | None = None, policy: str | None = None, ignore_eos: bool = False,
-                 threshold: float | None = None, tree=None):
+    def generate(self, prompt, params: RequestParams | None = None, **options):
         """Generate for one prompt (-> GenerationResult) or a batch (-> list of them).
-        threshold: the confidence / specdec++ policy's stopping threshold for this call.
-        tree: sd / parallelspec draft a token tree instead of a chain: "KxD:N" (top-K per
-        depth, D levels, N nodes kept), a dict or a TreeShape (docs/design.md, "Token trees")."""
-        gen, batched = self._start(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop,
-                                   method, gamma, policy, ignore_eos, threshold, tree)
+
+        Options (request.py `RequestParams`, as keywords or a params object): max_new_tokens
+        (128), temperature (0 = greedy), top_k, top_p, seed, stop, ignore_eos, and this
+        call's method, gamma, policy, threshold and tree (default: the engine's). tree: sd /
+        parallelspec draft a token tree instead of a chain: "KxD:N" (top-K per depth, D
+        levels, N nodes kept), a dict or a TreeShape (docs/design.md, "Token trees")."""
+        gen, batched = self._start(prompt, params, **options)
         self.last_stats = None
         for _ in gen.rounds():
             pass
@@ -332,11 +332,11 @@ class Engine:
             results.append(GenerationResult(text, row.ids, row.prompt_len, row.finish_reason, stats))
         return results if batched else results[0]
 
-    def stream(self, prompt, **kw) -> Iterator[str]:
-        """Yield text as it is committed (one prompt). Same keyword arguments as `generate`;
-        the call's stats are in `engine.last_stats` afterwards."""
+    def stream(self, prompt, params: RequestParams | None = None, **options) -> Iterator[str]:
+        """Yield text as it is committed (one prompt). Same options as `generate`; the call's
+        stats are in `engine.last_stats` afterwards."""
         with torch.inference_mode():
-            gen, batched = self._start(prompt, **kw)
+            gen, batched = self._start(prompt, params, **options)
         if batched:
             raise SpecEngineError("stream() takes one prompt; use generate() for a batch")
         gen.track_text = True  # incremental detokenization: O(new tokens) per round, not the whole text

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from .models.cpu_matmul import machine, matvec_bound
 from .errors import SpecEngineError
 from .prompts import humaneval
+from .request import RequestParams
 
 HF_PROVIDERS = ("hf", "hf-assisted")
 
@@ -112,8 +113,8 @@ class _HFRunner:
         return out[0, len(ids):].tolist()
 
 
-def run_benchmark(engine, providers: list[str], n_prompts: int = 8, max_new_tokens: int = 128,
-                  target_path=None, draft_path=None, baseline: str | None = None, temperature: float = 0.0,
+def run_benchmark(engine, providers: list[str], n_prompts: int = 8,
+                  max_new_tokens: int = RequestParams.max_new_tokens, target_path=None, draft_path=None, baseline: str | None = None, temperature: float = 0.0,
                   seed: int = 0) -> dict:
     """temperature > 0: every provider of ours samples with the same seed (tokens then agree
     only where the methods draw the same numbers; speeds and acceptance are what compare).

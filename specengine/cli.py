@@ -13,6 +13,7 @@ import sys
 from .config import EngineConfig
 from .errors import SpecEngineError
 from .models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY
+from .request import METHOD_OPTIONS, RequestParams
 
 
 def _engine_args(p: argparse.ArgumentParser, **defaults):
@@ -33,6 +34,32 @@ def _engine_args(p: argparse.ArgumentParser, **defaults):
             shown = "" if default is None or "default" in text else f" (default: {default})"
             parse = meta.get("type") or (int if type(f.default) is int else str)
             p.add_argument(flag, default=defaults.get(f.name), type=_cli_type(parse), help=text + shown)
+
+
+def _request_args(p: argparse.ArgumentParser, names=None, **helps):
+    """One flag per RequestParams field (its default, help and parser live there), for the
+    fields in `names` (default: those the engine flags do not already set); `helps`: this
+    command's own help for some of them."""
+    engine = {f.name for f in dataclasses.fields(EngineConfig)}
+    for f in dataclasses.fields(RequestParams):
+        if (names is not None and f.name not in names) or (names is None and f.name in engine):
+            continue
+        flag, text = "--" + f.name.replace("_", "-"), helps.get(f.name, f.metadata["help"]).replace("%", "%%")
+        if f.default is False:
+            p.add_argument(flag, action="store_true", help=text)
+        elif f.name == "stop":
+            p.add_argument(flag, action="append", default=None, help=text + " (repeatable)")
+        else:
+            parse = f.metadata.get("type") or (int if type(f.default) is int else str)
+            shown = "" if f.default is None else f" (default: {f.default})"
+            p.add_argument(flag, default=f.default, type=_cli_type(parse), help=text + shown)
+
+
+def request_from_args(args) -> RequestParams:
+    """The RequestParams the command line asks for: its request flags, and the method flags it
+    shares with the engine (--method, --gamma, ...) when given (PEARL reads its window per call)."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RequestParams) if hasattr(args, f.name)}
+    return RequestParams(**{k: v for k, v in given.items() if v is not None or k not in METHOD_OPTIONS})
 
 
 def _cli_type(parse):
@@ -79,14 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(g)
     g.add_argument("--prompt", required=True, help="prompt text ('-' reads stdin)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message (chat template)")
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    g.add_argument("--tree", default=None, help="sd / parallelspec: draft a token tree 'KxD[:N]' "
-                   "(top-K per depth, D levels, N nodes kept), e.g. 4x5:16")
+    _request_args(g)
     g.add_argument("--no-stream", action="store_true", help="print the text at the end only")
     g.add_argument("--json", action="store_true", help="print the result and stats as JSON")
 
@@ -97,10 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "sd[tree=KxD:N], pearl, pearl:<gamma>[@parallel], parallelspec[:k], "
                         "parallelspec[tree=KxD:N], hf, hf-assisted")
     b.add_argument("--n-prompts", type=int, default=8)
-    b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--baseline", default=None, help="provider the speedups are relative to (default: first)")
-    b.add_argument("--temperature", type=float, default=0.0, help="> 0: our providers sample (same seed)")
-    b.add_argument("--seed", type=int, default=0)
+    _request_args(b, ("max_new_tokens", "temperature", "seed"), temperature="> 0: our providers sample (same seed)")
     b.add_argument("--out", default=None, help="write the JSON report here")
 
     from .training.head import HeadRecipe
@@ -142,10 +160,9 @@ def cmd_generate(args):
     engine = _load(args)
     if args.chat:
         prompt = [{"role": "user", "content": prompt}]
-    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-              top_p=args.top_p, seed=args.seed, stop=args.stop, gamma=args.gamma, tree=args.tree)
+    params = request_from_args(args)  # method options: the engine's (its flags)
     if args.json or args.no_stream:
-        r = engine.generate(prompt, **kw)
+        r = engine.generate(prompt, params)
         if args.json:
             print(json.dumps({"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,
                               "stats": r.stats}, indent=2))
@@ -153,7 +170,7 @@ def cmd_generate(args):
             print(r.text)
             print(_stats_line(r.stats), file=sys.stderr)
         return
-    for piece in engine.stream(prompt, **kw):
+    for piece in engine.stream(prompt, params):
         print(piece, end="", flush=True)
     print()
     print(_stats_line(engine.last_stats), file=sys.stderr)

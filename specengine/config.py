@@ -15,7 +15,7 @@ import torch
 from .errors import SpecEngineError
 from .methods import METHODS
 from .methods.policies import make_policy
-from .runtime.backends import check_backend
+from .kernels.ops import KernelChoiceError, parse as parse_kernels
 from .runtime.invariance import check_options as check_invariant_options
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
@@ -54,8 +54,10 @@ class EngineConfig:
     policy: str = option("fixed", "sd draft-length policy: fixed | heuristic | confidence | specdec++")
     threshold: float | None = option(None, "confidence / specdec++ stopping threshold (default: the policy's)",
                                      type=float)
-    attention_backend: str = option("auto", "torch | triton | auto (triton on CUDA)")
-    sampler_backend: str = option("auto", "rejection and draft sampling: torch | triton | auto (triton on CUDA)")
+    kernels: object = option("auto", "every op's implementation: auto (Triton kernels on CUDA, torch references "
+                             "elsewhere) | torch | triton, then optional per-op overrides, e.g. "
+                             "'triton,attention=torch' (ops: attention, add_rms_norm, rope_kv_write, silu_and_mul, "
+                             "rejection_sample, draft_sample, commit_tokens)")
     cuda_graphs: bool = option(True, "replay CUDA graphs for every step (--no-cuda-graphs: run eagerly)")
     cpu_matmul: str = option("auto", "auto (fastest path per weight shape, measured once per machine) | linear")
     max_batch: int = option(1, "largest batch CUDA graphs are captured for (the server's rows)")
@@ -81,8 +83,10 @@ class EngineConfig:
         if self.cpu_matmul not in ("auto", "linear"):
             raise SpecEngineError(f"unknown cpu_matmul mode {self.cpu_matmul!r}; choose from auto, linear",
                                   "cpu_matmul")
-        check_backend(self.attention_backend, "attention")
-        check_backend(self.sampler_backend, "sampler")
+        try:
+            parse_kernels(self.kernels)
+        except KernelChoiceError as e:
+            raise SpecEngineError(str(e), "kernels") from None
         if not isinstance(self.dtype, torch.dtype) and self.dtype != "auto" and self.dtype not in DTYPES:
             raise SpecEngineError(f"unknown dtype {self.dtype!r}; choose from auto, {', '.join(DTYPES)}", "dtype")
         make_policy(self.policy, self.gamma, threshold=self.threshold)  # the draft-length options, early
@@ -91,6 +95,9 @@ class EngineConfig:
         """This config with `options` changed (validated); unknown names are refused."""
         names = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(options) - names)
+        if set(unknown) & {"attention_backend", "sampler_backend"}:
+            raise SpecEngineError("attention_backend and sampler_backend are one option now: kernels=... "
+                                  "(e.g. kernels='torch', or kernels='auto,attention=torch')", "kernels")
         if unknown:
             raise SpecEngineError(f"unknown engine option {unknown[0]!r}; choose from {', '.join(sorted(names))}",
                                   unknown[0])

@@ -10,7 +10,6 @@ last, the draft what the method says it validly holds.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,23 +39,6 @@ def headroom(method: Method, target) -> int:
     and for a draft running ahead of it. The one place this is computed (the capacity check
     and the attention bound use it)."""
     return 2 * padded_width(max(method.max_width, target.invariant_width or 0))
-
-
-@dataclass
-class RequestParams:
-    """One call's (or one served request's) per-request options, checked in one place."""
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    stop: list[str] | str | None = None
-    ignore_eos: bool = False
-
-    def validate(self) -> tuple[SamplingParams, list[str]]:
-        """(the sampling parameters, the stop strings); SpecEngineError naming a bad field."""
-        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed), \
-            check_limits(self.max_new_tokens, self.stop)
 
 
 @dataclass
@@ -148,7 +130,7 @@ class Generation:
         return DecodeState(
             tokens=tokens, n=lens.clone(), active=torch.ones(B, dtype=torch.bool, device=dev),
             params=self.params, temperature=temp, seed=row_seeds(self.params.seed, B, dev),
-            offset=torch.zeros(B, dtype=torch.int64, device=dev), commit_op=eng.commit_op,
+            offset=torch.zeros(B, dtype=torch.int64, device=dev), commit_op=eng.ops.commit_tokens,
         )
 
     # ------------------------------------------------------------------ rounds
@@ -308,21 +290,6 @@ def row_seeds(seed: int, rows: int, device) -> torch.Tensor:
     """Row b of a call samples with seed + b (mod 2**63): rows differ, and each row is the
     call `generate(prompt_b, seed=seed + b)` on its own (kernels/rng.py)."""
     return torch.tensor([(seed + b) % 2**63 for b in range(rows)], dtype=torch.int64, device=device)
-
-
-def check_limits(max_new_tokens, stop) -> list[str]:
-    """Validate a call's (or a request's) max_new_tokens and stop strings; the stop list."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
-        raise SpecEngineError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}", "max_new_tokens")
-    if stop is None or isinstance(stop, str):
-        stops = [stop] if stop is not None else []
-    elif isinstance(stop, (list, tuple)):
-        stops = list(stop)
-    else:
-        raise SpecEngineError(f"stop must be a string or a list of strings, got {type(stop).__name__}", "stop")
-    if any(not isinstance(s, str) or not s for s in stops):
-        raise SpecEngineError("stop strings must be non-empty strings", "stop")
-    return stops
 
 
 def check_capacity(prompts: list[list[int]], max_new_tokens: int, max_seq_len: int, room: int) -> None:

@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(config, items):
         if "interpreter" in item.keywords:
             item.add_marker(skip)
 
-pytest_plugins = ["strict_skips"]  # SPECENGINE_NO_SKIPS=1 (CI): only "needs CUDA" may skip
+pytest_plugins = ["helpers.strict_skips"]  # SPECENGINE_NO_SKIPS=1 (CI): only "needs CUDA" may skip
 
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 .,:;!?()[]{}=+-*/_'\"\n\t<>|#")
 SPECIAL = ["<unk>", "<eos>", "<|im_start|>", "<|im_end|>"]
@@ -105,7 +105,6 @@ def tiny_pair(tiny_dir):
     return target, same, perturbed
 
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # kernels: GPU, or the interpreter
 
 
 @pytest.fixture(scope="session")
@@ -130,7 +129,7 @@ def small_vocab_models(path, vocab: int = 8, noise: float = 0.3):
 def assert_sampler_matches_target(sampler, stochastic: bool, device: str = "cpu", seed: int = 5):
     """One round over 2e5 rows: the first emitted token ~ p1 and, given d1 accepted, the
     second ~ p2, each within the TV bound from its sample count (rejection_sample contract)."""
-    from distribution_bounds import total_variation_bound
+    from helpers.distribution_bounds import total_variation_bound
 
     V, K, N, temp = 6, 2, 200_000, 0.8
     g = torch.Generator().manual_seed(11)

@@ -112,11 +112,11 @@ class ParallelDrafter(nn.Module):
         table = torch.cat([torch.zeros_like(self.mask_embed[:1]), self.mask_embed.to(x.dtype)])
         return torch.where((mask_index > 0)[..., None], table[mask_index.clamp(max=self.meta.k_max - 1)], x)
 
-    def forward(self, tokens, mask_index, cache, attn_fn, tree_mask, attn_len=None):
+    def forward(self, tokens, mask_index, cache, ops, tree_mask, attn_len=None):
         """Logits [B,T,V] of a forward whose mask rows (mask_index > 0) use the adapters."""
         self.flags.value = (mask_index > 0)[..., None].float()
         try:
-            return self.model(tokens, cache, attn_fn, tree_mask=tree_mask, attn_len=attn_len,
+            return self.model(tokens, cache, ops, tree_mask=tree_mask, attn_len=attn_len,
                               inputs_embeds=self.embed(tokens, mask_index))
         finally:
             self.flags.value = None

@@ -1,38 +1,5 @@
-"""Per-op layers that choose their implementation: our Triton kernel on CUDA (where Triton
-is installed), the plain-PyTorch reference elsewhere. The reference is the spec and the CPU
-path; the kernel is tested against it (under the interpreter on CPU). Ops: residual add +
-RMSNorm (`norm.py`), RoPE + KV-cache write (`rotary.py`), SiLU-and-mul (`activation.py`);
-the merged projections they read are models/decoder.py's (docs/design.md, "Fused step").
-
-`force_kernels(True)` makes every op take its kernel on any device (the tests run them on
-CPU tensors under TRITON_INTERPRET=1); `force_kernels(False)` the reference.
+"""What the decoder calls per layer, beside its Linear projections: `RMSNorm` (norm.py, the
+residual add fused in) and `StepRope` (rotary.py, the once-per-step RoPE gather). Each op
+they run comes from the forward's ops table (`kernels/ops.py`: the torch reference or the
+Triton kernel, one switch per engine); the references and kernels live in `kernels/`.
 """
-from __future__ import annotations
-
-from contextlib import contextmanager
-
-import torch
-
-_forced: bool | None = None
-
-
-def use_kernels(x: torch.Tensor) -> bool:
-    """Whether an op on x takes its Triton kernel."""
-    if _forced is not None:
-        return _forced
-    if not x.is_cuda:
-        return False
-    from ..kernels import triton_available
-
-    return triton_available()
-
-
-@contextmanager
-def force_kernels(on: bool | None):
-    """Every op takes its kernel (True) or its reference (False); None: by device."""
-    global _forced
-    saved, _forced = _forced, on
-    try:
-        yield
-    finally:
-        _forced = saved

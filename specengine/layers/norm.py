@@ -1,28 +1,12 @@
 """RMSNorm with the residual add fused in (nano-vllm's `add_rms_forward`): a decoder layer
 hands its output and the residual stream to the next norm, which returns the normed input
-of the next block and the updated residual. kernels/add_rms_norm.py is the fused kernel."""
+of the next block and the updated residual (op `add_rms_norm`, kernels/add_rms_norm.py)."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from . import use_kernels
-
-
-def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
-    """(weight * rmsnorm(s), s) with s = x + residual (or x): transformers' roundings (the sum
-    in the model dtype, statistics in fp32, the normed row cast before the weight)."""
-    s = x if residual is None else x + residual
-    sf = s.float()
-    return weight * (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps)).to(s.dtype), s
-
-
-def add_rms_norm(x, residual, weight, eps):
-    if use_kernels(x):
-        from ..kernels.add_rms_norm import add_rms_norm as kernel
-
-        return kernel(x, residual, weight, eps)
-    return add_rms_norm_ref(x, residual, weight, eps)
+from ..kernels.ops import TORCH, Ops
 
 
 class RMSNorm(nn.Module):
@@ -31,9 +15,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return add_rms_norm(x, None, self.weight, self.eps)[0]
+    def forward(self, x: torch.Tensor, ops: Ops = TORCH) -> torch.Tensor:
+        return ops.add_rms_norm(x, None, self.weight, self.eps)[0]
 
-    def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None):
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None, ops: Ops = TORCH):
         """(normed x + residual, x + residual)."""
-        return add_rms_norm(x, residual, self.weight, self.eps)
+        return ops.add_rms_norm(x, residual, self.weight, self.eps)

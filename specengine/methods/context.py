@@ -7,8 +7,8 @@ needs one never pays for it, and a missing one is an error of that call only):
 - `target`, `draft`: runners with the entry points `decode`, `verify`, `drafter_forward`,
   `chain_graphs` and a `cache` whose lengths the round reads and sets (runtime/runner.py;
   tests pass stand-ins with the same entry points);
-- `sampler`, `draft_sampler`: the rejection-sampling and draft-sampling contracts
-  (kernels/reference.py `rejection_sample_ref`, methods/sampling.py `sample_draft`);
+- `ops`: the engine's ops table (kernels/ops.py): `ops.rejection_sample`, `ops.commit_tokens`,
+  and the draft sampler behind `sample_draft` (the call's filter, then `ops.draft_sample`);
 - `step_costs(state, max_width)`: measured draft step and target forward costs, cached per
   batch size (runtime/step_costs.py);
 - `acceptance_head(mode)`, `parallel_drafter()`: SpecDec++'s head, ParallelSpec's drafter;
@@ -21,6 +21,9 @@ from typing import Callable
 
 import torch
 
+from ..kernels.ops import TORCH, Ops
+from .sampling import sample_draft
+
 
 def _missing(what: str):
     def fail(*_):
@@ -32,10 +35,13 @@ def _missing(what: str):
 class MethodContext:
     target: object
     draft: object | None
-    sampler: Callable
-    draft_sampler: Callable
     device: torch.device
+    ops: Ops = TORCH
     step_costs: Callable = _missing("step costs")
     acceptance_head: Callable = _missing("acceptance head")
     parallel_drafter: Callable = _missing("parallel drafter")
     side_stream: Callable = lambda: None  # noqa: E731 - no second stream unless on CUDA
+
+    def sample_draft(self, logits, params, seed, offset, pos: int):
+        """One draft token per row (methods/sampling.py `sample_draft`, on this table's sampler)."""
+        return sample_draft(logits, params, seed, offset, pos, self.ops.draft_sample)

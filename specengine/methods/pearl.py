@@ -169,7 +169,7 @@ class Pearl(Method):
         # the sampler wants K+1 logits rows: pad to γ+1 (pre rows read only row 0, bonus withheld)
         logits = filter_logits(logits, state.params)
         pad = logits[:, -1:].expand(B, gamma + 1 - logits.shape[1], logits.shape[2])
-        out, n_acc = ctx.sampler(torch.cat([logits, pad], 1), proposal, q_all, num_draft,
+        out, n_acc = ctx.ops.rejection_sample(torch.cat([logits, pad], 1), proposal, q_all, num_draft,
                                  state.temperature, state.seed, state.offset)
 
         all_ok = n_acc.to(torch.int32) >= num_draft

@@ -1,4 +1,4 @@
-"""Sampling parameters, logit filtering (top-k / top-p) and draft-token sampling.
+"""Sampling parameters, logit filtering (top-k / top-p) and the distribution a token is drawn from.
 
 The target distribution of a call is softmax(filter(logits) / T) with HF's order
 (temperature, then top-k, then top-p). Speculative methods stay lossless because the
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import SpecEngineError
-from ..kernels.reference import commit_tokens_ref, rejection_sample_ref, tempered_softmax
-from ..kernels.rng import STREAM_DRAFT, categorical_from_counter
+from ..kernels.draft_sampling import draft_sample_ref
+from ..kernels.rng import tempered_softmax
 
 
 FP32_MAX = torch.finfo(torch.float32).max
@@ -97,35 +97,9 @@ def probs_of(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return tempered_softmax(filter_logits(logits, params), params.temperature)
 
 
-def sample_draft(logits: torch.Tensor, params: SamplingParams, seed, offset, pos: int):
-    """Draw one draft token per row from logits [B,V].
-
-    Returns (token [B] int64, q [B,V] or None when greedy, q(token) [B] = the draft's
-    confidence in its own token, used by the `confidence` policy).
-    """
-    if params.greedy:
-        probs = torch.softmax(logits.float(), dim=-1)
-        conf, tok = probs.max(dim=-1)
-        return tok, None, conf
-    q = probs_of(logits, params)
-    pos_t = torch.full((logits.shape[0],), pos, dtype=torch.int64, device=logits.device)
-    tok = categorical_from_counter(q, seed, offset, pos_t, STREAM_DRAFT)
-    return tok, q, q.gather(-1, tok[:, None]).squeeze(-1)
-
-
-def sample_draft_fused(logits: torch.Tensor, params: SamplingParams, seed, offset, pos: int):
-    """`sample_draft`'s contract on the fused kernel: the filter (if any), then one launch."""
-    from ..kernels.draft_sampling import draft_sample
-
-    return draft_sample(filter_logits(logits, params), params.temperature, seed, offset, pos)
-
-
-def sampler_ops(backend: str):
-    """(rejection sampler, draft sampler, commit) of a resolved backend ("torch" | "triton"):
-    the round's device work between its forwards."""
-    if backend == "torch":
-        return rejection_sample_ref, sample_draft, commit_tokens_ref
-    from ..kernels.commit_tokens import commit_tokens
-    from ..kernels.rejection_sampling import rejection_sample
-
-    return rejection_sample, sample_draft_fused, commit_tokens
+def sample_draft(logits: torch.Tensor, params: SamplingParams, seed, offset, pos: int, op=draft_sample_ref):
+    """Draw one draft token per row from logits [B,V]: the call's filter, then `op` (the ops
+    table's draft sampler, kernels/draft_sampling.py). Returns (token [B] int64, q [B,V] or
+    None when greedy, q(token) [B] = the draft's confidence in its own token, used by the
+    `confidence` policy)."""
+    return op(filter_logits(logits, params), params.temperature, seed, offset, pos)

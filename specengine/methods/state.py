@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from ..kernels.reference import commit_tokens_ref
+from ..kernels.commit_tokens import commit_tokens_ref
 from .sampling import SamplingParams
 
 
@@ -33,7 +33,7 @@ class DecodeState:
     seed: torch.Tensor  # [B] int64, per row (kernels/rng.py: a row's numbers never depend on its index)
     offset: torch.Tensor  # [B] int64, the row's round: bumped every round, fresh random numbers
     attn_len: int | None = None  # host bound on positions any step reads this round
-    commit_op: Callable = commit_tokens_ref  # the contract in kernels/reference.py (one launch: commit_tokens.py)
+    commit_op: Callable = commit_tokens_ref  # the ops table's (kernels/commit_tokens.py)
 
     @property
     def batch(self) -> int:

@@ -98,7 +98,7 @@ class PlainStep:
         with timer.phase("target"):
             logits = ctx.target.decode(state.last_tokens(), attn_len=state.attn_len)
         no_drafts, zeros = self._no_drafts(state.batch, logits.device)
-        out, n_acc = ctx.sampler(filter_logits(logits[:, None], state.params), no_drafts, None, zeros,
+        out, n_acc = ctx.ops.rejection_sample(filter_logits(logits[:, None], state.params), no_drafts, None, zeros,
                                  state.temperature, state.seed, state.offset)
         one = n_acc + 1
         state.commit(out, one)
@@ -114,7 +114,7 @@ def draft_chain(ctx: MethodContext, state: DecodeState, gamma: int, upto: torch.
     upto = state.n if upto is None else upto
     chain = None if observe else getattr(draft, "chain_graphs", lambda: None)()
     if chain is not None:  # the whole chain as one CUDA graph replay (runtime/chain_graphs.py)
-        out = chain.run(state, ctx.draft_sampler, catch_up_feed, gamma, draft.cache.lens, upto)
+        out = chain.run(state, ctx.sample_draft, catch_up_feed, gamma, draft.cache.lens, upto)
         if out is not None:
             return out
     if observe:
@@ -126,7 +126,7 @@ def draft_chain(ctx: MethodContext, state: DecodeState, gamma: int, upto: torch.
             out = draft.decode(toks[-1], attn_len=state.attn_len, return_hidden=observe)
             draft.cache.set_lens(draft.cache.lens + 1)
         logits, hidden = out if observe else (out, None)
-        tok, q, conf = ctx.draft_sampler(logits, state.params, state.seed, state.offset, j)
+        tok, q, conf = ctx.sample_draft(logits, state.params, state.seed, state.offset, j)
         toks.append(tok), qs.append(q), confs.append(conf)
         if observe and policy.observe(hidden, j, run=graphed(draft)):
             break
@@ -139,7 +139,7 @@ def verify_and_commit(ctx: MethodContext, state: DecodeState, drafts, q, num_dra
     Returns (tokens [B,K+1], n_acc [B])."""
     with timer.phase("target"):
         logits = ctx.target.verify(torch.cat([state.last_tokens()[:, None], drafts], 1), attn_len=state.attn_len)
-    out, n_acc = ctx.sampler(filter_logits(logits, state.params), drafts, q, num_draft,
+    out, n_acc = ctx.ops.rejection_sample(filter_logits(logits, state.params), drafts, q, num_draft,
                              state.temperature, state.seed, state.offset)
     state.commit(out, n_acc + 1)
     return out, n_acc
@@ -185,7 +185,7 @@ def parallel_draft(ctx: MethodContext, drafter, state: DecodeState, k: int, upto
     logits = parallel_logits(ctx.draft, drafter, state, k, upto, real_width)
     toks, qs = [], []
     for i in range(k):
-        tok, q, _ = ctx.draft_sampler(logits[:, i].contiguous(), state.params, state.seed, state.offset, i)
+        tok, q, _ = ctx.sample_draft(logits[:, i].contiguous(), state.params, state.seed, state.offset, i)
         toks.append(tok), qs.append(q)
     return torch.stack(toks, 1), None if state.params.greedy else torch.stack(qs, 1)
 

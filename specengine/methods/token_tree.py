@@ -23,8 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import SpecEngineError
-from ..kernels.rng import STREAM_ACCEPT, STREAM_SAMPLE, categorical_from_counter, counter_uniform
-from ..kernels.reference import tempered_softmax
+from ..kernels.rng import STREAM_ACCEPT, STREAM_SAMPLE, categorical_from_counter, counter_uniform, tempered_softmax
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 Parameter names mirror transformers' (minus the `model.` prefix), except that q/k/v and
 gate/up are merged into one projection each (`qkv_proj`, `gate_up_proj`: one GEMM instead
 of three or two); `merge_checkpoint` maps a checkpoint's HF names onto them. Each op goes
-through `layers/` (the fused Triton kernel on CUDA, the torch reference elsewhere).
+comes from the forward's ops table (kernels/ops.py: the torch reference or the Triton
+kernel, as the engine's `kernels` option chose; the runner passes it).
 Every entry point writes the new tokens' K/V at `cache.lens[b] + j` and
 returns logits; the caller decides what to commit and sets `cache.lens` (rollback is
 lowering it). Nothing here syncs with the host.
@@ -11,19 +12,14 @@ lowering it). Nothing here syncs with the host.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from ..kernels.reference import verify_attention_ref
-from ..layers.activation import silu_and_mul
+from ..kernels.ops import TORCH, Ops
 from ..layers.norm import RMSNorm
 from ..layers.rotary import StepRope
-
-AttentionFn = Callable[..., torch.Tensor]  # the verify_attention contract (docs/design.md, "Kernel contracts")
 
 
 class Linear(nn.Linear):
@@ -63,7 +59,7 @@ class Step:
     rope: StepRope
     tree_mask: torch.Tensor | None
     attn_len: int | None
-    attn_fn: AttentionFn
+    ops: Ops
 
 
 class Attention(nn.Module):
@@ -76,9 +72,9 @@ class Attention(nn.Module):
 
     def forward(self, x, layer_idx, cache, step: Step):
         B, T, _ = x.shape
-        q = cache.store(layer_idx, self.qkv_proj(x), step.rope, self.nh, self.nkv)  # rotated; k/v stored
+        q = cache.store(layer_idx, self.qkv_proj(x), step.rope, self.nh, self.nkv, step.ops.rope_kv_write)
         k_all, v_all = cache.layer(layer_idx, step.attn_len)
-        out = step.attn_fn(q, k_all, v_all, cache.lens, step.tree_mask)
+        out = step.ops.attention(q, k_all, v_all, cache.lens, step.tree_mask)
         return self.o_proj(out.reshape(B, T, self.nh * self.hd))
 
 
@@ -89,8 +85,8 @@ class MLP(nn.Module):
         self.gate_up_proj = merged_linear(cfg.hidden_size, {"gate_proj": inter, "up_proj": inter}, False)
         self.down_proj = Linear(inter, cfg.hidden_size, bias=False)
 
-    def forward(self, x):
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, x, ops: Ops = TORCH):
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -103,15 +99,16 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, residual, layer_idx, cache, step: Step):
         """(this layer's MLP output, the residual stream before it): the next norm adds them."""
-        h, residual = self.input_layernorm.add_forward(x, residual)
-        h, residual = self.post_attention_layernorm.add_forward(self.self_attn(h, layer_idx, cache, step), residual)
-        return self.mlp(h), residual
+        h, residual = self.input_layernorm.add_forward(x, residual, step.ops)
+        h, residual = self.post_attention_layernorm.add_forward(self.self_attn(h, layer_idx, cache, step), residual,
+                                                                step.ops)
+        return self.mlp(h, step.ops), residual
 
 
 class Transformer(nn.Module):
     """The decoder as a plain module: it computes, and never decides where its state lives.
-    The KV cache and the attention function come in as arguments (the ModelRunner owns
-    them, runner.py)."""
+    The KV cache and the ops table come in as arguments (the ModelRunner owns them,
+    runner.py)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -123,10 +120,11 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(self, tokens, cache, attn_fn: AttentionFn = verify_attention_ref, tree_mask=None,
+    def forward(self, tokens, cache, ops: Ops = TORCH, tree_mask=None,
                 attn_len=None, logits_at=None, return_hidden=False, inputs_embeds=None):
         """tokens [B,T] written at cache.lens[b] + (0..T-1) (tree: rotated as depth of the node).
 
+        ops: the implementation of every op (kernels/ops.py; default: the torch references).
         attn_len: optional host bound on cache.lens + T to read less of the buffer.
         logits_at: optional [B,N] indices into T; LM head only there (prefill).
         inputs_embeds: optional [B,T,H] in place of the token embeddings (parallel drafter masks).
@@ -139,14 +137,14 @@ class Transformer(nn.Module):
             depth = tree_mask.to(torch.int64).sum(-1).expand(B, T) - 1
             pos = (cache.lens.to(torch.int64)[:, None] + depth).clamp(max=cache.max_seq_len - 1)
         x = self.embed_tokens(tokens) if inputs_embeds is None else inputs_embeds
-        step = Step(StepRope.build(cache, pos, write_pos, x), tree_mask, attn_len, attn_fn)
+        step = Step(StepRope.build(cache, pos, write_pos, x, ops.kernel("rope_kv_write")), tree_mask, attn_len, ops)
         residual = None
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, i, cache, step)
         if logits_at is not None:
             at = logits_at[..., None].expand(B, logits_at.shape[1], x.shape[-1])
             x, residual = x.gather(1, at), residual.gather(1, at)
-        h, _ = self.norm.add_forward(x, residual)
+        h, _ = self.norm.add_forward(x, residual, ops)
         logits = self.lm_head(h).float()
         return (logits, h) if return_hidden else logits
 

@@ -3,7 +3,7 @@
 Whether a token's logits depend on how many tokens share its forward is a property of the
 backend (BLAS kernel choice per row count, the CPU matmul plan, GPU split-K heuristics),
 not something to assume per CPU. So the mode *probes* it: a one-layer shadow of the target
-(the same Linear modules, norms, RoPE tables and attention function, hence the same kernel
+(the same Linear modules, norms, RoPE tables and ops table, hence the same kernel
 per shape) decodes a few random tokens one at a time, then verifies them in blocks of every
 width 1..W, and every row's logits must have the same bits. Kernel choice depends on shapes,
 never on values, so random data exposes any difference in reduction order.
@@ -28,7 +28,6 @@ import torch
 from torch import nn
 
 from ..errors import SpecEngineError
-from ..kernels.reference import verify_attention_tiled
 from ..timing import best_seconds
 from .graphs import batch_bucket
 
@@ -42,8 +41,8 @@ INVARIANT_MAX_COST = 0.05  # mode "auto" turns on when a decode costs at most th
 class BatchInvariance:
     """Batch-invariant mode of one runner: off (`width` None) or on up to `width` tokens per
     forward, with the attention and pad width the probe accepted and the batch sizes it
-    passed. It sets the runner's `attn_fn` / `attention_backend` and drops its graphs when
-    they change (they baked the old kernel)."""
+    passed. It sets the runner's `ops` (its normal table, or that table with the invariant
+    attention) and drops its graphs when they change (they baked the old kernel)."""
 
     def __init__(self, runner):
         self.runner = runner
@@ -52,27 +51,25 @@ class BatchInvariance:
         self.choice, self.batches = 0, set()
 
     def candidates(self) -> list[tuple]:
-        """(attention, its name, pad width) to probe, cheapest first: on a CPU the fixed-tile
-        torch attention unpadded, then padded; on CUDA always padded (graph buckets regroup
-        widths), the fixed-split Triton kernel first unless torch attention was asked for."""
-        W, tiled, r = self.width, (verify_attention_tiled, "torch-tiled"), self.runner
+        """(ops, pad width) to probe, cheapest first: on a CPU the fixed-tile torch attention
+        unpadded, then padded; on CUDA always padded (graph buckets regroup widths), every
+        invariant attention the runner's ops table allows (the fixed-split kernel first)."""
+        W, r = self.width, self.runner
+        options = [(r.normal_ops.with_attention(fn, name)) for fn, name in r.normal_ops.invariant_attentions()]
         if r.device.type != "cuda":
-            return [(*tiled, None), (*tiled, W)]
-        if r.normal_backend == "torch":  # torch asked for, or no Triton
-            return [(*tiled, W)]
-        from ..kernels.verify_attention import verify_attention_fixed
-
-        return [(verify_attention_fixed, "triton-fixed", W), (*tiled, W)]
+            tiled = options[-1]
+            return [(tiled, None), (tiled, W)]
+        return [(ops, W) for ops in options]
 
     def select(self, choice: int = 0) -> None:
-        """Take candidate `choice` (mode on) or the normal attention (off) and forget which
-        batch sizes the probe passed (kernels, matmul plans or attention changed)."""
+        """Take candidate `choice` (mode on) or the normal ops (off) and forget which batch
+        sizes the probe passed (kernels, matmul plans or attention changed)."""
         r = self.runner
         self.choice, self.batches = choice, set()
         if self.width:
-            r.attn_fn, r.attention_backend, self.pad_width = self.candidates()[choice]
+            r.ops, self.pad_width = self.candidates()[choice]
         else:
-            r.attn_fn, r.attention_backend, self.pad_width = r.normal_attention, r.normal_backend, None
+            r.ops, self.pad_width = r.normal_ops, None
         r.drop_graphs()
 
     def set_width(self, width: int | None) -> None:
@@ -99,8 +96,8 @@ class BatchInvariance:
         shadow = r.spawn(one_layer(r.model))  # the graphs replay at the bucket's row count
         candidates = self.candidates()
         for i in range(self.choice, len(candidates)):
-            attn_fn, _, pad = candidates[i]
-            failure = probe(shadow, attn_fn, rows, self.width, pad)
+            ops, pad = candidates[i]
+            failure = probe(shadow, ops, rows, self.width, pad)
             if failure is None:
                 if i != self.choice:
                     self.select(i)
@@ -149,7 +146,7 @@ class BatchInvariance:
     def cost(self) -> float:
         """Extra time of one decode with the mode (its attention and padding) over without it."""
         r = self.runner
-        off, on = decode_seconds(r.spawn(r.model), [(r.normal_attention, None), (r.attn_fn, self.pad_width)])
+        off, on = decode_seconds(r.spawn(r.model), [(r.normal_ops, None), (r.ops, self.pad_width)])
         return on / off - 1
 
 
@@ -188,7 +185,7 @@ def one_layer(model) -> nn.Module:
 
 
 @torch.inference_mode()
-def probe(runner, attn_fn, rows: int, width: int, pad: int | None, seed: int = 0) -> str | None:
+def probe(runner, ops, rows: int, width: int, pad: int | None, seed: int = 0) -> str | None:
     """None when every row's logits (and so its K/V) are bit-identical decoded alone (one
     row, one token; padded to `pad` if set) and verified in blocks of 1..width tokens with
     `rows` rows, on `runner` (an eager runner of its own, the model's first layer); else
@@ -198,7 +195,7 @@ def probe(runner, attn_fn, rows: int, width: int, pad: int | None, seed: int = 0
         raise SpecEngineError(f"{PROBE_ENV} must be 'measure' or 'refuse', got {forced!r}", PROBE_ENV)
     if forced == "refuse":
         return f"probe was told to refuse ({PROBE_ENV}=refuse)"
-    runner.attn_fn, runner.invariance.pad_width = attn_fn, pad
+    runner.ops, runner.invariance.pad_width = ops, pad
     model = runner.model
     g = torch.Generator().manual_seed(seed)
     seq = torch.randint(0, model.config.vocab_size, (rows, PROBE_CONTEXT + width), generator=g).to(runner.device)
@@ -237,15 +234,15 @@ def _decode_next(runner, token):
 @torch.inference_mode()
 def decode_seconds(runner, settings, context: int = 128, rounds: int = 2, reps: int = 3) -> list[float]:
     """Best time of one single-row decode at `context` on `runner` (an eager runner of its
-    own: the engine's buffers stay as they are) for each (attention, pad width) setting,
+    own: the engine's buffers stay as they are) for each (ops, pad width) setting,
     interleaved round by round so a noisy machine biases no setting."""
     runner.allocate(1, context + 2 * max(pad or 1 for _, pad in settings))
     lens = torch.tensor([context], dtype=torch.int32, device=runner.device)  # K/V values: any
     token = torch.zeros(1, dtype=torch.int64, device=runner.device)
     best = [float("inf")] * len(settings)
     for _ in range(rounds):
-        for i, (attn_fn, pad) in enumerate(settings):
-            runner.attn_fn, runner.invariance.pad_width = attn_fn, pad
+        for i, (ops, pad) in enumerate(settings):
+            runner.ops, runner.invariance.pad_width = ops, pad
             best[i] = best_seconds(lambda: runner.decode(token), reps, runner.device,
                                    setup=lambda: runner.cache.set_lens(lens), best=best[i])
     return best

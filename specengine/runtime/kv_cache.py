@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 
-from ..layers.rotary import StepRope, rope_kv_write
 from ..models.rope import rope_tables
 from .kv_compact import compact_kv
 
@@ -61,10 +60,11 @@ class KVCache:
         torch.maximum(self.high_water, pos[:, -1].max() + 1, out=self.high_water)
         return pos.clamp(max=self.max_seq_len - 1)
 
-    def store(self, layer: int, qkv: torch.Tensor, rope: StepRope, num_heads: int, num_kv_heads: int):
-        """The attention's write: rotate q and k of the merged projection qkv, store k and v at
-        the step's write positions (one fused kernel on CUDA); returns the rotated q."""
-        return rope_kv_write(qkv, rope, *self.layer(layer), num_heads, num_kv_heads)
+    def store(self, layer: int, qkv: torch.Tensor, rope, num_heads: int, num_kv_heads: int, op) -> torch.Tensor:
+        """The attention's write: `op` (the ops table's rope_kv_write) rotates q and k of the
+        merged projection qkv and stores k and v at the step's write positions (rope: the
+        step's layers.rotary.StepRope); returns the rotated q."""
+        return op(qkv, rope.cos, rope.sin, rope.write_pos, *self.layer(layer), num_heads, num_kv_heads)
 
     def compact_path(self, root_slot: torch.Tensor, source: torch.Tensor, count: torch.Tensor) -> None:
         """Tree rounds: move K/V of slots root_slot + source[b, i] to root_slot + 1 + i for

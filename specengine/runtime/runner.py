@@ -1,5 +1,6 @@
-"""ModelRunner: runs one model. It owns the model's KV buffer, its attention backend and its
-CUDA graphs; the model itself stays a plain module (docs/design.md, "Layers").
+"""ModelRunner: runs one model. It owns the model's KV buffer, its ops table (which kernel
+or reference every op of a forward takes: kernels/ops.py) and its CUDA graphs; the model
+itself stays a plain module (docs/design.md, "Layers").
 
 Entry points mirror the engine's needs: `allocate` (a static buffer for a call's batch),
 `prefill`, `decode`, `verify` (chain or tree); all write K/V at `cache.lens[b] + j` and
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SpecEngineError
-from .backends import attention_op
+from ..kernels.ops import KernelChoiceError, Ops, resolve
 from .chain_graphs import DraftChainGraphs
 from .graphed_calls import GraphedCalls
 from .graphs import Q_BUCKETS, GraphRunner, cuda_capture, len_buckets
@@ -23,7 +24,7 @@ from .kv_cache import KVCache
 
 
 class ModelRunner:
-    def __init__(self, model, attention: str = "auto", cuda_graphs: bool = True, max_batch: int = 1,
+    def __init__(self, model, kernels="auto", cuda_graphs: bool = True, max_batch: int = 1,
                  capture=None, graph_memory_limit: int = 2 << 30):
         self.model, self.config = model, model.config
         self.max_batch, self.graph_memory_limit = max_batch, graph_memory_limit
@@ -37,7 +38,7 @@ class ModelRunner:
         self.use_graphs, self.capture, self.lazy_graphs = False, None, False
         self.graph_model = model  # what captured steps run (set_graph_model); prefill runs `model`
         self.invariance = BatchInvariance(self)  # batch-invariant mode: off until configured
-        self.set_attention(attention)
+        self.set_kernels(kernels)
         self.set_cuda_graphs(cuda_graphs, capture)
 
     @property
@@ -49,10 +50,11 @@ class ModelRunner:
         return self.model.embed_tokens.weight.dtype
 
     # ------------------------------------------------------------------ configuration
-    def set_attention(self, name: str = "auto") -> None:
-        """"torch" | "triton" | "auto" (Triton on CUDA). Captured graphs baked the old kernel.
-        In batch-invariant mode a fixed-split attention serves whatever the name."""
-        self.normal_backend, self.normal_attention = attention_op(name, self.device)  # what the mode off uses
+    def set_kernels(self, kernels="auto") -> None:
+        """The `kernels` switch (kernels/ops.py; or an Ops) resolved on this runner's device into
+        `normal_ops`; `ops` is what forwards run: the same table, with batch-invariant
+        mode's attention when the mode is on. Captured graphs baked the old ops."""
+        self.normal_ops = resolve_kernels(kernels, self.device)
         self.invariance.select()
 
     @property
@@ -63,10 +65,10 @@ class ModelRunner:
     def spawn(self, model) -> "ModelRunner":
         """An eager runner of its own over `model` with this one's attention (probes and
         measurements use one, so this runner's buffer and graphs stay as they are)."""
-        return ModelRunner(model, self.normal_backend, cuda_graphs=False)
+        return ModelRunner(model, self.normal_ops, cuda_graphs=False)
 
     def drop_graphs(self) -> None:
-        """Forget the captured graphs (the attention or the mode changed): the next
+        """Forget the captured graphs (the ops or the mode changed): the next
         allocation warms up and captures anew."""
         self.graphs = self._warmed = self._chain = self._calls = None
 
@@ -144,11 +146,11 @@ class ModelRunner:
         return self._calls(name, fn, *args)
 
     def _forward_rows(self, tokens, rows: int, attn_len: int, tree_mask=None, return_hidden=False):
-        return self.graph_model(tokens, self._buffer.rows(rows), self.attn_fn, tree_mask=tree_mask,
+        return self.graph_model(tokens, self._buffer.rows(rows), self.ops, tree_mask=tree_mask,
                                 attn_len=attn_len, return_hidden=return_hidden)
 
     def _drafter_rows(self, drafter, tokens, mask_index, tree, rows: int, attn_len: int):
-        return drafter(tokens, mask_index, self._buffer.rows(rows), self.attn_fn, tree, attn_len=attn_len)
+        return drafter(tokens, mask_index, self._buffer.rows(rows), self.ops, tree, attn_len=attn_len)
 
     # ------------------------------------------------------------------ forwards
     def drafter_forward(self, drafter, tokens, mask_index, tree, attn_len=None):
@@ -158,10 +160,10 @@ class ModelRunner:
             out = self.graphs.drafter(drafter, tokens, mask_index, tree, attn_len)
             if out is not None:
                 return out
-        return drafter(tokens, mask_index, self.cache, self.attn_fn, tree, attn_len=attn_len)
+        return drafter(tokens, mask_index, self.cache, self.ops, tree, attn_len=attn_len)
 
     def forward(self, tokens, tree_mask=None, attn_len=None, logits_at=None, return_hidden=False):
-        return self.model(tokens, self.cache, self.attn_fn, tree_mask=tree_mask, attn_len=attn_len,
+        return self.model(tokens, self.cache, self.ops, tree_mask=tree_mask, attn_len=attn_len,
                           logits_at=logits_at, return_hidden=return_hidden)
 
     def prefill(self, tokens: torch.Tensor, lens: torch.Tensor, attn_len=None) -> torch.Tensor:
@@ -220,3 +222,14 @@ class ModelRunner:
             attn_len = min(attn_len + W - Q, self.cache.max_seq_len)
         out = self.verify(tokens, tree_mask=tree_mask, attn_len=attn_len, return_hidden=return_hidden)
         return (out[0][:, :Q], out[1][:, :Q]) if return_hidden else out[:, :Q]
+
+
+def resolve_kernels(kernels, device: torch.device) -> Ops:
+    """kernels/ops.py `resolve` (an `Ops` passes as it is), its refusal as our error naming
+    the option."""
+    if isinstance(kernels, Ops):
+        return kernels
+    try:
+        return resolve(kernels, device)
+    except KernelChoiceError as e:
+        raise SpecEngineError(str(e), "kernels") from None

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import SpecEngineError
-from ..generation import Generation, RequestParams, headroom
+from ..generation import Generation, headroom
+from ..request import RequestParams
 from ..methods.sampling import SamplingParams
 
 
@@ -102,6 +103,10 @@ class EngineCore:
     def prepare(self, prompt, params: RequestParams | None, request_id: str) -> _Request:
         """Validate and tokenize a request without touching the core's state (any thread)."""
         params = params or RequestParams()
+        own = [k for k, v in params.method_options().items() if v is not None]
+        if own:  # rows of one step share one method: it is the core's, chosen when it starts
+            raise SpecEngineError(f"a served request cannot set {own[0]!r}: every row runs the core's method "
+                                  f"({self.method_name}), set when the core (or server) starts", own[0])
         sampling, stops = params.validate()
         prompts, batched = self.engine.encode(prompt)
         if batched:

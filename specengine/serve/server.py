@@ -21,8 +21,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from ..errors import SpecEngineError
+from ..request import RequestParams, served_fields
 from .async_engine import AsyncEngine
-from .core import Overloaded, RequestParams
+from .core import Overloaded
 from .metrics import Histogram
 
 try:
@@ -31,73 +32,11 @@ try:
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
     from starlette.exceptions import HTTPException as StarletteHTTPException
-    from typing import Annotated
 
-    from pydantic import BaseModel, BeforeValidator, Field, StrictBool
+    from .schema import ERRORS, STREAMED, ChatRequest, CompletionRequest, ErrorBody, Sampling
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise SpecEngineError("the server needs the serve extra: pip install 'specengine[serve]'") from e
 
-FP32_MAX = 3.4028234663852886e38  # temperatures above fp32's maximum are refused (sampling.py)
-
-
-def _no_bool(value):
-    """JSON's true/false is not a number: refused where pydantic would coerce it to 1/0."""
-    if isinstance(value, bool):
-        raise ValueError("a boolean is not a number here")
-    return value
-
-
-Int = Annotated[int, BeforeValidator(_no_bool)]  # JSON Schema integers (1.0 included), never booleans
-Float = Annotated[float, BeforeValidator(_no_bool)]
-
-
-class _Sampling(BaseModel):
-    """The sampling fields, with the constraints the engine enforces (the schema tells the truth):
-    numbers are JSON numbers (`"ignore_eos": 0` or a prompt of booleans is refused, not coerced)."""
-    model: str
-    max_tokens: Int | None = Field(default=None, ge=1)
-    temperature: Float = Field(default=1.0, ge=0, le=FP32_MAX, allow_inf_nan=False)
-    top_p: Float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
-    top_k: Int = Field(default=0, ge=0)
-    seed: Int | None = Field(default=None, ge=0, lt=2**63)
-    stop: str | list[str] | None = None
-    stream: StrictBool = False
-    stream_options: dict | None = None  # {"include_usage": true}: a last chunk with usage
-    n: Int = Field(default=1, ge=1, le=1)
-    ignore_eos: StrictBool = False
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorBody(BaseModel):
-    """OpenAI's error body."""
-    error: ErrorDetail
-
-
-STREAMED = {200: {"description": "a completion (JSON), or with `stream: true` server-sent events",
-                  "content": {"application/json": {}, "text/event-stream": {}}}}
-ERRORS = {400: {"model": ErrorBody, "description": "bad request: the field at fault is `error.param`"},
-          401: {"model": ErrorBody, "description": "missing or wrong API key (servers started with --api-key)"},
-          500: {"model": ErrorBody, "description": "the engine failed this request (others are unaffected)"},
-          503: {"model": ErrorBody, "description": "overloaded: too many requests waiting; retry later"}}
-
-
-class CompletionRequest(_Sampling):
-    prompt: str | list[Int]
-
-
-class ChatMessage(BaseModel):
-    role: str
-    content: str
-
-
-class ChatRequest(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
 
 
 def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
@@ -203,16 +142,16 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
         lines += hist["latency"].lines("specengine_request_latency_seconds")
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
-    def _params(req: _Sampling) -> RequestParams:
+    def _params(req: Sampling) -> RequestParams:
         if req.model != model_name:
             raise _BadField(f"model {req.model!r} is not served here; this server serves {model_name!r}", "model")
         if req.n != 1:
             raise _BadField("only n=1 is supported", "n")
-        return RequestParams(max_new_tokens=req.max_tokens or default_max_tokens, temperature=req.temperature,
-                             top_k=req.top_k, top_p=req.top_p, seed=req.seed or 0, stop=req.stop,
-                             ignore_eos=req.ignore_eos)
+        given = {f.name: getattr(req, f.metadata["served"]) for f in served_fields()}
+        given["max_new_tokens"] = given["max_new_tokens"] or default_max_tokens
+        return RequestParams(**{k: v for k, v in given.items() if v is not None})
 
-    async def _serve(request: Request, body: _Sampling, prompt, chat: bool):
+    async def _serve(request: Request, body: Sampling, prompt, chat: bool):
         """One completion, streamed (server-sent events) or whole, with its metrics.
 
         Why long: both answer shapes share the request's validation, failure mapping,
@@ -366,7 +305,7 @@ def _api_param(error: SpecEngineError, chat: bool) -> str | None:
     param = getattr(error, "param", None)
     if param == "prompt" and chat:
         return "messages"
-    return {"max_new_tokens": "max_tokens"}.get(param, param)
+    return {f.name: f.metadata["served"] for f in served_fields()}.get(param, param)
 
 
 def _failure(out, chat: bool):

@@ -28,9 +28,9 @@ from tqdm.auto import tqdm
 
 from ..drafting.acceptance_head import model_fingerprint
 from ..errors import SpecEngineError
-from ..kernels.reference import verify_attention_ref
 from ..drafting.parallel_drafter import DrafterMeta, ParallelDrafter
-from ..layers.rotary import rotate_qkv
+from ..kernels.ops import TORCH
+from ..kernels.rope_kv_write import rotate_qkv
 from ..models.rope import rope_tables
 from .head import CorpusRecipe, Report, both_splits, data_key, prepare_data
 
@@ -56,8 +56,8 @@ class _TrainingCache:
     """The decoder's cache protocol for training forwards: each layer keeps its own k/v (no
     shared buffer written in place, so autograd can see through it)."""
 
-    def store(self, layer, qkv, rope, num_heads, num_kv_heads):
-        q, k, v = rotate_qkv(qkv, rope, num_heads, num_kv_heads)
+    def store(self, layer, qkv, rope, num_heads, num_kv_heads, op=None):
+        q, k, v = rotate_qkv(qkv, rope.cos, rope.sin, num_heads, num_kv_heads)  # never in place: autograd
         self.write(layer, k, v)
         return q
 
@@ -165,11 +165,12 @@ def mask_logits(drafter, chunk: torch.Tensor, anchors: torch.Tensor, k: int) -> 
     real = _FullSequenceCache(drafter.model, B, T, dev)
     with torch.no_grad():
         first = torch.zeros(B, 1, dtype=torch.int64, device=dev)  # no LM head over the real rows
-        drafter.model(chunk.to(dev), real, verify_attention_ref, logits_at=first)
+        drafter.model(chunk.to(dev), real, logits_at=first)
     # with cache.lens = 0 a mask row's depth in its [M,T] mask row is its position: anchor + i
     tokens = torch.zeros(B, T - L, dtype=torch.int64, device=dev)
-    return drafter(tokens, mask_index[L:].expand(B, T - L).to(dev), _PrefixThenMasks(real, B, T),
-                   _explicit_mask_attention, tree[L:].to(dev))
+    ops = TORCH.with_attention(_explicit_mask_attention, "explicit-mask")
+    return drafter(tokens, mask_index[L:].expand(B, T - L).to(dev), _PrefixThenMasks(real, B, T), ops,
+                   tree[L:].to(dev))
 
 
 def group_loss(drafter, chunk: torch.Tensor, t_vals, t_ids, anchors, recipe: ParallelRecipe, return_acc=False):

@@ -1,0 +1,18 @@
+"""Each op's implementations, for tests parametrized over backends: the torch reference on
+CPU tensors, the Triton kernel on DEVICE (a GPU, or CPU tensors under the interpreter)."""
+import pytest
+import torch
+
+from specengine.kernels.ops import OPS
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # kernels: GPU, or the interpreter
+BACKENDS = ["torch", "triton"]
+
+
+def implementation(op: str, backend: str):
+    """(function, device) of `op` (a name in kernels/ops.py OPS) on `backend`."""
+    module, ref, kernel = OPS[op]
+    if backend == "torch":
+        return getattr(module, ref), "cpu"
+    pytest.importorskip("triton")
+    return getattr(module, kernel), DEVICE

@@ -1,0 +1,173 @@
+"""PEARL: every mode transition with controlled drafts, greedy equality with ar, EOS and
+max_new_tokens inside a pending block, the sampling distribution, seeded reproducibility."""
+import pytest
+import torch
+from conftest import save_tiny, small_vocab_models
+from helpers.exact import next_probs
+
+from specengine import Engine, SamplingParams
+from specengine.models.loading import load_model
+from helpers.distribution_bounds import total_variation_bound
+
+PROMPTS = ["def add(a, b):\n", "x = [1, 2", "q"]
+
+
+class PoisonedDraft:
+    """The target's weights, but its proposal for each absolute position in `poison` is the
+    runner-up token: a draft whose rejections land exactly where a test wants them."""
+
+    def __init__(self, model, poison):
+        self.inner, self.poison = model, set(poison)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def __call__(self, tokens, cache, ops, tree_mask=None, attn_len=None, logits_at=None, return_hidden=False):
+        lens = cache.lens.clone()
+        logits = self.inner(tokens, cache, ops, tree_mask, attn_len, logits_at, return_hidden)
+        for b in range(tokens.shape[0]):
+            for j in range(tokens.shape[1]):
+                if int(lens[b]) + j + 1 in self.poison:  # the logits of row j predict position lens+j+1
+                    logits[b, j, logits[b, j].argmax()] = float("-inf")
+        return logits
+
+
+@pytest.fixture(scope="module")
+def models(tiny_pair):
+    return tiny_pair  # target, same-weights draft, perturbed draft
+
+
+@pytest.fixture(scope="module")
+def ar_out(models, tokenizer):
+    target, same, _ = models
+    return Engine(target, tokenizer, same, max_seq_len=256).generate(PROMPTS, max_new_tokens=40, method="ar",
+                                                                     ignore_eos=True)
+
+
+def test_every_mode_transition(models, tokenizer, ar_out, tiny_dir):
+    target = models[0]
+    g = 4
+    L = len(Engine(target, tokenizer).encode(PROMPTS[0])[0][0])
+    # round: 1 pre reject | 2 pre accept | 3,4 post all | 5 post reject first | 6 pre accept |
+    #        7 post reject middle | 8 pre accept | 9 post reject last (e1) | 10 pre ...
+    poison = [L, L + 10, L + 13, L + 18]
+    draft = PoisonedDraft(load_model(tiny_dir)[0], poison)
+    eng = Engine(target, tokenizer, draft, max_seq_len=256)
+    gen, _ = eng._start(PROMPTS[0], max_new_tokens=40, method="pearl", gamma=g, ignore_eos=True)
+    for _ in gen.rounds():
+        pass
+    trace = gen.method.modes.trace
+    assert trace[:10] == [
+        ("pre", 1, 0), ("pre", 1, 1), ("post", g, g), ("post", g, g), ("post", g, 0),
+        ("pre", 1, 1), ("post", g, 1), ("pre", 1, 1), ("post", g, g - 1), ("pre", 1, 1),
+    ]
+    assert gen.rows[0].ids == ar_out[0].token_ids
+    assert gen.method.modes.rejections == 4
+
+
+@pytest.mark.parametrize("draft", ["same", "perturbed"])
+@pytest.mark.parametrize("gamma", [1, 2, 3, 5, None])
+def test_pearl_equals_ar(models, tokenizer, ar_out, draft, gamma):
+    target, same, perturbed = models
+    eng = Engine(target, tokenizer, same if draft == "same" else perturbed, max_seq_len=256)
+    out = eng.generate(PROMPTS, max_new_tokens=40, method="pearl", gamma=gamma, ignore_eos=True)
+    assert [r.token_ids for r in out] == [r.token_ids for r in ar_out]
+    s = out[0].stats
+    assert s["gamma"] >= 1 and s["measured_cost_ratio"] > 0
+    if draft == "same":
+        assert s["acceptance_rate"] == 1.0 and s["mean_accepted_tokens"] == 40
+    else:
+        assert 0 < s["acceptance_rate"] < 1 and s["mean_accepted_tokens"] < 40
+    single = eng.generate(PROMPTS[1], max_new_tokens=40, method="pearl", gamma=gamma, ignore_eos=True)
+    assert single.token_ids == ar_out[1].token_ids
+
+
+def test_unrelated_draft(models, tokenizer, ar_out, tmp_path):
+    save_tiny(tmp_path, "llama", seed=99, scale=4.0)
+    eng = Engine(models[0], tokenizer, load_model(tmp_path)[0], max_seq_len=256)
+    out = eng.generate(PROMPTS, max_new_tokens=40, method="pearl", gamma=3, ignore_eos=True)
+    assert [r.token_ids for r in out] == [r.token_ids for r in ar_out]
+
+
+@pytest.mark.parametrize("cut", [5, 6, 7, 9, 13])
+def test_max_new_tokens_and_eos_inside_a_pending_block(models, tokenizer, ar_out, cut):
+    target, same, _ = models
+    eng = Engine(target, tokenizer, same, max_seq_len=256)
+    r = eng.generate(PROMPTS[0], max_new_tokens=cut, method="pearl", gamma=4, ignore_eos=True)
+    assert r.token_ids == ar_out[0].token_ids[:cut] and r.finish_reason == "length"
+    stop = ar_out[0].token_ids[cut]
+    first = ar_out[0].token_ids.index(stop)
+    eng.eos_ids = {stop}
+    r = eng.generate(PROMPTS[0], max_new_tokens=40, method="pearl", gamma=4)
+    assert r.token_ids == ar_out[0].token_ids[: first + 1] and r.finish_reason == "eos"
+
+
+def test_seeded_sampling_is_reproducible(models, tokenizer):
+    target, _, perturbed = models
+    eng = Engine(target, tokenizer, perturbed, max_seq_len=256)
+    kw = dict(max_new_tokens=20, method="pearl", gamma=3, temperature=0.9, top_p=0.9, ignore_eos=True)
+    a, b, c = (eng.generate(PROMPTS, seed=s, **kw) for s in (4, 4, 5))
+    assert [r.token_ids for r in a] == [r.token_ids for r in b] != [r.token_ids for r in c]
+
+
+V, N, PROMPT = 8, 50_000, [3, 5, 2]
+
+
+@pytest.mark.parametrize("gamma,kw", [(2, dict(temperature=1.0)), (3, dict(temperature=0.8, top_k=6))])
+def test_sampling_distribution_of_three_tokens(tmp_path, tokenizer, gamma, kw):
+    """1e5 independent rows, three tokens each (a pre-verify round, then post-verify blocks):
+    the pair (t1, t2) matches the target's exact joint over 64 outcomes, and (t2, t3) given
+    the likeliest t1 matches its exact conditional (TV bounds from the sample counts)."""
+    hf, target, draft = small_vocab_models(tmp_path, V)
+    eng = Engine(target, tokenizer, draft, max_seq_len=24)
+    params = SamplingParams(seed=7, **kw)
+    out = eng.generate([PROMPT] * N, max_new_tokens=3, method="pearl", gamma=gamma, seed=7, ignore_eos=True, **kw)
+    toks = torch.tensor([r.token_ids for r in out])
+    assert 0 < out[0].stats["acceptance_rate"] < 1
+    sampling = dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+    p1 = next_probs(hf, PROMPT, **sampling)  # transformers' warpers: independent of our filter
+    joint = torch.stack([p1[a] * next_probs(hf, PROMPT + [a], **sampling) for a in range(V)])
+    emp = torch.bincount(toks[:, 0] * V + toks[:, 1], minlength=V * V).double() / N
+    assert 0.5 * (emp - joint.flatten().double()).abs().sum() <= total_variation_bound(V * V, N)
+    a = int(joint.sum(1).argmax())  # the likeliest first token: check the third given the first two
+    sel = toks[:, 0] == a
+    cond = torch.stack([next_probs(hf, PROMPT + [a, b], **sampling) for b in range(V)])
+    cond = (cond * (joint[a] / joint[a].sum())[:, None]).flatten()
+    emp3 = torch.bincount(toks[sel, 1] * V + toks[sel, 2], minlength=V * V).double() / int(sel.sum())
+    assert 0.5 * (emp3 - cond.double()).abs().sum() <= total_variation_bound(V * V, int(sel.sum()))
+
+
+def test_draft_on_its_own_device_adapter(models, tokenizer, ar_out, tiny_dir):
+    """A draft on another device than the target is wrapped so inputs/outputs cross devices;
+    same tokens (the adapter forced CPU->CPU here, cuda:0 -> cuda:1 on a two-GPU machine)."""
+    from specengine.runtime.cross_device import CrossDeviceDraft
+
+    if torch.cuda.device_count() > 1:
+        eng = Engine(load_model(tiny_dir, device="cuda:0")[0], tokenizer, load_model(tiny_dir, device="cuda:1")[0],
+                     max_seq_len=256)
+    else:
+        eng = Engine(models[0], tokenizer, load_model(tiny_dir)[0], max_seq_len=256)
+        eng.draft = CrossDeviceDraft(eng.draft, eng.device)
+    assert isinstance(eng.draft, CrossDeviceDraft)
+    for method in ("pearl", "sd"):
+        out = eng.generate(PROMPTS, max_new_tokens=40, method=method, gamma=3, ignore_eos=True)
+        assert [r.token_ids for r in out] == [r.token_ids for r in ar_out]
+
+
+def test_a_window_chosen_by_cost_falls_back_to_plain_rounds_losslessly(models, tokenizer, ar_out, monkeypatch):
+    """pearl with its window chosen by cost, where the costs say a PEARL round loses to a plain
+    decode: it decodes plainly (pending drafts dropped, the draft kept to the committed
+    tokens), runs a PEARL round every 16 plain ones (the draft resynced first), and gives ar's
+    tokens; with the window given, it never falls back."""
+    from specengine.runtime.step_costs import StepCosts
+
+    target, same, _ = models
+    eng = Engine(target, tokenizer, same, max_seq_len=256)
+    losing = StepCosts(3, draft_s=0.5, target_s=tuple(1.0 + w for w in range(17)))
+    monkeypatch.setattr(eng, "step_costs", lambda state, width: losing)
+    out = eng.generate(PROMPTS, max_new_tokens=40, method="pearl", ignore_eos=True)
+    assert [r.token_ids for r in out] == [r.token_ids for r in ar_out]
+    s = out[0].stats
+    assert s["plain_rounds"] >= 32 and s["rounds"] > s["plain_rounds"] and s["accepted_drafts"] > 0
+    given = eng.generate(PROMPTS, max_new_tokens=40, method="pearl", gamma=2, ignore_eos=True)
+    assert [r.token_ids for r in given] == [r.token_ids for r in ar_out] and given[0].stats["plain_rounds"] == 0

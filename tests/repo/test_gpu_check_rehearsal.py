@@ -1,0 +1,99 @@
+"""`make gpu-check GPU_SMOKE=1`: the two device commands rehearsed on the CPU with tiny shapes.
+What a GPU session gets back is what lands in $OUT: each part's JSON, log and summary line
+the moment the part ends, also when its time limit kills it (then with the sections it
+finished). A GPU window is 30 minutes; this is how none of it goes to a script error."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # minutes: in the last tier (conftest.py)
+
+
+def gpu_check(out: Path, parts: str, **env) -> subprocess.CompletedProcess:
+    full = dict(os.environ, OUT=str(out), GPU_SMOKE="1", PYTHON=sys.executable,
+                GPU_RESULTS=str(out.parent / "results"), **env)
+    return subprocess.run(["make", "-s", "gpu-check", f"GPU_PARTS={parts}"], cwd=ROOT, env=full,
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_the_first_command_returns_each_part_as_it_ends(tmp_path):
+    out = tmp_path / "out"
+    proc = gpu_check(out, "check e2e-first")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert [line.split(":")[0] for line in summary] == ["environment", "check", "e2e-first"]
+    assert all("rc=0" in line for line in summary)
+    result = json.loads((out / "gpu_e2e_first_cpu.json").read_text())
+    assert result["done"] == ["ar", "spec", "projected"] and "errors" not in result
+    assert {r["model"] for r in result["ar"]} == {"qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"}
+    assert [r["pair"] for r in result["spec"]][0] == "random 7b/0.5b"  # the pair the goals name, first
+    assert "sd:auto" in (out / "gpu_e2e_first_cpu.summary.txt").read_text()
+    assert (out / "check_cpu.xml").exists() and (out / "e2e-first.log").exists()
+    assert json.loads((out / "environment.json").read_text())["device"] == "cpu"
+
+
+def test_a_part_killed_by_its_limit_still_returns_what_it_finished(tmp_path):
+    out = tmp_path / "out"
+    proc = gpu_check(out, "e2e-first", E2E_FIRST_TIMEOUT="30", GPU_SMOKE_STALL_AFTER="ar")
+    assert proc.returncode != 0  # a killed part fails the command ...
+    line = (out / "summary.txt").read_text().splitlines()[-1]
+    assert line.startswith("e2e-first: rc=124") and "partial results" in line
+    result = json.loads((out / "gpu_e2e_first_cpu.json").read_text())  # ... but its finished sections are there
+    assert result["done"] == ["ar"] and len(result["ar"]) == 3 and not result["spec"]
+
+
+def test_the_second_command_runs_every_part_and_keeps_the_exactness_promises(tmp_path):
+    """gpu-tests, e2e-second (graphs through a stand-in capture, torch.compile with dynamo's
+    eager backend), the kernel microbenchmarks' torch providers, a slice of the suite. The
+    figures mean nothing; every section ran, wrote its rows and kept its promises."""
+    out = tmp_path / "out"
+    proc = gpu_check(out, "second")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert [line.split(":")[0] for line in summary] == ["environment", "gpu-tests", "e2e-second", "kernels", "suite",
+                                                         "suite-interpreter"]
+    assert all("rc=0" in line for line in summary)
+    result = json.loads((out / "gpu_e2e_second_cpu.json").read_text())
+    assert "errors" not in result
+    assert result["done"] == ["methods", "peers", "allaccept", "invariant", "ar-variants", "compile"]
+    spec = result["spec"]
+    assert {r["pair"] for r in spec} == {"random 1.5b/0.5b", "random 7b/0.5b", "all-accept 1.5b/1.5b copy"}
+    assert all(r["same_tokens_as_ar"] for r in spec if r["provider"] != "ar")  # lossless, every method
+    allaccept = {r["provider"] for r in spec if r["pair"].startswith("all-accept")}
+    assert allaccept == {"ar"} | set(result["method_providers"]) and len(allaccept) == 14
+    # the all-accept copy accepts every draft: each sd:γ round commits γ+1 tokens (S.new = 6)
+    sd2 = next(r for r in spec if r["pair"].startswith("all-accept") and r["provider"] == "sd:2")
+    assert sd2["acceptance_rate"] == 1.0 and sd2["tokens_per_target_forward"] == 3.0
+    peers = result["peers"]
+    assert len(peers) == 4 and all(r["same_tokens_as_ar"] for r in peers)  # fp32: HF == our ar
+    assert {r["variant"] for r in result["ar"]} == {"unfused", "fused", "torch.compile"}
+    compiled = [r for r in result["ar"] if r["variant"] == "torch.compile"]
+    assert compiled and all(r["dynamo_graphs"] == 1 for r in compiled)  # one shape (batch 1, one context)
+    check_invariant_rows(result["invariant"])
+
+
+def check_invariant_rows(inv: list[dict]) -> None:
+    """Mode off and auto always run (batch 1 and 2); mode on runs where the probe holds, and a
+    refusal (kernels no padding makes invariant) is recorded with the probe's finding."""
+    refused = [r for r in inv if "refused" in r]
+    assert all(r["mode"] == "True" and "batch-invariant mode" in r["refused"] for r in refused)
+    assert len(inv) == 6 - len(refused) and len(refused) <= 1
+    assert all(r["sd_same_tokens_as_ar"] for r in inv if "refused" not in r)
+    if os.environ.get("SPECENGINE_INVARIANT_PROBE") == "refuse":
+        assert refused and all(not r["info"]["on"] for r in inv if "refused" not in r)
+
+
+@pytest.mark.invariance_probe  # CI also runs this with the probe forced to refuse
+def test_the_invariant_section_records_what_the_probe_found(tmp_path):
+    out = tmp_path / "inv.json"
+    proc = subprocess.run([sys.executable, "gpu_e2e.py", "--smoke", "--only", "invariant", "--out", str(out)],
+                          cwd=ROOT / "bench", capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["done"] == ["invariant"]
+    check_invariant_rows(result["invariant"])

@@ -1,0 +1,183 @@
+"""The round's eager tail: on the GPU path every forward replays a CUDA graph, and what runs
+between the graphs (input copies, sampling, the commit, the driver's read-out) is launched
+kernel by kernel. A budget per round keeps that tail short, and a budget from a round's one
+host sync to its first graph replay keeps the device's idle gap short (issue 26: "the draft
+chain, the verify, the sampler and the commit with no eager gaps between them").
+
+Counted on CPU with the GPU op selection forced (Triton attention, sampler and commit under
+the interpreter, the engine's `kernels="triton"`) and graphs on through a stand-in capture
+whose replays are marked: every aten op outside a replay that is not a view or an
+allocation, plus every Triton launch, is a launch a GPU would see."""
+import dataclasses
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from specengine import Engine, generation
+
+pytest.importorskip("triton")
+from helpers.launches import NO_KERNEL  # noqa: E402
+
+pytestmark = pytest.mark.interpreter  # kernels on CPU tensors (conftest.py)
+
+# aten ops that launch nothing when they change nothing (a `.to` to the dtype a tensor has, a
+# reshape of a contiguous one); the cast or copy one of them does make is not counted
+MAYBE_NOTHING = {"to", "contiguous", "resolve_conj", "resolve_neg", "flatten", "reshape", "detach_"}
+
+
+SYNC = "SYNC"  # a device value read on the host
+
+
+class RoundLaunches(TorchDispatchMode):
+    """Eager launches per round, and from each round's sync to its first graph replay."""
+
+    def __init__(self):
+        super().__init__()
+        self.depth = 0  # > 0 inside a graph replay or a Triton launch
+        self.rounds: list[list[str]] = []
+        self.before_replay: list[int] = []  # launches from the sync to the first replay, per round
+        self.captured: set[int] = set()  # rounds that captured a graph (and ran its warm-ups)
+
+    def launch(self, name):
+        if self.depth == 0 and self.rounds:
+            self.rounds[-1].append(name)
+
+    def replay(self, fn):
+        if self.rounds and len(self.before_replay) < len(self.rounds):
+            self.before_replay.append(len(self.rounds[-1]))
+        self.depth += 1
+        try:
+            fn()
+        finally:
+            self.depth -= 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in NO_KERNEL:
+            self.launch(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture()
+def counted(monkeypatch):
+    """A RoundLaunches that sees Triton launches, graph replays and round boundaries."""
+    from helpers.launches import launch_class
+
+    InterpretedFunction = launch_class()  # noqa: N806 - the class whose `run` launches a kernel here
+
+    counter = RoundLaunches()
+    real_run, real_step = InterpretedFunction.run, generation.Generation.step
+
+    def run(self, *a, **k):
+        counter.launch("triton:" + self.fn.__name__)
+        counter.depth += 1
+        try:
+            return real_run(self, *a, **k)
+        finally:
+            counter.depth -= 1
+
+    def step(gen):
+        counter.rounds.append([])
+        return real_step(gen)
+
+    def syncing(name):
+        real = getattr(torch.Tensor, name)
+
+        def read(self, *a, **k):
+            counter.launch(SYNC)
+            return real(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, name, read)
+    for name in ("tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__"):
+        syncing(name)
+    monkeypatch.setattr(InterpretedFunction, "run", run)
+    monkeypatch.setattr(generation.Generation, "step", step)
+    return counter
+
+
+def marking_capture(counter):
+    def capture(fn, pool, device):
+        counter.captured.add(len(counter.rounds) - 1)  # a capture's round is not counted
+        fn(), fn()  # the warm-up runs a capture makes
+        return type("Marked", (), {"replay": staticmethod(lambda: counter.replay(fn))})()
+    return capture
+
+
+def round_launches(engine, counter, **kw):
+    """(eager launches per round, launches from each round's sync to the next round's first
+    graph replay), for the rounds of one generation that captured nothing (nor did the round
+    before them)."""
+    engine.set_cuda_graphs(True, capture=marking_capture(counter), lazy=True)
+    with torch.inference_mode(), counter:
+        engine.generate(["def add(a, b):\n"], ignore_eos=True, **{"max_new_tokens": 16, **kw})
+    assert len(counter.before_replay) == len(counter.rounds)  # every round replays a graph
+    rounds = [[op for op in r if op not in MAYBE_NOTHING] for r in counter.rounds]
+    plain = [i for i in range(1, len(rounds)) if not {i - 1, i} & counter.captured]
+    gaps = [len(rounds[i - 1]) - rounds[i - 1].index(SYNC) - 1 + counter.before_replay[i] for i in plain]
+    return [rounds[i] for i in plain], gaps
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_pair, tokenizer):
+    from helpers.fakes import random_drafter
+    from helpers.fakes import random_head
+
+    target, _, draft = tiny_pair
+    return Engine(target, tokenizer, draft, max_seq_len=128, kernels="triton",
+                  acceptance_head=random_head(draft, seed=3, bias=1.0), parallel_drafter=random_drafter(draft, k_max=3))
+
+
+# method -> (call, eager launches per round, launches from a round's sync to the next round's
+# first graph replay). Set a few launches above what this test counted when they were set
+# (docs/design.md, "A round's eager tail", has the counts before and after).
+CALLS = {
+    "ar": (dict(method="ar"), 13, 4),
+    "sd": (dict(method="sd", gamma=3), 30, 7),
+    "sd-sampled": (dict(method="sd", gamma=3, temperature=0.9, seed=3), 31, 7),
+    "specdec++": (dict(method="sd", policy="specdec++", gamma=4, threshold=0.5), 74, 13),
+    "parallelspec": (dict(method="parallelspec", gamma=3), 48, 14),
+    "sd-tree": (dict(method="sd", tree="2x3:5"), 132, 11),
+    "parallelspec-tree": (dict(method="parallelspec", tree="2x2"), 90, 13),
+    "pearl": (dict(method="pearl", gamma=3), 52, 11),
+    "pearl-parallel": (dict(method="pearl", policy="parallel", gamma=3, max_new_tokens=8), 74, 17),
+}
+
+
+@pytest.fixture()
+def gpu_policies(monkeypatch):
+    """SpecDec++ as on CUDA: its stop flags stay on the device (on a CPU it reads them per
+    draft step, which costs nothing without an asynchronous queue)."""
+    from specengine.methods.policies import SpecDecPolicy
+
+    attach = SpecDecPolicy.attach
+    monkeypatch.setattr(SpecDecPolicy, "attach", lambda self, head, early_exit: attach(self, head, False))
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_one_sync_and_a_short_eager_tail_per_round(engine, counted, gpu_policies, name):
+    kw, per_round, sync_to_replay = CALLS[name]
+    rounds, before = round_launches(engine, counted, **kw)
+    print("COUNTS", name, max(len(r) for r in rounds), max(before), len(rounds))  # -s shows the counts
+    assert len(rounds) >= 2 and len(before) == len(rounds)
+    for r, ops in enumerate(rounds):
+        assert ops.count(SYNC) == 1, (r, ops)  # the round's one host sync
+        assert len(ops) <= per_round, (len(ops), " ".join(ops))
+    assert max(before) <= sync_to_replay, (before, rounds[0])
+
+
+def test_the_counter_sees_an_eager_tail(engine, counted, gpu_policies, monkeypatch):
+    """The budgets can fail: with the torch commit (eleven launches) ar is over its budget,
+    and a sync inside a round is seen."""
+    from specengine.kernels.commit_tokens import commit_tokens_ref
+
+    def commit_with(fn):  # the table's commit replaced (applied when round_launches sets the graphs)
+        monkeypatch.setattr(engine.target, "normal_ops", dataclasses.replace(engine.target.normal_ops,
+                                                                              commit_tokens=fn))
+
+    commit_with(commit_tokens_ref)
+    rounds, _ = round_launches(engine, counted, method="ar")
+    assert min(len(r) for r in rounds) > CALLS["ar"][1]
+    counted.rounds.clear(), counted.before_replay.clear()
+    engine.set_cuda_graphs(False)
+    commit_with(lambda *a: (commit_tokens_ref(*a), a[1].tolist()))
+    rounds, _ = round_launches(engine, counted, method="ar")
+    assert all(r.count(SYNC) == 2 for r in rounds)
