@@ -1,4 +1,5 @@
-"""Build hook for the optional compiled KV extension `specengine._kvext` (csrc/).
+"""Build hook for the optional compiled extensions (csrc/): `specengine._kvext` (KV compaction)
+and `specengine._quantext` (matmul with GGUF-quantized weights, CPU).
 
 The package imports and works without it (torch index ops are the fallback), so the build
 never breaks an install: it is skipped when torch is not importable at build time (pip's
@@ -54,7 +55,9 @@ def extensions():
                 print(f"specengine: building the KV extension failed ({e}); using the torch fallback",
                       file=sys.stderr)
 
-    return {"build_ext": OptionalBuild.with_options(no_python_abi_suffix=False)}, [ext]
+    # the quantized matmul: CPU only; its hot loops carry per-ISA clones chosen by CPUID at load
+    quant = CppExtension("specengine._quantext", ["csrc/quant_matmul.cpp"], extra_compile_args={"cxx": ["-O3"]})
+    return {"build_ext": OptionalBuild.with_options(no_python_abi_suffix=False)}, [ext, quant]
 
 
 cmdclass, ext_modules = extensions()

@@ -14,7 +14,8 @@ from .methods import METHODS, Method
 from .methods.context import MethodContext
 from . import precision
 from .models.cpu_matmul import optimize, unpack
-from .models.loading import load_model, load_tokenizer
+from .models.loading import load_tokenizer
+from .pair import load_pair
 from .runtime.cross_device import CrossDeviceDraft
 from .runtime.runner import ModelRunner
 from .request import RequestParams
@@ -87,9 +88,7 @@ class Engine:
         is the Engine's (EngineConfig).
         """
         cfg = (config or EngineConfig()).replace(**options)
-        dev = _device(cfg.device)
-        ddev = dev if cfg.draft_device is None else _device(cfg.draft_device)
-        tmodel, tpath, dmodel, choice = _load_pair(target, draft, cfg, dev, ddev)
+        tmodel, tpath, dmodel, choice = load_pair(target, draft, cfg)
         engine = cls(tmodel, load_tokenizer(tpath), dmodel, cfg)
         engine.dtype_choice = choice
         return engine
@@ -230,7 +229,7 @@ class Engine:
         if method in self._dtype_notes:
             return
         self._dtype_notes.add(method)
-        draft = self.draft.model.embed_tokens.weight.dtype if self.draft is not None else None
+        draft = self.draft.model.dtype if self.draft is not None else None
         note = precision.better_setting(self.dtype_choice, method, self.target.dtype, draft)
         if note:
             warnings.warn(note, RuntimeWarning, stacklevel=4)
@@ -350,46 +349,6 @@ class Engine:
                 yield text[len(sent):]
                 sent = text
         self.last_stats = gen.stats()
-
-
-def _device(device) -> torch.device:
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SpecEngineError(f"device {device!r} requested but CUDA is not available", "device")
-    return dev
-
-
-def _load_pair(target, draft, cfg: EngineConfig, dev: torch.device, ddev: torch.device):
-    """(target model, its path, draft model or None, dtype decision or None). dtype "auto":
-    bf16 on CUDA; on a CPU each model's dtype for its role in the engine's method, from the
-    measured matmul table (precision.py), unless SPECENGINE_CPU_DTYPE forces one."""
-    dtype = cfg.torch_dtype()
-    if dtype is not None:
-        tmodel, tpath = load_model(target, dtype, dev)
-        return tmodel, tpath, load_model(draft, dtype, ddev)[0] if draft is not None else None, None
-    method = cfg.method or ("sd" if draft is not None else "ar")
-    on_cpu = [d.type == "cpu" for d in (dev, ddev)]
-    force = precision.forced_cpu_dtype()
-    first = {True: torch.float32 if force is None else getattr(torch, force), False: torch.bfloat16}
-    tmodel, tpath = load_model(target, first[on_cpu[0]], dev)
-    dmodel = load_model(draft, first[on_cpu[1]], ddev)[0] if draft is not None else None
-    if not on_cpu[0] and (dmodel is None or not on_cpu[1]):
-        return tmodel, tpath, dmodel, {"target": "bfloat16", "draft": "bfloat16" if dmodel is not None else None,
-                                       "method": method, "why": "cuda"}
-    if force is not None:
-        return tmodel, tpath, dmodel, precision.forced(force, dmodel is not None, method)
-    cpu_draft = dmodel if on_cpu[1] else None
-    if on_cpu[0]:
-        choice = precision.choose(tmodel, cpu_draft, method, gamma=cfg.gamma)
-        tmodel.to(getattr(torch, choice["target"]))
-    else:  # only the draft on a CPU: its one-row steps decide
-        choice = precision.choose(dmodel, None, "ar")
-        choice = {**choice, "target": "bfloat16", "draft": choice["target"], "method": method}
-    if cpu_draft is not None and choice["draft"]:
-        cpu_draft.to(getattr(torch, choice["draft"]))
-    return tmodel, tpath, dmodel, choice
 
 
 def _is_chat(p) -> bool:

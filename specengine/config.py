@@ -73,6 +73,9 @@ class EngineConfig:
     dtype: object = option("auto", "auto (bf16 on CUDA; on CPU fp32 or bf16, whichever measures faster) | "
                            "float32 | bfloat16 | float16")
     draft_device: str | None = option(None, "put the draft on its own device, e.g. cuda:1 (PEARL on two GPUs)")
+    weights: str = option("auto", "gguf (keep a GGUF file's quantized blocks; dtype is then the activation dtype) "
+                          "| float (dequantize once) | auto (float, until the quantized kernels win the measured "
+                          "plan here)", choices={"auto": "auto", "gguf": "gguf", "float": "float"})
 
     def __post_init__(self):
         if self.method is not None and self.method not in METHODS:
@@ -87,6 +90,8 @@ class EngineConfig:
             parse_kernels(self.kernels)
         except KernelChoiceError as e:
             raise SpecEngineError(str(e), "kernels") from None
+        if self.weights not in ("auto", "gguf", "float"):
+            raise SpecEngineError(f"unknown weights {self.weights!r}; choose from auto, gguf, float", "weights")
         if not isinstance(self.dtype, torch.dtype) and self.dtype != "auto" and self.dtype not in DTYPES:
             raise SpecEngineError(f"unknown dtype {self.dtype!r}; choose from auto, {', '.join(DTYPES)}", "dtype")
         make_policy(self.policy, self.gamma, threshold=self.threshold)  # the draft-length options, early

@@ -165,7 +165,7 @@ def _linears(model):
 
 def shape_groups(model, dtype=None) -> dict[str, list]:
     """Linear layers keyed by "dtype:out x in:storage options" (a tied LM head stays plain)."""
-    tied = model.embed_tokens.weight
+    tied = getattr(model.embed_tokens, "weight", None)  # a quantized embedding has none
     groups: dict[str, list] = {}
     for layer in _linears(model):
         dt = dtype or (layer.weight if layer.weight is not None else layer.packed_weight).dtype
@@ -237,7 +237,7 @@ def _choose_storage(ms: dict, storages) -> str:
 
 def tune(model, rows=ROWS_TUNED, reps: int = 2, progress: bool = True, dtype=None) -> dict[str, dict]:
     """Measure (or read from the machine cache) every shape group of `model`; returns entries."""
-    dtype = dtype or model.embed_tokens.weight.dtype
+    dtype = dtype or model.dtype
     table = _load_table()
     groups = shape_groups(model, dtype)
     todo = {}
@@ -297,7 +297,7 @@ def matvec_bound(model, repeats: int = 3) -> dict:
     `repeats` passes over every Linear of the model with one-row inputs, in forward order,
     through the paths decoding uses. A decode step cannot beat its own matrix-vector work."""
     layers = _linears(model)
-    xs = [torch.randn(1, layer.in_features).to(model.embed_tokens.weight.dtype) for layer in layers]
+    xs = [torch.randn(1, layer.in_features).to(model.dtype) for layer in layers]
     with torch.inference_mode():
         seconds = _time_pass(lambda x, layer: layer(x), None, layers, repeats, xs) * len(layers)
     nbytes = weight_bytes(model)

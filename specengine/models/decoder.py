@@ -120,6 +120,15 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activation dtype (the norms', never quantized; GGUF weights keep their blocks)."""
+        return self.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
     def forward(self, tokens, cache, ops: Ops = TORCH, tree_mask=None,
                 attn_len=None, logits_at=None, return_hidden=False, inputs_embeds=None):
         """tokens [B,T] written at cache.lens[b] + (0..T-1) (tree: rotated as depth of the node).

@@ -63,14 +63,23 @@ def _weight_files(path: Path) -> list[Path]:
     return files
 
 
-def load_model(name_or_path, dtype=torch.float32, device="cpu") -> tuple[Transformer, Path]:
-    """Build our decoder and load its weights; returns (model, resolved directory)."""
+WEIGHTS = ("float", "gguf")
+
+
+def load_model(name_or_path, dtype=torch.float32, device="cpu", weights: str = "float") -> tuple[Transformer, Path]:
+    """Build our decoder and load its weights; returns (model, resolved directory).
+    weights="gguf": keep a GGUF file's quantized tensors as blocks (models/gguf_weights.py);
+    `dtype` is then the activation dtype."""
     from safetensors import safe_open
 
+    if weights not in WEIGHTS:
+        raise SpecEngineError(f"unknown weights {weights!r}; choose from {', '.join(WEIGHTS)} (or auto)", "weights")
     path = resolve(name_or_path)
     cfg = load_config(path)
     with torch.device("meta"):
         model = Transformer(cfg)
+    if weights == "gguf":
+        return _load_gguf(model, name_or_path, dtype, device), path
     state = {}
     for f in _weight_files(path):
         with safe_open(f, framework="pt", device="cpu") as sf:
@@ -90,6 +99,20 @@ def load_model(name_or_path, dtype=torch.float32, device="cpu") -> tuple[Transfo
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     return model.to(device).eval().requires_grad_(False), path
+
+
+def _load_gguf(model: Transformer, name_or_path, dtype, device) -> Transformer:
+    from .gguf_weights import gguf_file, load_quantized
+
+    file = gguf_file(name_or_path)
+    if file is None:
+        raise SpecEngineError(f"weights='gguf' needs a .gguf file or a registry model; {name_or_path!r} is "
+                              f"neither (use weights='float')", "weights")
+    model = load_quantized(model, file, dtype)
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if left:
+        raise SpecEngineError(f"{file.name} lacks {len(left)} tensors this architecture needs, e.g. {left[:3]}")
+    return model.to(device).eval().requires_grad_(False)
 
 
 def load_tokenizer(path: Path):

@@ -28,9 +28,9 @@ class KVCache:
     @classmethod
     def for_model(cls, model, batch: int, max_seq_len: int) -> "KVCache":
         """A static buffer (and RoPE tables) for `model`, on its device and in its dtype."""
-        p, c = model.embed_tokens.weight, model.config
-        rope = rope_tables(c.hf_config, c.head_dim, max_seq_len, p.device)
-        return cls(c.num_layers, batch, max_seq_len, c.num_kv_heads, c.head_dim, p.dtype, p.device, rope)
+        c = model.config
+        rope = rope_tables(c.hf_config, c.head_dim, max_seq_len, model.device)
+        return cls(c.num_layers, batch, max_seq_len, c.num_kv_heads, c.head_dim, model.dtype, model.device, rope)
 
     def rows(self, n: int) -> "KVCache":
         """A view of the first n rows (same storage, lengths and high-water mark)."""

@@ -43,11 +43,11 @@ class ModelRunner:
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+        return self.model.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        return self.model.dtype
 
     # ------------------------------------------------------------------ configuration
     def set_kernels(self, kernels="auto") -> None:

@@ -43,3 +43,61 @@ def test_gguf_path_converts_once_and_generates():
     ar = eng.generate(msgs, max_new_tokens=12, method="ar")
     sd = eng.generate(msgs, max_new_tokens=12, method="sd", gamma=3)
     assert sd.token_ids == ar.token_ids and ar.text
+
+
+# ---------------------------------------------------------------- weights kept as GGUF blocks
+REAL_FILES = ["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
+
+
+@pytest.mark.parametrize("name", REAL_FILES)
+def test_every_tensor_dequantizes_as_the_gguf_package_does(name):
+    """Our torch reference against `gguf`'s dequantizer on every quantized tensor of the file
+    (in row chunks, to keep memory small)."""
+    import numpy as np
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    from specengine.kernels.quant_matmul import FORMATS, dequantize_ref
+
+    fetch(name)
+    reader = GGUFReader(cache_dir() / "gguf" / f"{name}.gguf")
+    checked = 0
+    for t in reader.tensors:
+        if t.tensor_type.name not in FORMATS:
+            continue
+        data = np.asarray(t.data)
+        for lo in range(0, data.shape[0], 8192):
+            chunk = data[lo:lo + 8192]
+            theirs = torch.from_numpy(dequantize(chunk, t.tensor_type).reshape(chunk.shape[0], -1))
+            ours = dequantize_ref(torch.from_numpy(chunk.copy()), t.tensor_type.name)
+            assert torch.equal(ours, theirs), (t.name, t.tensor_type.name)
+        checked += 1
+    assert checked >= 24, checked  # every layer's projections at least
+
+
+def test_the_quantized_pair_is_lossless_small_and_close_to_the_float_model():
+    """weights='gguf' on the real pair: every method gives the quantized target's own ar tokens
+    (fp32 activations, greedy), the models hold about the files' bytes, and the quantized target
+    stays close to the float model dequantized from the same file."""
+    import os
+
+    target, draft = REAL_FILES[:2]
+    eng = Engine.from_pretrained(target, draft=draft, weights="gguf", max_seq_len=256, cpu_matmul="linear")
+    files = sum(os.path.getsize(cache_dir() / "gguf" / f"{n}.gguf") for n in (target, draft))
+    held = sum(b.numel() * b.element_size() for r in (eng.target, eng.draft)
+               for b in list(r.model.buffers()) + list(r.model.parameters()))
+    assert held <= 1.3 * files, (held, files)
+    prompt = "def fibonacci(n):\n"
+    ar = eng.generate(prompt, max_new_tokens=16, method="ar", ignore_eos=True).token_ids
+    for method, kw in [("sd", {"gamma": 3}), ("sd", {"gamma": "auto"}), ("pearl", {})]:
+        assert eng.generate(prompt, max_new_tokens=16, method=method, ignore_eos=True, **kw).token_ids == ar, method
+    ids = torch.tensor([eng.tokenizer(prompt).input_ids])
+    with torch.inference_mode():
+        quant = ModelRunner(eng.target.model, cuda_graphs=False)
+        dense = ModelRunner(load_model(target)[0], cuda_graphs=False)
+        out = []
+        for r in (quant, dense):
+            r.allocate(1, 64)
+            out.append(r.verify(ids))
+    # the file's own `output` (Q6_K) against the float model's tied embedding (Q4_K): close, not equal
+    assert (out[0].argmax(-1) == out[1].argmax(-1)).float().mean() >= 0.8

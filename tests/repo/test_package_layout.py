@@ -12,12 +12,12 @@ ROOT = Path(__file__).resolve().parents[2]
 # floor of each top-level part, lowest first; a module imports only from its floor or below
 FLOORS = {
     "errors": 0, "timing": 0,
-    "kernels": 1, "_kvext": 1,  # _kvext: the compiled KV extension (csrc/, setup.py)
+    "kernels": 1, "_kvext": 1, "_quantext": 1,  # the compiled extensions (csrc/, setup.py)
     "layers": 2,
     "models": 3,
     "runtime": 4, "drafting": 4,
     "methods": 5,
-    "config": 6, "precision": 6, "request": 6, "generation": 6, "detokenize": 6, "api": 6, "": 6,  # "": the package root
+    "config": 6, "precision": 6, "pair": 6, "request": 6, "generation": 6, "detokenize": 6, "api": 6, "": 6,  # "": the package root
     "serve": 7, "training": 7,
     "cli": 8, "demo": 8, "benchmark": 8, "prompts": 8,
 }
@@ -33,7 +33,7 @@ def modules() -> dict[str, Path]:
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             out[".".join([prefix, *parts])] = f
-    out["specengine._kvext"] = ROOT / "setup.py"  # compiled: imports nothing of ours
+    out["specengine._kvext"] = out["specengine._quantext"] = ROOT / "setup.py"  # compiled: import nothing of ours
     return out
 
 

@@ -1,0 +1,138 @@
+// The hot loops of quant_matmul.cpp, included once per instruction set inside its own namespace
+// (with `#pragma GCC target` around it), so each copy is vectorized for that ISA. No includes here.
+// Dequantization is ggml-quants.c's, operation for operation (kernels/quant_matmul.py is the spec).
+
+inline float f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return c10::detail::fp16_ieee_to_fp32_value(h);
+}
+
+inline void scale_min_k4(int j, const uint8_t* q, float d, float dmin, float* sc, float* mn) {
+  int s, m;
+  if (j < 4) {
+    s = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    s = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+  *sc = d * float(s);
+  *mn = dmin * float(m);
+}
+
+// One row of nb blocks of format Q at b -> y.
+template <int Q>
+void dequant_row(const uint8_t* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, b += kBytes[Q], y += kValues[Q]) {
+    if constexpr (Q == kQ4_0) {
+      const float d = f16(b);
+      for (int l = 0; l < 16; ++l) y[l] = d * (float(b[2 + l] & 0xF) - 8.0f);
+      for (int l = 0; l < 16; ++l) y[l + 16] = d * (float(b[2 + l] >> 4) - 8.0f);
+    } else if constexpr (Q == kQ5_0) {
+      const float d = f16(b);
+      uint32_t qh;
+      std::memcpy(&qh, b + 2, 4);
+      for (int l = 0; l < 16; ++l) y[l] = d * (float((b[6 + l] & 0xF) | (((qh >> l) & 1) << 4)) - 16.0f);
+      for (int l = 0; l < 16; ++l) y[l + 16] = d * (float((b[6 + l] >> 4) | (((qh >> (l + 16)) & 1) << 4)) - 16.0f);
+    } else if constexpr (Q == kQ8_0) {
+      const float d = f16(b);
+      const int8_t* q = reinterpret_cast<const int8_t*>(b + 2);
+      for (int l = 0; l < 32; ++l) y[l] = d * float(q[l]);
+    } else if constexpr (Q == kQ4_K || Q == kQ5_K) {
+      const float d = f16(b), dmin = f16(b + 2);
+      const uint8_t* qh = b + 16;
+      const uint8_t* qs = Q == kQ5_K ? b + 48 : b + 16;
+      for (int c = 0; c < 4; ++c) {  // 64 values: sub-blocks 2c (low nibbles) and 2c + 1 (high)
+        float d1, m1, d2, m2;
+        scale_min_k4(2 * c, b + 4, d, dmin, &d1, &m1);
+        scale_min_k4(2 * c + 1, b + 4, d, dmin, &d2, &m2);
+        const uint8_t* q = qs + 32 * c;
+        float* o = y + 64 * c;
+        if constexpr (Q == kQ5_K) {
+          for (int l = 0; l < 32; ++l) o[l] = d1 * float((q[l] & 0xF) | (((qh[l] >> (2 * c)) & 1) << 4)) - m1;
+          for (int l = 0; l < 32; ++l) o[l + 32] = d2 * float((q[l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4)) - m2;
+        } else {
+          for (int l = 0; l < 32; ++l) o[l] = d1 * float(q[l] & 0xF) - m1;
+          for (int l = 0; l < 32; ++l) o[l + 32] = d2 * float(q[l] >> 4) - m2;
+        }
+      }
+    } else {  // Q6_K: two halves of 128 values, each 8 runs of 16 with one scale
+      const uint8_t* ql = b;
+      const uint8_t* qh = b + 128;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+      const float d = f16(b + 208);
+      float* o = y;
+      for (int h = 0; h < 2; ++h, o += 128, ql += 64, qh += 32, sc += 8) {
+        for (int r = 0; r < 2; ++r) {  // l in [16r, 16r + 16): scale index is = r
+          const float s1 = d * float(sc[r]), s2 = d * float(sc[r + 2]), s3 = d * float(sc[r + 4]),
+                      s4 = d * float(sc[r + 6]);
+          for (int j = 0; j < 16; ++j) {
+            const int l = 16 * r + j;
+            o[l] = s1 * float(int((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32);
+            o[l + 32] = s2 * float(int((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+            o[l + 64] = s3 * float(int((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+            o[l + 96] = s4 * float(int((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+          }
+        }
+      }
+    }
+  }
+}
+
+// y[m] = sum_k x[m, k] * w[k] for R activation rows: 16 accumulators per row, summed in a fixed
+// order (the same whatever R is, so a row's result never depends on its neighbours).
+template <int R>
+void dot_rows(const float* x, int64_t K, const float* w, float* out) {
+  float acc[R][16] = {};
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16)
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < 16; ++j) acc[r][j] += x[r * K + k + j] * w[k + j];
+  for (int j = 0; k < K; ++k, ++j)
+    for (int r = 0; r < R; ++r) acc[r][j] += x[r * K + k] * w[k];
+  for (int r = 0; r < R; ++r) {
+    float s = 0.0f;
+    for (int j = 0; j < 16; ++j) s += acc[r][j];
+    out[r] = s;
+  }
+}
+
+// x holds M rows padded with zero rows to a multiple of 4: every row goes through the same
+// 4-row code, so its bits never depend on how many rows share the call.
+template <int Q>
+void matmul_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t row_bytes, float* y, int64_t N,
+                 int64_t begin, int64_t end, float* row) {
+  const int64_t nb = K / kValues[Q];
+  float out[4];
+  for (int64_t n = begin; n < end; ++n) {
+    dequant_row<Q>(w + n * row_bytes, row, nb);
+    for (int64_t m = 0; m < M; m += 4) {
+      dot_rows<4>(x + m * K, K, row, out);
+      for (int r = 0; r < 4 && m + r < M; ++r) y[(m + r) * N + n] = out[r];
+    }
+  }
+}
+
+inline void matmul(int64_t qtype, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t row_bytes, float* y,
+                   int64_t N, int64_t begin, int64_t end, float* row) {
+  switch (qtype) {
+    case kQ4_0: return matmul_rows<kQ4_0>(x, M, K, w, row_bytes, y, N, begin, end, row);
+    case kQ5_0: return matmul_rows<kQ5_0>(x, M, K, w, row_bytes, y, N, begin, end, row);
+    case kQ8_0: return matmul_rows<kQ8_0>(x, M, K, w, row_bytes, y, N, begin, end, row);
+    case kQ4_K: return matmul_rows<kQ4_K>(x, M, K, w, row_bytes, y, N, begin, end, row);
+    case kQ5_K: return matmul_rows<kQ5_K>(x, M, K, w, row_bytes, y, N, begin, end, row);
+    default: return matmul_rows<kQ6_K>(x, M, K, w, row_bytes, y, N, begin, end, row);
+  }
+}
+
+inline void dequantize(int64_t qtype, const uint8_t* w, int64_t nb, float* y) {
+  switch (qtype) {
+    case kQ4_0: return dequant_row<kQ4_0>(w, y, nb);
+    case kQ5_0: return dequant_row<kQ5_0>(w, y, nb);
+    case kQ8_0: return dequant_row<kQ8_0>(w, y, nb);
+    case kQ4_K: return dequant_row<kQ4_K>(w, y, nb);
+    case kQ5_K: return dequant_row<kQ5_K>(w, y, nb);
+    default: return dequant_row<kQ6_K>(w, y, nb);
+  }
+}

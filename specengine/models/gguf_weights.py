@@ -1,0 +1,124 @@
+"""Load a GGUF file with its weights kept as blocks (models/quant_linear.py): the file's
+quantized tensors become QuantLinear / QuantEmbedding layers at their GGUF size, its float
+tensors (norms, biases) load in the activation dtype. The architecture comes from the HF
+directory the file converts to once (models/fetch.py), so config and tokenizer are the ones
+the float path uses; only the weights differ.
+
+Names: llama.cpp's (`blk.N.attn_q`, ...) onto ours; q/k/v and gate/up merge into one layer
+(a segment per part when their formats differ). llama.cpp stores a llama-architecture q/k
+with the rows of each head interleaved for its RoPE; they are put back in HF order, which is
+a permutation of whole rows, so it applies to the blocks as they are.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import SpecEngineError
+from ..kernels.quant_matmul import FORMATS
+from . import fetch
+from .decoder import Linear, Transformer
+from .quant_linear import QuantEmbedding, QuantLinear
+
+LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+               "attn_output": "self_attn.o_proj", "ffn_down": "mlp.down_proj"}
+MERGED = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "mlp.gate_up_proj": ("ffn_gate", "ffn_up")}
+
+
+def gguf_file(name_or_path) -> Path | None:
+    """The GGUF file behind a model reference (a registry name or a .gguf path), else None."""
+    ref = str(name_or_path)
+    if ref in fetch.REGISTRY:
+        fetch.fetch(ref)  # downloads and converts once; the GGUF stays in the cache
+        return fetch.cache_dir() / "gguf" / f"{ref}.gguf"
+    path = Path(ref).expanduser()
+    return path if path.is_file() and path.suffix == ".gguf" else None
+
+
+class _Tensors:
+    """The file's tensors by name: (format name, data as a torch tensor [rows, row bytes or values])."""
+
+    def __init__(self, path: Path):
+        from gguf import GGUFReader
+
+        reader = GGUFReader(path)
+        self.arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+        self.by_name = {t.name: t for t in reader.tensors}
+
+    def __contains__(self, name):
+        return name in self.by_name
+
+    def get(self, name: str):
+        t = self.by_name[name]
+        kind = t.tensor_type.name
+        data = torch.from_numpy(t.data.copy())
+        if kind in ("F32", "F16", "BF16"):
+            return kind, data
+        if kind not in FORMATS:
+            raise SpecEngineError(f"{name} is stored as {kind}, a GGUF format specengine does not run quantized "
+                                  f"(supported: {', '.join(FORMATS)}); load it with weights='float'", "weights")
+        return kind, data.reshape(data.shape[0], -1)
+
+
+def _unpermute(rows: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's RoPE row interleave of a q/k weight undone (rows: [heads * head_dim, ...])."""
+    n = rows.shape[0]
+    return rows.reshape(heads, n // heads // 2, 2, -1).transpose(1, 2).reshape(rows.shape)
+
+
+def load_quantized(model: Transformer, path: Path, dtype: torch.dtype) -> Transformer:
+    """Fill `model` (built on the meta device) from the GGUF file at `path`: quantized layers
+    for its block tensors, `dtype` (the activation dtype) for the rest."""
+    src, cfg = _Tensors(path), model.config
+    heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads}
+
+    def tensor(name, part=None):
+        kind, data = src.get(name)
+        if src.arch == "llama" and part in heads:
+            data = _unpermute(data, heads[part])
+        return kind, data
+
+    def linear(names: list[str], parts: tuple = ()) -> QuantLinear:
+        got = [tensor(n + ".weight", n.rsplit(".", 1)[-1]) for n in names]
+        segments = []
+        for kind, data in got:
+            if kind not in FORMATS:
+                raise SpecEngineError(f"{names[0]} is a float tensor in a quantized layer; load with weights='float'")
+            if segments and segments[-1][0] == kind:  # same format: one segment, rows stacked
+                segments[-1] = (kind, torch.cat([segments[-1][1], data]))
+            else:
+                segments.append((kind, data))
+        biases = [n + ".bias" for n in names]
+        bias = torch.cat([_bias(src, b, names[0]) for b in biases]) if biases[0] in src else None
+        return QuantLinear(cfg.hidden_size if "ffn_down" not in names[0] else cfg.intermediate_size, segments,
+                           None if bias is None else bias.to(dtype), parts)
+
+    kind, emb = src.get("token_embd.weight")
+    if kind not in FORMATS:
+        raise SpecEngineError("token_embd is a float tensor in this file; load it with weights='float'", "weights")
+    model.embed_tokens = QuantEmbedding(kind, emb, cfg.hidden_size, dtype)
+    # a tied LM head shares the embedding's blocks (the file has no `output`)
+    model.lm_head = linear(["output"]) if "output.weight" in src else QuantLinear(cfg.hidden_size, [(kind, emb)])
+    model.norm.weight = torch.nn.Parameter(src.get("output_norm.weight")[1].to(dtype), requires_grad=False)
+    for i, layer in enumerate(model.layers):
+        blk = f"blk.{i}."
+        for ours, parts in MERGED.items():
+            owner, attr = ours.split(".")
+            old = getattr(getattr(layer, owner), attr)
+            setattr(getattr(layer, owner), attr, linear([blk + p for p in parts], old.parts))
+        for theirs, ours in LAYER_NAMES.items():
+            owner, attr = ours.rsplit(".", 1) if "." in ours else (None, ours)
+            target = getattr(layer, owner) if owner else layer
+            if isinstance(getattr(target, attr), Linear):
+                setattr(target, attr, linear([blk + theirs]))
+            else:
+                getattr(target, attr).weight = torch.nn.Parameter(src.get(blk + theirs + ".weight")[1].to(dtype),
+                                                                  requires_grad=False)
+    return model
+
+
+def _bias(src: _Tensors, name: str, layer: str) -> torch.Tensor:
+    if name not in src:
+        raise SpecEngineError(f"{layer}: some merged parts have a bias and some do not")
+    return src.get(name)[1].float()

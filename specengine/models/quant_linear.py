@@ -1,0 +1,88 @@
+"""Linear and embedding layers whose weights stay GGUF blocks (kernels/quant_matmul.py).
+
+`QuantLinear` holds one or more row segments, each a uint8 tensor [rows, row_bytes] of one
+block format (a merged projection whose checkpoint parts differ in format keeps a segment
+per part: Q4_K_M files store some v / down projections as Q6_K). On CPU it runs the
+compiled kernel (`specengine._quantext`: each weight row dequantized once, multiplied with
+every activation row) where it is built, else the torch reference; the result comes back in
+the activation dtype. `QuantEmbedding` dequantizes only the rows a step reads.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..kernels.quant_matmul import FORMATS, dequantize_ref, quant_matmul_ref
+
+try:
+    from .. import _quantext
+except ImportError:  # not built (no compiler at install): the torch reference
+    _quantext = None
+
+EXT_CODES = {"Q4_0": 0, "Q5_0": 1, "Q8_0": 2, "Q4_K": 3, "Q5_K": 4, "Q6_K": 5}  # csrc/quant_matmul.cpp
+
+
+def extension_isa() -> str | None:
+    """The instruction set the compiled kernel runs with here (CPUID), or None when not built."""
+    return _quantext.isa() if _quantext is not None else None
+
+
+ROWS_PER_READ = 64  # above this many rows (prefill) one dequantization + a BLAS matmul is cheaper
+
+
+def quant_matmul(x2: torch.Tensor, qweight: torch.Tensor, qtype: str) -> torch.Tensor:
+    """fp32 [M, N] = x2 [M, K] @ dequantize(qweight).T, on the fastest path available here:
+    the compiled kernel for decode and verify widths, dequantize-then-matmul for prefill."""
+    if _quantext is None or qweight.device.type != "cpu" or qtype not in EXT_CODES:
+        return quant_matmul_ref(x2, qweight, qtype)
+    if x2.shape[0] > ROWS_PER_READ:
+        return x2.float() @ _quantext.dequantize(qweight, EXT_CODES[qtype], x2.shape[1]).T
+    return _quantext.quant_matmul(x2.float().contiguous(), qweight, EXT_CODES[qtype])
+
+
+class QuantLinear(nn.Module):
+    """y = x @ W.T + b with W as GGUF blocks: `segments` [(qtype, uint8 [rows, row_bytes])] stacked
+    along the output dimension; `parts` as `decoder.Linear`'s (the checkpoint projections merged)."""
+
+    def __init__(self, in_features: int, segments: list[tuple[str, torch.Tensor]], bias: torch.Tensor | None = None,
+                 parts: tuple = ()):
+        super().__init__()
+        self.in_features, self.parts = in_features, parts
+        self.qtypes = [q for q, _ in segments]
+        for i, (q, w) in enumerate(segments):
+            if q not in FORMATS:
+                raise ValueError(f"unsupported GGUF block format {q!r}")
+            self.register_buffer(f"qweight{i}", w.contiguous())
+        self.out_features = sum(w.shape[0] for _, w in segments)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def segments(self):
+        return [(q, getattr(self, f"qweight{i}")) for i, q in enumerate(self.qtypes)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        outs = [quant_matmul(x2, w, q) for q, w in self.segments()]
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, -1)
+        if self.bias is not None:
+            y = y + self.bias.float()
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight as fp32 [out, in] (tests and conversions; never on the decode path)."""
+        return torch.cat([dequantize_ref(w, q) for q, w in self.segments()])
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, formats={self.qtypes}"
+
+
+class QuantEmbedding(nn.Module):
+    """Token embeddings as GGUF blocks [vocab, row_bytes]; a lookup dequantizes its rows only."""
+
+    def __init__(self, qtype: str, qweight: torch.Tensor, dim: int, dtype: torch.dtype):
+        super().__init__()
+        self.qtype, self.embedding_dim, self.dtype = qtype, dim, dtype
+        self.register_buffer("qweight", qweight.contiguous())
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        rows = dequantize_ref(self.qweight[tokens.reshape(-1)], self.qtype)
+        return rows.to(self.dtype).reshape(*tokens.shape, self.embedding_dim)

@@ -1,0 +1,59 @@
+"""Load an engine's (target, draft) pair: devices, weights (float or GGUF blocks) and each
+model's dtype for its role (precision.py), as `Engine.from_pretrained` asks."""
+from __future__ import annotations
+
+import torch
+
+from . import precision
+from .config import EngineConfig
+from .errors import SpecEngineError
+from .models.loading import load_model
+
+
+def device_of(device) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SpecEngineError(f"device {device!r} requested but CUDA is not available", "device")
+    return dev
+
+
+def load_pair(target, draft, cfg: EngineConfig):
+    """(target model, its path, draft model or None, dtype decision or None). dtype "auto":
+    bf16 on CUDA; on a CPU each model's dtype for its role in the engine's method, from the
+    measured matmul table (precision.py), unless SPECENGINE_CPU_DTYPE forces one."""
+    dev = device_of(cfg.device)
+    ddev = dev if cfg.draft_device is None else device_of(cfg.draft_device)
+    dtype = cfg.torch_dtype()
+    if cfg.weights == "gguf":  # blocks as stored; dtype is the activations' (fp32 unless asked)
+        act = dtype or torch.float32
+        tmodel, tpath = load_model(target, act, dev, weights="gguf")
+        dmodel = load_model(draft, act, ddev, weights="gguf")[0] if draft is not None else None
+        name = str(act).removeprefix("torch.")
+        return tmodel, tpath, dmodel, {"target": name, "draft": name if dmodel is not None else None,
+                                       "method": cfg.method, "why": "weights='gguf'"}
+    if dtype is not None:
+        tmodel, tpath = load_model(target, dtype, dev)
+        return tmodel, tpath, load_model(draft, dtype, ddev)[0] if draft is not None else None, None
+    method = cfg.method or ("sd" if draft is not None else "ar")
+    on_cpu = [d.type == "cpu" for d in (dev, ddev)]
+    force = precision.forced_cpu_dtype()
+    first = {True: torch.float32 if force is None else getattr(torch, force), False: torch.bfloat16}
+    tmodel, tpath = load_model(target, first[on_cpu[0]], dev)
+    dmodel = load_model(draft, first[on_cpu[1]], ddev)[0] if draft is not None else None
+    if not on_cpu[0] and (dmodel is None or not on_cpu[1]):
+        return tmodel, tpath, dmodel, {"target": "bfloat16", "draft": "bfloat16" if dmodel is not None else None,
+                                       "method": method, "why": "cuda"}
+    if force is not None:
+        return tmodel, tpath, dmodel, precision.forced(force, dmodel is not None, method)
+    cpu_draft = dmodel if on_cpu[1] else None
+    if on_cpu[0]:
+        choice = precision.choose(tmodel, cpu_draft, method, gamma=cfg.gamma)
+        tmodel.to(getattr(torch, choice["target"]))
+    else:  # only the draft on a CPU: its one-row steps decide
+        choice = precision.choose(dmodel, None, "ar")
+        choice = {**choice, "target": "bfloat16", "draft": choice["target"], "method": method}
+    if cpu_draft is not None and choice["draft"]:
+        cpu_draft.to(getattr(torch, choice["draft"]))
+    return tmodel, tpath, dmodel, choice

@@ -1,0 +1,104 @@
+"""GGUF blocks kept as they are (kernels/quant_matmul.py, csrc/quant_matmul.cpp): the torch
+dequantizers equal the `gguf` package's bit for bit on every format; the compiled CPU kernel
+equals the reference matmul (odd shapes, 1-70 rows) and gives each row the same bits whatever
+rows share its call; the quantized layers compute what their dequantized weights would."""
+import numpy as np
+import pytest
+import torch
+
+from specengine.kernels.quant_matmul import FORMATS, dequantize_ref, quant_matmul_ref, row_bytes
+from specengine.models import quant_linear
+from specengine.models.quant_linear import EXT_CODES, QuantEmbedding, QuantLinear
+
+SCALES = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+
+
+def random_blocks(qtype: str, rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """Random GGUF rows: random quants, finite positive fp16 scales where each block keeps them."""
+    g = torch.Generator().manual_seed(seed)
+    values, nbytes = FORMATS[qtype]
+    b = torch.randint(0, 256, (rows, cols // values, nbytes), generator=g, dtype=torch.uint8)
+    for at in SCALES[qtype]:
+        d = (torch.rand(rows, cols // values, generator=g) * 0.02 + 0.001).half()
+        b[..., at:at + 2] = d.view(torch.uint8).reshape(rows, cols // values, 2)
+    return b.reshape(rows, -1).contiguous()
+
+
+@pytest.mark.parametrize("qtype", list(FORMATS))
+def test_reference_dequantizer_equals_the_gguf_package(qtype):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    w = random_blocks(qtype, 9, 512, seed=len(qtype))
+    theirs = dequantize(w.numpy(), GGMLQuantizationType[qtype]).reshape(9, 512)
+    assert torch.equal(dequantize_ref(w, qtype), torch.from_numpy(np.ascontiguousarray(theirs)))
+
+
+def test_bad_shapes_and_formats_are_refused():
+    with pytest.raises(ValueError, match="not a multiple"):
+        row_bytes("Q4_K", 300)
+    with pytest.raises(ValueError, match="unsupported GGUF block format 'Q3_K'"):
+        dequantize_ref(torch.zeros(2, 110, dtype=torch.uint8), "Q3_K")
+    with pytest.raises(ValueError, match="whole blocks of 144 bytes"):
+        dequantize_ref(torch.zeros(2, 100, dtype=torch.uint8), "Q4_K")
+
+
+def test_the_kernel_is_built_here():
+    """CI builds it (make install); without it the quantized layers fall back to the reference."""
+    assert quant_linear.extension_isa() in ("avx512", "avx2", "baseline")
+
+
+@pytest.mark.parametrize("qtype", list(EXT_CODES))
+@pytest.mark.parametrize("N,K,M", [(37, 512, 1), (3, 256, 5), (70, 768, 9), (5, 1024, 17)])
+def test_kernel_equals_the_reference_matmul(qtype, N, K, M):
+    ext = quant_linear._quantext
+    w = random_blocks(qtype, N, K, seed=N * M)
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(M))
+    ref = quant_matmul_ref(x, w, qtype)
+    torch.testing.assert_close(ext.quant_matmul(x, w, EXT_CODES[qtype]), ref, rtol=1e-5, atol=1e-5 * ref.abs().max())
+    assert torch.equal(ext.dequantize(w, EXT_CODES[qtype], K), dequantize_ref(w, qtype))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
+def test_a_rows_result_does_not_depend_on_its_neighbours(qtype):
+    """Batch invariance: a decode (1 row) and a verify (k rows) give a row the same bits."""
+    ext = quant_linear._quantext
+    w = random_blocks(qtype, 33, 768, seed=3)
+    x = torch.randn(9, 768, generator=torch.Generator().manual_seed(4))
+    together = ext.quant_matmul(x, w, EXT_CODES[qtype])
+    for m in range(9):
+        assert torch.equal(ext.quant_matmul(x[m:m + 1].contiguous(), w, EXT_CODES[qtype])[0], together[m])
+    assert torch.equal(ext.quant_matmul(x[2:7].contiguous(), w, EXT_CODES[qtype]), together[2:7])
+
+
+def test_kernel_refuses_bad_inputs_naming_them():
+    ext = quant_linear._quantext
+    w = random_blocks("Q8_0", 4, 64)
+    with pytest.raises(RuntimeError, match="x has 32 columns"):
+        ext.quant_matmul(torch.zeros(1, 32), w, EXT_CODES["Q8_0"])
+    with pytest.raises(RuntimeError, match="float32"):
+        ext.quant_matmul(torch.zeros(1, 64, dtype=torch.float64), w, EXT_CODES["Q8_0"])
+    with pytest.raises(RuntimeError, match="unknown GGUF block format code"):
+        ext.quant_matmul(torch.zeros(1, 64), w, 9)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 80])  # decode, verify, prefill (dequantize + BLAS)
+def test_quant_linear_with_mixed_format_segments_is_its_dequantized_linear(rows):
+    q = random_blocks("Q4_K", 24, 256, seed=1)
+    k = random_blocks("Q4_K", 8, 256, seed=2)
+    v = random_blocks("Q6_K", 8, 256, seed=3)
+    g = torch.Generator().manual_seed(rows)
+    bias = torch.randn(40, generator=g)
+    layer = QuantLinear(256, [("Q4_K", torch.cat([q, k])), ("Q6_K", v)], bias)
+    dense = torch.cat([dequantize_ref(q, "Q4_K"), dequantize_ref(k, "Q4_K"), dequantize_ref(v, "Q6_K")])
+    x = torch.randn(1, rows, 256, generator=g)
+    want = x @ dense.T + bias  # fp32 sums in another order: within fp32 rounding of the largest term
+    torch.testing.assert_close(layer(x), want, rtol=1e-4, atol=1e-5 * float((x.abs() @ dense.abs().T).max()))
+    assert layer(x.bfloat16()).dtype == torch.bfloat16 and torch.equal(layer.dequantized(), dense)
+
+
+def test_quant_embedding_dequantizes_the_rows_it_reads():
+    w = random_blocks("Q5_0", 50, 64, seed=5)
+    emb = QuantEmbedding("Q5_0", w, 64, torch.float32)
+    tokens = torch.tensor([[3, 49, 3], [0, 7, 12]])
+    assert torch.equal(emb(tokens), dequantize_ref(w, "Q5_0")[tokens])
