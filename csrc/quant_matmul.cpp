@@ -92,9 +92,7 @@ torch::Tensor quant_matmul(const torch::Tensor& x, const torch::Tensor& w, int64
   check(x, w, qtype);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0), row_bytes = w.size(1);
   auto y = torch::empty({M, N}, x.options());
-  const int64_t padded = (M + 3) / 4 * 4;  // zero rows up to a multiple of 4 (matmul_rows)
-  const torch::Tensor xs = padded == M ? x : torch::cat({x, torch::zeros({padded - M, K}, x.options())});
-  const float* xp = xs.data_ptr<float>();
+  const float* xp = x.data_ptr<float>();
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
   const MatmulFn fn = matmul_fn();

@@ -23,7 +23,7 @@ inline void scale_min_k4(int j, const uint8_t* q, float d, float dmin, float* sc
 
 // One row of nb blocks of format Q at b -> y.
 template <int Q>
-void dequant_row(const uint8_t* b, float* y, int64_t nb) {
+void dequant_row(const uint8_t* __restrict b, float* __restrict y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, b += kBytes[Q], y += kValues[Q]) {
     if constexpr (Q == kQ4_0) {
       const float d = f16(b);
@@ -80,26 +80,33 @@ void dequant_row(const uint8_t* b, float* y, int64_t nb) {
   }
 }
 
-// y[m] = sum_k x[m, k] * w[k] for R activation rows: 16 accumulators per row, summed in a fixed
-// order (the same whatever R is, so a row's result never depends on its neighbours).
+// y[m] = sum_k x[m, k] * w[k] for R activation rows: a 16-lane vector accumulator per row (GCC
+// vector extensions: one zmm, two ymm or four xmm), lanes summed in a fixed order. Every row takes
+// the same operations whatever R is, so its result never depends on its neighbours.
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+
 template <int R>
-void dot_rows(const float* x, int64_t K, const float* w, float* out) {
-  float acc[R][16] = {};
+void dot_rows(const float* __restrict x, int64_t K, const float* __restrict w, float* out) {
+  v16 acc[R] = {};
   int64_t k = 0;
-  for (; k + 16 <= K; k += 16)
-    for (int r = 0; r < R; ++r)
-      for (int j = 0; j < 16; ++j) acc[r][j] += x[r * K + k + j] * w[k + j];
-  for (int j = 0; k < K; ++k, ++j)
-    for (int r = 0; r < R; ++r) acc[r][j] += x[r * K + k] * w[k];
+  for (; k + 16 <= K; k += 16) {
+    v16 wv;
+    std::memcpy(&wv, w + k, sizeof(wv));
+    for (int r = 0; r < R; ++r) {
+      v16 xv;
+      std::memcpy(&xv, x + r * K + k, sizeof(xv));
+      acc[r] += xv * wv;
+    }
+  }
   for (int r = 0; r < R; ++r) {
+    float tail = 0.0f;
+    for (int64_t t = k; t < K; ++t) tail += x[r * K + t] * w[t];
     float s = 0.0f;
     for (int j = 0; j < 16; ++j) s += acc[r][j];
-    out[r] = s;
+    out[r] = s + tail;
   }
 }
 
-// x holds M rows padded with zero rows to a multiple of 4: every row goes through the same
-// 4-row code, so its bits never depend on how many rows share the call.
 template <int Q>
 void matmul_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t row_bytes, float* y, int64_t N,
                  int64_t begin, int64_t end, float* row) {
@@ -107,9 +114,14 @@ void matmul_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t
   float out[4];
   for (int64_t n = begin; n < end; ++n) {
     dequant_row<Q>(w + n * row_bytes, row, nb);
-    for (int64_t m = 0; m < M; m += 4) {
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) {
       dot_rows<4>(x + m * K, K, row, out);
-      for (int r = 0; r < 4 && m + r < M; ++r) y[(m + r) * N + n] = out[r];
+      for (int r = 0; r < 4; ++r) y[(m + r) * N + n] = out[r];
+    }
+    for (; m < M; ++m) {
+      dot_rows<1>(x + m * K, K, row, out);
+      y[m * N + n] = out[0];
     }
   }
 }

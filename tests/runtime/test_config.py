@@ -28,7 +28,7 @@ def test_cli_flags_give_the_config():
 @pytest.mark.parametrize("options,param", [({"max_seq_len": 1}, "max_seq_len"), ({"gamma": 0}, None),
                                            ({"batch_invariant": "yes"}, "batch_invariant"),
                                            ({"maxseqlen": 64}, "maxseqlen"), ({"dtype": "fp8"}, "dtype"),
-                                           ({"kernels": "cuda"}, "kernels"),
+                                           ({"kernels": "cuda"}, "kernels"), ({"weights": "int4"}, "weights"),
                                            ({"attention_backend": "torch"}, "kernels")])
 def test_bad_options_name_themselves(options, param):
     with pytest.raises(SpecEngineError) as err:
@@ -57,3 +57,9 @@ def test_the_setters_keep_the_config_true(tiny_pair, tokenizer):
     with pytest.raises(SpecEngineError) as err:
         eng.set_cpu_matmul("fast")
     assert err.value.param == "cpu_matmul" and eng.config.cpu_matmul == "linear"
+
+
+def test_gguf_weights_need_a_gguf_file(tiny_dir):
+    with pytest.raises(SpecEngineError, match="weights='gguf' needs a .gguf file or a registry model") as err:
+        Engine.from_pretrained(str(tiny_dir), weights="gguf")
+    assert err.value.param == "weights"
