@@ -33,8 +33,12 @@ void dequant_row(const uint8_t* __restrict b, float* __restrict y, int64_t nb) {
       const float d = f16(b);
       uint32_t qh;
       std::memcpy(&qh, b + 2, 4);
-      for (int l = 0; l < 16; ++l) y[l] = d * (float((b[6 + l] & 0xF) | (((qh >> l) & 1) << 4)) - 16.0f);
-      for (int l = 0; l < 16; ++l) y[l + 16] = d * (float((b[6 + l] >> 4) | (((qh >> (l + 16)) & 1) << 4)) - 16.0f);
+      int32_t q[32];  // 32-bit lanes throughout: one vectorized loop (variable shifts) for all 32 values
+      for (int l = 0; l < 16; ++l) {
+        q[l] = b[6 + l] & 0xF;
+        q[l + 16] = b[6 + l] >> 4;
+      }
+      for (int l = 0; l < 32; ++l) y[l] = d * (float(q[l] | int32_t(((qh >> l) & 1u) << 4)) - 16.0f);
     } else if constexpr (Q == kQ8_0) {
       const float d = f16(b);
       const int8_t* q = reinterpret_cast<const int8_t*>(b + 2);
@@ -49,13 +53,19 @@ void dequant_row(const uint8_t* __restrict b, float* __restrict y, int64_t nb) {
         scale_min_k4(2 * c + 1, b + 4, d, dmin, &d2, &m2);
         const uint8_t* q = qs + 32 * c;
         float* o = y + 64 * c;
-        if constexpr (Q == kQ5_K) {
-          for (int l = 0; l < 32; ++l) o[l] = d1 * float((q[l] & 0xF) | (((qh[l] >> (2 * c)) & 1) << 4)) - m1;
-          for (int l = 0; l < 32; ++l) o[l + 32] = d2 * float((q[l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4)) - m2;
-        } else {
-          for (int l = 0; l < 32; ++l) o[l] = d1 * float(q[l] & 0xF) - m1;
-          for (int l = 0; l < 32; ++l) o[l + 32] = d2 * float(q[l] >> 4) - m2;
+        int32_t lo[32], hi[32];  // 32-bit lanes: the conversions below vectorize cleanly
+        for (int l = 0; l < 32; ++l) {
+          lo[l] = q[l] & 0xF;
+          hi[l] = q[l] >> 4;
         }
+        if constexpr (Q == kQ5_K) {
+          for (int l = 0; l < 32; ++l) {
+            lo[l] |= ((qh[l] >> (2 * c)) & 1) << 4;
+            hi[l] |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+          }
+        }
+        for (int l = 0; l < 32; ++l) o[l] = d1 * float(lo[l]) - m1;
+        for (int l = 0; l < 32; ++l) o[l + 32] = d2 * float(hi[l]) - m2;
       }
     } else {  // Q6_K: two halves of 128 values, each 8 runs of 16 with one scale
       const uint8_t* ql = b;
