@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: gpu-check install demo test test-fast bench bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
+.PHONY: gpu-check install demo test test-fast bench bench-gguf bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
 
 $(STAMP): pyproject.toml setup.py csrc/compact_kv.cpp csrc/compact_kv_cuda.cu csrc/compact_kv.h csrc/quant_matmul.cpp csrc/quant_matmul_impl.h
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -54,6 +54,13 @@ bench: $(STAMP)
 # (3 prompts x 64 tokens: about 40 minutes on 2 cores).
 bench-grid: $(STAMP)
 	$(PY) bench/dtype_grid.py --out bench/results/cpu_dtype_grid.json
+
+# Weights kept as GGUF blocks beside llama.cpp on the same files, prompts and threads: our ar / sd
+# (blocks, and float bf16 / fp32) and llama.cpp's ar, speculative (draft max 3, 6) and n-gram.
+# Builds llama.cpp from the registry's llama-cpp-python source first (~8 minutes on 2 cores).
+bench-gguf: $(STAMP)
+	$(PY) bench/llamacpp.py build
+	$(PY) bench/gguf_cpu.py --llamacpp --out bench/results/cpu_gguf_vs_llamacpp.json
 
 # PEARL vs ar and the best CPU sd on the real pair (about 15 minutes on 2 cores).
 bench-pearl: $(STAMP)

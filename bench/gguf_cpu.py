@@ -4,9 +4,12 @@
    our compiled kernel (`specengine._quantext`) beside bf16 and fp32 `F.linear` on the same shape.
 2. End to end on the real pair (HumanEval prompts, greedy, EOS ignored): `ar`, `sd` γ 3 and
    γ auto with weights="gguf" (fp32 activations) and with weights="float" in bf16 and fp32.
-llama.cpp is not in this run yet (`make bench-gguf` will add it).
+3. With --llamacpp (`make bench-gguf`): llama.cpp on the same files, prompts and threads
+   (bench/llamacpp.py): its `ar`, its speculative decoding with the 0.5B draft (draft max 3
+   and 6) and its n-gram drafting, decode tokens/s from its own timers.
 
     python bench/gguf_cpu.py --out bench/results/cpu_gguf_first.json [--n-prompts 2 --max-new-tokens 48]
+    python bench/gguf_cpu.py --llamacpp --out bench/results/cpu_gguf_vs_llamacpp.json
 """
 from __future__ import annotations
 
@@ -71,11 +74,31 @@ def kernels() -> list[dict]:
     return rows
 
 
+def llamacpp_providers(n_prompts: int, new: int) -> dict:
+    """llama.cpp's providers on our prompts, threads and files: mean decode tokens/s per provider."""
+    import llamacpp
+    from specengine.models.gguf_weights import gguf_file
+    from specengine.prompts import humaneval
+
+    target, draft, threads = gguf_file(DEFAULT_TARGET), gguf_file(DEFAULT_DRAFT), torch.get_num_threads()
+    runs = {"ar": lambda p: llamacpp.ar(target, p, new, threads),
+            "draft max 3": lambda p: llamacpp.speculative(target, draft, p, new, threads, "draft-simple", 3),
+            "draft max 6": lambda p: llamacpp.speculative(target, draft, p, new, threads, "draft-simple", 6),
+            "ngram-simple": lambda p: llamacpp.speculative(target, None, p, new, threads, "ngram-simple", 3)}
+    out = {"version": llamacpp.version(), "threads": threads}
+    for name, run in runs.items():
+        rows = [run(p["prompt"]) for p in humaneval(n_prompts)]
+        out[name] = {"decode_tokens_per_s": sum(r["decode_tokens_per_s"] for r in rows) / len(rows), "runs": rows}
+        print(f"llama.cpp {name:13s}: {out[name]['decode_tokens_per_s']:6.2f} decode tok/s", flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results/cpu_gguf_first.json")
     ap.add_argument("--n-prompts", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--llamacpp", action="store_true", help="add llama.cpp's providers (bench/llamacpp.py build first)")
     args = ap.parse_args(argv)
     if _quantext is None:
         print("the quantized kernel is not built (make install builds it)", file=sys.stderr)
@@ -87,6 +110,8 @@ def main(argv=None) -> int:
         report["e2e"][name] = run_benchmark(eng, ["ar", "sd:3", "sd:auto"], args.n_prompts, args.max_new_tokens)
         del eng
         gc.collect()
+    if args.llamacpp:
+        report["llamacpp"] = llamacpp_providers(args.n_prompts, args.max_new_tokens)
     print(f"wrote {save(report, args.out)}")
     return 0
 

@@ -1,0 +1,118 @@
+"""llama.cpp as a provider: built from the registry's llama-cpp-python source (its
+vendor/llama.cpp), then run on the same GGUF files, prompts and threads as ours, greedy, EOS
+ignored. Decode tokens/s come from llama.cpp's own timers (prefill apart):
+- `ar`: `llama-completion` (its "eval time" line);
+- speculative with the draft, and n-gram drafting: `llama-speculative-simple
+  --spec-type draft-simple | ngram-simple` (its "decoded N tokens ... speed" line).
+
+    python bench/llamacpp.py build            # once: ~8 minutes on 2 cores, into build/llama.cpp
+    python bench/llamacpp.py run --draft-max 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD = ROOT / "build" / "llama.cpp"
+TOOLS = ("llama-completion", "llama-speculative-simple")
+
+
+def source() -> Path:
+    """vendor/llama.cpp of the llama-cpp-python source package (downloaded once)."""
+    found = sorted(BUILD.glob("llama_cpp_python-*/vendor/llama.cpp"))
+    if found:
+        return found[-1]
+    BUILD.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
+                    "llama-cpp-python", "-d", str(BUILD)], check=True)
+    with tarfile.open(next(BUILD.glob("llama_cpp_python-*.tar.gz"))) as tar:
+        tar.extractall(BUILD, filter="data")
+    return sorted(BUILD.glob("llama_cpp_python-*/vendor/llama.cpp"))[-1]
+
+
+def build() -> Path:
+    """The tools, built with llama.cpp's defaults for this CPU (GGML_NATIVE), no network features."""
+    src = source()
+    out = BUILD / "bin"
+    if all((out / t).exists() for t in TOOLS):
+        return out
+    cmake = src / "build"
+    subprocess.run(["cmake", "-S", str(src), "-B", str(cmake), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
+                    "-DLLAMA_OPENSSL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_SERVER=OFF", "-DGGML_NATIVE=ON"], check=True)
+    subprocess.run(["cmake", "--build", str(cmake), "-j2", "--target", *TOOLS], check=True)
+    out.mkdir(exist_ok=True)
+    for t in TOOLS:
+        (out / t).unlink(missing_ok=True)
+        (out / t).symlink_to(cmake / "bin" / t)
+    return out
+
+
+def version() -> str:
+    src = source()
+    return src.parent.name.removeprefix("llama_cpp_python-") + " (llama-cpp-python; its vendor/llama.cpp)"
+
+
+def _run(cmd: list[str]) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return proc.stdout + proc.stderr
+
+
+def ar(target: Path, prompt: str, n: int, threads: int) -> dict:
+    text = _run([str(BUILD / "bin" / "llama-completion"), "-m", str(target), "-p", prompt, "-n", str(n),
+                 "-t", str(threads), "--temp", "0", "--ignore-eos", "-no-cnv", "--no-display-prompt"])
+    m = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs", text.split("prompt eval time")[-1])
+    p = re.search(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", text)
+    return {"decode_tokens_per_s": int(m.group(2)) / (float(m.group(1)) / 1e3),
+            "prefill_tokens_per_s": int(p.group(2)) / (float(p.group(1)) / 1e3) if p else None}
+
+
+def speculative(target: Path, draft: Path | None, prompt: str, n: int, threads: int, kind: str,
+                draft_max: int) -> dict:
+    cmd = [str(BUILD / "bin" / "llama-speculative-simple"), "-m", str(target), "-p", prompt, "-n", str(n),
+           "-t", str(threads), "--temp", "0", "--ignore-eos", "--spec-type", kind]
+    if draft is not None:  # the n-gram drafter keeps its own defaults
+        cmd += ["-md", str(draft), "--spec-draft-n-max", str(draft_max)]
+    text = _run(cmd)
+    dec = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
+    enc = re.search(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
+    acc = re.search(r"accept\s*=\s*([\d.]+)%", text)
+    return {"decode_tokens_per_s": int(dec.group(1)) / float(dec.group(2)),
+            "prefill_tokens_per_s": int(enc.group(1)) / float(enc.group(2)) if enc else None,
+            "acceptance": float(acc.group(1)) / 100 if acc else None}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["build", "run"])
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--draft-max", type=int, default=3)
+    args = ap.parse_args(argv)
+    if args.what == "build":
+        print(build())
+        return 0
+    from specengine.models.gguf_weights import gguf_file
+    from specengine.prompts import humaneval
+
+    t, d = gguf_file(args.target), gguf_file(args.draft)
+    prompt = humaneval(1)[0]["prompt"]
+    out = {"ar": ar(t, prompt, args.max_new_tokens, args.threads),
+           "draft": speculative(t, d, prompt, args.max_new_tokens, args.threads, "draft-simple", args.draft_max),
+           "ngram": speculative(t, None, prompt, args.max_new_tokens, args.threads, "ngram-simple", args.draft_max)}
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
