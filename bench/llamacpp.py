@@ -56,7 +56,7 @@ def build() -> Path:
 
 def version() -> str:
     src = source()
-    return src.parent.name.removeprefix("llama_cpp_python-") + " (llama-cpp-python; its vendor/llama.cpp)"
+    return src.parents[1].name.removeprefix("llama_cpp_python-") + " (llama-cpp-python; its vendor/llama.cpp)"
 
 
 def _run(cmd: list[str]) -> str:
