@@ -42,37 +42,29 @@ namespace avx512 {
 #define SPECENGINE_X86 1
 #endif
 
-using MatmulFn = void (*)(int64_t, const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t,
-                          int64_t, float*);
-using DequantFn = void (*)(int64_t, const uint8_t*, int64_t, float*);
+// One instruction set's copy of the hot loops.
+struct Kernels {
+  const char* isa;
+  void (*matmul)(int64_t, const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t,
+                 float*);
+  void (*dequantize)(int64_t, const uint8_t*, int64_t, float*);
+};
 
-// The widest copy this CPU runs (CPUID, once): never a per-machine constant.
-const char* isa_name() {
+// The widest copy this CPU runs, chosen by CPUID once: never a per-machine constant.
+const Kernels& kernels() {
+  static const Kernels chosen = [] {
 #ifdef SPECENGINE_X86
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
-    return "avx512";
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) return "avx2";
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+      return Kernels{"avx512", avx512::matmul, avx512::dequantize};
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+      return Kernels{"avx2", avx2::matmul, avx2::dequantize};
 #endif
-  return "baseline";
+    return Kernels{"baseline", baseline::matmul, baseline::dequantize};
+  }();
+  return chosen;
 }
 
-MatmulFn matmul_fn() {
-#ifdef SPECENGINE_X86
-  static const std::string isa = isa_name();
-  if (isa == "avx512") return avx512::matmul;
-  if (isa == "avx2") return avx2::matmul;
-#endif
-  return baseline::matmul;
-}
-
-DequantFn dequant_fn() {
-#ifdef SPECENGINE_X86
-  static const std::string isa = isa_name();
-  if (isa == "avx512") return avx512::dequantize;
-  if (isa == "avx2") return avx2::dequantize;
-#endif
-  return baseline::dequantize;
-}
+std::string isa_name() { return kernels().isa; }
 
 void check(const torch::Tensor& x, const torch::Tensor& w, int64_t qtype) {
   TORCH_CHECK(qtype >= 0 && qtype <= kQ6_K, "unknown GGUF block format code ", qtype);
@@ -95,7 +87,7 @@ torch::Tensor quant_matmul(const torch::Tensor& x, const torch::Tensor& w, int64
   const float* xp = x.data_ptr<float>();
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
-  const MatmulFn fn = matmul_fn();
+  const auto fn = kernels().matmul;
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> row(K);  // one dequantized weight row: stays in L1
     fn(qtype, xp, M, K, wp, row_bytes, yp, N, begin, end, row.data());
@@ -113,7 +105,7 @@ torch::Tensor dequantize(const torch::Tensor& w, int64_t qtype, int64_t cols) {
   auto y = torch::empty({N, cols}, torch::kFloat);
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
-  const DequantFn fn = dequant_fn();
+  const auto fn = kernels().dequantize;
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) fn(qtype, wp + n * row_bytes, nb, yp + n * cols);
   });

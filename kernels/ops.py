@@ -21,6 +21,7 @@ from typing import Callable, Mapping
 
 import torch
 
+from ..errors import SpecEngineError
 from . import add_rms_norm, commit_tokens, draft_sampling, rejection_sampling, rope_kv_write, silu_and_mul, \
     verify_attention
 from .jit import HAVE_TRITON
@@ -38,8 +39,12 @@ OPS = {
 }
 
 
-class KernelChoiceError(ValueError):
-    """A `kernels` value that names no choice, no op, or a kernel this machine cannot run."""
+class KernelChoiceError(SpecEngineError):
+    """A `kernels` value that names no choice, no op, or a kernel this machine cannot run (the
+    error names the option, so the config and the runners pass it on as it is)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, "kernels")
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,11 @@ import torch
 from .errors import SpecEngineError
 from .methods import METHODS
 from .methods.policies import make_policy
-from .kernels.ops import KernelChoiceError, parse as parse_kernels
+from .models.loading import WEIGHTS
+from .kernels.ops import parse as parse_kernels
 from .runtime.invariance import check_options as check_invariant_options
 
+WEIGHT_CHOICES = ("auto", *WEIGHTS)  # auto: float, until the quantized kernels win the measured plan
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
@@ -75,7 +77,7 @@ class EngineConfig:
     draft_device: str | None = option(None, "put the draft on its own device, e.g. cuda:1 (PEARL on two GPUs)")
     weights: str = option("auto", "gguf (keep a GGUF file's quantized blocks; dtype is then the activation dtype) "
                           "| float (dequantize once) | auto (float, until the quantized kernels win the measured "
-                          "plan here)", choices={"auto": "auto", "gguf": "gguf", "float": "float"})
+                          "plan here)", choices={w: w for w in WEIGHT_CHOICES})
 
     def __post_init__(self):
         if self.method is not None and self.method not in METHODS:
@@ -86,12 +88,10 @@ class EngineConfig:
         if self.cpu_matmul not in ("auto", "linear"):
             raise SpecEngineError(f"unknown cpu_matmul mode {self.cpu_matmul!r}; choose from auto, linear",
                                   "cpu_matmul")
-        try:
-            parse_kernels(self.kernels)
-        except KernelChoiceError as e:
-            raise SpecEngineError(str(e), "kernels") from None
-        if self.weights not in ("auto", "gguf", "float"):
-            raise SpecEngineError(f"unknown weights {self.weights!r}; choose from auto, gguf, float", "weights")
+        parse_kernels(self.kernels)  # a KernelChoiceError names the option
+        if self.weights not in WEIGHT_CHOICES:
+            raise SpecEngineError(f"unknown weights {self.weights!r}; choose from {', '.join(WEIGHT_CHOICES)}",
+                                  "weights")
         if not isinstance(self.dtype, torch.dtype) and self.dtype != "auto" and self.dtype not in DTYPES:
             raise SpecEngineError(f"unknown dtype {self.dtype!r}; choose from auto, {', '.join(DTYPES)}", "dtype")
         make_policy(self.policy, self.gamma, threshold=self.threshold)  # the draft-length options, early

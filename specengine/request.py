@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .config import option, parse_gamma
 from .errors import SpecEngineError
-from .methods.sampling import SamplingParams
+from .methods.sampling import FP32_MAX, SamplingParams
 
 METHOD_OPTIONS = ("method", "gamma", "policy", "threshold", "tree")  # None: the engine's own
 
@@ -27,7 +27,7 @@ def _served(name: str, **schema):
 class RequestParams:
     max_new_tokens: int = option(128, "new tokens per prompt, at most", **_served("max_tokens", ge=1))
     temperature: float = option(0.0, "0 = greedy (the target's own tokens); > 0 samples the target's distribution",
-                                type=float, **_served("temperature", ge=0, le=3.4028234663852886e38,
+                                type=float, **_served("temperature", ge=0, le=FP32_MAX,
                                                       allow_inf_nan=False))
     top_k: int = option(0, "sample among the k most likely tokens (0 = off)", **_served("top_k", ge=0))
     top_p: float = option(1.0, "sample within the smallest set of this probability (1 = off)", type=float,

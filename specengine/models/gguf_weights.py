@@ -91,15 +91,14 @@ def load_quantized(model: Transformer, path: Path, dtype: torch.dtype) -> Transf
                 segments.append((kind, data))
         biases = [n + ".bias" for n in names]
         bias = torch.cat([_bias(src, b, names[0]) for b in biases]) if biases[0] in src else None
-        return QuantLinear(cfg.hidden_size if "ffn_down" not in names[0] else cfg.intermediate_size, segments,
-                           None if bias is None else bias.to(dtype), parts)
+        return QuantLinear(segments, None if bias is None else bias.to(dtype), parts)
 
     kind, emb = src.get("token_embd.weight")
     if kind not in FORMATS:
         raise SpecEngineError("token_embd is a float tensor in this file; load it with weights='float'", "weights")
     model.embed_tokens = QuantEmbedding(kind, emb, cfg.hidden_size, dtype)
     # a tied LM head shares the embedding's blocks (the file has no `output`)
-    model.lm_head = linear(["output"]) if "output.weight" in src else QuantLinear(cfg.hidden_size, [(kind, emb)])
+    model.lm_head = linear(["output"]) if "output.weight" in src else QuantLinear([(kind, emb)])
     model.norm.weight = torch.nn.Parameter(src.get("output_norm.weight")[1].to(dtype), requires_grad=False)
     for i, layer in enumerate(model.layers):
         blk = f"blk.{i}."

@@ -44,15 +44,19 @@ class QuantLinear(nn.Module):
     """y = x @ W.T + b with W as GGUF blocks: `segments` [(qtype, uint8 [rows, row_bytes])] stacked
     along the output dimension; `parts` as `decoder.Linear`'s (the checkpoint projections merged)."""
 
-    def __init__(self, in_features: int, segments: list[tuple[str, torch.Tensor]], bias: torch.Tensor | None = None,
-                 parts: tuple = ()):
+    def __init__(self, segments: list[tuple[str, torch.Tensor]], bias: torch.Tensor | None = None, parts: tuple = ()):
         super().__init__()
-        self.in_features, self.parts = in_features, parts
-        self.qtypes = [q for q, _ in segments]
+        self.parts, self.qtypes = parts, [q for q, _ in segments]
+        widths = set()
         for i, (q, w) in enumerate(segments):
             if q not in FORMATS:
                 raise ValueError(f"unsupported GGUF block format {q!r}")
+            values, nbytes = FORMATS[q]
+            widths.add(w.shape[1] // nbytes * values)  # a row's bytes give its values
             self.register_buffer(f"qweight{i}", w.contiguous())
+        if len(widths) != 1:
+            raise ValueError(f"segments of one layer must hold rows of one width, got {sorted(widths)}")
+        self.in_features = widths.pop()
         self.out_features = sum(w.shape[0] for _, w in segments)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SpecEngineError
-from ..kernels.ops import KernelChoiceError, Ops, resolve
+from ..kernels.ops import Ops, resolve
 from .chain_graphs import DraftChainGraphs
 from .graphed_calls import GraphedCalls
 from .graphs import Q_BUCKETS, GraphRunner, cuda_capture, len_buckets
@@ -54,7 +54,7 @@ class ModelRunner:
         """The `kernels` switch (kernels/ops.py; or an Ops) resolved on this runner's device into
         `normal_ops`; `ops` is what forwards run: the same table, with batch-invariant
         mode's attention when the mode is on. Captured graphs baked the old ops."""
-        self.normal_ops = resolve_kernels(kernels, self.device)
+        self.normal_ops = kernels if isinstance(kernels, Ops) else resolve(kernels, self.device)
         self.invariance.select()
 
     @property
@@ -223,13 +223,3 @@ class ModelRunner:
         out = self.verify(tokens, tree_mask=tree_mask, attn_len=attn_len, return_hidden=return_hidden)
         return (out[0][:, :Q], out[1][:, :Q]) if return_hidden else out[:, :Q]
 
-
-def resolve_kernels(kernels, device: torch.device) -> Ops:
-    """kernels/ops.py `resolve` (an `Ops` passes as it is), its refusal as our error naming
-    the option."""
-    if isinstance(kernels, Ops):
-        return kernels
-    try:
-        return resolve(kernels, device)
-    except KernelChoiceError as e:
-        raise SpecEngineError(str(e), "kernels") from None

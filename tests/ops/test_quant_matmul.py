@@ -89,12 +89,18 @@ def test_quant_linear_with_mixed_format_segments_is_its_dequantized_linear(rows)
     v = random_blocks("Q6_K", 8, 256, seed=3)
     g = torch.Generator().manual_seed(rows)
     bias = torch.randn(40, generator=g)
-    layer = QuantLinear(256, [("Q4_K", torch.cat([q, k])), ("Q6_K", v)], bias)
+    layer = QuantLinear([("Q4_K", torch.cat([q, k])), ("Q6_K", v)], bias)
     dense = torch.cat([dequantize_ref(q, "Q4_K"), dequantize_ref(k, "Q4_K"), dequantize_ref(v, "Q6_K")])
     x = torch.randn(1, rows, 256, generator=g)
     want = x @ dense.T + bias  # fp32 sums in another order: within fp32 rounding of the largest term
     torch.testing.assert_close(layer(x), want, rtol=1e-4, atol=1e-5 * float((x.abs() @ dense.abs().T).max()))
     assert layer(x.bfloat16()).dtype == torch.bfloat16 and torch.equal(layer.dequantized(), dense)
+
+
+def test_quant_linear_reads_its_width_from_the_blocks_and_refuses_ragged_segments():
+    assert QuantLinear([("Q6_K", random_blocks("Q6_K", 4, 512))]).in_features == 512
+    with pytest.raises(ValueError, match="rows of one width"):
+        QuantLinear([("Q4_K", random_blocks("Q4_K", 4, 256)), ("Q8_0", random_blocks("Q8_0", 4, 512))])
 
 
 def test_quant_embedding_dequantizes_the_rows_it_reads():
