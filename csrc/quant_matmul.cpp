@@ -1,17 +1,23 @@
 // pybind11 module `specengine._quantext`: y = x @ dequantize(W).T with W kept as GGUF blocks, on CPU.
 //
-// Each weight row is dequantized once into a small fp32 buffer (it stays in L1) and multiplied with
-// every activation row, so a verify of k rows reads the quantized weights once: the cost of k rows
-// stays close to one until the multiply-adds, not the memory, bound it. The dequantization is
-// ggml-quants.c's (the same float operations as the torch reference, kernels/quant_matmul.py); the
-// dot products use 16 independent accumulators summed in a fixed order, so a row's result never
-// depends on how many rows share the call (batch-invariant). The hot loops (quant_matmul_impl.h) are
-// compiled for AVX-512, AVX2+FMA and baseline x86-64; CPUID picks one at run time (`isa()`).
+// Decode and verify widths (quant_matmul): the activation rows are quantized per block to int8, as
+// llama.cpp does, and each weight block is unpacked once into registers and multiplied with up to 4
+// activation rows as integers (quant_dot_impl.h; its torch reference is kernels/quant_matmul.py's
+// `quant_matmul_q8_ref`), so a verify of k rows reads the weights once and costs a fraction of k
+// decodes. A row's result never depends on how many rows share the call (batch-invariant).
+// Prefill widths (dequantize): whole rows back to fp32 for one BLAS matmul, ggml-quants.c's
+// dequantization operation for operation (quant_matmul_impl.h).
+// The hot loops are compiled for AVX-512, AVX2+FMA and baseline x86-64; CPUID picks one at run time
+// (`isa()`), and `set_isa` lets the tests run every copy this CPU can.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -22,21 +28,38 @@ enum QType : int64_t { kQ4_0 = 0, kQ5_0 = 1, kQ8_0 = 2, kQ4_K = 3, kQ5_K = 4, kQ
 constexpr int64_t kValues[] = {32, 32, 32, 256, 256, 256};
 constexpr int64_t kBytes[] = {18, 22, 34, 144, 176, 210};
 
+// Activation rows quantized for one weight format: row m's values q[m*K ...], its block scales
+// d[m*K/block ...] and its sums of 16 values bs[m*K/16 ...].
+struct Act {
+  const int8_t* q;
+  const float* d;
+  const int16_t* bs;
+  int64_t K, block;
+  const int8_t* qr(int r) const { return q + r * K; }
+  const float* dr(int r) const { return d + r * (K / block); }
+  const int16_t* bsr(int r) const { return bs + r * (K / 16); }
+};
+
 namespace baseline {
 #include "quant_matmul_impl.h"
+#include "quant_dot_impl.h"
 }  // namespace baseline
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
+#define SE_AVX2 1
 #include "quant_matmul_impl.h"
+#include "quant_dot_impl.h"
 }  // namespace avx2
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
 namespace avx512 {
 #include "quant_matmul_impl.h"
+#include "quant_dot_impl.h"
+#undef SE_AVX2
 }  // namespace avx512
 #pragma GCC pop_options
 #define SPECENGINE_X86 1
@@ -45,26 +68,49 @@ namespace avx512 {
 // One instruction set's copy of the hot loops.
 struct Kernels {
   const char* isa;
-  void (*matmul)(int64_t, const float*, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t,
-                 float*);
+  void (*quantize)(const float*, int64_t, int64_t, int64_t, int8_t*, float*, int16_t*);
+  void (*matmul)(int64_t, const Act&, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t);
   void (*dequantize)(int64_t, const uint8_t*, int64_t, float*);
 };
 
-// The widest copy this CPU runs, chosen by CPUID once: never a per-machine constant.
-const Kernels& kernels() {
-  static const Kernels chosen = [] {
+// Every copy this CPU runs, widest first (CPUID): never a per-machine constant.
+std::vector<Kernels> runnable() {
+  std::vector<Kernels> out;
 #ifdef SPECENGINE_X86
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
-      return Kernels{"avx512", avx512::matmul, avx512::dequantize};
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-      return Kernels{"avx2", avx2::matmul, avx2::dequantize};
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+    out.push_back({"avx512", avx512::quantize_rows, avx512::matmul_int, avx512::dequantize});
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    out.push_back({"avx2", avx2::quantize_rows, avx2::matmul_int, avx2::dequantize});
 #endif
-    return Kernels{"baseline", baseline::matmul, baseline::dequantize};
-  }();
+  out.push_back({"baseline", baseline::quantize_rows, baseline::matmul_int, baseline::dequantize});
+  return out;
+}
+
+Kernels& kernels() {
+  static Kernels chosen = runnable().front();
   return chosen;
 }
 
 std::string isa_name() { return kernels().isa; }
+
+// Run with another copy this CPU supports (tests compare every copy with the reference).
+void set_isa(const std::string& name) {
+  std::string known;
+  for (const auto& k : runnable()) {
+    if (name == k.isa) {
+      kernels() = k;
+      return;
+    }
+    known += std::string(known.empty() ? "" : ", ") + k.isa;
+  }
+  TORCH_CHECK(false, "this CPU cannot run the '", name, "' kernels; it can run: ", known);
+}
+
+std::vector<std::string> isas() {
+  std::vector<std::string> out;
+  for (const auto& k : runnable()) out.push_back(k.isa);
+  return out;
+}
 
 void check(const torch::Tensor& x, const torch::Tensor& w, int64_t qtype) {
   TORCH_CHECK(qtype >= 0 && qtype <= kQ6_K, "unknown GGUF block format code ", qtype);
@@ -83,14 +129,19 @@ void check(const torch::Tensor& x, const torch::Tensor& w, int64_t qtype) {
 torch::Tensor quant_matmul(const torch::Tensor& x, const torch::Tensor& w, int64_t qtype) {
   check(x, w, qtype);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0), row_bytes = w.size(1);
+  const int64_t block = kValues[qtype];
+  const Kernels& k = kernels();
+  // the activations quantized once for every weight row: int8 values, a scale per block, sums per 16
+  auto q = torch::empty({M, K}, x.options().dtype(torch::kInt8));
+  auto d = torch::empty({M, K / block}, x.options());
+  auto bs = torch::empty({M, K / 16}, x.options().dtype(torch::kInt16));
+  k.quantize(x.data_ptr<float>(), M, K, block, q.data_ptr<int8_t>(), d.data_ptr<float>(), bs.data_ptr<int16_t>());
+  const Act act{q.data_ptr<int8_t>(), d.data_ptr<float>(), bs.data_ptr<int16_t>(), K, block};
   auto y = torch::empty({M, N}, x.options());
-  const float* xp = x.data_ptr<float>();
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
-  const auto fn = kernels().matmul;
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> row(K);  // one dequantized weight row: stays in L1
-    fn(qtype, xp, M, K, wp, row_bytes, yp, N, begin, end, row.data());
+    k.matmul(qtype, act, M, wp, row_bytes, yp, N, begin, end);
   });
   return y;
 }
@@ -105,7 +156,7 @@ torch::Tensor dequantize(const torch::Tensor& w, int64_t qtype, int64_t cols) {
   auto y = torch::empty({N, cols}, torch::kFloat);
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
-  const auto fn = kernels().dequantize;
+  const auto fn = kernels().dequantize;  // read once: set_isa may not change it mid-call
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) fn(qtype, wp + n * row_bytes, nb, yp + n * cols);
   });
@@ -113,7 +164,9 @@ torch::Tensor dequantize(const torch::Tensor& w, int64_t qtype, int64_t cols) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("quant_matmul", &quant_matmul, "x [M, K] fp32 @ dequantize(w [N, row_bytes] GGUF blocks).T -> [M, N]");
+  m.def("quant_matmul", &quant_matmul, "x [M, K] fp32 (quantized per block to int8) @ dequantize(w [N, row_bytes] GGUF blocks).T -> [M, N]");
   m.def("dequantize", &dequantize, "w [N, row_bytes] GGUF blocks -> fp32 [N, cols]");
   m.def("isa", &isa_name, "the instruction set the kernels run with here (CPUID)");
+  m.def("isas", &isas, "every instruction set this CPU can run the kernels with, widest first");
+  m.def("set_isa", &set_isa, "run the kernels with another instruction set this CPU supports (tests)");
 }

@@ -1,6 +1,7 @@
-// The hot loops of quant_matmul.cpp, included once per instruction set inside its own namespace
-// (with `#pragma GCC target` around it), so each copy is vectorized for that ISA. No includes here.
-// Dequantization is ggml-quants.c's, operation for operation (kernels/quant_matmul.py is the spec).
+// Dequantization for quant_matmul.cpp (prefill and embedding rows), included once per instruction set
+// inside its own namespace (with `#pragma GCC target` around it), so each copy is vectorized for that
+// ISA. No includes here. It is ggml-quants.c's, operation for operation (kernels/quant_matmul.py is
+// the spec).
 
 inline float f16(const uint8_t* p) {
   uint16_t h;
@@ -87,64 +88,6 @@ void dequant_row(const uint8_t* __restrict b, float* __restrict y, int64_t nb) {
         }
       }
     }
-  }
-}
-
-// y[m] = sum_k x[m, k] * w[k] for R activation rows: a 16-lane vector accumulator per row (GCC
-// vector extensions: one zmm, two ymm or four xmm), lanes summed in a fixed order. Every row takes
-// the same operations whatever R is, so its result never depends on its neighbours.
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
-
-template <int R>
-void dot_rows(const float* __restrict x, int64_t K, const float* __restrict w, float* out) {
-  v16 acc[R] = {};
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    v16 wv;
-    std::memcpy(&wv, w + k, sizeof(wv));
-    for (int r = 0; r < R; ++r) {
-      v16 xv;
-      std::memcpy(&xv, x + r * K + k, sizeof(xv));
-      acc[r] += xv * wv;
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    float tail = 0.0f;
-    for (int64_t t = k; t < K; ++t) tail += x[r * K + t] * w[t];
-    float s = 0.0f;
-    for (int j = 0; j < 16; ++j) s += acc[r][j];
-    out[r] = s + tail;
-  }
-}
-
-template <int Q>
-void matmul_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t row_bytes, float* y, int64_t N,
-                 int64_t begin, int64_t end, float* row) {
-  const int64_t nb = K / kValues[Q];
-  float out[4];
-  for (int64_t n = begin; n < end; ++n) {
-    dequant_row<Q>(w + n * row_bytes, row, nb);
-    int64_t m = 0;
-    for (; m + 4 <= M; m += 4) {
-      dot_rows<4>(x + m * K, K, row, out);
-      for (int r = 0; r < 4; ++r) y[(m + r) * N + n] = out[r];
-    }
-    for (; m < M; ++m) {
-      dot_rows<1>(x + m * K, K, row, out);
-      y[m * N + n] = out[0];
-    }
-  }
-}
-
-inline void matmul(int64_t qtype, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t row_bytes, float* y,
-                   int64_t N, int64_t begin, int64_t end, float* row) {
-  switch (qtype) {
-    case kQ4_0: return matmul_rows<kQ4_0>(x, M, K, w, row_bytes, y, N, begin, end, row);
-    case kQ5_0: return matmul_rows<kQ5_0>(x, M, K, w, row_bytes, y, N, begin, end, row);
-    case kQ8_0: return matmul_rows<kQ8_0>(x, M, K, w, row_bytes, y, N, begin, end, row);
-    case kQ4_K: return matmul_rows<kQ4_K>(x, M, K, w, row_bytes, y, N, begin, end, row);
-    case kQ5_K: return matmul_rows<kQ5_K>(x, M, K, w, row_bytes, y, N, begin, end, row);
-    default: return matmul_rows<kQ6_K>(x, M, K, w, row_bytes, y, N, begin, end, row);
   }
 }
 

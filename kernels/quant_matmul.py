@@ -116,3 +116,26 @@ def dequantize_ref(qweight: torch.Tensor, qtype: str) -> torch.Tensor:
 def quant_matmul_ref(x: torch.Tensor, qweight: torch.Tensor, qtype: str) -> torch.Tensor:
     """x [..., K] (any float dtype) @ dequantize(qweight [N, row_bytes]).T -> [..., N] in fp32."""
     return x.float() @ dequantize_ref(qweight, qtype).T
+
+
+def quantize_rows_ref(x: torch.Tensor, block: int):
+    """Activations as the CPU kernel reads them: x [M, K] fp32 -> int8 values [M, K] and a scale per
+    block [M, K / block] (amax / 127; values rounded half to even, |q| <= 127). The kernel takes these
+    exact values: the same float operations."""
+    M, K = x.shape
+    xb = x.float().reshape(M, K // block, block)
+    amax = xb.abs().amax(-1)
+    iscale = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    q = torch.round(xb * iscale[..., None]).clamp(-127, 127)
+    return q.to(torch.int8).reshape(M, K), amax / 127
+
+
+def quant_matmul_q8_ref(x: torch.Tensor, qweight: torch.Tensor, qtype: str) -> torch.Tensor:
+    """What the CPU kernel computes for decode and verify widths (as llama.cpp does): the activations
+    quantized per block of the weight's format (`quantize_rows_ref`), times the dequantized weights.
+    Summed in fp64 here; the kernel sums integer products exactly and scales them in fp32."""
+    x2 = x.float().reshape(-1, x.shape[-1])
+    block = FORMATS[qtype][0]
+    q, d = quantize_rows_ref(x2, block)
+    xq = (q.double().reshape(*d.shape, block) * d.double()[..., None]).reshape(x2.shape)
+    return (xq @ dequantize_ref(qweight, qtype).double().T).float().reshape(*x.shape[:-1], -1)

@@ -3,9 +3,10 @@
 `QuantLinear` holds one or more row segments, each a uint8 tensor [rows, row_bytes] of one
 block format (a merged projection whose checkpoint parts differ in format keeps a segment
 per part: Q4_K_M files store some v / down projections as Q6_K). On CPU it runs the
-compiled kernel (`specengine._quantext`: each weight row dequantized once, multiplied with
-every activation row) where it is built, else the torch reference; the result comes back in
-the activation dtype. `QuantEmbedding` dequantizes only the rows a step reads.
+compiled kernel (`specengine._quantext`: the activations quantized per block to int8 as
+llama.cpp does, each weight block unpacked once and multiplied with every activation row as
+integers; reference `quant_matmul_q8_ref`) where it is built, else the float torch reference;
+the result comes back in the activation dtype. `QuantEmbedding` dequantizes only the rows a step reads.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ ROWS_PER_READ = 64  # above this many rows (prefill) one dequantization + a BLAS
 
 def quant_matmul(x2: torch.Tensor, qweight: torch.Tensor, qtype: str) -> torch.Tensor:
     """fp32 [M, N] = x2 [M, K] @ dequantize(qweight).T, on the fastest path available here:
-    the compiled kernel for decode and verify widths, dequantize-then-matmul for prefill."""
+    the compiled int8 kernel for decode and verify widths (every width up to ROWS_PER_READ takes
+    the same per-row arithmetic, so a verify reproduces decode), dequantize-then-matmul for prefill."""
     if _quantext is None or qweight.device.type != "cpu" or qtype not in EXT_CODES:
         return quant_matmul_ref(x2, qweight, qtype)
     if x2.shape[0] > ROWS_PER_READ:

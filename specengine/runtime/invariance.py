@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ..errors import SpecEngineError
+from ..models.quant_linear import QuantLinear
 from ..timing import best_seconds
 from .graphs import batch_bucket
 
@@ -117,9 +118,10 @@ class BatchInvariance:
         timing), why, and refused (the probe's finding) when the probe refused."""
         check_options(mode, width)
         info = {"mode": mode, "on": False, "pad_width": None, "cost": None, "costs": [], "why": "off"}
-        if mode is True or (mode == "auto" and self.runner.dtype in (torch.float16, torch.bfloat16)):
+        reason = auto_reason(self.runner)
+        if mode is True or (mode == "auto" and reason):
             self.set_width(width)
-            info["why"] = "asked for" if mode is True else "16-bit target"
+            info["why"] = "asked for" if mode is True else reason
             try:
                 self.ensure(1)
             except SpecEngineError as e:
@@ -139,7 +141,7 @@ class BatchInvariance:
                         self.set_width(None)
         else:
             self.set_width(None)
-            info["why"] = "asked off" if mode is False else "not a 16-bit target"
+            info["why"] = "asked off" if mode is False else "not a 16-bit or quantized target"
         info.update(on=self.width is not None, pad_width=self.pad_width)
         return info
 
@@ -148,6 +150,18 @@ class BatchInvariance:
         r = self.runner
         off, on = decode_seconds(r.spawn(r.model), [(r.normal_ops, None), (r.ops, self.pad_width)])
         return on / off - 1
+
+
+def auto_reason(runner) -> str | None:
+    """Why mode "auto" should turn on for this target, or None: a 16-bit target (its rounding
+    follows the kernel per row count), or one with GGUF-block layers, whose int8 activations turn
+    the last bit of any row-count-dependent sum (attention, say) into a flipped rounding step,
+    large enough to flip greedy near-ties even in fp32."""
+    if runner.dtype in (torch.float16, torch.bfloat16):
+        return "16-bit target"
+    if any(isinstance(m, QuantLinear) for m in runner.model.modules()):
+        return "quantized weights (int8 activations)"
+    return None
 
 
 def stable_cost(measure, spread: float = 0.02, tries: int = 7) -> tuple[float, list[float]]:

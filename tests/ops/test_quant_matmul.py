@@ -1,12 +1,15 @@
 """GGUF blocks kept as they are (kernels/quant_matmul.py, csrc/quant_matmul.cpp): the torch
-dequantizers equal the `gguf` package's bit for bit on every format; the compiled CPU kernel
-equals the reference matmul (odd shapes, 1-70 rows) and gives each row the same bits whatever
-rows share its call; the quantized layers compute what their dequantized weights would."""
+dequantizers equal the `gguf` package's bit for bit on every format; the compiled CPU kernel, in
+every instruction-set copy this CPU runs, equals its reference (activations quantized per block,
+times the dequantized weights; odd shapes, 1-70 rows), which stays within int8 rounding of the
+plain float matmul, and gives each row the same bits whatever rows share its call; the quantized
+layers compute what their dequantized weights would."""
 import numpy as np
 import pytest
 import torch
 
-from specengine.kernels.quant_matmul import FORMATS, dequantize_ref, quant_matmul_ref, row_bytes
+from specengine.kernels.quant_matmul import (FORMATS, dequantize_ref, quant_matmul_q8_ref, quant_matmul_ref,
+                                             quantize_rows_ref, row_bytes)
 from specengine.models import quant_linear
 from specengine.models.quant_linear import EXT_CODES, QuantEmbedding, QuantLinear
 
@@ -48,21 +51,46 @@ def test_the_kernel_is_built_here():
     assert quant_linear.extension_isa() in ("avx512", "avx2", "baseline")
 
 
+@pytest.fixture(params=quant_linear._quantext.isas() if quant_linear._quantext else [])
+def ext(request):
+    """The compiled kernel, once per instruction-set copy this CPU runs (the widest restored after)."""
+    ext = quant_linear._quantext
+    widest = ext.isa()
+    ext.set_isa(request.param)
+    yield ext
+    ext.set_isa(widest)
+
+
+def test_every_copy_the_cpu_runs_is_offered():
+    ext = quant_linear._quantext
+    assert ext.isas()[-1] == "baseline" and ext.isa() == ext.isas()[0]
+    with pytest.raises(RuntimeError, match="cannot run the 'sve' kernels"):
+        ext.set_isa("sve")
+
+
+def test_activations_are_quantized_per_block_half_to_even():
+    x = torch.tensor([[127.0, -63.5, 0.5, 1.5] + [0.0] * 28, [0.0] * 32])
+    q, d = quantize_rows_ref(x, 32)
+    assert q[0, :4].tolist() == [127, -64, 0, 2] and d[0, 0] == 1.0
+    assert not q[1].any() and d[1, 0] == 0  # an all-zero block stays zero, no division by zero
+
+
 @pytest.mark.parametrize("qtype", list(EXT_CODES))
 @pytest.mark.parametrize("N,K,M", [(37, 512, 1), (3, 256, 5), (70, 768, 9), (5, 1024, 17)])
-def test_kernel_equals_the_reference_matmul(qtype, N, K, M):
-    ext = quant_linear._quantext
+def test_kernel_equals_its_reference_within_fp32_rounding(ext, qtype, N, K, M):
     w = random_blocks(qtype, N, K, seed=N * M)
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(M))
-    ref = quant_matmul_ref(x, w, qtype)
-    torch.testing.assert_close(ext.quant_matmul(x, w, EXT_CODES[qtype]), ref, rtol=1e-5, atol=1e-5 * ref.abs().max())
+    scale = float((x.abs() @ dequantize_ref(w, qtype).abs().T).max())  # the largest sum of |terms|
+    got = ext.quant_matmul(x, w, EXT_CODES[qtype])
+    torch.testing.assert_close(got, quant_matmul_q8_ref(x, w, qtype), rtol=0, atol=1e-6 * scale)
+    # and the int8 activations stay close to the float matmul (llama.cpp's approximation)
+    torch.testing.assert_close(got, quant_matmul_ref(x, w, qtype), rtol=0, atol=3e-3 * scale)
     assert torch.equal(ext.dequantize(w, EXT_CODES[qtype], K), dequantize_ref(w, qtype))
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
-def test_a_rows_result_does_not_depend_on_its_neighbours(qtype):
+@pytest.mark.parametrize("qtype", list(EXT_CODES))
+def test_a_rows_result_does_not_depend_on_its_neighbours(ext, qtype):
     """Batch invariance: a decode (1 row) and a verify (k rows) give a row the same bits."""
-    ext = quant_linear._quantext
     w = random_blocks(qtype, 33, 768, seed=3)
     x = torch.randn(9, 768, generator=torch.Generator().manual_seed(4))
     together = ext.quant_matmul(x, w, EXT_CODES[qtype])
@@ -92,8 +120,12 @@ def test_quant_linear_with_mixed_format_segments_is_its_dequantized_linear(rows)
     layer = QuantLinear([("Q4_K", torch.cat([q, k])), ("Q6_K", v)], bias)
     dense = torch.cat([dequantize_ref(q, "Q4_K"), dequantize_ref(k, "Q4_K"), dequantize_ref(v, "Q6_K")])
     x = torch.randn(1, rows, 256, generator=g)
-    want = x @ dense.T + bias  # fp32 sums in another order: within fp32 rounding of the largest term
-    torch.testing.assert_close(layer(x), want, rtol=1e-4, atol=1e-5 * float((x.abs() @ dense.abs().T).max()))
+    if rows <= quant_linear.ROWS_PER_READ:  # decode / verify: the int8 kernel's arithmetic
+        want = torch.cat([quant_matmul_q8_ref(x, torch.cat([q, k]), "Q4_K"), quant_matmul_q8_ref(x, v, "Q6_K")], -1)
+    else:  # prefill: the dequantized weights, in fp32
+        want = x @ dense.T
+    scale = float((x.abs() @ dense.abs().T).max())
+    torch.testing.assert_close(layer(x), want + bias, rtol=0, atol=1e-5 * scale)
     assert layer(x.bfloat16()).dtype == torch.bfloat16 and torch.equal(layer.dequantized(), dense)
 
 

@@ -91,13 +91,15 @@ def test_the_quantized_pair_is_lossless_small_and_close_to_the_float_model():
     ar = eng.generate(prompt, max_new_tokens=16, method="ar", ignore_eos=True).token_ids
     for method, kw in [("sd", {"gamma": 3}), ("sd", {"gamma": "auto"}), ("pearl", {})]:
         assert eng.generate(prompt, max_new_tokens=16, method=method, ignore_eos=True, **kw).token_ids == ar, method
-    ids = torch.tensor([eng.tokenizer(prompt).input_ids])
+    text = prompt + "".join(f"    # step {i}: add the two previous numbers\n" for i in range(6)) + "    return n\n"
+    ids = torch.tensor([eng.tokenizer(text).input_ids])
+    assert ids.shape[1] >= 60
     with torch.inference_mode():
         quant = ModelRunner(eng.target.model, cuda_graphs=False)
         dense = ModelRunner(load_model(target)[0], cuda_graphs=False)
         out = []
         for r in (quant, dense):
-            r.allocate(1, 64)
+            r.allocate(1, 128)
             out.append(r.verify(ids))
     # the file's own `output` (Q6_K) against the float model's tied embedding (Q4_K): close, not equal
     assert (out[0].argmax(-1) == out[1].argmax(-1)).float().mean() >= 0.8

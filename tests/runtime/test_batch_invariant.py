@@ -248,3 +248,20 @@ def test_cuda_16bit_speculation_equals_ar_in_the_mode(tiny_pair, tokenizer, dtyp
         for method, gamma in (("sd", 2), ("sd", 5), ("pearl", 3)):
             out = eng.generate(prompts, max_new_tokens=40, method=method, gamma=gamma, ignore_eos=True)
             assert [r.token_ids for r in out] == ar, (method, gamma)
+
+
+def test_auto_covers_16_bit_and_quantized_targets_only():
+    """GGUF-block layers quantize their activations to int8: fp32 alone no longer makes a row's
+    tokens independent of its forward's width, so "auto" turns the mode on for them too."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from specengine.models.quant_linear import QuantLinear
+    from specengine.runtime.invariance import auto_reason
+
+    blocks = torch.zeros(4, 34, dtype=torch.uint8)  # 4 rows of one Q8_0 block
+    quant = nn.Sequential(nn.Linear(32, 4), QuantLinear([("Q8_0", blocks)]))
+    assert auto_reason(SimpleNamespace(dtype=torch.float32, model=quant)) == "quantized weights (int8 activations)"
+    assert auto_reason(SimpleNamespace(dtype=torch.bfloat16, model=nn.Linear(2, 2))) == "16-bit target"
+    assert auto_reason(SimpleNamespace(dtype=torch.float32, model=nn.Linear(2, 2))) is None

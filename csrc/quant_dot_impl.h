@@ -1,0 +1,310 @@
+// The integer dot products of quant_matmul.cpp, included once per instruction set inside its own
+// namespace (SE_AVX2 defined where the copy may use AVX2 intrinsics). No includes here.
+//
+// As llama.cpp does, the activations are quantized per block to int8 (`Act`, in quant_matmul.cpp: q, a float scale d per
+// block of the weight's format, and the sums of q over every 16 values), so a block's dot product is
+// an integer sum of small products, scaled once: y += d_w * d_x * sum_i(w_i * q_i) (+ the block's
+// minimum or zero-point times d_x * sum_i(q_i)). The torch reference of this arithmetic is
+// kernels/quant_matmul.py's `quant_matmul_q8_ref`. Each weight block is unpacked once per chunk of up
+// to 4 activation rows; every row takes the same operations whatever the chunk holds, so a row's
+// result never depends on its neighbours (batch-invariant).
+
+// Row x [K] -> q [K] (round to nearest even, |q| <= 127), d [K/block], bs [K/16]. The torch reference
+// does the same float operations (amax / 127, 127 / amax, x * that, rounded).
+inline void quantize_row(const float* __restrict x, int64_t K, int64_t block, int8_t* __restrict q,
+                         float* __restrict d, int16_t* __restrict bs) {
+  for (int64_t b = 0; b < K / block; ++b) {
+    const float* xb = x + b * block;
+    float amax = 0.0f;
+    for (int64_t l = 0; l < block; ++l) amax = std::max(amax, std::fabs(xb[l]));
+    d[b] = amax / 127.0f;
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int64_t l = 0; l < block; ++l)
+      q[b * block + l] = int8_t(std::min(127.0f, std::max(-127.0f, std::nearbyint(xb[l] * id))));
+  }
+  for (int64_t g = 0; g < K / 16; ++g) {
+    int s = 0;
+    for (int l = 0; l < 16; ++l) s += q[16 * g + l];
+    bs[g] = int16_t(s);
+  }
+}
+
+// Q4_K / Q5_K: 8 six-bit scales and mins from the 12 packed bytes (ggml's get_scale_min_k4).
+inline void scales_mins_k4(const uint8_t* q, uint8_t* sc, uint8_t* mn) {
+  for (int j = 0; j < 8; ++j) {
+    if (j < 4) {
+      sc[j] = q[j] & 63;
+      mn[j] = q[j + 4] & 63;
+    } else {
+      sc[j] = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+      mn[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+  }
+}
+
+// A 32-value block of Q4_0 / Q5_0 / Q8_0 as signed values w (what multiplies d).
+template <int Q>
+inline void unpack32(const uint8_t* b, int8_t* w) {
+  if constexpr (Q == kQ8_0) {
+    std::memcpy(w, b + 2, 32);
+  } else if constexpr (Q == kQ4_0) {
+    for (int l = 0; l < 16; ++l) {
+      w[l] = int8_t((b[2 + l] & 0xF) - 8);
+      w[l + 16] = int8_t((b[2 + l] >> 4) - 8);
+    }
+  } else {  // Q5_0
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    for (int l = 0; l < 16; ++l) {
+      w[l] = int8_t(((b[6 + l] & 0xF) | (((qh >> l) & 1) << 4)) - 16);
+      w[l + 16] = int8_t(((b[6 + l] >> 4) | (((qh >> (l + 16)) & 1) << 4)) - 16);
+    }
+  }
+}
+
+// Q4_K / Q5_K sub-block j (32 values, 0..15 or 0..31) of the super-block at b.
+template <int Q>
+inline void unpack_k_sub(const uint8_t* b, int j, uint8_t* v) {
+  const uint8_t* qs = (Q == kQ5_K ? b + 48 : b + 16) + 32 * (j / 2);
+  for (int l = 0; l < 32; ++l) v[l] = j % 2 ? qs[l] >> 4 : qs[l] & 0xF;
+  if constexpr (Q == kQ5_K)
+    for (int l = 0; l < 32; ++l) v[l] |= ((b[16 + l] >> j) & 1) << 4;
+}
+
+// Q6_K: the 256 values (0..63) of the super-block at b, in order.
+inline void unpack_q6k(const uint8_t* b, uint8_t* v) {
+  const uint8_t *ql = b, *qh = b + 128;
+  for (int h = 0; h < 2; ++h, ql += 64, qh += 32, v += 128)
+    for (int l = 0; l < 32; ++l) {
+      v[l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
+      v[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+      v[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+      v[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+    }
+}
+
+#ifdef SE_AVX2
+// Eight int32 lanes -> one float, summed in a fixed order.
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// Unsigned weights (<= 63) times signed activations: 16 int16 pair sums, never saturating.
+inline __m256i mul_u8s8(__m256i w, const int8_t* x) {
+  return _mm256_maddubs_epi16(w, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+}
+
+// R rows of one K-quant weight row (Q4_K, Q5_K, Q6_K): per super-block the integer sums weighted by
+// the integer sub-block scales stay int32 lanes, then one float multiply-add per super-block.
+template <int Q, int R>
+void dot_k(const uint8_t* w, int64_t nb, const Act& a, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+  for (int64_t i = 0; i < nb; ++i, w += kBytes[Q]) {
+    __m256i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+    if constexpr (Q == kQ6_K) {
+      const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
+      const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc));
+      const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * h));
+        const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 32 * h));
+        const __m256i three = _mm256_set1_epi8(3), hi2 = _mm256_set1_epi8(0x30);
+        const __m256i v[4] = {
+            _mm256_or_si256(_mm256_and_si256(qa, m4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4)),
+            _mm256_or_si256(_mm256_and_si256(qb, m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), m4), _mm256_and_si256(qh, hi2)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), m4),
+                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2))};
+        for (int k = 0; k < 4; ++k) {  // values 128h + 32k ..: groups of 16 with scales 8h + 2k, 8h + 2k + 1
+          const int g = 8 * h + 2 * k;
+          const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+          for (int r = 0; r < R; ++r)
+            isum[r] = _mm256_add_epi32(isum[r],
+                                       _mm256_madd_epi16(mul_u8s8(v[k], a.qr(r) + 256 * i + 128 * h + 32 * k), s));
+        }
+      }
+      for (int r = 0; r < R; ++r) {  // the values are q - 32: subtract 32 * sum_g sc_g * bs_g
+        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.bsr(r) + 16 * i));
+        isum[r] = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5));
+        const float dd = f16(w + 208) * a.dr(r)[i];
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(dd), acc[r]);
+      }
+    } else {
+      alignas(16) uint8_t sc[8], mn[8], mn2[16];
+      scales_mins_k4(w + 4, sc, mn);
+      for (int j = 0; j < 16; ++j) mn2[j] = mn[j / 2];  // a min per 16 values, against the sums bs
+      const __m256i mins = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(mn2)));
+      const uint8_t* qs = Q == kQ5_K ? w + 48 : w + 16;
+      const __m256i qh = Q == kQ5_K ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16)) : __m256i{};
+      for (int c = 0; c < 4; ++c) {  // 32 bytes: sub-blocks 2c (low nibbles) and 2c + 1 (high)
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if constexpr (Q == kQ5_K) {
+          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
+          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
+        }
+        const __m256i sa = _mm256_set1_epi16(sc[2 * c]), sb = _mm256_set1_epi16(sc[2 * c + 1]);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = a.qr(r) + 256 * i + 64 * c;
+          isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(mul_u8s8(lo, x), sa),
+                                                               _mm256_madd_epi16(mul_u8s8(hi, x + 32), sb)));
+        }
+      }
+      const float d = f16(w), dmin = f16(w + 2);
+      for (int r = 0; r < R; ++r) {
+        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.bsr(r) + 16 * i));
+        const float dx = a.dr(r)[i];
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(d * dx), acc[r]);
+        acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bs, mins)), _mm256_set1_ps(dmin * dx), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+}
+
+// Q5_0's fifth bits: 32 bits -> 32 bytes, 0x10 where the bit is set.
+inline __m256i fifth_bits(const uint8_t* p) {
+  uint32_t bits;
+  std::memcpy(&bits, p, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(int(bits)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
+  const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+// R rows of one Q4_0 / Q5_0 / Q8_0 weight row: signed weights times signed activations with
+// maddubs(|w|, sign(x, w)) (|w| <= 128, |x| <= 127: no saturation), one float multiply-add per block.
+template <int Q, int R>
+void dot_32(const uint8_t* w, int64_t nb, const Act& a, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0xF), ones = _mm256_set1_epi16(1);
+  for (int64_t i = 0; i < nb; ++i, w += kBytes[Q]) {
+    __m256i v;
+    if constexpr (Q == kQ8_0) {
+      v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2));
+    } else {
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (Q == kQ5_0 ? 6 : 2)));
+      const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
+      v = Q == kQ5_0 ? _mm256_sub_epi8(_mm256_or_si256(nib, fifth_bits(w + 2)), _mm256_set1_epi8(16))
+                     : _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
+    }
+    const __m256i av = _mm256_sign_epi8(v, v);
+    const float d = f16(w);
+    for (int r = 0; r < R; ++r) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qr(r) + 32 * i));
+      const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(x, v)), ones);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * a.dr(r)[i]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+}
+
+template <int Q, int R>
+void dot_rows(const uint8_t* w, int64_t nb, const Act& a, float* out) {
+  if constexpr (Q == kQ4_K || Q == kQ5_K || Q == kQ6_K)
+    dot_k<Q, R>(w, nb, a, out);
+  else
+    dot_32<Q, R>(w, nb, a, out);
+}
+#else
+// Plain C++ of the same integer arithmetic: one block at a time, a float sum per row.
+template <int Q, int R>
+void dot_rows(const uint8_t* w, int64_t nb, const Act& a, float* out) {
+  float acc[R] = {};
+  for (int64_t i = 0; i < nb; ++i, w += kBytes[Q]) {
+    if constexpr (Q == kQ4_K || Q == kQ5_K) {
+      uint8_t sc[8], mn[8], v[32];
+      scales_mins_k4(w + 4, sc, mn);
+      int sumi[R] = {}, summ[R] = {};
+      for (int j = 0; j < 8; ++j) {
+        unpack_k_sub<Q>(w, j, v);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = a.qr(r) + 256 * i + 32 * j;
+          int s = 0;
+          for (int l = 0; l < 32; ++l) s += v[l] * x[l];
+          sumi[r] += sc[j] * s;
+          summ[r] += mn[j] * (a.bsr(r)[16 * i + 2 * j] + a.bsr(r)[16 * i + 2 * j + 1]);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const float dx = a.dr(r)[i];
+        acc[r] += f16(w) * dx * float(sumi[r]) - f16(w + 2) * dx * float(summ[r]);
+      }
+    } else if constexpr (Q == kQ6_K) {
+      uint8_t v[256];
+      unpack_q6k(w, v);
+      const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = a.qr(r) + 256 * i;
+        int sumi = 0;
+        for (int g = 0; g < 16; ++g) {
+          int s = 0;
+          for (int l = 0; l < 16; ++l) s += v[16 * g + l] * x[16 * g + l];
+          sumi += sc[g] * (s - 32 * a.bsr(r)[16 * i + g]);
+        }
+        acc[r] += f16(w + 208) * a.dr(r)[i] * float(sumi);
+      }
+    } else {
+      int8_t v[32];
+      unpack32<Q>(w, v);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = a.qr(r) + 32 * i;
+        int s = 0;
+        for (int l = 0; l < 32; ++l) s += v[l] * x[l];
+        acc[r] += f16(w) * a.dr(r)[i] * float(s);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = acc[r];
+}
+#endif
+
+// y [M, N] (rows begin..end of the weight) = x @ W.T, chunks of up to 4 activation rows per weight row.
+template <int Q>
+void matmul_q8(const Act& a, int64_t M, const uint8_t* w, int64_t row_bytes, float* y, int64_t N, int64_t begin,
+               int64_t end) {
+  const int64_t nb = a.K / kValues[Q];
+  float out[4];
+  for (int64_t n = begin; n < end; ++n) {
+    const uint8_t* wn = w + n * row_bytes;
+    for (int64_t m = 0; m < M;) {
+      Act c = a;
+      c.q += m * a.K, c.d += m * (a.K / a.block), c.bs += m * (a.K / 16);
+      const int64_t R = std::min<int64_t>(4, M - m);
+      switch (R) {
+        case 4: dot_rows<Q, 4>(wn, nb, c, out); break;
+        case 3: dot_rows<Q, 3>(wn, nb, c, out); break;
+        case 2: dot_rows<Q, 2>(wn, nb, c, out); break;
+        default: dot_rows<Q, 1>(wn, nb, c, out);
+      }
+      for (int64_t r = 0; r < R; ++r) y[(m + r) * N + n] = out[r];
+      m += R;
+    }
+  }
+}
+
+inline void matmul_int(int64_t qtype, const Act& a, int64_t M, const uint8_t* w, int64_t row_bytes, float* y,
+                       int64_t N, int64_t begin, int64_t end) {
+  switch (qtype) {
+    case kQ4_0: return matmul_q8<kQ4_0>(a, M, w, row_bytes, y, N, begin, end);
+    case kQ5_0: return matmul_q8<kQ5_0>(a, M, w, row_bytes, y, N, begin, end);
+    case kQ8_0: return matmul_q8<kQ8_0>(a, M, w, row_bytes, y, N, begin, end);
+    case kQ4_K: return matmul_q8<kQ4_K>(a, M, w, row_bytes, y, N, begin, end);
+    case kQ5_K: return matmul_q8<kQ5_K>(a, M, w, row_bytes, y, N, begin, end);
+    default: return matmul_q8<kQ6_K>(a, M, w, row_bytes, y, N, begin, end);
+  }
+}
+
+inline void quantize_rows(const float* x, int64_t M, int64_t K, int64_t block, int8_t* q, float* d, int16_t* bs) {
+  for (int64_t m = 0; m < M; ++m)
+    quantize_row(x + m * K, K, block, q + m * K, d + m * (K / block), bs + m * (K / 16));
+}
