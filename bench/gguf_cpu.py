@@ -3,7 +3,10 @@
 1. Kernel: the target's merged gate/up shape (17920 x 1536) per block format, 1 / 5 / 9 rows,
    our compiled kernel (`specengine._quantext`) beside bf16 and fp32 `F.linear` on the same shape.
 2. End to end on the real pair (HumanEval prompts, greedy, EOS ignored): `ar`, `sd` γ 3 and
-   γ auto with weights="gguf" (fp32 activations) and with weights="float" in bf16 and fp32.
+   γ auto (and `pearl` on the blocks) with weights="gguf" (fp32 activations), with the default
+   (weights and dtype "auto": the measured plan's choice) and with weights="float" in bf16 and
+   fp32; the process's resident memory with each engine loaded and its KV cache allocated
+   (the blocks first, so that no freed float model inflates their figure).
 3. With --llamacpp (`make bench-gguf`): llama.cpp on the same files, prompts and threads
    (bench/llamacpp.py): its `ar`, its speculative decoding with the 0.5B draft (draft max 3
    and 6) and its n-gram drafting, decode tokens/s from its own timers.
@@ -26,8 +29,31 @@ from specengine.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
 from specengine.models.quant_linear import EXT_CODES, _quantext, extension_isa
 
 N, K = 17920, 1536
-SETTINGS = {"gguf (fp32 activations)": dict(weights="gguf"), "float bf16": dict(weights="float", dtype="bfloat16"),
-            "float fp32": dict(weights="float", dtype="float32")}
+SETTINGS = {"gguf (fp32 activations)": dict(weights="gguf"), "auto (measured plan)": {},
+            "float bf16": dict(weights="float", dtype="bfloat16"), "float fp32": dict(weights="float", dtype="float32")}
+METHODS = {"gguf (fp32 activations)": ["ar", "sd:3", "sd:auto", "pearl"]}  # others: ar, sd:3, sd:auto
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process now (Linux /proc)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def memory(eng, before: int) -> dict:
+    """Resident memory with the engine loaded and its KV cache allocated, and what it holds."""
+    import os
+
+    from specengine.models.fetch import cache_dir
+
+    held = sum(b.numel() * b.element_size() for r in (eng.target, eng.draft)
+               for b in list(r.model.buffers()) + list(r.model.parameters()))
+    kv = sum(r.cache.kv.numel() * r.cache.kv.element_size() for r in (eng.target, eng.draft) if r.cache is not None)
+    files = sum(os.path.getsize(cache_dir() / "gguf" / f"{n}.gguf") for n in (DEFAULT_TARGET, DEFAULT_DRAFT))
+    now = rss_bytes()
+    return {"rss_bytes": now, "rss_before_load_bytes": before, "model_bytes": held, "kv_bytes": kv,
+            "gguf_files_bytes": files, "rss_over_files_plus_kv": now / (files + kv),
+            "engine_rss_over_files_plus_kv": (now - before) / (files + kv)}
 
 
 def best_ms(fn, reps: int = 5) -> float:
@@ -93,6 +119,22 @@ def llamacpp_providers(n_prompts: int, new: int) -> dict:
     return out
 
 
+def agreement(eng, llama_runs: list[dict], n_prompts: int, new: int) -> dict:
+    """Greedy tokens of our quantized target against llama.cpp's on the same file and prompts:
+    per prompt, how many of the first tokens agree before the first difference (llama.cpp's
+    text re-tokenized with the model's tokenizer; its last token may be cut mid-word)."""
+    from specengine.prompts import humaneval
+
+    per = []
+    for p, run in zip(humaneval(n_prompts), llama_runs):
+        ours = eng.generate(p["prompt"], max_new_tokens=new, method="ar", ignore_eos=True).token_ids
+        theirs = eng.tokenizer(run["text"], add_special_tokens=False).input_ids
+        same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        per.append({"same_first_tokens": same, "ours": len(ours), "theirs": len(theirs)})
+    print("greedy agreement with llama.cpp (same first tokens):", [r["same_first_tokens"] for r in per], flush=True)
+    return {"per_prompt": per, "tokens": new}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results/cpu_gguf_first.json")
@@ -105,13 +147,22 @@ def main(argv=None) -> int:
         return 2
     report = {"benchmark": "gguf_cpu", "environment": environment(), "kernel_isa": extension_isa(),
               "kernel_shape": [N, K], "kernels": kernels(), "e2e": {}}
-    for name, kw in SETTINGS.items():
-        eng = Engine.from_pretrained(DEFAULT_TARGET, draft=DEFAULT_DRAFT, max_seq_len=1024, **kw)
-        report["e2e"][name] = run_benchmark(eng, ["ar", "sd:3", "sd:auto"], args.n_prompts, args.max_new_tokens)
-        del eng
-        gc.collect()
     if args.llamacpp:
         report["llamacpp"] = llamacpp_providers(args.n_prompts, args.max_new_tokens)
+    report["memory"] = {}
+    for name, kw in SETTINGS.items():
+        before = rss_bytes()
+        eng = Engine.from_pretrained(DEFAULT_TARGET, draft=DEFAULT_DRAFT, max_seq_len=1024, **kw)
+        report["e2e"][name] = run_benchmark(eng, METHODS.get(name, ["ar", "sd:3", "sd:auto"]), args.n_prompts,
+                                            args.max_new_tokens)
+        report["memory"][name] = memory(eng, before)
+        if args.llamacpp and kw.get("weights") == "gguf":
+            report["greedy_agreement_with_llamacpp"] = agreement(eng, report["llamacpp"]["ar"]["runs"],
+                                                                 args.n_prompts, args.max_new_tokens)
+        print(name, {r["provider"]: round(r["decode_tokens_per_s"], 2) for r in report["e2e"][name]["results"]},
+              f"rss {report['memory'][name]['rss_bytes'] / 2**30:.2f} GiB", flush=True)
+        del eng
+        gc.collect()
     print(f"wrote {save(report, args.out)}")
     return 0
 

@@ -59,20 +59,22 @@ def version() -> str:
     return src.parents[1].name.removeprefix("llama_cpp_python-") + " (llama-cpp-python; its vendor/llama.cpp)"
 
 
-def _run(cmd: list[str]) -> str:
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return proc.stdout + proc.stderr
+    return proc
 
 
 def ar(target: Path, prompt: str, n: int, threads: int) -> dict:
-    text = _run([str(BUILD / "bin" / "llama-completion"), "-m", str(target), "-p", prompt, "-n", str(n),
+    proc = _run([str(BUILD / "bin" / "llama-completion"), "-m", str(target), "-p", prompt, "-n", str(n),
                  "-t", str(threads), "--temp", "0", "--ignore-eos", "-no-cnv", "--no-display-prompt"])
+    text = proc.stdout + proc.stderr
     m = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs", text.split("prompt eval time")[-1])
     p = re.search(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", text)
     return {"decode_tokens_per_s": int(m.group(2)) / (float(m.group(1)) / 1e3),
-            "prefill_tokens_per_s": int(p.group(2)) / (float(p.group(1)) / 1e3) if p else None}
+            "prefill_tokens_per_s": int(p.group(2)) / (float(p.group(1)) / 1e3) if p else None,
+            "text": proc.stdout}  # the greedy continuation, for token agreement with ours
 
 
 def speculative(target: Path, draft: Path | None, prompt: str, n: int, threads: int, kind: str,
@@ -81,7 +83,8 @@ def speculative(target: Path, draft: Path | None, prompt: str, n: int, threads: 
            "-t", str(threads), "--temp", "0", "--ignore-eos", "--spec-type", kind]
     if draft is not None:  # the n-gram drafter keeps its own defaults
         cmd += ["-md", str(draft), "--spec-draft-n-max", str(draft_max)]
-    text = _run(cmd)
+    proc = _run(cmd)
+    text = proc.stdout + proc.stderr
     dec = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
     enc = re.search(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
     acc = re.search(r"accept\s*=\s*([\d.]+)%", text)

@@ -124,8 +124,7 @@ class Engine:
             src, model = self.config.parallel_drafter, self.draft.model
             if isinstance(src, ParallelDrafter):
                 src.check_fits(model.config)
-                weight = model.embed_tokens.weight  # the draft's device and dtype, as load_drafter gives
-                self._drafter = src.to(weight.device, weight.dtype)
+                self._drafter = src.to(model.device, model.dtype)  # as load_drafter gives
             else:
                 if src is None:
                     src = shipped_drafter(model.config)
@@ -229,8 +228,8 @@ class Engine:
         if method in self._dtype_notes:
             return
         self._dtype_notes.add(method)
-        draft = self.draft.model.dtype if self.draft is not None else None
-        note = precision.better_setting(self.dtype_choice, method, self.target.dtype, draft)
+        draft = self.draft.model if self.draft is not None else None
+        note = precision.better_setting(self.dtype_choice, method, self.target.model, draft)
         if note:
             warnings.warn(note, RuntimeWarning, stacklevel=4)
 

@@ -76,8 +76,8 @@ class EngineConfig:
                            "float32 | bfloat16 | float16")
     draft_device: str | None = option(None, "put the draft on its own device, e.g. cuda:1 (PEARL on two GPUs)")
     weights: str = option("auto", "gguf (keep a GGUF file's quantized blocks; dtype is then the activation dtype) "
-                          "| float (dequantize once) | auto (float, until the quantized kernels win the measured "
-                          "plan here)", choices={w: w for w in WEIGHT_CHOICES})
+                          "| float (dequantize once) | auto (with dtype auto on a CPU and a GGUF source: blocks or "
+                          "float per model, whichever the measured plan predicts faster; else float)", choices={w: w for w in WEIGHT_CHOICES})
 
     def __post_init__(self):
         if self.method is not None and self.method not in METHODS:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from . import precision
 from .api import Engine
 from .config import parse_gamma
 from .benchmark import invariant_summary
@@ -54,9 +55,9 @@ def best_plain_elsewhere(engine, args) -> dict:
     decoding, when that is not the dtype it chose for `sd` (so the speedup printed is against the
     fastest plain decoding on this machine, not against ar in a dtype chosen for speculation)."""
     best = ((engine.dtype_choice or {}).get("best_by_method") or {}).get("ar")
-    if best is None or f"torch.{best['target']}" == str(engine.target.dtype):
+    if best is None or best["target"] == precision.setting_of(engine.target.model):
         return {}
-    plain = Engine.from_pretrained(DEFAULT_TARGET, max_seq_len=1024, method="ar", dtype=best["target"])
+    plain = Engine.from_pretrained(DEFAULT_TARGET, max_seq_len=1024, method="ar", **precision.load_options(best["target"]))
     plain.generate(BUILTIN_PROMPT, max_new_tokens=4, ignore_eos=True)  # warm-up
     r = plain.generate(BUILTIN_PROMPT, max_new_tokens=args.max_new_tokens, ignore_eos=True)
     return {best["target"]: r.stats["tokens_per_s"]}

@@ -19,10 +19,21 @@ def device_of(device) -> torch.device:
     return dev
 
 
+def gguf_twin(name, cfg: EngineConfig, device):
+    """The model as GGUF blocks (fp32 activations) when weights "auto" may choose them: a CPU
+    model whose source is a GGUF file (a registry name or a .gguf path); else None."""
+    from .models.gguf_weights import gguf_file
+
+    if name is None or cfg.weights != "auto" or device.type != "cpu" or gguf_file(name) is None:
+        return None
+    return load_model(name, torch.float32, device, weights="gguf")[0]
+
+
 def load_pair(target, draft, cfg: EngineConfig):
     """(target model, its path, draft model or None, dtype decision or None). dtype "auto":
-    bf16 on CUDA; on a CPU each model's dtype for its role in the engine's method, from the
-    measured matmul table (precision.py), unless SPECENGINE_CPU_DTYPE forces one."""
+    bf16 on CUDA; on a CPU each model's setting for its role in the engine's method, from the
+    measured matmul table (precision.py): fp32 or bf16, or with weights "auto" and a GGUF
+    source also the file's blocks, unless SPECENGINE_CPU_DTYPE forces a dtype."""
     dev = device_of(cfg.device)
     ddev = dev if cfg.draft_device is None else device_of(cfg.draft_device)
     dtype = cfg.torch_dtype()
@@ -49,11 +60,20 @@ def load_pair(target, draft, cfg: EngineConfig):
         return tmodel, tpath, dmodel, precision.forced(force, dmodel is not None, method)
     cpu_draft = dmodel if on_cpu[1] else None
     if on_cpu[0]:
-        choice = precision.choose(tmodel, cpu_draft, method, gamma=cfg.gamma)
-        tmodel.to(getattr(torch, choice["target"]))
+        quant = {"target": gguf_twin(target, cfg, dev), "draft": gguf_twin(draft if on_cpu[1] else None, cfg, ddev)}
+        choice = precision.choose(tmodel, cpu_draft, method, gamma=cfg.gamma, quant=quant)
+        tmodel = _take(tmodel, quant["target"], choice["target"])
     else:  # only the draft on a CPU: its one-row steps decide
-        choice = precision.choose(dmodel, None, "ar")
+        quant = {"target": gguf_twin(draft, cfg, ddev)}
+        choice = precision.choose(dmodel, None, "ar", quant=quant)
         choice = {**choice, "target": "bfloat16", "draft": choice["target"], "method": method}
+        quant = {"draft": quant["target"]}
     if cpu_draft is not None and choice["draft"]:
-        cpu_draft.to(getattr(torch, choice["draft"]))
+        dmodel = _take(cpu_draft, quant.get("draft"), choice["draft"])
     return tmodel, tpath, dmodel, choice
+
+
+def _take(model, twin, setting: str):
+    """The model in the chosen setting: its GGUF twin, or itself in the chosen dtype (the loser's
+    memory is released when its last reference goes)."""
+    return twin if setting == precision.GGUF else model.to(getattr(torch, setting))

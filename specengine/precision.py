@@ -11,6 +11,11 @@ over every draft length the method may run, γ = 0 (plain decoding) included. Th
 is loaded; `Engine.dtype_choice` keeps the grid behind it, and the best pair of every other
 method so that a call switching methods can be told what it would gain.
 
+With weights "auto" and a GGUF source, a third setting joins the grid: "gguf", the file's
+blocks kept as they are with fp32 activations (models/quant_plan.py measures their kernel per
+row count, as cpu_matmul.py measures the float paths). The grid then picks storage and dtype
+together, per role: a draft may stay blocks while its target runs bf16.
+
 `SPECENGINE_CPU_DTYPE=float32|bfloat16` forces "auto" to one dtype for both models (CI runs
 the tests that depend on the machine's choice both ways).
 """
@@ -26,6 +31,7 @@ from .models import cpu_matmul
 
 FORCE_ENV = "SPECENGINE_CPU_DTYPE"
 CPU_DTYPES = ("float32", "bfloat16")
+GGUF = "gguf"  # the setting "GGUF blocks, fp32 activations"
 EXPECTED_ALPHA = 0.7  # acceptance assumed before any round (AutoGammaPolicy's prior)
 GAMMA_MAX = 8  # sd's γ auto range (AutoGammaPolicy.gamma_max)
 PARALLEL_KS = (2, 3, 4, 5, 6)  # parallelspec k (the shipped drafter's range)
@@ -38,9 +44,20 @@ def forced_cpu_dtype() -> str | None:
     return value or None
 
 
+def setting_of(model) -> str:
+    """The grid's name for how `model` is held: "gguf" (blocks) or its dtype's name."""
+    from .models.quant_plan import quant_layers
+
+    return GGUF if quant_layers(model) else str(model.dtype).removeprefix("torch.")
+
+
 def matmul_seconds(model, dtype: str, rows: tuple[int, ...], progress: bool = True):
-    """rows -> seconds of one forward's matmuls at that many rows in `dtype`, from the
-    machine's measured table (measured now where missing; cached per machine)."""
+    """rows -> seconds of one forward's matmuls at that many rows in `dtype` (or "gguf": the
+    model's blocks), from the machine's measured table (measured now where missing; cached)."""
+    if dtype == GGUF:
+        from .models import quant_plan
+
+        return quant_plan.step_seconds(model, rows, progress)
     dt = getattr(torch, dtype)
     entries = cpu_matmul.tune(model, rows=rows, progress=progress, dtype=dt)
     return {r: cpu_matmul.step_seconds(model, entries, r, dt) for r in rows}
@@ -82,21 +99,28 @@ def best_round(method: str, t: dict, d: dict | None, alpha: float, gamma=None, t
 
 # ----------------------------------------------------------------------------- the choice
 def choose(target, draft, method: str, gamma=None, tree=None, alpha: float = EXPECTED_ALPHA,
-           progress: bool = True) -> dict:
-    """The (target, draft) dtypes that maximize `method`'s expected tokens/s on this CPU, with
-    the grid behind the choice and each other method's best pair. Models in fp32 (as loaded)."""
+           progress: bool = True, quant: dict | None = None) -> dict:
+    """The (target, draft) settings that maximize `method`'s expected tokens/s on this CPU, with
+    the grid behind the choice and each other method's best pair. Models in fp32 (as loaded);
+    `quant`: {"target": ..., "draft": ...} the same models as GGUF blocks, where the file has them
+    (each adds the setting "gguf" for its role)."""
+    quant = quant or {}
+    t_opts = {dt: target for dt in CPU_DTYPES} | ({GGUF: quant["target"]} if quant.get("target") else {})
+    d_opts = {dt: draft for dt in CPU_DTYPES} | ({GGUF: quant["draft"]} if quant.get("draft") else {})
     widths = {m: method_widths(m, gamma if m == method else None, tree if m == method else None)
               for m in ("ar", "sd", "parallelspec")} if draft is not None else {"ar": method_widths("ar")}
     widths.setdefault(method, method_widths(method, gamma, tree))
     t_rows = tuple(sorted({w for tw, _ in widths.values() for w in tw}))
     d_rows = tuple(sorted({w for _, dw in widths.values() for w in dw}))
-    t_sec = {dt: matmul_seconds(target, dt, t_rows, progress) for dt in CPU_DTYPES}
-    d_sec = {dt: matmul_seconds(draft, dt, d_rows, progress) for dt in CPU_DTYPES} if draft is not None else {}
+    t_sec = {dt: matmul_seconds(m, dt, t_rows, progress) for dt, m in t_opts.items()}
+    d_sec = {dt: matmul_seconds(m, dt, d_rows, progress) for dt, m in d_opts.items()} if draft is not None else {}
     grid, best = [], {}
     for m in widths:
         kw = dict(gamma=gamma, tree=tree) if m == method else {}
-        for tdt in CPU_DTYPES:
-            for ddt in (CPU_DTYPES if m != "ar" and draft is not None else (None,)):
+        for tdt in t_sec:
+            # cheapest draft step first: on a tie (γ 0 predicted best, where the draft's cost does not
+            # enter) the cheapest draft wins, since γ auto may still draft and a plain round catches up
+            for ddt in (sorted(d_sec, key=lambda dt: d_sec[dt][1]) if m != "ar" and draft is not None else (None,)):
                 rate, g = best_round(m, t_sec[tdt], d_sec.get(ddt), alpha, **kw)
                 cell = {"method": m, "target": tdt, "draft": ddt, "gamma": g, "tokens_per_s": rate}
                 grid.append(cell)
@@ -120,15 +144,19 @@ def forced(dtype: str, has_draft: bool, method: str) -> dict:
             "why": f"forced by {FORCE_ENV}={dtype}"}
 
 
-def better_setting(choice: dict | None, method: str, target_dtype: torch.dtype,
-                   draft_dtype: torch.dtype | None) -> str | None:
-    """What a call of `method` would gain from other dtypes, as a sentence naming the setting,
-    or None (no measured choice, the same pair, or less than 5% to gain)."""
+def load_options(setting: str) -> dict:
+    """`Engine.from_pretrained` options that load a model in a grid setting."""
+    return {"weights": "gguf", "dtype": "float32"} if setting == GGUF else {"weights": "float", "dtype": setting}
+
+
+def better_setting(choice: dict | None, method: str, target, draft) -> str | None:
+    """What a call of `method` would gain from other settings (dtype or GGUF blocks) of the
+    loaded `target` / `draft` models, as a sentence naming the setting, or None (no measured
+    choice, the same pair, or less than 5% to gain)."""
     best = (choice or {}).get("best_by_method", {}).get(method)
     if best is None:
         return None
-    have = {"target": str(target_dtype).removeprefix("torch."),
-            "draft": str(draft_dtype).removeprefix("torch.") if draft_dtype is not None else None}
+    have = {"target": setting_of(target), "draft": setting_of(draft) if draft is not None else None}
     if best["target"] == have["target"] and best["draft"] in (None, have["draft"]):
         return None
     now = next((c["tokens_per_s"] for c in choice["grid"] if c["method"] == method and c["target"] == have["target"]

@@ -122,12 +122,7 @@ class ParallelDrafter(nn.Module):
             self.flags.value = None
 
     def check_fits(self, config) -> None:
-        m = self.meta
-        if (m.hidden_size, m.vocab_size) != (config.hidden_size, config.vocab_size) or \
-                m.fingerprint != model_fingerprint(config):
-            raise SpecEngineError(
-                f"parallel drafter was trained for another draft ({m.draft or 'unnamed'}, fingerprint {m.fingerprint}); "
-                f"this draft: {model_fingerprint(config)}; train one with `specengine train-parallel`")
+        fits(self.meta, config)
 
     def save(self, path, extra: dict | None = None) -> Path:
         return save_artifact(path, self.trainable_state(), self.meta, extra)
@@ -142,6 +137,16 @@ class ParallelDrafter(nn.Module):
                     raise SpecEngineError(f"drafter tensor {k} has shape {tuple(v.shape)}, expected "
                                           f"{tuple(state[k].shape)}")
                 state[k].copy_(v)
+
+
+def fits(meta: DrafterMeta, config) -> None:
+    """Refuse a drafter trained for another draft (before it wraps any layer)."""
+    m = meta
+    if (m.hidden_size, m.vocab_size) != (config.hidden_size, config.vocab_size) or \
+            m.fingerprint != model_fingerprint(config):
+        raise SpecEngineError(
+            f"parallel drafter was trained for another draft ({m.draft or 'unnamed'}, fingerprint {m.fingerprint}); "
+            f"this draft: {model_fingerprint(config)}; train one with `specengine train-parallel`")
 
 
 def read_meta(path) -> DrafterMeta:
@@ -162,7 +167,7 @@ def load_drafter(path, draft) -> ParallelDrafter:
     from safetensors.torch import load_file
 
     meta = read_meta(path)
+    fits(meta, draft.config)
     drafter = ParallelDrafter(draft, meta)
-    drafter.check_fits(draft.config)
     drafter.load_trainable(load_file(str(path)))
-    return drafter.to(draft.embed_tokens.weight.device, draft.embed_tokens.weight.dtype)
+    return drafter.to(draft.device, draft.dtype)  # a GGUF-block draft: its activations' dtype

@@ -77,7 +77,7 @@ def test_every_tensor_dequantizes_as_the_gguf_package_does(name):
 
 def test_the_quantized_pair_is_lossless_small_and_close_to_the_float_model():
     """weights='gguf' on the real pair: every method gives the quantized target's own ar tokens
-    (fp32 activations, greedy), the models hold about the files' bytes, and the quantized target
+    (fp32 activations, greedy; batch-invariant mode on, as "auto" turns it on for blocks), the models hold about the files' bytes, and the quantized target
     stays close to the float model dequantized from the same file."""
     import os
 
@@ -89,7 +89,9 @@ def test_the_quantized_pair_is_lossless_small_and_close_to_the_float_model():
     assert held <= 1.3 * files, (held, files)
     prompt = "def fibonacci(n):\n"
     ar = eng.generate(prompt, max_new_tokens=16, method="ar", ignore_eos=True).token_ids
-    for method, kw in [("sd", {"gamma": 3}), ("sd", {"gamma": "auto"}), ("pearl", {})]:
+    for method, kw in [("sd", {"gamma": 3}), ("sd", {"gamma": "auto"}), ("pearl", {}),
+                       ("sd", {"policy": "specdec++", "gamma": 8}),  # the heads and drafter shipped for the
+                       ("parallelspec", {"gamma": 3}), ("pearl", {"policy": "parallel"})]:  # float draft fit its blocks
         assert eng.generate(prompt, max_new_tokens=16, method=method, ignore_eos=True, **kw).token_ids == ar, method
     text = prompt + "".join(f"    # step {i}: add the two previous numbers\n" for i in range(6)) + "    return n\n"
     ids = torch.tensor([eng.tokenizer(text).input_ids])
@@ -103,3 +105,20 @@ def test_the_quantized_pair_is_lossless_small_and_close_to_the_float_model():
             out.append(r.verify(ids))
     # the file's own `output` (Q6_K) against the float model's tied embedding (Q4_K): close, not equal
     assert (out[0].argmax(-1) == out[1].argmax(-1)).float().mean() >= 0.8
+
+
+def test_weights_auto_measures_the_blocks_and_loads_what_it_chose():
+    """weights and dtype "auto" on a GGUF source: the blocks' kernel is measured beside fp32 and
+    bf16, the grid's choice is what gets loaded, and ar is then the chosen model's own."""
+    from specengine import precision
+
+    name = REAL_FILES[2]
+    eng = Engine.from_pretrained(name, draft=name, max_seq_len=128)
+    choice = eng.dtype_choice
+    assert set(choice["matmul_s"]["target"]) == {"float32", "bfloat16", "gguf"}
+    assert precision.setting_of(eng.target.model) == choice["target"]
+    assert precision.setting_of(eng.draft.model) == choice["draft"]
+    seconds = choice["matmul_s"]["target"]["gguf"]
+    assert all(s > 0 for s in seconds.values())
+    float_only = Engine.from_pretrained(name, max_seq_len=128, weights="float")
+    assert "gguf" not in float_only.dtype_choice["matmul_s"]["target"]

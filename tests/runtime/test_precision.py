@@ -122,3 +122,26 @@ def test_a_call_that_switches_methods_is_told_the_better_setting(tiny_pair, toke
         warnings.simplefilter("error")  # once per method, and nothing for the method it chose for
         eng.generate("x", max_new_tokens=2, method="ar")
         eng.generate("x", max_new_tokens=2, method="sd", gamma=2)
+
+
+def test_gguf_blocks_join_the_grid_per_role(monkeypatch):
+    """weights "auto" with a GGUF source: the blocks are a third setting of each role, and the
+    grid's best cell over all nine pairs is chosen (by hand here); a draft tie goes to the
+    cheaper draft step."""
+    blocks = lambda r: 0.3 + 0.6 * r  # noqa: E731 - the cheapest one row (0.9 s), dearer per row than fp32
+    table = {**AVX2, "gguf": blocks}
+
+    def seconds(model, dtype, rows, progress=True):
+        assert (dtype == "gguf") == model.startswith("q"), (model, dtype)  # blocks are measured on the twin
+        return {r: (0.1 if model.endswith("draft") else 1.0) * table[dtype](r) for r in rows}
+    monkeypatch.setattr(precision, "matmul_seconds", seconds)
+    for alpha in (0.3, 0.9):
+        choice = precision.choose("target", "draft", "sd", alpha=alpha, quant={"target": "qtarget", "draft": "qdraft"})
+        by_hand = {(t, d, g): sd_rate_by_hand(table[t], lambda r, d=d: 0.1 * table[d](r), alpha, g)
+                   for t in table for d in table for g in range(9)}
+        best = max(by_hand.values())
+        assert choice["predicted_tokens_per_s"] == pytest.approx(best)
+        assert {c["target"] for c in choice["grid"]} == set(table) == {c["draft"] for c in choice["grid"] if c["draft"]}
+        if choice["predicted_gamma"] == 0:
+            assert choice["draft"] == "gguf"  # the cheapest one-row draft step: 0.09 s vs 0.10 / 0.21
+        assert choice["best_by_method"]["ar"]["target"] == "gguf"  # plain decoding: one-row steps only

@@ -1,0 +1,82 @@
+"""What a forward's GGUF-block matmuls cost on this machine, by row count, measured: the
+"gguf" candidate of the precision plan (precision.py), beside the float32 / bfloat16 tables of
+cpu_matmul.py. Layers are grouped by formats and shape (every layer's gate/up shares one);
+each group is timed on its own blocks at each row count and cached in the same per-machine
+table, keyed with the kernel's instruction set and version so a new kernel is re-measured.
+"""
+from __future__ import annotations
+
+from tqdm.auto import tqdm
+
+from . import cpu_matmul
+from .quant_linear import QuantLinear, extension_isa
+
+KERNEL_VERSION = 2  # bump when csrc/quant_dot_impl.h changes its speed: cached timings are then stale
+
+
+def quant_layers(model) -> list[QuantLinear]:
+    return [m for m in model.modules() if isinstance(m, QuantLinear)]
+
+
+def groups(model) -> dict[str, list[QuantLinear]]:
+    """QuantLinear layers keyed by "gguf-v<version>-<isa>:<formats>:<out>x<in>"."""
+    tag = f"gguf-v{KERNEL_VERSION}-{extension_isa() or 'torch'}"
+    out: dict[str, list] = {}
+    for layer in quant_layers(model):
+        out.setdefault(f"{tag}:{'+'.join(layer.qtypes)}:{layer.out_features}x{layer.in_features}", []).append(layer)
+    return out
+
+
+def _sample(layers: list[QuantLinear]) -> list[QuantLinear]:
+    """Layers enough that a pass streams MIN_PASS_BYTES (all of a smaller group), like the float
+    tables: decoding reads weights from memory, never from cache."""
+    out, total = [], 0
+    for layer in layers:
+        out.append(layer)
+        total += sum(w.numel() for _, w in layer.segments())
+        if total >= cpu_matmul.MIN_PASS_BYTES and len(out) >= 2:
+            break
+    return out
+
+
+def measure(layers, rows, reps: int = 2, bar=None) -> dict:
+    """{rows: {"blocks": ms per layer}} for one group."""
+    import torch
+
+    sample = _sample(layers)
+    gen = torch.Generator().manual_seed(0)
+    ms = {}
+    with torch.inference_mode():
+        for r in rows:
+            x = torch.randn(r, layers[0].in_features, generator=gen)
+            ms[str(r)] = {"blocks": 1e3 * cpu_matmul._time_pass(lambda x, layer: layer(x), x, sample, reps)}
+            if bar is not None:
+                bar.update(1)
+    return ms
+
+
+def tune(model, rows, reps: int = 2, progress: bool = True) -> dict[str, dict]:
+    """Measured (or cached) entries {key: {"ms": {rows: {"blocks": ms}}}} of every group."""
+    table = cpu_matmul._load_table()
+    todo = {k: (layers, [r for r in rows if str(r) not in table.get(k, {}).get("ms", {})])
+            for k, layers in groups(model).items()}
+    todo = {k: v for k, v in todo.items() if v[1]}
+    if todo:
+        with tqdm(total=sum(len(m) for _, m in todo.values()), desc="measuring GGUF block matmuls (once per machine)",
+                  disable=not progress, leave=False) as bar:
+            for key, (layers, missing) in todo.items():
+                table.setdefault(key, {"ms": {}})["ms"].update(measure(layers, missing, reps, bar))
+        cpu_matmul._save_table(table)
+    return {key: table[key] for key in groups(model)}
+
+
+def step_seconds(model, rows, progress: bool = True) -> dict[int, float]:
+    """rows -> seconds of one forward's matmuls with the blocks (plus any float Linear the file
+    kept unquantized, from the fp32 table)."""
+    entries = tune(model, rows, progress=progress)
+    floats = cpu_matmul.tune(model, rows=rows, progress=progress) if cpu_matmul._linears(model) else {}
+    out = {}
+    for r in rows:
+        t = sum(len(layers) * entries[k]["ms"][str(r)]["blocks"] / 1e3 for k, layers in groups(model).items())
+        out[r] = t + (cpu_matmul.step_seconds(model, floats, r) if floats else 0.0)
+    return out
