@@ -175,12 +175,25 @@ def _commit_variants(full: bool):
             dict(dtype="any", n_new=new, BLOCK_W=16)
 
 
+def _quant_variants(full: bool):
+    """The GGUF-block matmul: every format it reads, in every activation dtype."""
+    from . import quant_matmul as qm
+
+    for fmt, code in qm.CODES.items():
+        for dt in DTYPES:
+            sig = dict(x_ptr=f"*{dt}", w_ptr="*u8", y_ptr="*fp32", **_i32("M", "N", "K", "row_bytes", "s_xm", "s_ym"))
+            const = dict(FMT=code, BLOCK_M=qm.BLOCK_M, BLOCK_N=qm.BLOCK_N, BK=qm.BK, IEEE=dt == "fp32")
+            yield "quant_matmul", qm._quant_matmul_kernel, sig, const, dict(num_warps=qm.NUM_WARPS), \
+                dict(dtype=dt, format=fmt, **const)
+
+
 def variants(full: bool = False):
     yield from _attention_variants(full)
     yield from _sampler_variants(full)
     yield from _draft_variants(full)
     yield from _fused_step_variants(full)
     yield from _commit_variants(full)
+    yield from _quant_variants(full)
 
 
 def _resource_usage(cubin: bytes) -> tuple[int, int, int]:

@@ -6,12 +6,22 @@ bytes per block): Q4_0 (32, 18), Q4_1 (32, 20), Q5_0 (32, 22), Q8_0 (32, 34), Q4
 176), Q6_K (256, 210). The torch dequantizers below are the specification (ggml-quants.c's
 `dequantize_row_*`, the same float operations in the same order) and the CPU fallback; they
 are checked against the `gguf` package's dequantizer on every tensor of the real files. The
-CPU kernel (csrc/quant_matmul.cpp) dequantizes each weight row once into L1 and multiplies it
-with every activation row, so a verify of k rows reads the weights once.
+CPU kernel (csrc/quant_matmul.cpp) quantizes the activations per block to int8 and multiplies
+them with each weight block as integers, as llama.cpp does (`quant_matmul_q8_ref` is its spec),
+so a verify of k rows reads the weights once.
+
+On a GPU (`quant_matmul_triton`, Q4_K / Q6_K / Q5_0 / Q8_0: what the default pair's files hold):
+one program per tile of BLOCK_N weight rows and BLOCK_M activation rows (a decode's single row
+padded to BLOCK_M, the tensor-core minimum) walks K in chunks of BK columns; each column's bytes,
+shift and scale are gathered per element (any chunk of any format), dequantized in registers with
+the reference's float operations, and multiplied on tensor cores in the activations' dtype (fp32:
+IEEE, no TF32), accumulated in fp32. No host sync, fixed shapes: CUDA graphs capture it.
 """
 from __future__ import annotations
 
 import torch
+
+from .jit import needs_triton, tl, triton
 
 QK_K = 256
 FORMATS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q8_0": (32, 34),
@@ -139,3 +149,98 @@ def quant_matmul_q8_ref(x: torch.Tensor, qweight: torch.Tensor, qtype: str) -> t
     q, d = quantize_rows_ref(x2, block)
     xq = (q.double().reshape(*d.shape, block) * d.double()[..., None]).reshape(x2.shape)
     return (xq @ dequantize_ref(qweight, qtype).double().T).float().reshape(*x.shape[:-1], -1)
+
+
+# ----------------------------------------------------------------------------- GPU kernel
+CODES = {"Q8_0": 0, "Q5_0": 1, "Q4_K": 2, "Q6_K": 3}  # the FMT constexpr of the kernel
+
+
+@triton.jit
+def _f16_at(ptr, ok):
+    """The little-endian fp16 at byte pointers `ptr` (any shape; 0 where not `ok`), as fp32."""
+    lo = tl.load(ptr, mask=ok, other=0).to(tl.uint16)
+    hi = tl.load(ptr + 1, mask=ok, other=0).to(tl.uint16)
+    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _dequant_tile(w_ptr, rows, cols, row_bytes, ok, FMT: tl.constexpr):
+    """fp32 [BLOCK_N, BK] values of weight rows `rows` [BLOCK_N, 1] at columns `cols` [1, BK]."""
+    if FMT == 0:  # Q8_0: 34 bytes per 32: d, 32 int8
+        b = w_ptr + rows * row_bytes + (cols // 32) * 34
+        q = tl.load(b + 2 + cols % 32, mask=ok, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+        return _f16_at(b, ok) * q
+    elif FMT == 1:  # Q5_0: 22 bytes per 32: d, 32 fifth bits, 16 bytes of nibbles
+        b = w_ptr + rows * row_bytes + (cols // 32) * 22
+        l = cols % 32
+        byte = tl.load(b + 6 + l % 16, mask=ok, other=0).to(tl.int32)
+        nib = tl.where(l < 16, byte & 15, byte >> 4)
+        high = (tl.load(b + 2 + l // 8, mask=ok, other=0).to(tl.int32) >> (l % 8)) & 1
+        return _f16_at(b, ok) * ((nib | (high << 4)) - 16).to(tl.float32)
+    elif FMT == 2:  # Q4_K: 144 bytes per 256: d, dmin, 12 bytes of 6-bit scales/mins, 128 of nibbles
+        b = w_ptr + rows * row_bytes + (cols // 256) * 144
+        v = cols % 256
+        j = v // 32  # sub-block: chunk c = v // 64 holds sub-blocks 2c (low nibbles) and 2c + 1 (high)
+        byte = tl.load(b + 16 + 32 * (v // 64) + v % 32, mask=ok, other=0).to(tl.int32)
+        q = (byte >> (4 * (j % 2))) & 15
+        bj = tl.load(b + 4 + j, mask=ok, other=0).to(tl.int32)
+        bj4 = tl.load(b + 8 + j, mask=ok, other=0).to(tl.int32)
+        bjm4 = tl.load(b + 4 + tl.where(j >= 4, j - 4, 0), mask=ok, other=0).to(tl.int32)
+        sc = tl.where(j < 4, bj & 63, (bj4 & 15) | ((bjm4 >> 6) << 4))
+        mn = tl.where(j < 4, bj4 & 63, (bj4 >> 4) | ((bj >> 6) << 4))
+        d = _f16_at(b, ok)
+        dmin = _f16_at(b + 2, ok)
+        return (d * sc.to(tl.float32)) * q.to(tl.float32) - dmin * mn.to(tl.float32)
+    else:  # Q6_K: 210 bytes per 256: 128 low nibbles, 64 of 2 high bits, 16 int8 scales, d
+        b = w_ptr + rows * row_bytes + (cols // 256) * 210
+        v = cols % 256
+        h = v // 128
+        k = (v % 128) // 32
+        l = v % 32
+        lo = (tl.load(b + 64 * h + 32 * (k % 2) + l, mask=ok, other=0).to(tl.int32) >> (4 * (k // 2))) & 15
+        hi = (tl.load(b + 128 + 32 * h + l, mask=ok, other=0).to(tl.int32) >> (2 * k)) & 3
+        sc = tl.load(b + 192 + v // 16, mask=ok, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+        return (_f16_at(b + 208, ok) * sc) * ((lo | (hi << 4)) - 32).to(tl.float32)
+
+
+@triton.jit
+def _quant_matmul_kernel(x_ptr, w_ptr, y_ptr, M, N, K, row_bytes, s_xm, s_ym, FMT: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N))[:, None].to(tl.int64)
+    ms = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M))[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        cols = (k0 + tl.arange(0, BK))[None, :]
+        x = tl.load(x_ptr + ms * s_xm + cols, mask=(ms < M) & (cols < K), other=0.0)
+        w = _dequant_tile(w_ptr, rows, cols, row_bytes, (rows < N) & (cols < K), FMT)
+        if IEEE:
+            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w).to(x.dtype), acc)
+    ns = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N))[None, :]
+    tl.store(y_ptr + ms * s_ym + ns, acc, mask=(ms < M) & (ns < N))
+
+
+# spill-free on sm_80 and sm_90 in every format and dtype (make compile-check); speed not yet measured
+BLOCK_M, BLOCK_N, BK, NUM_WARPS = 16, 32, 64, 8
+
+
+@needs_triton
+def quant_matmul_triton(x2: torch.Tensor, qweight: torch.Tensor, qtype: str) -> torch.Tensor:
+    """fp32 [M, N] = x2 [M, K] (fp32 / fp16 / bf16) @ dequantize(qweight [N, row_bytes]).T."""
+    if qtype not in CODES:
+        raise ValueError(f"the GPU kernel reads {', '.join(CODES)} blocks; {qtype!r} is not one of them")
+    values, nbytes = FORMATS[qtype]
+    M, K = x2.shape
+    N, row_bytes = qweight.shape
+    if K % values or row_bytes != K // values * nbytes:
+        raise ValueError(f"x has {K} columns but a weight row holds {row_bytes} bytes of {qtype} blocks")
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    y = torch.empty(M, N, dtype=torch.float32, device=x2.device)
+    grid = (triton.cdiv(N, BLOCK_N), triton.cdiv(M, BLOCK_M))
+    _quant_matmul_kernel[grid](x2, qweight, y, M, N, K, row_bytes, x2.stride(0), y.stride(0), FMT=CODES[qtype],
+                               BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BK=BK, IEEE=x2.dtype == torch.float32,
+                               num_warps=NUM_WARPS)
+    return y

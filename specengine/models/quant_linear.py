@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels.quant_matmul import FORMATS, dequantize_ref, quant_matmul_ref
+from ..kernels.jit import HAVE_TRITON
+from ..kernels.quant_matmul import CODES, FORMATS, dequantize_ref, quant_matmul_ref, quant_matmul_triton
 
 try:
     from .. import _quantext
@@ -34,7 +35,10 @@ ROWS_PER_READ = 64  # above this many rows (prefill) one dequantization + a BLAS
 def quant_matmul(x2: torch.Tensor, qweight: torch.Tensor, qtype: str) -> torch.Tensor:
     """fp32 [M, N] = x2 [M, K] @ dequantize(qweight).T, on the fastest path available here:
     the compiled int8 kernel for decode and verify widths (every width up to ROWS_PER_READ takes
-    the same per-row arithmetic, so a verify reproduces decode), dequantize-then-matmul for prefill."""
+    the same per-row arithmetic, so a verify reproduces decode), dequantize-then-matmul for prefill;
+    on a GPU the Triton kernel (fp32 accumulation; batch invariance there is the probe's business)."""
+    if qweight.is_cuda and HAVE_TRITON and qtype in CODES:  # GPU: the Triton kernel, any row count
+        return quant_matmul_triton(x2, qweight, qtype)
     if _quantext is None or qweight.device.type != "cpu" or qtype not in EXT_CODES:
         return quant_matmul_ref(x2, qweight, qtype)
     if x2.shape[0] > ROWS_PER_READ:
