@@ -169,10 +169,32 @@ def compact_rows(rows: list) -> None:
             rows.append(row)
 
 
+def quant_rows(rows: list, bw: float) -> None:
+    """GGUF blocks on the GPU (issue 38): the 1.5B target's gate/up (17920 x 1536) as Q4_K and its
+    LM head shape as Q6_K, 1 / 5 / 9 / 16 rows, against bf16 F.linear on the same shape."""
+    from specengine.kernels.quant_matmul import FORMATS, quant_matmul_triton
+
+    for qtype, (N, K) in (("Q4_K", (17920, 1536)), ("Q6_K", (151936, 1536))):
+        values, nbytes = FORMATS[qtype]
+        w = torch.randint(0, 256, (N, K // values * nbytes), dtype=torch.uint8, device="cuda")
+        w.view(N, K // values, nbytes)[..., 0:2] = torch.tensor([0, 0x20], dtype=torch.uint8, device="cuda")  # d
+        dense = torch.randn(N, K, dtype=torch.bfloat16, device="cuda")
+        for m in (1, 5, 9, 16):
+            x = torch.randn(m, K, dtype=torch.bfloat16, device="cuda")
+            row = dict(op="quant_matmul", format=qtype, N=N, K=K, rows=m, bytes=w.numel(), copy_bw_Bps=bw)
+            row["triton_us"] = bench(lambda i: quant_matmul_triton(x, w, qtype), 1)
+            row["triton_graph_us"] = bench_graph(lambda: quant_matmul_triton(x, w, qtype))
+            row["bf16_linear_us"] = bench(lambda i: torch.nn.functional.linear(x, dense), 1)
+            row["weight_GBps"] = w.numel() / row["triton_us"] / 1e3
+            print(f"quant_matmul {qtype} rows={m}: {row}", flush=True)
+            rows.append(row)
+        del w, dense
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default="rejection,attention,compact")
+    ap.add_argument("--only", default="rejection,attention,compact,quant")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_kernels: needs a CUDA device", file=sys.stderr)
@@ -185,7 +207,7 @@ def main(argv=None) -> int:
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e12:.2f} TB/s (read + write)", flush=True)
     # attention first: verify vs SDPA at batch 1 is a goal of the fused step (issue 25)
     for part, fn in (("attention", attention_rows), ("rejection", lambda rows: rejection_rows(rows, bw)),
-                     ("compact", compact_rows)):
+                     ("compact", compact_rows), ("quant", lambda rows: quant_rows(rows, bw))):
         if part in args.only:
             try:
                 fn(result["rows"])  # appends row by row

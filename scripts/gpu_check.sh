@@ -78,7 +78,7 @@ if has install && [ -z "$SMOKE" ]; then
 'KV extension not built'; print('kv extension:', k._kvext.__file__)"
 fi
 KERNEL_TESTS="tests/ops/test_fused_step_ops.py tests/ops/test_verify_attention.py tests/ops/test_commit_tokens.py
-  tests/ops/test_draft_sampling.py tests/ops/test_rejection_sampling.py"
+  tests/ops/test_draft_sampling.py tests/ops/test_rejection_sampling.py tests/ops/test_quant_matmul_triton.py"
 if has check; then  # smoke: one op, under the interpreter
   SELECT=(); [ -n "$SMOKE" ] && SELECT=(-k silu_and_mul)
   # shellcheck disable=SC2086
