@@ -71,6 +71,7 @@ struct Kernels {
   void (*quantize)(const float*, int64_t, int64_t, int64_t, int8_t*, float*, int16_t*);
   void (*matmul)(int64_t, const Act&, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t);
   void (*dequantize)(int64_t, const uint8_t*, int64_t, float*);
+  void (*dense)(bool, const float*, int64_t, int64_t, const void*, float*, int64_t, int64_t, int64_t, float*);
 };
 
 // Every copy this CPU runs, widest first (CPUID): never a per-machine constant.
@@ -78,11 +79,11 @@ std::vector<Kernels> runnable() {
   std::vector<Kernels> out;
 #ifdef SPECENGINE_X86
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
-    out.push_back({"avx512", avx512::quantize_rows, avx512::matmul_int, avx512::dequantize});
+    out.push_back({"avx512", avx512::quantize_rows, avx512::matmul_int, avx512::dequantize, avx512::dense_matmul});
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    out.push_back({"avx2", avx2::quantize_rows, avx2::matmul_int, avx2::dequantize});
+    out.push_back({"avx2", avx2::quantize_rows, avx2::matmul_int, avx2::dequantize, avx2::dense_matmul});
 #endif
-  out.push_back({"baseline", baseline::quantize_rows, baseline::matmul_int, baseline::dequantize});
+  out.push_back({"baseline", baseline::quantize_rows, baseline::matmul_int, baseline::dequantize, baseline::dense_matmul});
   return out;
 }
 
@@ -163,9 +164,32 @@ torch::Tensor dequantize(const torch::Tensor& w, int64_t qtype, int64_t cols) {
   return y;
 }
 
+// Dense bf16 / fp32 weights for decode and verify widths: each weight row read once for all rows.
+torch::Tensor dense_matmul(const torch::Tensor& x, const torch::Tensor& w) {
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "dense_matmul runs on CPU tensors");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "x must be a contiguous float32 [M, K] tensor");
+  TORCH_CHECK(w.dim() == 2 && (w.scalar_type() == at::kBFloat16 || w.scalar_type() == at::kFloat) && w.is_contiguous(),
+              "the weight must be a contiguous bfloat16 or float32 [N, K] tensor");
+  TORCH_CHECK(w.size(1) == x.size(1), "x has ", x.size(1), " columns but the weight has ", w.size(1));
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  const bool bf16 = w.scalar_type() == at::kBFloat16;
+  auto y = torch::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const void* wp = w.data_ptr();
+  float* yp = y.data_ptr<float>();
+  const auto fn = kernels().dense;
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(bf16 ? K : 0);  // one widened weight row: stays in L1
+    fn(bf16, xp, M, K, wp, yp, N, begin, end, row.data());
+  });
+  return y;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_matmul", &quant_matmul, "x [M, K] fp32 (quantized per block to int8) @ dequantize(w [N, row_bytes] GGUF blocks).T -> [M, N]");
   m.def("dequantize", &dequantize, "w [N, row_bytes] GGUF blocks -> fp32 [N, cols]");
+  m.def("dense_matmul", &dense_matmul, "x [M, K] fp32 @ w [N, K] (bf16 or fp32).T -> [M, N] fp32, few rows");
   m.def("isa", &isa_name, "the instruction set the kernels run with here (CPUID)");
   m.def("isas", &isas, "every instruction set this CPU can run the kernels with, widest first");
   m.def("set_isa", &set_isa, "run the kernels with another instruction set this CPU supports (tests)");

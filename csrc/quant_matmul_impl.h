@@ -101,3 +101,61 @@ inline void dequantize(int64_t qtype, const uint8_t* w, int64_t nb, float* y) {
     default: return dequant_row<kQ6_K>(w, y, nb);
   }
 }
+
+// ---------------------------------------------------------------- dense bf16 / fp32 weights, few rows
+// y[m] = sum_k x[m, k] * w[k] for R activation rows: a 16-lane vector accumulator per row (GCC
+// vector extensions: one zmm, two ymm or four xmm), lanes summed in a fixed order. Every row takes
+// the same operations whatever R is, so its result never depends on its neighbours.
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+
+template <int R>
+void dot_rows_f32(const float* __restrict x, int64_t K, const float* __restrict w, float* out) {
+  v16 acc[R] = {};
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    v16 wv;
+    std::memcpy(&wv, w + k, sizeof(wv));
+    for (int r = 0; r < R; ++r) {
+      v16 xv;
+      std::memcpy(&xv, x + r * K + k, sizeof(xv));
+      acc[r] += xv * wv;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float tail = 0.0f;
+    for (int64_t t = k; t < K; ++t) tail += x[r * K + t] * w[t];
+    float s = 0.0f;
+    for (int j = 0; j < 16; ++j) s += acc[r][j];
+    out[r] = s + tail;
+  }
+}
+
+// Rows begin..end of y [M, N] = x [M, K] @ W.T for a dense weight (bf16: each row widened once into
+// `row`, in L1, then multiplied with every activation row; fp32: read in place). One read of the
+// weights serves all M rows: what a verify needs where the BLAS costs ~M decodes.
+inline void dense_matmul(bool bf16, const float* x, int64_t M, int64_t K, const void* w, float* y, int64_t N,
+                         int64_t begin, int64_t end, float* row) {
+  float out[4];
+  for (int64_t n = begin; n < end; ++n) {
+    const float* wr;
+    if (bf16) {
+      const uint16_t* src = static_cast<const uint16_t*>(w) + n * K;
+      for (int64_t k = 0; k < K; ++k) {
+        const uint32_t bits = uint32_t(src[k]) << 16;
+        std::memcpy(row + k, &bits, 4);
+      }
+      wr = row;
+    } else {
+      wr = static_cast<const float*>(w) + n * K;
+    }
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) {
+      dot_rows_f32<4>(x + m * K, K, wr, out);
+      for (int r = 0; r < 4; ++r) y[(m + r) * N + n] = out[r];
+    }
+    for (; m < M; ++m) {
+      dot_rows_f32<1>(x + m * K, K, wr, out);
+      y[m * N + n] = out[0];
+    }
+  }
+}

@@ -9,6 +9,9 @@ row count 1..ROWS_TUNED[-1], each candidate path is timed on the model's own wei
 fastest is kept, and the table is cached per machine (CPU model, instruction set, thread
 count, torch version) under the cache dir, so later loads apply it at once.
 
+Candidates: `F.linear`, the transposed product, the padded one-row product, oneDNN, and ours
+(`rows`: each weight row read once for every input row, csrc/; where the extension is built).
+
 A shape group also chooses its weight *storage*: the plain tensor (paths `linear`, `wxt`,
 `wxt_pad`) or oneDNN's packed layout (path `mkldnn`, for every row count). Packing
 replaces the weight (one copy in memory, never two); `unpack` restores it.
@@ -28,6 +31,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..timing import best_seconds
+from .quant_linear import _quantext  # the compiled CPU kernels (None where not built)
 
 ROWS_TUNED = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)  # decode (1), verify (γ+1), small batches
 MIN_PASS_BYTES = 256 << 20  # a timing pass reads at least this much weight (or every layer)
@@ -54,8 +58,16 @@ def _pack_mkldnn(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w, None)
 
 
+def _rows(x, w):
+    """Our few-row kernel (csrc/quant_matmul_impl.h `dense_matmul`): each bf16 / fp32 weight row
+    read once and multiplied with every input row in fp32 (where BLAS costs ~k decodes for k rows)."""
+    if w.dtype not in (torch.bfloat16, torch.float32):
+        return F.linear(x, w)
+    return _quantext.dense_matmul(x.float().contiguous(), w).to(x.dtype)
+
+
 PATHS = {"linear": ("plain", _linear), "wxt": ("plain", _wxt), "wxt_pad": ("plain", _wxt_pad),
-         "mkldnn": ("mkldnn", _mkldnn)}
+         "mkldnn": ("mkldnn", _mkldnn)} | ({"rows": ("plain", _rows)} if _quantext is not None else {})
 STORAGE_LARGE_PATH = {"plain": "linear", "mkldnn": "mkldnn"}  # rows past the tuned range
 
 
@@ -137,7 +149,8 @@ def cache_path() -> Path:
     from .fetch import cache_dir
 
     m = machine()
-    key = re.sub(r"[^A-Za-z0-9.]+", "-", f"{m['cpu']}-{m['isa']}-{m['threads']}t-torch{m['torch']}").strip("-")
+    key = re.sub(r"[^A-Za-z0-9.]+", "-",
+                 f"{m['cpu']}-{m['isa']}-{m['threads']}t-torch{m['torch']}-paths{len(PATHS)}").strip("-")
     return cache_dir() / "cpu_matmul" / f"{key}.json"
 
 

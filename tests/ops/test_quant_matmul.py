@@ -140,3 +140,21 @@ def test_quant_embedding_dequantizes_the_rows_it_reads():
     emb = QuantEmbedding("Q5_0", w, 64, torch.float32)
     tokens = torch.tensor([[3, 49, 3], [0, 7, 12]])
     assert torch.equal(emb(tokens), dequantize_ref(w, "Q5_0")[tokens])
+
+
+@pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("N,K,M", [(37, 77, 1), (19, 256, 5), (40, 1000, 9)])
+def test_dense_few_row_kernel_is_the_matmul_and_batch_invariant(ext, wdtype, N, K, M):
+    """The bf16 / fp32 few-row kernel (a CPU matmul plan candidate, path `rows`): the fp64 product
+    within fp32 rounding (odd K: the tail past the 16-lane body), each row's bits independent of
+    the rows beside it."""
+    g = torch.Generator().manual_seed(N + K)
+    w = torch.randn(N, K, generator=g).to(wdtype)
+    x = torch.randn(M, K, generator=g)
+    got = ext.dense_matmul(x, w)
+    want = x.double() @ w.double().T
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5 * float((x.abs() @ w.float().abs().T).max()))
+    for m in range(M):
+        assert torch.equal(ext.dense_matmul(x[m:m + 1].contiguous(), w)[0], got[m])
+    with pytest.raises(RuntimeError, match="bfloat16 or float32"):
+        ext.dense_matmul(x, w.half())
