@@ -81,6 +81,9 @@ def replaying_capture(fn, pool, device):
 SMOKE = Setup(device="cpu", shapes=TINY, vocab=512, new=6, contexts=(24,), spec_ctx=24, batches=(1, 2), max_seq=128,
               compile_backend="eager", dtype=torch.float32, capture=replaying_capture)
 S = Setup()  # main() swaps in SMOKE for --smoke
+# On a CPU (the rehearsal) every engine multiplies with F.linear, transformers' own path: fp32
+# tokens then equal HF's on random weights whatever paths this machine's matmul plan measures.
+PINNED = {} if torch.cuda.is_available() else {"cpu_matmul": "linear"}
 
 
 def sync() -> None:
@@ -255,7 +258,7 @@ def ar_section(rows: list, peak: float, bw: float, only_small: bool, variants=("
 def _ar_step(model, variant: str, graphs: bool, batch: int, ctx: int, profile: bool) -> dict:
     """One warmed-up, timed `ar` generate of `model` in `variant` (a fresh engine each time)."""
     compiled = variant == "torch.compile"
-    eng = Engine(model, NoTokenizer(), None, method="ar", max_seq_len=S.max_seq, max_batch=max(S.batches),
+    eng = Engine(model, NoTokenizer(), None, method="ar", max_seq_len=S.max_seq, max_batch=max(S.batches), **PINNED,
                  batch_invariant=False, kernels=VARIANT_KERNELS[variant])
     if compiled:  # inside our graphs, captured when first needed: one compile per shape used
         torch._dynamo.reset()
@@ -318,7 +321,7 @@ def spec_section(rows: list, target, draft, label: str, configs=CORE_CONFIGS) ->
     parallelspec, the best trees, pearl ± its second stream): round wall, GPU busy time,
     engine overhead = 1 − busy / round wall, draft / verify split."""
     ctx = S.spec_ctx
-    eng = Engine(target, NoTokenizer(), draft, max_seq_len=S.max_seq, max_batch=max(S.batches), batch_invariant=False,
+    eng = Engine(target, NoTokenizer(), draft, max_seq_len=S.max_seq, max_batch=max(S.batches), **PINNED, batch_invariant=False,
                  **random_extras(draft))
     eng.set_cuda_graphs(True, capture=S.capture)
     run(eng, 1, ctx, method="ar")
@@ -362,7 +365,7 @@ def invariant_section(rows: list, target, draft) -> None:
     == ar, what the probe chose and what "auto" measured."""
     for mode in (False, True, "auto"):
         try:
-            eng = Engine(target, NoTokenizer(), draft, max_seq_len=S.max_seq, max_batch=max(S.batches),
+            eng = Engine(target, NoTokenizer(), draft, max_seq_len=S.max_seq, max_batch=max(S.batches), **PINNED,
                          batch_invariant=mode)
         except SpecEngineError as e:  # no padding makes this machine's kernels invariant: a finding
             rows.append(dict(mode=str(mode), refused=str(e)))

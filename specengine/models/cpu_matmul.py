@@ -10,7 +10,8 @@ fastest is kept, and the table is cached per machine (CPU model, instruction set
 count, torch version) under the cache dir, so later loads apply it at once.
 
 Candidates: `F.linear`, the transposed product, the padded one-row product, oneDNN, and ours
-(`rows`: each weight row read once for every input row, csrc/; where the extension is built).
+(`rows`, bf16 weights: each weight row widened once for every input row, csrc/; where the
+extension is built).
 
 A shape group also chooses its weight *storage*: the plain tensor (paths `linear`, `wxt`,
 `wxt_pad`) or oneDNN's packed layout (path `mkldnn`, for every row count). Packing
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..timing import best_seconds
+from . import quant_linear
 from .quant_linear import _quantext  # the compiled CPU kernels (None where not built)
 
 ROWS_TUNED = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)  # decode (1), verify (γ+1), small batches
@@ -59,16 +61,17 @@ def _pack_mkldnn(w: torch.Tensor) -> torch.Tensor:
 
 
 def _rows(x, w):
-    """Our few-row kernel (csrc/quant_matmul_impl.h `dense_matmul`): each bf16 / fp32 weight row
-    read once and multiplied with every input row in fp32 (where BLAS costs ~k decodes for k rows)."""
-    if w.dtype not in (torch.bfloat16, torch.float32):
-        return F.linear(x, w)
-    return _quantext.dense_matmul(x.float().contiguous(), w).to(x.dtype)
+    """Our few-row kernel (csrc/quant_matmul_impl.h `dense_matmul`): each bf16 weight row widened
+    once and multiplied with every input row in fp32 (where BLAS costs ~k decodes for k rows)."""
+    return quant_linear.dense_matmul(x.float().contiguous(), w).to(x.dtype)
 
 
 PATHS = {"linear": ("plain", _linear), "wxt": ("plain", _wxt), "wxt_pad": ("plain", _wxt_pad),
          "mkldnn": ("mkldnn", _mkldnn)} | ({"rows": ("plain", _rows)} if _quantext is not None else {})
 STORAGE_LARGE_PATH = {"plain": "linear", "mkldnn": "mkldnn"}  # rows past the tuned range
+# bf16 only: fp32 BLAS is already near memory bandwidth for few rows on the CPUs measured, and
+# fp32 keeps transformers' sums (the fp32 peers' token equality on random models rests on it)
+PATH_DTYPES = {"rows": (torch.bfloat16,)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -233,7 +236,7 @@ def measure_group(layers, dtype, rows, storages, reps: int = 2, bar=None) -> dic
         x = torch.randn(r, plain[0].shape[1], generator=gen).to(dtype)
         ms[str(r)] = {}
         for name, (storage, fn) in PATHS.items():
-            if storage not in stores or (name == "wxt_pad" and r != 1):
+            if storage not in stores or (name == "wxt_pad" and r != 1) or dtype not in PATH_DTYPES.get(name, (dtype,)):
                 continue
             ms[str(r)][name] = 1e3 * scale * _time_pass(fn, x, stores[storage], reps)
             if bar is not None:

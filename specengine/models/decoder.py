@@ -46,6 +46,20 @@ class Linear(nn.Linear):
             y = y + self.bias
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
+    def __deepcopy__(self, memo):
+        """A copy with plain weights and no plan (oneDNN's packed tensor cannot be deep-copied;
+        the copy is re-planned where an engine takes it)."""
+        import copy
+
+        clone = copy.copy(self)
+        memo[id(self)] = clone
+        skip = ("packed_weight", "plan", "plan_fns")
+        clone.__dict__ = copy.deepcopy({k: v for k, v in self.__dict__.items() if k not in skip}, memo)
+        if self.packed_weight is not None:
+            clone.weight = nn.Parameter(self.packed_weight.to_dense(), requires_grad=False)
+        clone.packed_weight = clone.plan = clone.plan_fns = None
+        return clone
+
 
 def merged_linear(in_features: int, parts: dict[str, int], bias: bool) -> Linear:
     layer = Linear(in_features, sum(parts.values()), bias=bias)

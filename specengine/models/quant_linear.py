@@ -23,6 +23,24 @@ except ImportError:  # not built (no compiler at install): the torch reference
 
 EXT_CODES = {"Q4_0": 0, "Q5_0": 1, "Q8_0": 2, "Q4_K": 3, "Q5_K": 4, "Q6_K": 5}  # csrc/quant_matmul.cpp
 
+if _quantext is not None:  # as torch ops, so torch.compile traces through them (no graph break)
+    @torch.library.custom_op("specengine::quant_matmul", mutates_args=())
+    def _int8_matmul(x: torch.Tensor, w: torch.Tensor, code: int) -> torch.Tensor:
+        return _quantext.quant_matmul(x, w, code)
+
+    @_int8_matmul.register_fake
+    def _(x, w, code):
+        return x.new_empty(x.shape[0], w.shape[0])
+
+    @torch.library.custom_op("specengine::dense_matmul", mutates_args=())
+    def dense_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """fp32 [M, N] = x [M, K] fp32 @ w [N, K] (bf16 / fp32).T, each weight row read once."""
+        return _quantext.dense_matmul(x, w)
+
+    @dense_matmul.register_fake
+    def _(x, w):
+        return x.new_empty(x.shape[0], w.shape[0])
+
 
 def extension_isa() -> str | None:
     """The instruction set the compiled kernel runs with here (CPUID), or None when not built."""
@@ -43,7 +61,7 @@ def quant_matmul(x2: torch.Tensor, qweight: torch.Tensor, qtype: str) -> torch.T
         return quant_matmul_ref(x2, qweight, qtype)
     if x2.shape[0] > ROWS_PER_READ:
         return x2.float() @ _quantext.dequantize(qweight, EXT_CODES[qtype], x2.shape[1]).T
-    return _quantext.quant_matmul(x2.float().contiguous(), qweight, EXT_CODES[qtype])
+    return _int8_matmul(x2.float().contiguous(), qweight, EXT_CODES[qtype])
 
 
 class QuantLinear(nn.Module):

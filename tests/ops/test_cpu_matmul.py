@@ -134,3 +134,22 @@ def test_engine_tokens_same_with_tuned_and_plain_linear(tiny_pair, tokenizer):
         out = [r.token_ids for r in eng.generate(prompts, max_new_tokens=24, method=m, gamma=3, ignore_eos=True)]
         assert out == ref["ar"]
     eng.set_cpu_matmul("linear")  # the shared fixtures go back to plain weights
+
+
+def test_a_packed_model_deep_copies_to_plain_weights(tiny_dir):
+    """oneDNN's packed weight cannot be deep-copied: a copy gets the plain weight back, no plan,
+    the same logits; the original keeps its packing."""
+    import copy
+
+    from specengine.models import cpu_matmul
+    from specengine.models.loading import load_model
+
+    model = load_model(tiny_dir)[0]
+    layer = model.layers[0].mlp.down_proj
+    dense = layer.weight.detach().clone()
+    cpu_matmul.apply_plan(layer, Plan("mkldnn", ("mkldnn",) * 3))
+    clone = copy.deepcopy(model).layers[0].mlp.down_proj
+    assert layer.weight is None and layer.packed_weight is not None
+    assert clone.packed_weight is None and clone.plan_fns is None and torch.equal(clone.weight, dense)
+    x = torch.randn(2, dense.shape[1])
+    torch.testing.assert_close(clone(x), layer(x), rtol=1e-5, atol=1e-5)
