@@ -44,12 +44,12 @@ def memory(eng, before: int) -> dict:
     """Resident memory with the engine loaded and its KV cache allocated, and what it holds."""
     import os
 
-    from specengine.models.fetch import cache_dir
+    from specengine.models.gguf_weights import gguf_file
 
     held = sum(b.numel() * b.element_size() for r in (eng.target, eng.draft)
                for b in list(r.model.buffers()) + list(r.model.parameters()))
     kv = sum(r.cache.kv.numel() * r.cache.kv.element_size() for r in (eng.target, eng.draft) if r.cache is not None)
-    files = sum(os.path.getsize(cache_dir() / "gguf" / f"{n}.gguf") for n in (DEFAULT_TARGET, DEFAULT_DRAFT))
+    files = sum(os.path.getsize(gguf_file(n)) for n in (DEFAULT_TARGET, DEFAULT_DRAFT))
     now = rss_bytes()
     return {"rss_bytes": now, "rss_before_load_bytes": before, "model_bytes": held, "kv_bytes": kv,
             "gguf_files_bytes": files, "rss_over_files_plus_kv": now / (files + kv),

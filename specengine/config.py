@@ -19,7 +19,7 @@ from .models.loading import WEIGHTS
 from .kernels.ops import parse as parse_kernels
 from .runtime.invariance import check_options as check_invariant_options
 
-WEIGHT_CHOICES = ("auto", *WEIGHTS)  # auto: float, until the quantized kernels win the measured plan
+WEIGHT_CHOICES = ("auto", *WEIGHTS)  # auto: blocks or float per model, measured (pair.py)
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 

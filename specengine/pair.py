@@ -41,9 +41,9 @@ def load_pair(target, draft, cfg: EngineConfig):
         act = dtype or torch.float32
         tmodel, tpath = load_model(target, act, dev, weights="gguf")
         dmodel = load_model(draft, act, ddev, weights="gguf")[0] if draft is not None else None
-        name = str(act).removeprefix("torch.")
-        return tmodel, tpath, dmodel, {"target": name, "draft": name if dmodel is not None else None,
-                                       "method": cfg.method, "why": "weights='gguf'"}
+        return tmodel, tpath, dmodel, {"target": precision.GGUF, "draft": precision.GGUF if dmodel is not None else None,
+                                       "activations": str(act).removeprefix("torch."), "method": cfg.method,
+                                       "why": "weights='gguf'"}
     if dtype is not None:
         tmodel, tpath = load_model(target, dtype, dev)
         return tmodel, tpath, load_model(draft, dtype, ddev)[0] if draft is not None else None, None

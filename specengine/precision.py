@@ -46,7 +46,7 @@ def forced_cpu_dtype() -> str | None:
 
 def setting_of(model) -> str:
     """The grid's name for how `model` is held: "gguf" (blocks) or its dtype's name."""
-    from .models.quant_plan import quant_layers
+    from .models.quant_linear import quant_layers
 
     return GGUF if quant_layers(model) else str(model.dtype).removeprefix("torch.")
 

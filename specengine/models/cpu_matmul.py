@@ -300,15 +300,12 @@ def step_seconds(model, entries: dict[str, dict], rows: int = 1, dtype=None) -> 
 def weight_bytes(model) -> int:
     """Bytes of Linear weights one decode step reads (a tied LM head counted once; GGUF blocks
     at their size)."""
-    from .quant_linear import QuantLinear
-
     seen, total = set(), 0
-    for layer in model.modules():
-        if isinstance(layer, QuantLinear):
-            for _, w in layer.segments():
-                if id(w) not in seen:
-                    seen.add(id(w))
-                    total += w.numel()
+    for layer in quant_linear.quant_layers(model):
+        for _, w in layer.segments():
+            if id(w) not in seen:
+                seen.add(id(w))
+                total += w.numel()
     for layer in _linears(model):
         w = layer.weight if layer.weight is not None else layer.packed_weight
         if id(w) not in seen:
@@ -321,9 +318,7 @@ def matvec_bound(model, repeats: int = 3) -> dict:
     """The memory-bandwidth bound of decoding on this machine, measured: the best of
     `repeats` passes over every Linear of the model with one-row inputs, in forward order,
     through the paths decoding uses. A decode step cannot beat its own matrix-vector work."""
-    from .quant_linear import QuantLinear
-
-    layers = [m for m in model.modules() if isinstance(m, QuantLinear)] + _linears(model)
+    layers = quant_linear.quant_layers(model) + _linears(model)
     xs = [torch.randn(1, layer.in_features).to(model.dtype) for layer in layers]
     with torch.inference_mode():
         seconds = _time_pass(lambda x, layer: layer(x), None, layers, repeats, xs) * len(layers)

@@ -24,6 +24,14 @@ except ImportError:  # not built (no compiler at install): the torch reference
 EXT_CODES = {"Q4_0": 0, "Q5_0": 1, "Q8_0": 2, "Q4_K": 3, "Q5_K": 4, "Q6_K": 5}  # csrc/quant_matmul.cpp
 
 if _quantext is not None:  # as torch ops, so torch.compile traces through them (no graph break)
+    @torch.library.custom_op("specengine::dequantize", mutates_args=())
+    def _dequantize(w: torch.Tensor, code: int, cols: int) -> torch.Tensor:
+        return _quantext.dequantize(w, code, cols)
+
+    @_dequantize.register_fake
+    def _(w, code, cols):
+        return w.new_empty(w.shape[0], cols, dtype=torch.float32)
+
     @torch.library.custom_op("specengine::quant_matmul", mutates_args=())
     def _int8_matmul(x: torch.Tensor, w: torch.Tensor, code: int) -> torch.Tensor:
         return _quantext.quant_matmul(x, w, code)
@@ -60,7 +68,7 @@ def quant_matmul(x2: torch.Tensor, qweight: torch.Tensor, qtype: str) -> torch.T
     if _quantext is None or qweight.device.type != "cpu" or qtype not in EXT_CODES:
         return quant_matmul_ref(x2, qweight, qtype)
     if x2.shape[0] > ROWS_PER_READ:
-        return x2.float() @ _quantext.dequantize(qweight, EXT_CODES[qtype], x2.shape[1]).T
+        return x2.float() @ _dequantize(qweight, EXT_CODES[qtype], x2.shape[1]).T
     return _int8_matmul(x2.float().contiguous(), qweight, EXT_CODES[qtype])
 
 
@@ -101,6 +109,11 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, formats={self.qtypes}"
+
+
+def quant_layers(model) -> list["QuantLinear"]:
+    """The model's layers held as GGUF blocks (none: a float model)."""
+    return [m for m in model.modules() if isinstance(m, QuantLinear)]
 
 
 class QuantEmbedding(nn.Module):

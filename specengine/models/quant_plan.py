@@ -9,13 +9,9 @@ from __future__ import annotations
 from tqdm.auto import tqdm
 
 from . import cpu_matmul
-from .quant_linear import QuantLinear, extension_isa
+from .quant_linear import QuantLinear, extension_isa, quant_layers
 
 KERNEL_VERSION = 2  # bump when csrc/quant_dot_impl.h changes its speed: cached timings are then stale
-
-
-def quant_layers(model) -> list[QuantLinear]:
-    return [m for m in model.modules() if isinstance(m, QuantLinear)]
 
 
 def groups(model) -> dict[str, list[QuantLinear]]:
@@ -55,11 +51,11 @@ def measure(layers, rows, reps: int = 2, bar=None) -> dict:
     return ms
 
 
-def tune(model, rows, reps: int = 2, progress: bool = True) -> dict[str, dict]:
-    """Measured (or cached) entries {key: {"ms": {rows: {"blocks": ms}}}} of every group."""
+def tune(by_key: dict[str, list], rows, reps: int = 2, progress: bool = True) -> dict[str, dict]:
+    """Measured (or cached) entries {key: {"ms": {rows: {"blocks": ms}}}} of every group (`groups`)."""
     table = cpu_matmul._load_table()
     todo = {k: (layers, [r for r in rows if str(r) not in table.get(k, {}).get("ms", {})])
-            for k, layers in groups(model).items()}
+            for k, layers in by_key.items()}
     todo = {k: v for k, v in todo.items() if v[1]}
     if todo:
         with tqdm(total=sum(len(m) for _, m in todo.values()), desc="measuring GGUF block matmuls (once per machine)",
@@ -67,16 +63,17 @@ def tune(model, rows, reps: int = 2, progress: bool = True) -> dict[str, dict]:
             for key, (layers, missing) in todo.items():
                 table.setdefault(key, {"ms": {}})["ms"].update(measure(layers, missing, reps, bar))
         cpu_matmul._save_table(table)
-    return {key: table[key] for key in groups(model)}
+    return {key: table[key] for key in by_key}
 
 
 def step_seconds(model, rows, progress: bool = True) -> dict[int, float]:
     """rows -> seconds of one forward's matmuls with the blocks (plus any float Linear the file
     kept unquantized, from the fp32 table)."""
-    entries = tune(model, rows, progress=progress)
+    by_key = groups(model)
+    entries = tune(by_key, rows, progress=progress)
     floats = cpu_matmul.tune(model, rows=rows, progress=progress) if cpu_matmul._linears(model) else {}
     out = {}
     for r in rows:
-        t = sum(len(layers) * entries[k]["ms"][str(r)]["blocks"] / 1e3 for k, layers in groups(model).items())
+        t = sum(len(layers) * entries[k]["ms"][str(r)]["blocks"] / 1e3 for k, layers in by_key.items())
         out[r] = t + (cpu_matmul.step_seconds(model, floats, r) if floats else 0.0)
     return out

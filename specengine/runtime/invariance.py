@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ..errors import SpecEngineError
-from ..models.quant_linear import QuantLinear
+from ..models.quant_linear import quant_layers
 from ..timing import best_seconds
 from .graphs import batch_bucket
 
@@ -159,7 +159,7 @@ def auto_reason(runner) -> str | None:
     large enough to flip greedy near-ties even in fp32."""
     if runner.dtype in (torch.float16, torch.bfloat16):
         return "16-bit target"
-    if any(isinstance(m, QuantLinear) for m in runner.model.modules()):
+    if quant_layers(runner.model):
         return "quantized weights (int8 activations)"
     return None
 
