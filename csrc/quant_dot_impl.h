@@ -6,7 +6,7 @@
 // an integer sum of small products, scaled once: y += d_w * d_x * sum_i(w_i * q_i) (+ the block's
 // minimum or zero-point times d_x * sum_i(q_i)). The torch reference of this arithmetic is
 // kernels/quant_matmul.py's `quant_matmul_q8_ref`. Each weight block is unpacked once per chunk of up
-// to 4 activation rows; every row takes the same operations whatever the chunk holds, so a row's
+// to kMaxRows activation rows; every row takes the same operations whatever the chunk holds, so a row's
 // result never depends on its neighbours (batch-invariant).
 
 // Row x [K] -> q [K] (round to nearest even, |q| <= 127), d [K/block], bs [K/16]. The torch reference
@@ -84,6 +84,40 @@ inline void unpack_q6k(const uint8_t* b, uint8_t* v) {
 }
 
 #ifdef SE_AVX2
+// acc + madd(a, b): int16 pairs multiplied and summed into int32 lanes (AVX-512 VNNI: one
+// vpdpwssd). Our operands never reach madd's one overflow case, so both give the same integers.
+inline __m256i madd_add(__m256i acc, __m256i a, __m256i b) {
+#ifdef SE_VNNI
+  return _mm256_dpwssd_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
+// Sums of four u8 x s8 products per int32 lane (VNNI: one vpdpbusd). maddubs' int16 pair sums
+// cannot saturate here (|a| <= 128, |b| <= 127), so both give the same integers.
+inline __m256i dot_u8s8(__m256i a, __m256i b) {
+#ifdef SE_VNNI
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
+#endif
+}
+
+// Q4_K / Q5_K: the 8 scales (bytes 0..7) and 8 mins (bytes 8..15) from the 12 packed bytes at q,
+// with 32-bit word operations (get_scale_min_k4 for all eight at once).
+inline __m128i scales_mins_k4_vec(const uint8_t* q) {
+  uint32_t u[4];
+  std::memcpy(u, q, 12);
+  constexpr uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
+  u[3] = ((u[2] >> 4) & low4) | (((u[1] >> 6) & low2) << 4);
+  const uint32_t mins_lo = u[1] & low6;
+  u[1] = (u[2] & low4) | (((u[0] >> 6) & low2) << 4);
+  u[2] = mins_lo;
+  u[0] &= low6;
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+}
+
 // Eight int32 lanes -> one float, summed in a fixed order.
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -125,9 +159,7 @@ void dot_k(const uint8_t* w, int64_t nb, const Act& a, float* out) {
         for (int k = 0; k < 4; ++k) {  // values 128h + 32k ..: groups of 16 with scales 8h + 2k, 8h + 2k + 1
           const int g = 8 * h + 2 * k;
           const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
-          for (int r = 0; r < R; ++r)
-            isum[r] = _mm256_add_epi32(isum[r],
-                                       _mm256_madd_epi16(mul_u8s8(v[k], a.qr(r) + 256 * i + 128 * h + 32 * k), s));
+          for (int r = 0; r < R; ++r) isum[r] = madd_add(isum[r], mul_u8s8(v[k], a.qr(r) + 256 * i + 128 * h + 32 * k), s);
         }
       }
       for (int r = 0; r < R; ++r) {  // the values are q - 32: subtract 32 * sum_g sc_g * bs_g
@@ -137,10 +169,11 @@ void dot_k(const uint8_t* w, int64_t nb, const Act& a, float* out) {
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(dd), acc[r]);
       }
     } else {
-      alignas(16) uint8_t sc[8], mn[8], mn2[16];
-      scales_mins_k4(w + 4, sc, mn);
-      for (int j = 0; j < 16; ++j) mn2[j] = mn[j / 2];  // a min per 16 values, against the sums bs
-      const __m256i mins = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(mn2)));
+      const __m128i scmn = scales_mins_k4_vec(w + 4);
+      alignas(16) uint8_t sc[16];
+      _mm_store_si128(reinterpret_cast<__m128i*>(sc), scmn);
+      const __m128i mn = _mm_srli_si128(scmn, 8);  // a min per 16 values, against the sums bs:
+      const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn));
       const uint8_t* qs = Q == kQ5_K ? w + 48 : w + 16;
       const __m256i qh = Q == kQ5_K ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16)) : __m256i{};
       for (int c = 0; c < 4; ++c) {  // 32 bytes: sub-blocks 2c (low nibbles) and 2c + 1 (high)
@@ -153,8 +186,7 @@ void dot_k(const uint8_t* w, int64_t nb, const Act& a, float* out) {
         const __m256i sa = _mm256_set1_epi16(sc[2 * c]), sb = _mm256_set1_epi16(sc[2 * c + 1]);
         for (int r = 0; r < R; ++r) {
           const int8_t* x = a.qr(r) + 256 * i + 64 * c;
-          isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(mul_u8s8(lo, x), sa),
-                                                               _mm256_madd_epi16(mul_u8s8(hi, x + 32), sb)));
+          isum[r] = madd_add(madd_add(isum[r], mul_u8s8(lo, x), sa), mul_u8s8(hi, x + 32), sb);
         }
       }
       const float d = f16(w), dmin = f16(w + 2);
@@ -186,7 +218,7 @@ template <int Q, int R>
 void dot_32(const uint8_t* w, int64_t nb, const Act& a, float* out) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  const __m256i m4 = _mm256_set1_epi8(0xF), ones = _mm256_set1_epi16(1);
+  const __m256i m4 = _mm256_set1_epi8(0xF);
   for (int64_t i = 0; i < nb; ++i, w += kBytes[Q]) {
     __m256i v;
     if constexpr (Q == kQ8_0) {
@@ -201,7 +233,7 @@ void dot_32(const uint8_t* w, int64_t nb, const Act& a, float* out) {
     const float d = f16(w);
     for (int r = 0; r < R; ++r) {
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qr(r) + 32 * i));
-      const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(x, v)), ones);
+      const __m256i s = dot_u8s8(av, _mm256_sign_epi8(x, v));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * a.dr(r)[i]), acc[r]);
     }
   }
@@ -268,19 +300,34 @@ void dot_rows(const uint8_t* w, int64_t nb, const Act& a, float* out) {
 }
 #endif
 
-// y [M, N] (rows begin..end of the weight) = x @ W.T, chunks of up to 4 activation rows per weight row.
+// Activation rows per unpacked weight block: two registers per row (its integer and float sums)
+// beside the unpacked block, so 8 with AVX-512's 32 vector registers, else 4 (a verify of up to
+// 8 rows then unpacks each weight block once).
+#ifdef SE_WIDE
+constexpr int64_t kMaxRows = 8;
+#else
+constexpr int64_t kMaxRows = 4;
+#endif
+
+// y [M, N] (rows begin..end of the weight) = x @ W.T, chunks of up to kMaxRows activation rows per weight row.
 template <int Q>
 void matmul_q8(const Act& a, int64_t M, const uint8_t* w, int64_t row_bytes, float* y, int64_t N, int64_t begin,
                int64_t end) {
   const int64_t nb = a.K / kValues[Q];
-  float out[4];
+  float out[kMaxRows];
   for (int64_t n = begin; n < end; ++n) {
     const uint8_t* wn = w + n * row_bytes;
     for (int64_t m = 0; m < M;) {
       Act c = a;
       c.q += m * a.K, c.d += m * (a.K / a.block), c.bs += m * (a.K / 16);
-      const int64_t R = std::min<int64_t>(4, M - m);
+      const int64_t R = std::min<int64_t>(kMaxRows, M - m);
       switch (R) {
+#ifdef SE_WIDE
+        case 8: dot_rows<Q, 8>(wn, nb, c, out); break;
+        case 7: dot_rows<Q, 7>(wn, nb, c, out); break;
+        case 6: dot_rows<Q, 6>(wn, nb, c, out); break;
+        case 5: dot_rows<Q, 5>(wn, nb, c, out); break;
+#endif
         case 4: dot_rows<Q, 4>(wn, nb, c, out); break;
         case 3: dot_rows<Q, 3>(wn, nb, c, out); break;
         case 2: dot_rows<Q, 2>(wn, nb, c, out); break;

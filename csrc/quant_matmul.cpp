@@ -1,13 +1,14 @@
-// pybind11 module `specengine._quantext`: y = x @ dequantize(W).T with W kept as GGUF blocks, on CPU.
+// pybind11 module `specengine._quantext`: y = x @ dequantize(W).T with W kept as GGUF blocks, on CPU,
+// and the batch-invariant attention that a GGUF target's exactness relies on (row_attention_impl.h).
 //
 // Decode and verify widths (quant_matmul): the activation rows are quantized per block to int8, as
-// llama.cpp does, and each weight block is unpacked once into registers and multiplied with up to 4
+// llama.cpp does, and each weight block is unpacked once into registers and multiplied with up to 8
 // activation rows as integers (quant_dot_impl.h; its torch reference is kernels/quant_matmul.py's
 // `quant_matmul_q8_ref`), so a verify of k rows reads the weights once and costs a fraction of k
 // decodes. A row's result never depends on how many rows share the call (batch-invariant).
 // Prefill widths (dequantize): whole rows back to fp32 for one BLAS matmul, ggml-quants.c's
 // dequantization operation for operation (quant_matmul_impl.h).
-// The hot loops are compiled for AVX-512, AVX2+FMA and baseline x86-64; CPUID picks one at run time
+// The hot loops are compiled for AVX-512 with VNNI, AVX-512, AVX2+FMA and baseline x86-64; CPUID picks one at run time
 // (`isa()`), and `set_isa` lets the tests run every copy this CPU can.
 #include <torch/extension.h>
 
@@ -40,9 +41,22 @@ struct Act {
   const int16_t* bsr(int r) const { return bs + r * (K / 16); }
 };
 
+// One call of the batch-invariant attention (row_attention_impl.h): tensors as [dim0, dim1, dim2, D].
+struct AttnArgs {
+  const void *q, *k, *v;
+  void* out;
+  const int32_t* lens;
+  const bool* tree;  // [B|1, Q, Q] or null (chain)
+  int64_t B, Q, Hq, Hkv, D, L;
+  int64_t qs[3], ks[3], vs[3], os[3];  // strides of dims 0..2 (the last dim is contiguous)
+  int64_t tree_bs;  // 0 when the mask is shared by every row
+  float scale;
+};
+
 namespace baseline {
 #include "quant_matmul_impl.h"
 #include "quant_dot_impl.h"
+#include "row_attention_impl.h"
 }  // namespace baseline
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -52,15 +66,29 @@ namespace avx2 {
 #define SE_AVX2 1
 #include "quant_matmul_impl.h"
 #include "quant_dot_impl.h"
+#include "row_attention_impl.h"
 }  // namespace avx2
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
 namespace avx512 {
+#define SE_WIDE 1
 #include "quant_matmul_impl.h"
 #include "quant_dot_impl.h"
-#undef SE_AVX2
+#include "row_attention_impl.h"
 }  // namespace avx512
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+namespace avx512vnni {  // the same integer sums, with vpdpbusd / vpdpwssd fusing multiply and add
+#define SE_VNNI 1
+#include "quant_matmul_impl.h"
+#include "quant_dot_impl.h"
+#include "row_attention_impl.h"
+#undef SE_VNNI
+#undef SE_WIDE
+#undef SE_AVX2
+}  // namespace avx512vnni
 #pragma GCC pop_options
 #define SPECENGINE_X86 1
 #endif
@@ -72,18 +100,27 @@ struct Kernels {
   void (*matmul)(int64_t, const Act&, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t);
   void (*dequantize)(int64_t, const uint8_t*, int64_t, float*);
   void (*dense)(bool, const float*, int64_t, int64_t, const void*, float*, int64_t, int64_t, int64_t, float*);
+  void (*attention)(bool, const AttnArgs&, int64_t, int64_t, float*, float*, float*);
 };
 
 // Every copy this CPU runs, widest first (CPUID): never a per-machine constant.
 std::vector<Kernels> runnable() {
   std::vector<Kernels> out;
 #ifdef SPECENGINE_X86
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
-    out.push_back({"avx512", avx512::quantize_rows, avx512::matmul_int, avx512::dequantize, avx512::dense_matmul});
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl");
+  if (avx512 && __builtin_cpu_supports("avx512vnni"))
+    out.push_back({"avx512vnni", avx512vnni::quantize_rows, avx512vnni::matmul_int, avx512vnni::dequantize,
+                   avx512vnni::dense_matmul, avx512vnni::row_attention});
+  if (avx512)
+    out.push_back({"avx512", avx512::quantize_rows, avx512::matmul_int, avx512::dequantize, avx512::dense_matmul,
+                   avx512::row_attention});
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    out.push_back({"avx2", avx2::quantize_rows, avx2::matmul_int, avx2::dequantize, avx2::dense_matmul});
+    out.push_back({"avx2", avx2::quantize_rows, avx2::matmul_int, avx2::dequantize, avx2::dense_matmul,
+                   avx2::row_attention});
 #endif
-  out.push_back({"baseline", baseline::quantize_rows, baseline::matmul_int, baseline::dequantize, baseline::dense_matmul});
+  out.push_back({"baseline", baseline::quantize_rows, baseline::matmul_int, baseline::dequantize,
+                 baseline::dense_matmul, baseline::row_attention});
   return out;
 }
 
@@ -186,10 +223,50 @@ torch::Tensor dense_matmul(const torch::Tensor& x, const torch::Tensor& w) {
   return y;
 }
 
+// Batch-invariant verification attention (row_attention_impl.h): q [B, Q, Hq, D], k / v [B, L, Hkv, D]
+// (views of the cache: any strides but a contiguous last dim), lens [B] int32, tree [B|1, Q, Q] bool or
+// None; fp32 or bf16, all one dtype.
+torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                            const torch::Tensor& lens, const c10::optional<torch::Tensor>& tree, double scale) {
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "row_attention runs on CPU tensors");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes(),
+              "q must be [B, Q, Hq, D] and k, v the same [B, L, Hkv, D]");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() &&
+                  (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16),
+              "q, k and v must share one dtype, float32 or bfloat16");
+  TORCH_CHECK(q.size(0) == k.size(0) && q.size(3) == k.size(3) && k.size(2) > 0 && q.size(2) % k.size(2) == 0,
+              "q ", q.sizes(), " does not fit k ", k.sizes(), " (batch, head_dim, query heads a multiple of KV heads)");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "the head dimension must be contiguous");
+  TORCH_CHECK(lens.scalar_type() == at::kInt && lens.dim() == 1 && lens.size(0) == q.size(0) && lens.is_contiguous(),
+              "lens must be a contiguous int32 [B] tensor");
+  const int64_t B = q.size(0), Q = q.size(1), Hq = q.size(2), D = q.size(3), L = k.size(1);
+  torch::Tensor tm;
+  if (tree.has_value()) {
+    tm = tree->to(torch::kBool).contiguous();
+    TORCH_CHECK(tm.dim() == 3 && (tm.size(0) == 1 || tm.size(0) == B) && tm.size(1) == Q && tm.size(2) == Q,
+                "the tree mask must be [B or 1, Q, Q]");
+  }
+  auto out = torch::empty_like(q, at::MemoryFormat::Contiguous);
+  AttnArgs a{q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lens.data_ptr<int32_t>(),
+             tm.defined() ? tm.data_ptr<bool>() : nullptr, B, Q, Hq, k.size(2), D, L,
+             {q.stride(0), q.stride(1), q.stride(2)}, {k.stride(0), k.stride(1), k.stride(2)},
+             {v.stride(0), v.stride(1), v.stride(2)}, {out.stride(0), out.stride(1), out.stride(2)},
+             tm.defined() && tm.size(0) > 1 ? Q * Q : 0, float(scale)};
+  const bool bf16 = q.scalar_type() == at::kBFloat16;
+  const auto fn = kernels().attention;
+  at::parallel_for(0, B * Q * Hq, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(L + 2 * D);  // scores, the output accumulator, the scaled query
+    fn(bf16, a, begin, end, scratch.data(), scratch.data() + L, scratch.data() + L + D);
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_matmul", &quant_matmul, "x [M, K] fp32 (quantized per block to int8) @ dequantize(w [N, row_bytes] GGUF blocks).T -> [M, N]");
   m.def("dequantize", &dequantize, "w [N, row_bytes] GGUF blocks -> fp32 [N, cols]");
   m.def("dense_matmul", &dense_matmul, "x [M, K] fp32 @ w [N, K] (bf16 or fp32).T -> [M, N] fp32, few rows");
+  m.def("row_attention", &row_attention, "batch-invariant verification attention: q [B, Q, Hq, D] over k, v "
+        "[B, L, Hkv, D] up to lens[b] + (chain or tree) -> [B, Q, Hq, D]");
   m.def("isa", &isa_name, "the instruction set the kernels run with here (CPUID)");
   m.def("isas", &isas, "every instruction set this CPU can run the kernels with, widest first");
   m.def("set_isa", &set_isa, "run the kernels with another instruction set this CPU supports (tests)");

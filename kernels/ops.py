@@ -69,10 +69,13 @@ class Ops:
 
     def invariant_attentions(self) -> list[tuple[Callable, str]]:
         """Batch-invariant attentions this table allows, fastest first: the fixed-split kernel
-        when attention takes Triton, then the fixed-tile torch reference."""
+        when attention takes Triton, else the compiled per-row CPU attention where it is built;
+        last the fixed-tile torch reference."""
         tiled = (verify_attention.verify_attention_tiled, "torch-tiled")
         if self.names["attention"] == "triton":
             return [(verify_attention.verify_attention_fixed, "triton-fixed"), tiled]
+        if verify_attention._EXT is not None:
+            return [(verify_attention.verify_attention_rows, "cpu-rows"), tiled]
         return [tiled]
 
 

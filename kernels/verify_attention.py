@@ -7,7 +7,8 @@ into its M rows (GQA: K/V are read once for the group), with an online softmax o
 tiles. When rows x KV heads cannot fill the GPU the sequence is split across programs
 (flash-decoding) and a second small kernel merges the partial softmaxes.
 `verify_attention_ref` below is the spec and the CPU path; `verify_attention_tiled` is the
-batch-invariant reference (fixed tiles), which `verify_attention_fixed` matches on a GPU.
+batch-invariant reference (fixed tiles), which `verify_attention_fixed` matches on a GPU;
+`verify_attention_rows` is the batch-invariant CPU path (compiled, one query row at a time).
 
 Contract (docs/design.md, "Kernel contracts"):
   verify_attention(q[B,Q,Hq,D], k_cache[B,S,Hkv,D], v_cache, cache_lens[B] int32,
@@ -99,6 +100,30 @@ def verify_attention_tiled(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_s
         m = m_new
     out = acc / l_sum[..., None]
     return out.reshape(B, Hkv, Q, G, D).permute(0, 2, 1, 3, 4).reshape(B, Q, Hq, D).to(q.dtype)
+
+
+def _extension():
+    try:
+        from .. import _quantext
+    except ImportError:  # not built: the torch references only
+        return None
+    return _quantext if hasattr(_quantext, "row_attention") else None
+
+
+_EXT = _extension()
+
+
+def verify_attention_rows(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None):
+    """`verify_attention_ref`'s contract on CPU, batch-invariant by construction (the compiled
+    extension, csrc/row_attention_impl.h): each query's softmax runs over exactly the positions it
+    sees, in position order, in fp32, so its result depends neither on the other queries of the
+    call nor on how much of the cache is passed. One call where `verify_attention_tiled` takes
+    about 25 torch ops per tile: the CPU decode step's batch-invariant attention."""
+    if _EXT is None:
+        raise RuntimeError("verify_attention_rows needs the compiled extension (make install builds it)")
+    scale = sm_scale if sm_scale is not None else q.shape[-1] ** -0.5
+    q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
+    return _EXT.row_attention(q, k_cache, v_cache, cache_lens.to(torch.int32).contiguous(), tree_mask, scale)
 
 
 # (BLOCK_M, BLOCK_N, num_warps) that compile without spilling registers for sm_80 and sm_90 at

@@ -125,5 +125,9 @@ class QuantEmbedding(nn.Module):
         self.register_buffer("qweight", qweight.contiguous())
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        rows = dequantize_ref(self.qweight[tokens.reshape(-1)], self.qtype)
+        picked = self.qweight[tokens.reshape(-1)]
+        if _quantext is not None and picked.device.type == "cpu" and self.qtype in EXT_CODES:  # the same values
+            rows = _dequantize(picked, EXT_CODES[self.qtype], self.embedding_dim)
+        else:
+            rows = dequantize_ref(picked, self.qtype)
         return rows.to(self.dtype).reshape(*tokens.shape, self.embedding_dim)

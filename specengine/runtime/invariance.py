@@ -52,15 +52,13 @@ class BatchInvariance:
         self.choice, self.batches = 0, set()
 
     def candidates(self) -> list[tuple]:
-        """(ops, pad width) to probe, cheapest first: on a CPU the fixed-tile torch attention
-        unpadded, then padded; on CUDA always padded (graph buckets regroup widths), every
-        invariant attention the runner's ops table allows (the fixed-split kernel first)."""
+        """(ops, pad width) to probe, cheapest first: every invariant attention the ops table
+        allows (fastest first: the compiled per-row one on a CPU, the fixed-split kernel on
+        CUDA), on a CPU unpadded then padded; on CUDA always padded (graph buckets regroup widths)."""
         W, r = self.width, self.runner
         options = [(r.normal_ops.with_attention(fn, name)) for fn, name in r.normal_ops.invariant_attentions()]
-        if r.device.type != "cuda":
-            tiled = options[-1]
-            return [(tiled, None), (tiled, W)]
-        return [(ops, W) for ops in options]
+        unpadded = [(ops, None) for ops in options] if r.device.type != "cuda" else []
+        return unpadded + [(ops, W) for ops in options]
 
     def select(self, choice: int = 0) -> None:
         """Take candidate `choice` (mode on) or the normal ops (off) and forget which batch

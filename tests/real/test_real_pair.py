@@ -105,7 +105,7 @@ def test_bf16_speculation_equals_ar_in_batch_invariant_mode(prompts):
     machine needs): sd and pearl give exactly ar's tokens."""
     eng = Engine.from_pretrained(DEFAULT_TARGET, draft=DEFAULT_DRAFT, device="cpu", dtype="bfloat16",
                                  max_seq_len=512, batch_invariant=True)
-    assert eng.batch_invariant and eng.ops.names["attention"] == "torch-tiled"
+    assert eng.batch_invariant and eng.ops.names["attention"] == "cpu-rows"  # CI builds the extension
     p = prompts[0]
     ar = eng.generate(p, max_new_tokens=16, method="ar", ignore_eos=True).token_ids
     assert eng.generate(p, max_new_tokens=16, method="sd", gamma=3, ignore_eos=True).token_ids == ar

@@ -1,0 +1,94 @@
+"""The compiled per-row CPU attention (batch-invariant mode's attention on a CPU) vs the torch
+reference, on every instruction-set copy this CPU runs; its invariance checked bit for bit."""
+import pytest
+import torch
+
+from specengine.kernels import verify_attention
+from specengine.kernels.verify_attention import verify_attention_ref, verify_attention_rows
+
+if verify_attention._EXT is None:  # CI builds it; the strict-skips plugin fails a run that skips this
+    pytest.skip("the compiled extension is not built", allow_module_level=True)
+
+
+@pytest.fixture(params=verify_attention._EXT.isas())
+def isa(request):
+    ext = verify_attention._EXT
+    widest = ext.isa()
+    ext.set_isa(request.param)
+    yield request.param
+    ext.set_isa(widest)
+
+
+def case(B, Q, Hq, Hkv, D, S, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Q, Hq, D, generator=g)
+    k, v = torch.randn(B, S, Hkv, D, generator=g), torch.randn(B, S, Hkv, D, generator=g)
+    lens = torch.randint(0, S - Q + 1, (B,), generator=g, dtype=torch.int32)
+    lens[0] = S - Q  # one row uses the whole buffer
+    return [t.to(dtype) for t in (q, k, v)] + [lens]
+
+
+def tree_mask(B, Q, seed):
+    """mask[b, i, j]: j is i or one of its ancestors (each node's parent an earlier node)."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(B, Q, Q, dtype=torch.bool)
+    for b in range(B):
+        parent = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, Q)]
+        for i in range(Q):
+            j = i
+            while j >= 0:
+                mask[b, i, j], j = True, parent[j]
+    return mask
+
+
+@pytest.mark.parametrize("Q", [1, 3, 9])
+@pytest.mark.parametrize("Hq,Hkv,D", [(12, 2, 128), (7, 7, 17), (4, 1, 40)])  # odd head dims: the 16-lane tail
+@pytest.mark.parametrize("tree", [False, True])
+def test_matches_the_reference_fp32(isa, Q, Hq, Hkv, D, tree):
+    q, k, v, lens = case(3, Q, Hq, Hkv, D, 70, seed=Q * D)
+    tm = tree_mask(3, Q, seed=Q) if tree else None
+    torch.testing.assert_close(verify_attention_rows(q, k, v, lens, tm), verify_attention_ref(q, k, v, lens, tm),
+                               rtol=0, atol=2e-6)
+
+
+def test_bf16_is_the_fp32_computation_rounded_once():
+    q, k, v, lens = case(2, 4, 8, 2, 64, 50, seed=1, dtype=torch.bfloat16)
+    want = verify_attention_ref(q.float(), k.float(), v.float(), lens).bfloat16()
+    got = verify_attention_rows(q, k, v, lens)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=8e-3, atol=1e-5)  # one bf16 rounding apart
+
+
+def test_cache_views_and_a_shared_tree_mask():
+    """k / v as the runner passes them: strided views of a [layers, B, S, 2, Hkv, D] buffer,
+    read only up to a prefix; the mask shared by every row ([1, Q, Q])."""
+    g = torch.Generator().manual_seed(2)
+    buf = torch.randn(3, 2, 90, 2, 2, 32, generator=g)
+    k, v = buf[1, :, :60, 0], buf[1, :, :60, 1]
+    q = torch.randn(2, 5, 6, 32, generator=g)
+    lens = torch.tensor([40, 55], dtype=torch.int32)
+    tm = tree_mask(1, 5, seed=3)
+    torch.testing.assert_close(verify_attention_rows(q, k, v, lens, tm),
+                               verify_attention_ref(q, k.contiguous(), v.contiguous(), lens, tm), rtol=0, atol=2e-6)
+
+
+def test_a_querys_bits_depend_neither_on_the_other_queries_nor_the_read_length(isa):
+    """Decoding token j alone (lens = n + j, Q = 1) and verifying it at position j of a chain
+    (lens = n, Q = W), over any prefix of the cache that holds it: the same bits."""
+    q, k, v, _ = case(2, 6, 12, 2, 128, 300, seed=4)
+    n = torch.tensor([100, 250], dtype=torch.int32)
+    together = verify_attention_rows(q, k, v, n)
+    for j in range(6):
+        alone = verify_attention_rows(q[:, j:j + 1].contiguous(), k[:, :260], v[:, :260], n + j)
+        assert torch.equal(alone[:, 0], together[:, j])
+    assert torch.equal(verify_attention_rows(q, k[:, :256], v[:, :256], n), together)
+
+
+def test_bad_inputs_are_named():
+    q, k, v, lens = case(1, 2, 4, 2, 16, 20, seed=5)
+    with pytest.raises(RuntimeError, match="one dtype"):
+        verify_attention_rows(q.double(), k, v, lens)
+    with pytest.raises(RuntimeError, match="does not fit k"):
+        verify_attention_rows(q[..., :8], k, v, lens)
+    with pytest.raises(RuntimeError, match="tree mask must be"):
+        verify_attention_rows(q, k, v, lens, torch.ones(1, 3, 3, dtype=torch.bool))
