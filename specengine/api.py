@@ -76,7 +76,8 @@ class Engine:
     @classmethod
     def from_pretrained(cls, target: str, draft: str | None = None, config: EngineConfig | None = None,
                         **options) -> "Engine":
-        """Load target (and draft) from a registry name, HF directory, hub-cache id or .gguf.
+        """Load target (and draft) from a registry name, HF directory, hub-cache id or .gguf;
+        draft="ngram": no draft model, n-gram drafting from the row's own text (method "ngram").
 
         dtype="auto": bfloat16 on CUDA; on a CPU, each model's dtype (float32 or bfloat16) for
         its role: the pair that maximizes the engine's method's expected tokens/s, from the
@@ -88,6 +89,8 @@ class Engine:
         is the Engine's (EngineConfig).
         """
         cfg = (config or EngineConfig()).replace(**options)
+        if draft == "ngram":  # model-free drafting: no draft model, the method proposes from the text
+            draft, cfg = None, cfg.replace(method=cfg.method or "ngram")
         tmodel, tpath, dmodel, choice = load_pair(target, draft, cfg)
         engine = cls(tmodel, load_tokenizer(tpath), dmodel, cfg)
         engine.dtype_choice = choice

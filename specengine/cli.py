@@ -20,7 +20,8 @@ def _engine_args(p: argparse.ArgumentParser, **defaults):
     """--target, --draft, and one flag per EngineConfig field (its help and checks live there);
     `defaults`: this command's own defaults for some of them."""
     p.add_argument("--target", default=DEFAULT_TARGET, help="registry name, HF dir, hub-cache id or .gguf")
-    p.add_argument("--draft", default=None, help="draft model (same forms as --target)")
+    p.add_argument("--draft", default=None, help="draft model (same forms as --target), or ngram: no draft model, "
+                   "n-gram drafting from the prompt and output (method ngram)")
     for f in dataclasses.fields(EngineConfig):
         meta, flag = f.metadata, "--" + f.name.replace("_", "-")
         text = meta["help"].replace("%", "%%")
@@ -191,7 +192,8 @@ def cmd_bench(args):
     engine = _load(args)
     report = run_benchmark(engine, providers, args.n_prompts, args.max_new_tokens,
                            target_path=resolve(args.target),
-                           draft_path=resolve(args.draft) if args.draft else None, baseline=args.baseline,
+                           draft_path=resolve(args.draft) if args.draft not in (None, "ngram") else None,
+                           baseline=args.baseline,
                            temperature=args.temperature, seed=args.seed)
     print(format_table(report))
     if args.out:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .methods.ngram_index import check_sizes as check_ngram_sizes
 from .errors import SpecEngineError
 from .methods import METHODS
 from .methods.policies import make_policy
@@ -48,7 +49,8 @@ def _positive_int(name: str, value, least: int) -> None:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    method: str | None = option(None, "ar | sd | pearl | parallelspec (default: sd with a draft, else ar)")
+    method: str | None = option(None, "ar | sd | pearl | parallelspec | ngram (default: sd with a draft model, "
+                                "ngram with draft='ngram', else ar)")
     max_seq_len: int = option(2048, "KV capacity per row: prompt + new tokens + speculation headroom")
     gamma: int | str = option("auto", "sd: draft tokens per round, or auto (chosen each round from measured costs "
                               "and acceptance); pearl: window (default round(1/c), measured); parallelspec: k",
@@ -70,6 +72,9 @@ class EngineConfig:
         "kernels depend on the row count: speculation token-exact with ar in bf16/fp16 too (auto: on for 16-bit "
         "targets when it costs <= 5% per decode here)", choices={"off": False, "on": True, "auto": "auto"})
     invariant_width: int = option(9, "widest target forward the batch-invariant mode covers")
+    ngram_max: int = option(3, "ngram: the longest suffix matched against the row's own text (transformers' "
+                            "max_matching_ngram_size)")
+    ngram_min: int = option(1, "ngram: the shortest suffix that counts as a match")
     # loading: read by Engine.from_pretrained (an Engine built from loaded models ignores them)
     device: str = option("auto", "auto (CUDA when available) | cpu | cuda | cuda:N")
     dtype: object = option("auto", "auto (bf16 on CUDA; on CPU fp32 or bf16, whichever measures faster) | "
@@ -95,6 +100,7 @@ class EngineConfig:
         if not isinstance(self.dtype, torch.dtype) and self.dtype != "auto" and self.dtype not in DTYPES:
             raise SpecEngineError(f"unknown dtype {self.dtype!r}; choose from auto, {', '.join(DTYPES)}", "dtype")
         make_policy(self.policy, self.gamma, threshold=self.threshold)  # the draft-length options, early
+        check_ngram_sizes(self.ngram_max, self.ngram_min)
 
     def replace(self, **options) -> "EngineConfig":
         """This config with `options` changed (validated); unknown names are refused."""

@@ -97,6 +97,7 @@ class Generation:
                  method: Method, stop_ids: set[int], stop_strings: list[str]):
         self.engine, self.params, self.method = engine, params, method
         self.track_text = bool(stop_strings)  # stream() turns it on too
+        self.prompts = [list(p) for p in prompts]  # per row (admit replaces one): n-gram drafting reads them
         self.rows = [RowState(len(p), max_new_tokens, stop_strings, stop_ids) for p in prompts]
         self.counters = Counters()
         self.t0 = time.perf_counter()
@@ -208,6 +209,7 @@ class Generation:
         for runner in self._runners():
             runner.prefill_row(slot, state.tokens[slot:slot + 1, : max(n - 1, 1)], n - 1)
         row = self.rows[slot] = RowState(n, max_new, stops, stop_ids)
+        self.prompts[slot] = list(prompt)
         self.method.reset_rows([slot])
         state.active[slot] = True
         return row
@@ -239,6 +241,7 @@ class Generation:
             row.ids.extend(kept)
             kept_all.append(kept)
         active = [b for b in range(len(self.rows)) if was_active[b]]
+        self.method.see_tokens([committed[b] if was_active[b] else [] for b in range(len(self.rows))])
         self.method.after_round([n_acc[b] for b in active], [num_draft[b] for b in active])
         now_active = [r.finish_reason is None for r in self.rows]
         if now_active != was_active:

@@ -37,12 +37,12 @@ class RequestParams:
                                           **_served("stop"))
     ignore_eos: bool = option(False, "keep generating past EOS (benchmarks)", **_served("ignore_eos"))
     # the method for this call; None: the engine's (EngineConfig), and the server's for every row
-    method: str | None = option(None, "ar | sd | pearl | parallelspec for this call (default: the engine's)")
+    method: str | None = option(None, "ar | sd | pearl | parallelspec | ngram for this call (default: the engine's)")
     gamma: int | str | None = option(None, "this call's draft length, or auto (default: the engine's)",
                                      type=parse_gamma)
     policy: str | None = option(None, "this call's sd draft-length policy (default: the engine's)")
     threshold: float | None = option(None, "this call's confidence / specdec++ threshold", type=float)
-    tree: object = option(None, "sd / parallelspec: draft a token tree 'KxD[:N]' (top-K per depth, D levels, "
+    tree: object = option(None, "sd / parallelspec / ngram: draft a token tree 'KxD[:N]' (top-K per depth, D levels, "
                           "N nodes kept), e.g. 4x5:16")
 
     def validate(self) -> tuple[SamplingParams, list[str]]:

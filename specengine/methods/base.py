@@ -7,6 +7,7 @@ Per generate call:
   method.begin(ctx, generation)         after prefill: the MethodContext (runners, samplers,
                                         step costs, head / drafter, side stream)
   method.round(state, timer)            -> RoundOutput, device tensors only, no host sync
+  method.see_tokens(committed)          each row's committed tokens, as the sync read them
   method.after_round(n_acc, num_draft)  host bookkeeping on what the round's one sync read
   method.stats(generation)              method-specific numbers for GenerationResult.stats
 `gamma` is each method's draft length: sd's γ, PEARL's window, ParallelSpec's k (a tree
@@ -32,7 +33,7 @@ class Method:
             raise SpecEngineError(f"threshold applies to sd's confidence and specdec++ policies, not to {self.name}",
                                   "threshold")
         if tree is not None and not self.takes_tree:
-            raise SpecEngineError(f"tree drafting applies to sd and parallelspec, not to {self.name}", "tree")
+            raise SpecEngineError(f"tree drafting applies to sd, parallelspec and ngram, not to {self.name}", "tree")
         self.tree = None if tree is None else TreeShape.parse(tree)
         self.ctx: MethodContext | None = None
 
@@ -56,6 +57,10 @@ class Method:
 
     def after_round(self, n_acc: list[int], num_draft: list[int]) -> None:
         pass
+
+    def see_tokens(self, committed: list[list[int]]) -> None:
+        """Each row's tokens committed this round, read by the round's one sync (host lists;
+        empty for rows that sat it out): n-gram drafting matches on them."""
 
     def reset_rows(self, rows: list[int]) -> None:
         """New requests took these rows (serving core): forget any per-row state."""

@@ -40,5 +40,6 @@ def time_forward(runner, state, width: int, repeats: int = 2) -> float:
 
 
 def measure_step_costs(target, draft, state, max_width: int, repeats: int = 2) -> StepCosts:
-    return StepCosts(state.batch, time_forward(draft, state, 1, repeats),
+    """draft None (n-gram drafting): proposing is free, draft_s = 0."""
+    return StepCosts(state.batch, time_forward(draft, state, 1, repeats) if draft is not None else 0.0,
                      tuple(time_forward(target, state, w, repeats) for w in range(1, max_width + 1)))

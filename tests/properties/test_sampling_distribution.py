@@ -64,6 +64,9 @@ CASES = [  # (id, generate kwargs): every method, policy and drafting shape that
     ("sd-tree-topk", dict(method="sd", tree="2x3:5", temperature=0.8, top_k=6)),
     ("pearl-parallel", dict(method="pearl", policy="parallel", gamma=3, temperature=1.0)),
     ("parallelspec-tree", dict(method="parallelspec", tree="2x2", temperature=0.9, top_p=0.9)),
+    # n-gram proposals are one-hot drafts (q = None); the second token's round matches where t1 repeats PROMPT
+    ("ngram", dict(method="ngram", gamma=2, temperature=1.0)),
+    ("ngram-tree", dict(method="ngram", tree="2x2", temperature=0.8, top_k=6)),
 ]
 
 
@@ -80,7 +83,7 @@ def test_two_token_joint_matches_target(small_vocab, kw):
     tv, bound = joint_tv(out, exact_joint(hf, **_sampling(kw)))
     assert tv <= bound, (tv, bound)
     stats = out[0].stats
-    if stats.get("plain_rounds"):  # γ auto fell back to plain decoding: no draft ran at all
+    if stats.get("plain_rounds") and kw["method"] != "ngram":  # γ auto fell back to plain decoding: no draft ran
         assert stats["plain_rounds"] == stats["rounds"] and stats["proposed_drafts"] == 0
     elif kw["method"] != "ar":
         assert 0 < stats["acceptance_rate"] < 1  # both accept and reject paths ran
@@ -91,8 +94,9 @@ def accept_everything(monkeypatch, eng):
     true; trees: u = 0 accepts the first child tried."""
     real = eng.ops.rejection_sample
 
-    def sampler(logits, drafts, q, *rest):
-        return real(logits, drafts, None if q is None else torch.zeros_like(q), *rest)
+    def sampler(logits, drafts, q, *rest):  # q = None (one-hot drafts: n-gram) gets zeros too
+        return real(logits, drafts, torch.zeros(*drafts.shape, logits.shape[-1]) if q is None else
+                    torch.zeros_like(q), *rest)
     monkeypatch.setattr(eng.target, "ops", dataclasses.replace(eng.ops, rejection_sample=sampler))
     monkeypatch.setattr(specengine.methods.token_tree, "counter_uniform", lambda seed, *a: torch.zeros(seed.shape))
 

@@ -139,6 +139,8 @@ CALLS = {
     "parallelspec-tree": (dict(method="parallelspec", tree="2x2"), 90, 13),
     "pearl": (dict(method="pearl", gamma=3), 52, 11),
     "pearl-parallel": (dict(method="pearl", policy="parallel", gamma=3, max_new_tokens=8), 74, 17),
+    "ngram": (dict(method="ngram", gamma=4, max_new_tokens=24), 17, 9),  # counted 14, 7
+    "ngram-tree": (dict(method="ngram", tree="2x3:5", max_new_tokens=24), 42, 12),  # counted 39, 10
 }
 
 

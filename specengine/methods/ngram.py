@@ -1,0 +1,134 @@
+"""`ngram`: speculative decoding without a draft model (prompt lookup / n-gram drafting).
+
+Each round proposes, per row, the continuation of the row's longest recent suffix that also
+occurs earlier in its own prompt + output (ngram_index.py), and the target verifies it in
+one forward as one-hot drafts (the rejection sampler with q = None): greedy gives `ar`'s
+tokens, sampling the target's distribution. With `tree="KxD:N"` the continuations of every
+earlier occurrence are merged into a token tree, verified with the tree acceptance and KV
+compaction `sd` trees use. Matching runs on the host over the tokens the round's one sync
+already read; the proposal goes to the device without blocking. A round in which no row has
+a match is a plain decode step, never a useless verify.
+
+γ: an integer (the longest proposal, transformers' `prompt_lookup_num_tokens`) or "auto":
+AutoGammaPolicy with a free draft (its step cost is 0): the γ that maximizes expected tokens
+per second from the target's measured cost per verify width and the running acceptance of
+the proposals (rounds with no match do not count).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .ngram_index import NgramIndex, check_sizes
+from ..errors import SpecEngineError
+from .base import Method, speculative_stats
+from .context import MethodContext
+from .policies import make_policy
+from .state import DecodeState, RoundOutput
+from .steps import PlainStep, verify_and_commit, verify_tree_and_commit
+from .token_tree import TokenTree
+
+
+def to_device(rows: list[list[int]], device) -> torch.Tensor:
+    """Equal-length host lists as one int64 tensor on the device: one copy, without blocking."""
+    host = torch.tensor(rows, dtype=torch.int64)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+
+
+class NgramDecoding(Method):
+    name = "ngram"
+    needs_draft = False
+    takes_tree = True
+
+    def __init__(self, gamma=None, policy=None, threshold=None, tree=None, defaults=None):
+        super().__init__(threshold=threshold, tree=tree)
+        if policy not in (None, "fixed"):
+            raise SpecEngineError(f"ngram proposes what matches; draft-length policy {policy!r} applies to sd",
+                                  "policy")
+        if self.tree is not None and gamma is not None:
+            raise SpecEngineError("ngram with a tree takes its shape from the tree ('KxD:N'), not gamma", "tree")
+        gamma = getattr(defaults, "gamma", "auto") if gamma is None else gamma
+        self.policy = make_policy("fixed", self.tree.depth if self.tree is not None else gamma)
+        self.sizes = (getattr(defaults, "ngram_max", 3), getattr(defaults, "ngram_min", 1))
+        check_sizes(*self.sizes)
+        self.index: list[NgramIndex | None] = []
+        self.plain = PlainStep()
+        self.matched_rounds = self.plain_rounds = 0
+
+    @property
+    def max_width(self) -> int:
+        return self.tree.nodes + 1 if self.tree is not None else self.policy.gamma_max + 1
+
+    def begin(self, ctx: MethodContext, generation) -> None:
+        super().begin(ctx, generation)
+        self.generation = generation
+        self.index = [NgramIndex(p, *self.sizes) for p in generation.prompts]
+        if self.policy.needs_costs:  # free drafts: only the target's cost per width matters
+            self.policy.set_costs(ctx.step_costs(generation.state, self.max_width))
+
+    def reset_rows(self, rows: list[int]) -> None:
+        for b in rows:  # the serving core put a new request there
+            self.index[b] = NgramIndex(self.generation.prompts[b], *self.sizes)
+
+    def see_tokens(self, committed: list[list[int]]) -> None:
+        for b, new in enumerate(committed):
+            if new and b < len(self.index):
+                self.index[b].extend(new)
+
+    def _live(self, state: DecodeState) -> list[int]:
+        rows = self.generation.rows
+        return [b for b in range(state.batch) if rows[b].finish_reason is None]
+
+    def round(self, state: DecodeState, timer) -> RoundOutput:
+        ctx, live = self.ctx, self._live(state)
+        with timer.phase("draft"):
+            if self.tree is not None:
+                shape = self.tree
+                found = {b: self.index[b].propose_tree(shape.topk, shape.depth, shape.nodes) for b in live}
+            else:
+                g = self.policy.gamma
+                found = {b: (self.index[b].propose(g), None) for b in live} if g else {}
+        if not any(toks for toks, _ in found.values()):
+            self.plain_rounds += 1
+            return self.plain(ctx, state, timer)
+        self.matched_rounds += 1
+        proposals = [found.get(b, ([], [])) for b in range(state.batch)]
+        dev = state.tokens.device
+        if self.tree is None:  # [drafts padded to the widest, then the row's count]: one copy
+            width = max(len(t) for t, _ in proposals)
+            both = to_device([t + [0] * (width - len(t)) + [len(t)] for t, _ in proposals], dev)
+            drafts, num_draft = both[:, :width], both[:, width].to(torch.int32)
+            out, n_acc = verify_and_commit(ctx, state, drafts, None, num_draft, timer)
+            return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1)
+        return self._tree_round(state, proposals, timer)
+
+    def _tree_round(self, state: DecodeState, proposals, timer) -> RoundOutput:
+        """Rows padded to the tree's N nodes with parentless nodes (nobody's child: never tried)."""
+        N, dev = self.tree.nodes, state.tokens.device
+        rows = []
+        for toks, par in proposals:  # [tokens, parents, depths] of nodes 1..N per row: one copy
+            depth = [0]
+            for p in par:
+                depth.append(depth[p] + 1)
+            pad = N - len(toks)
+            rows.append([toks + [0] * pad, par + [-1] * pad, depth[1:] + [1] * pad])
+        nodes = to_device(rows, dev)
+        root = state.last_tokens()[:, None]
+        tree = TokenTree(torch.cat([root, nodes[:, 0]], 1), torch.cat([torch.full_like(root, -1), nodes[:, 1]], 1),
+                         torch.cat([torch.zeros_like(root), nodes[:, 2]], 1))
+        out = verify_tree_and_commit(self.ctx, state, tree, self.tree, timer, draft_forwards=0)
+        return dataclasses.replace(out, draft_lens=None)  # no draft model, no draft cache
+
+    def after_round(self, n_acc, num_draft) -> None:
+        if self.tree is None and self.policy.gamma and any(num_draft):  # rounds with proposals only
+            hit = [(a, d) for a, d in zip(n_acc, num_draft) if d]
+            self.policy.update([a for a, _ in hit], [d for _, d in hit])
+        elif self.policy.needs_costs and self.policy.gamma == 0:
+            self.policy.update(n_acc, num_draft)  # counts plain rounds: a probe follows
+
+    def stats(self, generation) -> dict:
+        return {"policy": self.policy.name, "gamma": self.policy.gamma, **self.tree_stats(),
+                "ngram_max": self.sizes[0], "ngram_min": self.sizes[1],
+                "matched_rounds": self.matched_rounds, "plain_rounds": self.plain_rounds,
+                **speculative_stats(generation, generation.timer.totals())}

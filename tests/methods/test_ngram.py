@@ -1,0 +1,163 @@
+"""N-gram drafting (method "ngram"): the matcher against a plain-Python reference, and the
+method token-exact with `ar` (chains, trees, γ auto, ragged batches, EOS and stop strings)."""
+import random
+
+import pytest
+import torch
+
+from specengine import Engine
+from specengine.methods.ngram_index import MAX_OCCURRENCES, NgramIndex
+from specengine.errors import SpecEngineError
+
+
+def reference_propose(tokens, gamma, nmax, nmin):
+    """The longest suffix (nmax..nmin) that occurs earlier; the γ tokens after its latest earlier occurrence."""
+    L = len(tokens)
+    for n in range(nmax, nmin - 1, -1):
+        if L < n:
+            continue
+        suffix = tokens[L - n:]
+        for start in range(L - n - 1, -1, -1):  # latest earlier occurrence first (may overlap the suffix)
+            if tokens[start:start + n] == suffix:
+                return tokens[start + n: start + n + gamma]
+    return []
+
+
+def sequences():
+    rng = random.Random(0)
+    for vocab, length in ((2, 40), (3, 60), (5, 80), (50, 60)):
+        yield [rng.randrange(vocab) for _ in range(length)]
+    yield [7] * 30  # one repeated token: every match overlaps its suffix
+    yield [1, 2, 3] * 10 + [4]  # a period, then a token never seen
+
+
+@pytest.mark.parametrize("nmax,nmin", [(3, 1), (2, 2), (5, 2), (1, 1)])
+@pytest.mark.parametrize("gamma", [1, 4, 10])
+def test_chain_proposals_equal_the_reference_at_every_length(nmax, nmin, gamma):
+    for seq in sequences():
+        index = NgramIndex(seq[:3], nmax, nmin)
+        for L in range(3, len(seq) + 1):
+            if L > 3:
+                index.extend(seq[L - 1:L])  # grown token by token, as rounds commit
+            assert index.propose(gamma) == reference_propose(seq[:L], gamma, nmax, nmin), (seq[:L], gamma)
+        assert NgramIndex(seq, nmax, nmin).propose(gamma) == index.propose(gamma)  # built at once: the same
+
+
+def test_matches_run_to_the_end_of_the_history():
+    index = NgramIndex([5, 6, 7, 5, 6], ngram_max=2)
+    assert index.propose(10) == [7, 5, 6]  # "5 6" occurred at 0: its continuation runs to the end
+    assert NgramIndex([1, 2, 3], ngram_max=3).propose(4) == []  # nothing repeats
+
+
+def tree_paths(tokens, parents):
+    paths = []
+    for i in range(len(tokens)):
+        path, j = [], i + 1
+        while j:
+            path.insert(0, tokens[j - 1])
+            j = parents[j - 1]
+        paths.append(tuple(path))
+    return paths
+
+
+@pytest.mark.parametrize("topk,depth,budget", [(1, 4, 4), (2, 3, 5), (3, 4, 12), (8, 6, 48)])
+def test_tree_nodes_are_continuations_closed_and_ranked(topk, depth, budget):
+    for seq in sequences():
+        for L in range(4, len(seq) + 1, 5):
+            hist = seq[:L]
+            tokens, parents = NgramIndex(hist, 3, 1).propose_tree(topk, depth, budget)
+            n, starts = NgramIndex(hist, 3, 1).occurrences()
+            conts = [tuple(hist[s:s + depth]) for s in starts[-MAX_OCCURRENCES:]]
+            prefixes = {c[:d] for c in conts for d in range(1, len(c) + 1)}
+            paths = tree_paths(tokens, parents)
+            assert len(tokens) <= budget and len(set(paths)) == len(paths)
+            assert all(p < i + 1 for i, p in enumerate(parents))  # a parent precedes its child
+            assert set(paths) <= prefixes  # every node continues an earlier occurrence
+            for node in range(len(tokens) + 1):
+                assert parents.count(node) <= topk
+            if not conts:
+                assert tokens == []
+            elif budget >= len(prefixes) and topk >= 8:  # room for everything: every continuation
+                assert set(paths) == prefixes
+            if conts:  # the most frequent first token is always kept
+                firsts = [c[0] for c in conts]
+                best = max(firsts.count(t) for t in set(firsts))
+                assert any(len(p) == 1 and firsts.count(p[0]) == best for p in paths)
+
+
+def test_bad_sizes_are_refused():
+    with pytest.raises(SpecEngineError, match="ngram_min .* must not exceed"):
+        NgramIndex([1], ngram_max=2, ngram_min=3)
+    with pytest.raises(SpecEngineError, match="ngram_max must be an integer >= 1"):
+        NgramIndex([1], ngram_max=0)
+
+
+# ------------------------------------------------------------------ the method on tiny models
+PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n", "x = [1, 2, 3, 1, 2", "q"]
+
+
+@pytest.fixture(scope="module")
+def eng(tiny_pair, tokenizer):
+    return Engine(tiny_pair[0], tokenizer, max_seq_len=256)
+
+
+@pytest.fixture(scope="module")
+def ar_out(eng):
+    return eng.generate(PROMPTS, max_new_tokens=48, method="ar", ignore_eos=True)
+
+
+CALLS = {
+    "gamma1": dict(gamma=1),
+    "gamma4": dict(gamma=4),
+    "gamma10": dict(gamma=10),
+    "bigram-only": dict(gamma=5),  # with ngram_min = 2 (below)
+    "auto": dict(gamma="auto"),
+    "tree": dict(tree="3x4:8"),
+    "tree-wide": dict(tree="4x6:20"),
+}
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_greedy_equals_ar_batched_with_ragged_rows(eng, ar_out, tiny_pair, tokenizer, name):
+    e = Engine(tiny_pair[0], tokenizer, max_seq_len=256, ngram_min=2) if name == "bigram-only" else eng
+    out = e.generate(PROMPTS, max_new_tokens=48, method="ngram", ignore_eos=True, **CALLS[name])
+    assert [r.token_ids for r in out] == [r.token_ids for r in ar_out]
+    stats = out[0].stats
+    assert stats["accepted_drafts"] > 0 and stats["matched_rounds"] > 0  # the copy path ran
+    assert stats["target_forwards"] < 48  # and saved forwards
+    for prompt, a in zip(PROMPTS, ar_out):  # each row alone: the same tokens
+        assert e.generate(prompt, max_new_tokens=48, method="ngram", ignore_eos=True,
+                          **CALLS[name]).token_ids == a.token_ids
+
+
+def test_a_round_without_a_match_is_a_plain_decode(eng):
+    r = eng.generate("q", max_new_tokens=1, method="ngram", gamma=4, ignore_eos=True)
+    assert r.stats["plain_rounds"] == r.stats["rounds"] == 1 and r.stats["proposed_drafts"] == 0
+
+
+@pytest.mark.parametrize("call", [dict(gamma=6), dict(tree="3x4:8")], ids=["chain", "tree"])
+def test_eos_and_stop_strings_inside_accepted_spans(eng, ar_out, tokenizer, call):
+    """EOS (or a stop string) that arrives inside an accepted span ends the row right there, as in ar."""
+    ids = ar_out[0].token_ids
+    cut = next(i for i in range(8, len(ids)) if ids[i] not in ids[:i] or i == len(ids) - 1)
+    eos_eng = Engine(eng.target.model, tokenizer, max_seq_len=256)
+    eos_eng.eos_ids = {ids[cut]}
+    want = eos_eng.generate(PROMPTS[0], max_new_tokens=48, method="ar").token_ids
+    got = eos_eng.generate(PROMPTS[0], max_new_tokens=48, method="ngram", **call)
+    assert got.token_ids == want and got.finish_reason == "eos"
+    stop = tokenizer.decode(ar_out[0].token_ids[20:23])
+    a = eng.generate(PROMPTS[0], max_new_tokens=48, method="ar", stop=stop, ignore_eos=True)
+    n = eng.generate(PROMPTS[0], max_new_tokens=48, method="ngram", stop=stop, ignore_eos=True, **call)
+    assert n.text == a.text and n.finish_reason == a.finish_reason == "stop"
+
+
+def test_engine_with_draft_ngram_and_options_are_checked(tiny_dir, tokenizer):
+    e = Engine.from_pretrained(str(tiny_dir), draft="ngram", max_seq_len=128, dtype="float32")
+    assert e.draft is None and e.method == "ngram"
+    assert e.generate("def f(x):", max_new_tokens=4).stats["method"] == "ngram"
+    with pytest.raises(SpecEngineError, match="draft-length policy 'confidence' applies to sd"):
+        e.generate("x", max_new_tokens=2, policy="confidence")
+    with pytest.raises(SpecEngineError, match="takes its shape from the tree"):
+        e.generate("x", max_new_tokens=2, gamma=3, tree="2x2")
+    with pytest.raises(SpecEngineError, match="ngram_min"):
+        Engine.from_pretrained(str(tiny_dir), draft="ngram", ngram_min=4, ngram_max=2)
