@@ -25,6 +25,7 @@ from .token_tree import TreeShape
 class Method:
     name = ""
     needs_draft = True
+    uses_draft = True  # the draft model is prefilled when the engine has one (ngram: only then hybrid)
     takes_threshold = False
     takes_tree = False
 

@@ -13,6 +13,11 @@ a match is a plain decode step, never a useless verify.
 AutoGammaPolicy with a free draft (its step cost is 0): the γ that maximizes expected tokens
 per second from the target's measured cost per verify width and the running acceptance of
 the proposals (rounds with no match do not count).
+
+Hybrid: on an engine with a draft model, a chain round uses the n-gram proposals when every
+live row has one, and otherwise the draft model drafts a chain as `sd` does (its own γ: the
+call's, or auto from the draft's measured step cost). The draft sits out the n-gram rounds;
+before it drafts again it reads what it missed in forwards of at most the method's width.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from .base import Method, speculative_stats
 from .context import MethodContext
 from .policies import make_policy
 from .state import DecodeState, RoundOutput
-from .steps import PlainStep, verify_and_commit, verify_tree_and_commit
+from .steps import PlainStep, draft_chain, verify_and_commit, verify_tree_and_commit
 from .token_tree import TokenTree
 
 
@@ -36,9 +41,23 @@ def to_device(rows: list[list[int]], device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
 
 
+def catch_up(draft, state: DecodeState, behind: int, width: int) -> None:
+    """Bring the draft to n - 1 when it may be up to behind + 2 tokens behind (n-gram rounds
+    it sat out), reading its unseen tokens in forwards of at most `width` per row; positions a
+    row writes past its n - 1 are scratch (its length is clamped there)."""
+    left = behind + 1 if behind > 0 else 0  # up to 2 behind: the chain's own catch-up reads them
+    while left > 0:
+        w = min(left, width)
+        seen = draft.cache.lens.to(torch.int64)
+        draft.verify(state.tokens.gather(1, state.positions(seen, w)), attn_len=state.attn_len)
+        draft.cache.set_lens(torch.minimum(seen + w, state.n - 1))
+        left -= w
+
+
 class NgramDecoding(Method):
     name = "ngram"
     needs_draft = False
+    uses_draft = True  # hybrid chains where the engine has a draft model
     takes_tree = True
 
     def __init__(self, gamma=None, policy=None, threshold=None, tree=None, defaults=None):
@@ -54,27 +73,41 @@ class NgramDecoding(Method):
         check_sizes(*self.sizes)
         self.index: list[NgramIndex | None] = []
         self.plain = PlainStep()
-        self.matched_rounds = self.plain_rounds = 0
+        self.matched_rounds = self.plain_rounds = self.draft_rounds = 0
+        self.draft_policy = make_policy("fixed", gamma)  # hybrid: the draft model's chain length
+        self.hybrid, self.kind = False, "plain"  # this round: "ngram", "draft" or "plain"
+        self.gap: list[int] = []  # hybrid: per row, at most this many committed tokens the draft has not read
 
     @property
     def max_width(self) -> int:
-        return self.tree.nodes + 1 if self.tree is not None else self.policy.gamma_max + 1
+        if self.tree is not None:
+            return self.tree.nodes + 1
+        return max(self.policy.gamma_max, self.draft_policy.gamma_max) + 1
 
     def begin(self, ctx: MethodContext, generation) -> None:
         super().begin(ctx, generation)
         self.generation = generation
         self.index = [NgramIndex(p, *self.sizes) for p in generation.prompts]
-        if self.policy.needs_costs:  # free drafts: only the target's cost per width matters
-            self.policy.set_costs(ctx.step_costs(generation.state, self.max_width))
+        self.hybrid = ctx.draft is not None and self.tree is None
+        self.gap = [1] * generation.state.batch  # after prefill the draft holds all but the last token
+        if self.policy.needs_costs or (self.hybrid and self.draft_policy.needs_costs):
+            costs = ctx.step_costs(generation.state, self.max_width)
+            if self.policy.needs_costs:  # n-gram proposals are free: only the target's cost per width
+                self.policy.set_costs(dataclasses.replace(costs, draft_s=0.0))
+            if self.hybrid and self.draft_policy.needs_costs:
+                self.draft_policy.set_costs(costs)
 
     def reset_rows(self, rows: list[int]) -> None:
-        for b in rows:  # the serving core put a new request there
+        for b in rows:  # the serving core put a new request there (prefilled: the draft 1 behind)
             self.index[b] = NgramIndex(self.generation.prompts[b], *self.sizes)
+            self.gap[b] = 1
 
     def see_tokens(self, committed: list[list[int]]) -> None:
         for b, new in enumerate(committed):
             if new and b < len(self.index):
                 self.index[b].extend(new)
+            if b < len(self.gap):  # a draft round leaves the draft at most 2 tokens behind
+                self.gap[b] = 2 if self.kind == "draft" else self.gap[b] + len(new)
 
     def _live(self, state: DecodeState) -> list[int]:
         rows = self.generation.rows
@@ -89,10 +122,12 @@ class NgramDecoding(Method):
             else:
                 g = self.policy.gamma
                 found = {b: (self.index[b].propose(g), None) for b in live} if g else {}
+        if self.hybrid and not all(found.get(b, ([], []))[0] for b in live):  # a row without a match
+            return self._draft_round(state, live, timer)
         if not any(toks for toks, _ in found.values()):
-            self.plain_rounds += 1
+            self.plain_rounds, self.kind = self.plain_rounds + 1, "plain"
             return self.plain(ctx, state, timer)
-        self.matched_rounds += 1
+        self.matched_rounds, self.kind = self.matched_rounds + 1, "ngram"
         proposals = [found.get(b, ([], [])) for b in range(state.batch)]
         dev = state.tokens.device
         if self.tree is None:  # [drafts padded to the widest, then the row's count]: one copy
@@ -120,8 +155,27 @@ class NgramDecoding(Method):
         out = verify_tree_and_commit(self.ctx, state, tree, self.tree, timer, draft_forwards=0)
         return dataclasses.replace(out, draft_lens=None)  # no draft model, no draft cache
 
+    def _draft_round(self, state: DecodeState, live: list[int], timer) -> RoundOutput:
+        """Hybrid: the draft model's chain (sd's round), after reading what it missed."""
+        ctx, g = self.ctx, self.draft_policy.gamma
+        if g == 0:  # its costs say a draft chain loses here: a plain decode, the draft falls behind
+            self.plain_rounds, self.kind = self.plain_rounds + 1, "plain"
+            return self.plain(ctx, state, timer)
+        self.draft_rounds, self.kind = self.draft_rounds + 1, "draft"
+        start = state.n.clone()
+        with timer.phase("draft"):
+            catch_up(ctx.draft, state, max(self.gap[b] for b in live) - 2, self.max_width)
+            drafts, q, _ = draft_chain(ctx, state, g)
+        num_draft = torch.full((state.batch,), g, dtype=torch.int32, device=drafts.device)
+        out, n_acc = verify_and_commit(ctx, state, drafts, q, num_draft, timer)
+        seen = start + torch.clamp(n_acc.to(torch.int64), max=g - 1)  # as sd: the draft saw d1..d_{g-1}
+        return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1, draft_forwards=g,
+                           draft_lens=torch.minimum(seen, state.n - 1))
+
     def after_round(self, n_acc, num_draft) -> None:
-        if self.tree is None and self.policy.gamma and any(num_draft):  # rounds with proposals only
+        if self.kind == "draft":
+            self.draft_policy.update(n_acc, num_draft)
+        elif self.tree is None and self.policy.gamma and any(num_draft):  # rounds with proposals only
             hit = [(a, d) for a, d in zip(n_acc, num_draft) if d]
             self.policy.update([a for a, _ in hit], [d for _, d in hit])
         elif self.policy.needs_costs and self.policy.gamma == 0:
@@ -131,4 +185,5 @@ class NgramDecoding(Method):
         return {"policy": self.policy.name, "gamma": self.policy.gamma, **self.tree_stats(),
                 "ngram_max": self.sizes[0], "ngram_min": self.sizes[1],
                 "matched_rounds": self.matched_rounds, "plain_rounds": self.plain_rounds,
+                "draft_rounds": self.draft_rounds, "hybrid": self.hybrid,
                 **speculative_stats(generation, generation.timer.totals())}

@@ -8,6 +8,7 @@ import torch
 from specengine import Engine
 from specengine.methods.ngram_index import MAX_OCCURRENCES, NgramIndex
 from specengine.errors import SpecEngineError
+from specengine.runtime.step_costs import StepCosts
 
 
 def reference_propose(tokens, gamma, nmax, nmin):
@@ -161,3 +162,19 @@ def test_engine_with_draft_ngram_and_options_are_checked(tiny_dir, tokenizer):
         e.generate("x", max_new_tokens=2, gamma=3, tree="2x2")
     with pytest.raises(SpecEngineError, match="ngram_min"):
         Engine.from_pretrained(str(tiny_dir), draft="ngram", ngram_min=4, ngram_max=2)
+
+
+@pytest.mark.parametrize("gamma", [3, "auto"])
+def test_hybrid_with_a_draft_model_equals_ar(tiny_pair, tokenizer, ar_out, gamma):
+    """With a draft model, rows without a match get the draft's chains, matched rounds the n-gram
+    proposals; the draft reads what it missed before drafting again. Both kinds must run."""
+    e = Engine(tiny_pair[0], tokenizer, tiny_pair[2], max_seq_len=256)
+    # γ auto under costs where the draft pays (the tiny models' own make it choose plain decoding)
+    e.step_costs = lambda state, width: StepCosts(state.batch, draft_s=0.05, target_s=(1.0,) * width)
+    out = e.generate(PROMPTS, max_new_tokens=48, method="ngram", gamma=gamma, ignore_eos=True)
+    assert [r.token_ids for r in out] == [r.token_ids for r in ar_out]
+    single = [e.generate(p, max_new_tokens=48, method="ngram", gamma=gamma, ignore_eos=True) for p in PROMPTS]
+    assert [r.token_ids for r in single] == [r.token_ids for r in ar_out]
+    stats = [out[0].stats] + [r.stats for r in single]
+    assert all(s["hybrid"] for s in stats)
+    assert sum(s["draft_rounds"] for s in stats) > 0 and sum(s["matched_rounds"] for s in stats) > 0

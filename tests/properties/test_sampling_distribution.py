@@ -39,8 +39,9 @@ def small_vocab(tmp_path_factory, tokenizer):
     hf, target, draft = small_vocab_models(tmp_path_factory.mktemp("v8"), V)
     drafter = random_drafter(draft, k_max=3)
 
-    def engine(max_seq_len=40, costs=None):
-        eng = Engine(target, tokenizer, draft, max_seq_len=max_seq_len, parallel_drafter=drafter)
+    def engine(max_seq_len=40, costs=None, pure=False):
+        eng = Engine(target, tokenizer, None if pure else draft, max_seq_len=max_seq_len,
+                     parallel_drafter=None if pure else drafter)
         if costs:
             eng.step_costs = lambda state, width: COSTS[costs]
         return eng
@@ -65,8 +66,10 @@ CASES = [  # (id, generate kwargs): every method, policy and drafting shape that
     ("pearl-parallel", dict(method="pearl", policy="parallel", gamma=3, temperature=1.0)),
     ("parallelspec-tree", dict(method="parallelspec", tree="2x2", temperature=0.9, top_p=0.9)),
     # n-gram proposals are one-hot drafts (q = None); the second token's round matches where t1 repeats PROMPT
-    ("ngram", dict(method="ngram", gamma=2, temperature=1.0)),
-    ("ngram-tree", dict(method="ngram", tree="2x2", temperature=0.8, top_k=6)),
+    ("ngram", dict(method="ngram", gamma=2, temperature=1.0, pure=True)),
+    ("ngram-tree", dict(method="ngram", tree="2x2", temperature=0.8, top_k=6, pure=True)),
+    # with the draft model: its chains where a row has no match (round 1), n-gram rounds where all match
+    ("ngram-hybrid", dict(method="ngram", gamma=2, temperature=1.0)),
 ]
 
 
@@ -78,7 +81,7 @@ def _sampling(kw):
 def test_two_token_joint_matches_target(small_vocab, kw):
     hf, engine = small_vocab
     kw = dict(kw)
-    rows, eng = kw.pop("rows", N), engine(kw.pop("max_seq_len", 40), kw.pop("costs", None))
+    rows, eng = kw.pop("rows", N), engine(kw.pop("max_seq_len", 40), kw.pop("costs", None), kw.pop("pure", False))
     out = eng.generate([PROMPT] * rows, max_new_tokens=2, seed=1234, ignore_eos=True, **kw)
     tv, bound = joint_tv(out, exact_joint(hf, **_sampling(kw)))
     assert tv <= bound, (tv, bound)
@@ -111,7 +114,7 @@ def test_a_wrong_acceptance_rule_fails_the_same_check(small_vocab, kw, monkeypat
     hf, engine = small_vocab
     kw = dict(kw)
     kw.pop("rows", None)
-    eng = engine(kw.pop("max_seq_len", 40), kw.pop("costs", None))
+    eng = engine(kw.pop("max_seq_len", 40), kw.pop("costs", None), kw.pop("pure", False))
     accept_everything(monkeypatch, eng)
     out = eng.generate([PROMPT] * N_CONTROL, max_new_tokens=2, seed=1234, ignore_eos=True, **kw)
     tv, bound = joint_tv(out, exact_joint(hf, **_sampling(kw)))
