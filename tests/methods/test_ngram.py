@@ -3,7 +3,6 @@ method token-exact with `ar` (chains, trees, γ auto, ragged batches, EOS and st
 import random
 
 import pytest
-import torch
 
 from specengine import Engine
 from specengine.methods.ngram_index import MAX_OCCURRENCES, NgramIndex
