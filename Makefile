@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: gpu-check install demo test test-fast bench bench-gguf bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
+.PHONY: gpu-check install demo test test-fast bench bench-gguf bench-ngram bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
 
 $(STAMP): pyproject.toml setup.py csrc/compact_kv.cpp csrc/compact_kv_cuda.cu csrc/compact_kv.h csrc/quant_matmul.cpp csrc/quant_matmul_impl.h csrc/quant_dot_impl.h csrc/row_attention_impl.h
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -61,6 +61,12 @@ bench-grid: $(STAMP)
 bench-gguf: $(STAMP)
 	$(PY) bench/llamacpp.py build
 	$(PY) bench/gguf_cpu.py --llamacpp --out bench/results/cpu_gguf_vs_llamacpp.json
+
+# N-gram drafting on prompts that copy their input (bench/ngram_prompts.py) and on HumanEval:
+# HF generate and its prompt lookup, our ar, n-gram chains and tree, the draft model, the hybrid
+# (6 + 2 prompts x 64 tokens: about 25 minutes on 2 cores, most of it transformers' fp32).
+bench-ngram: $(STAMP)
+	$(PY) bench/ngram_cpu.py --out bench/results/cpu_ngram.json
 
 # PEARL vs ar and the best CPU sd on the real pair (about 15 minutes on 2 cores).
 bench-pearl: $(STAMP)

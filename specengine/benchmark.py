@@ -24,7 +24,9 @@ from .errors import SpecEngineError
 from .prompts import humaneval
 from .request import RequestParams
 
-HF_PROVIDERS = ("hf", "hf-assisted")
+HF_PROVIDERS = ("hf", "hf-assisted", "hf-lookup")  # hf-lookup: generate(prompt_lookup_num_tokens=10)
+TREE_METHODS = ("sd", "parallelspec", "ngram")
+AUTO_METHODS = ("sd", "ngram", "hybrid")  # take gamma "auto" in a provider name
 
 
 def parse_provider(spec: str) -> tuple[str, int | str | None, str | None, float | None, str | None]:
@@ -33,14 +35,15 @@ def parse_provider(spec: str) -> tuple[str, int | str | None, str | None, float 
     spec, tree = _split_tree(spec)
     if tree is not None:
         name, *rest = parse_provider(spec)
-        if name not in ("sd", "parallelspec") or any(x is not None for x in rest[:-1]):
-            raise SpecEngineError(f"bad provider {spec}[tree=...]: only plain sd and parallelspec take a tree")
+        if name not in TREE_METHODS or any(x is not None for x in rest[:-1]):
+            raise SpecEngineError(f"bad provider {spec}[tree=...]: only plain sd, parallelspec and ngram take a tree")
         return name, None, None, None, tree
     head, _, pol = spec.partition("@")
     name, _, g = head.partition(":")
-    if name not in ("ar", "sd", "pearl", "parallelspec", *HF_PROVIDERS):
+    if name not in ("ar", "sd", "pearl", "parallelspec", "ngram", "hybrid", *HF_PROVIDERS):
         raise SpecEngineError(f"unknown provider {spec!r}; use ar, sd[:gamma|:auto][@policy[=threshold]], "
-                              "pearl[:gamma][@parallel], parallelspec[:k], hf, hf-assisted")
+                              "pearl[:gamma][@parallel], parallelspec[:k], ngram[:gamma|:auto], "
+                              "hybrid[:gamma|:auto], hf, hf-assisted, hf-lookup")
     policy, _, th = pol.partition("=")
     if pol and not (name == "sd" or (name, pol) == ("pearl", "parallel")):
         raise SpecEngineError(f"bad provider {spec!r}: only sd takes a policy (e.g. sd@heuristic); pearl takes "
@@ -49,10 +52,11 @@ def parse_provider(spec: str) -> tuple[str, int | str | None, str | None, float 
         threshold = float(th) if th else None
     except ValueError:
         raise SpecEngineError(f"bad provider {spec!r}: threshold must be a number") from None
-    if g == "auto" and name == "sd":
+    if g == "auto" and name in AUTO_METHODS:
         return name, g, policy or None, threshold, None
-    if g and (name not in ("sd", "pearl", "parallelspec") or not g.isdigit() or int(g) < 1):
-        raise SpecEngineError(f"bad provider {spec!r}: only sd, pearl and parallelspec take a gamma, e.g. sd:4")
+    if g and (name not in ("sd", "pearl", "parallelspec", "ngram", "hybrid") or not g.isdigit() or int(g) < 1):
+        raise SpecEngineError(f"bad provider {spec!r}: only sd, pearl, parallelspec, ngram and hybrid take a "
+                              "gamma, e.g. sd:4")
     return name, int(g) if g else None, policy or None, threshold, None
 
 
@@ -105,9 +109,10 @@ class _HFRunner:
                 m.generation_config.eos_token_id = None
 
     @torch.inference_mode()
-    def generate(self, ids: list[int], max_new_tokens: int, assisted: bool) -> list[int]:
+    def generate(self, ids: list[int], max_new_tokens: int, provider: str) -> list[int]:
         x = torch.tensor([ids], device=self.target.device)
-        kw = dict(assistant_model=self.draft) if assisted else {}
+        kw = {"hf": {}, "hf-assisted": dict(assistant_model=self.draft),
+              "hf-lookup": dict(prompt_lookup_num_tokens=10)}[provider]
         out = self.target.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
                                    max_new_tokens=max_new_tokens, pad_token_id=0, **kw)
         return out[0, len(ids):].tolist()
@@ -115,8 +120,9 @@ class _HFRunner:
 
 def run_benchmark(engine, providers: list[str], n_prompts: int = 8,
                   max_new_tokens: int = RequestParams.max_new_tokens, target_path=None, draft_path=None, baseline: str | None = None, temperature: float = 0.0,
-                  seed: int = 0) -> dict:
-    """temperature > 0: every provider of ours samples with the same seed (tokens then agree
+                  seed: int = 0, prompts: tuple[str, list[str]] | None = None) -> dict:
+    """prompts: (a label, the prompt texts) in place of HumanEval[:n_prompts].
+    temperature > 0: every provider of ours samples with the same seed (tokens then agree
     only where the methods draw the same numbers; speeds and acceptance are what compare).
 
     Why long: one loop runs every provider (ours and HF's) prompt by prompt, side by side,
@@ -126,7 +132,7 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8,
         raise SpecEngineError("hf-assisted needs a draft model")
     if temperature and any(name in HF_PROVIDERS for _, name, *_ in specs):
         raise SpecEngineError("the hf providers are greedy only; drop them for temperature > 0")
-    prompts = [p["prompt"] for p in humaneval(n_prompts)]
+    label, prompts = prompts or ("HumanEval[:%d]" % n_prompts, [p["prompt"] for p in humaneval(n_prompts)])
     hf = _HFRunner(engine, target_path, draft_path) if any(n in HF_PROVIDERS for _, n, *_ in specs) else None
     ids = [engine.encode(p)[0][0] for p in prompts]
     rows, outputs_of = {}, {}
@@ -176,7 +182,7 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8,
     for row in rows.values():
         row["speedup"] = row["tokens_per_s"] / rows[base]["tokens_per_s"]
     report = {"benchmark": "e2e", "baseline": base, "n_prompts": len(ids), "max_new_tokens": max_new_tokens,
-              "prompts": "HumanEval[:%d]" % len(ids), "greedy": not temperature, "temperature": temperature,
+              "prompts": label, "greedy": not temperature, "temperature": temperature,
               "seed": seed,
               "dtype": str(engine.target.dtype).removeprefix("torch."),
               "dtype_choice": getattr(engine, "dtype_choice", None), "exact_match_reference": ref,
@@ -209,7 +215,7 @@ def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
 
 def _provider_fn(engine, hf, name, gamma, policy, threshold, temperature, seed, tree=None):
     if name in HF_PROVIDERS:
-        return lambda ids, n: (hf.generate(ids, n, assisted=name == "hf-assisted"), None)
+        return lambda ids, n: (hf.generate(ids, n, name), None)
 
     def ours(ids, n):
         r = engine.generate(ids, max_new_tokens=n, method=name, gamma=gamma, temperature=temperature, seed=seed,

@@ -49,8 +49,8 @@ def _positive_int(name: str, value, least: int) -> None:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    method: str | None = option(None, "ar | sd | pearl | parallelspec | ngram (default: sd with a draft model, "
-                                "ngram with draft='ngram', else ar)")
+    method: str | None = option(None, "ar | sd | pearl | parallelspec | ngram | hybrid (default: sd with a draft "
+                                "model, ngram with draft='ngram', else ar)")
     max_seq_len: int = option(2048, "KV capacity per row: prompt + new tokens + speculation headroom")
     gamma: int | str = option("auto", "sd: draft tokens per round, or auto (chosen each round from measured costs "
                               "and acceptance); pearl: window (default round(1/c), measured); parallelspec: k",

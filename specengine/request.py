@@ -37,7 +37,7 @@ class RequestParams:
                                           **_served("stop"))
     ignore_eos: bool = option(False, "keep generating past EOS (benchmarks)", **_served("ignore_eos"))
     # the method for this call; None: the engine's (EngineConfig), and the server's for every row
-    method: str | None = option(None, "ar | sd | pearl | parallelspec | ngram for this call (default: the engine's)")
+    method: str | None = option(None, "ar | sd | pearl | parallelspec | ngram | hybrid for this call (default: the engine's)")
     gamma: int | str | None = option(None, "this call's draft length, or auto (default: the engine's)",
                                      type=parse_gamma)
     policy: str | None = option(None, "this call's sd draft-length policy (default: the engine's)")

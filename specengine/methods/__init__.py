@@ -1,14 +1,14 @@
-"""Decoding methods, one file each and siblings (ar, sd, pearl, parallelspec, ngram), over the round
+"""Decoding methods, one file each and siblings (ar, sd, pearl, parallelspec, ngram / hybrid), over the round
 steps they share (steps.py), sampling, token trees and draft-length policies; a method sees
 only its MethodContext, never the Engine (docs/design.md, "Methods")."""
 from .ar import AutoRegressive
 from .base import Method
-from .ngram import NgramDecoding
+from .ngram import HybridDecoding, NgramDecoding
 from .parallelspec import ParallelSpec
 from .pearl import Pearl
 from .sd import SpeculativeDecoding
 
 METHODS: dict[str, type[Method]] = {m.name: m for m in (AutoRegressive, SpeculativeDecoding, Pearl, ParallelSpec,
-                                                          NgramDecoding)}
+                                                          NgramDecoding, HybridDecoding)}
 
 __all__ = ["METHODS", "Method"]

@@ -25,7 +25,7 @@ from .token_tree import TreeShape
 class Method:
     name = ""
     needs_draft = True
-    uses_draft = True  # the draft model is prefilled when the engine has one (ngram: only then hybrid)
+    uses_draft = True  # the draft model is prefilled (ar and ngram leave a loaded one out)
     takes_threshold = False
     takes_tree = False
 

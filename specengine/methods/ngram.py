@@ -14,10 +14,10 @@ AutoGammaPolicy with a free draft (its step cost is 0): the γ that maximizes ex
 per second from the target's measured cost per verify width and the running acceptance of
 the proposals (rounds with no match do not count).
 
-Hybrid: on an engine with a draft model, a chain round uses the n-gram proposals when every
-live row has one, and otherwise the draft model drafts a chain as `sd` does (its own γ: the
-call's, or auto from the draft's measured step cost). The draft sits out the n-gram rounds;
-before it drafts again it reads what it missed in forwards of at most the method's width.
+`hybrid` (HybridDecoding, below): with a draft model, a round uses the n-gram proposals when
+every live row has one, and otherwise the draft model drafts a chain as `sd` does (its own γ:
+the call's, or auto from the draft's measured step cost). The draft sits out the n-gram
+rounds; before it drafts again it reads what it missed in forwards of at most the method's width.
 """
 from __future__ import annotations
 
@@ -56,8 +56,7 @@ def catch_up(draft, state: DecodeState, behind: int, width: int) -> None:
 
 class NgramDecoding(Method):
     name = "ngram"
-    needs_draft = False
-    uses_draft = True  # hybrid chains where the engine has a draft model
+    needs_draft = uses_draft = False  # a loaded draft model sits this method out
     takes_tree = True
 
     def __init__(self, gamma=None, policy=None, threshold=None, tree=None, defaults=None):
@@ -88,7 +87,7 @@ class NgramDecoding(Method):
         super().begin(ctx, generation)
         self.generation = generation
         self.index = [NgramIndex(p, *self.sizes) for p in generation.prompts]
-        self.hybrid = ctx.draft is not None and self.tree is None
+        self.hybrid = self.uses_draft and ctx.draft is not None
         self.gap = [1] * generation.state.batch  # after prefill the draft holds all but the last token
         if self.policy.needs_costs or (self.hybrid and self.draft_policy.needs_costs):
             costs = ctx.step_costs(generation.state, self.max_width)
@@ -186,4 +185,13 @@ class NgramDecoding(Method):
                 "ngram_max": self.sizes[0], "ngram_min": self.sizes[1],
                 "matched_rounds": self.matched_rounds, "plain_rounds": self.plain_rounds,
                 "draft_rounds": self.draft_rounds, "hybrid": self.hybrid,
+                # proposed tokens per row and proposing round (n-gram and draft rounds)
+                "gamma_mean": generation.counters.proposed / max(generation.counters.row_rounds - self.plain_rounds, 1),
                 **speculative_stats(generation, generation.timer.totals())}
+
+
+class HybridDecoding(NgramDecoding):
+    """`hybrid`: n-gram chains where every live row has a match, the draft model's chain elsewhere."""
+    name = "hybrid"
+    needs_draft = uses_draft = True
+    takes_tree = False

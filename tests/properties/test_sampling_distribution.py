@@ -66,10 +66,10 @@ CASES = [  # (id, generate kwargs): every method, policy and drafting shape that
     ("pearl-parallel", dict(method="pearl", policy="parallel", gamma=3, temperature=1.0)),
     ("parallelspec-tree", dict(method="parallelspec", tree="2x2", temperature=0.9, top_p=0.9)),
     # n-gram proposals are one-hot drafts (q = None); the second token's round matches where t1 repeats PROMPT
-    ("ngram", dict(method="ngram", gamma=2, temperature=1.0, pure=True)),
+    ("ngram", dict(method="ngram", gamma=2, temperature=1.0)),  # the loaded draft sits it out
     ("ngram-tree", dict(method="ngram", tree="2x2", temperature=0.8, top_k=6, pure=True)),
     # with the draft model: its chains where a row has no match (round 1), n-gram rounds where all match
-    ("ngram-hybrid", dict(method="ngram", gamma=2, temperature=1.0)),
+    ("hybrid", dict(method="hybrid", gamma=2, temperature=1.0)),
 ]
 
 

@@ -26,7 +26,12 @@ def test_provider_specs():
     assert parse_provider("parallelspec:3") == ("parallelspec", 3, None, None, None)
     assert parse_provider("sd[tree=4x5:16]") == ("sd", None, None, None, "4x5:16")
     assert parse_provider("parallelspec[tree=3x4]") == ("parallelspec", None, None, None, "3x4")
-    for bad in ("pearl@heuristic", "sd@specdec++=x", "ar:3", "beam", "sd:3[tree=2x2]", "ar[tree=2x2]", "sd[tree=]"):
+    assert parse_provider("ngram:auto") == ("ngram", "auto", None, None, None)
+    assert parse_provider("ngram[tree=4x6:16]") == ("ngram", None, None, None, "4x6:16")
+    assert parse_provider("hybrid:3") == ("hybrid", 3, None, None, None)
+    assert parse_provider("hf-lookup") == ("hf-lookup", None, None, None, None)
+    for bad in ("pearl@heuristic", "sd@specdec++=x", "ar:3", "beam", "sd:3[tree=2x2]", "ar[tree=2x2]", "sd[tree=]",
+                "pearl:auto", "hybrid[tree=2x2]", "ngram@heuristic"):
         with pytest.raises(SpecEngineError):
             parse_provider(bad)
 
@@ -35,7 +40,8 @@ def test_report_records_machine_bound_and_tokens(tiny_pair, tokenizer, monkeypat
     target, _, perturbed = tiny_pair
     monkeypatch.setattr(benchmark, "humaneval", lambda n: [{"prompt": p} for p in ["def f(x):", "abc ab"][:n]])
     eng = Engine(target, tokenizer, draft=perturbed, max_seq_len=128)
-    report = run_benchmark(eng, ["sd:auto", "ar", "sd:2"], n_prompts=2, max_new_tokens=10, baseline="ar")
+    report = run_benchmark(eng, ["sd:auto", "ar", "sd:2", "ngram:auto", "hybrid:2"], n_prompts=2, max_new_tokens=10,
+                           baseline="ar")
     assert report["exact_match_reference"] == "ar"  # not the first provider: exact match is against ar
     env = report["environment"]
     assert env["cpu"] and env["cpu_threads"] >= 1 and env["cpu_isa"]

@@ -139,10 +139,10 @@ CALLS = {
     "parallelspec-tree": (dict(method="parallelspec", tree="2x2"), 90, 13),
     "pearl": (dict(method="pearl", gamma=3), 52, 11),
     "pearl-parallel": (dict(method="pearl", policy="parallel", gamma=3, max_new_tokens=8), 74, 17),
-    "ngram": (dict(method="ngram", gamma=4, max_new_tokens=24, pure=True), 17, 9),  # counted 14, 7
+    "ngram": (dict(method="ngram", gamma=4, max_new_tokens=24), 17, 9),  # counted 14, 7
     "ngram-tree": (dict(method="ngram", tree="2x3:5", max_new_tokens=24), 42, 12),  # counted 39, 10
     # counted 78, 9: a draft round after n-gram rounds reads what the draft missed (~10 launches a forward)
-    "ngram-hybrid": (dict(method="ngram", gamma=4, max_new_tokens=48), 82, 12),
+    "hybrid": (dict(method="hybrid", gamma=4, max_new_tokens=48), 82, 12),
 }
 
 
@@ -159,9 +159,6 @@ def gpu_policies(monkeypatch):
 @pytest.mark.parametrize("name", list(CALLS))
 def test_one_sync_and_a_short_eager_tail_per_round(engine, counted, gpu_policies, name):
     kw, per_round, sync_to_replay = CALLS[name]
-    kw = dict(kw)
-    if kw.pop("pure", False):  # no draft model: n-gram proposals only
-        engine = Engine(engine.target.model, engine.tokenizer, max_seq_len=128, kernels="triton")
     rounds, before = round_launches(engine, counted, **kw)
     print("COUNTS", name, max(len(r) for r in rounds), max(before), len(rounds))  # -s shows the counts
     assert len(rounds) >= 2 and len(before) == len(rounds)

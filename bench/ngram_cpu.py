@@ -1,0 +1,65 @@
+"""N-gram drafting on input-grounded work, in one run on the real pair (issue 39; `make bench-ngram`).
+
+Two prompt sets, every provider side by side on each: prompts that copy their input
+(bench/ngram_prompts.py: type hints, docstrings, a bug fix, answers and a summary from a
+passage) and the HumanEval prompts, where little is copied. Providers: transformers `generate`
+and its prompt lookup (`prompt_lookup_num_tokens=10`, fp32 float weights), our `ar`, n-gram
+chains (γ 10 as transformers, and auto), an n-gram tree, the draft model (`sd` γ auto) and the
+hybrid. Greedy, EOS ignored; ours in the engine's default setting (weights and dtype "auto").
+Ratios (the issue's goals) come from the same run.
+
+    python bench/ngram_cpu.py --out bench/results/cpu_ngram.json [--max-new-tokens 64 --humaneval 2]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ngram_prompts import COPY_PROMPTS
+
+from specengine import Engine
+from specengine.benchmark import run_benchmark, save
+from specengine.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
+from specengine.models.loading import resolve
+
+PROVIDERS = ["ar", "hf", "hf-lookup", "ngram:10", "ngram:auto", "ngram[tree=4x6:16]", "sd:auto", "hybrid:auto"]
+
+
+def rate(report: dict, provider: str) -> float:
+    return next(r["tokens_per_s"] for r in report["results"] if r["provider"] == provider)
+
+
+def goals(copy: dict, code: dict) -> dict:
+    """The issue's figures from this run (tokens/s, prefill included, as every provider)."""
+    best_ngram = max(rate(copy, p) for p in ("ngram:10", "ngram:auto", "ngram[tree=4x6:16]"))
+    mixed = {p: rate(copy, p) + rate(code, p) for p in ("ngram:auto", "sd:auto", "hybrid:auto")}
+    return {
+        "ngram_vs_ar_on_copy_prompts": best_ngram / rate(copy, "ar"),
+        "ngram_vs_hf_prompt_lookup": best_ngram / rate(copy, "hf-lookup"),
+        "hybrid_vs_best_of_draft_and_ngram_mixed_set": mixed["hybrid:auto"] / max(mixed["sd:auto"], mixed["ngram:auto"]),
+        "ngram_auto_vs_ar_on_humaneval": rate(code, "ngram:auto") / rate(code, "ar"),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench/results/cpu_ngram.json")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--humaneval", type=int, default=2, help="HumanEval prompts in the second set")
+    args = ap.parse_args(argv)
+    eng = Engine.from_pretrained(DEFAULT_TARGET, draft=DEFAULT_DRAFT, max_seq_len=2048)
+    common = dict(target_path=resolve(DEFAULT_TARGET), draft_path=resolve(DEFAULT_DRAFT), baseline="ar")
+    copy = run_benchmark(eng, PROVIDERS, max_new_tokens=args.max_new_tokens,
+                         prompts=("input-grounded (bench/ngram_prompts.py)", [p for _, p in COPY_PROMPTS]), **common)
+    code = run_benchmark(eng, PROVIDERS, n_prompts=args.humaneval, max_new_tokens=args.max_new_tokens, **common)
+    report = {"benchmark": "ngram_cpu", "command": " ".join(["python"] + sys.argv), "copy": copy,
+              "humaneval": code, "goals": goals(copy, code), "copy_prompt_kinds": [k for k, _ in COPY_PROMPTS]}
+    for name, rep in (("input-grounded", copy), ("HumanEval", code)):
+        print(name, {r["provider"]: round(r["tokens_per_s"], 2) for r in rep["results"]}, flush=True)
+    print({k: round(v, 2) for k, v in report["goals"].items()})
+    print(f"wrote {save(report, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
