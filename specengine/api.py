@@ -150,12 +150,15 @@ class Engine:
             else:
                 unpack(runner.model)
 
-    def step_costs(self, state, max_width: int):
+    def step_costs(self, state, max_width: int, draft: bool = True):
         """Measured draft step and target forward costs for the state's batch (widths 1..max_width),
-        cached per engine and batch size."""
-        have = self._step_costs.get(state.batch)
+        cached per engine and batch size. draft=False: the target's only (draft_s 0), for a method
+        that leaves the draft model out (its cache then holds nothing to time a step on)."""
+        key = state.batch if draft and self.draft is not None else (state.batch, "target")
+        have = self._step_costs.get(key)
         if have is None or len(have.target_s) < max_width:
-            have = self._step_costs[state.batch] = measure_step_costs(self.target, self.draft, state, max_width)
+            have = self._step_costs[key] = measure_step_costs(self.target, self.draft if draft else None, state,
+                                                              max_width)
         return have
 
     def warmup(self, batch: int = 1) -> dict:

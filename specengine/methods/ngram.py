@@ -90,7 +90,7 @@ class NgramDecoding(Method):
         self.hybrid = self.uses_draft and ctx.draft is not None
         self.gap = [1] * generation.state.batch  # after prefill the draft holds all but the last token
         if self.policy.needs_costs or (self.hybrid and self.draft_policy.needs_costs):
-            costs = ctx.step_costs(generation.state, self.max_width)
+            costs = ctx.step_costs(generation.state, self.max_width, draft=self.hybrid)
             if self.policy.needs_costs:  # n-gram proposals are free: only the target's cost per width
                 self.policy.set_costs(dataclasses.replace(costs, draft_s=0.0))
             if self.hybrid and self.draft_policy.needs_costs:

@@ -169,7 +169,7 @@ def test_hybrid_with_a_draft_model_equals_ar(tiny_pair, tokenizer, ar_out, gamma
     proposals; the draft reads what it missed before drafting again. Both kinds must run."""
     e = Engine(tiny_pair[0], tokenizer, tiny_pair[2], max_seq_len=256)
     # γ auto under costs where the draft pays (the tiny models' own make it choose plain decoding)
-    e.step_costs = lambda state, width: StepCosts(state.batch, draft_s=0.05, target_s=(1.0,) * width)
+    e.step_costs = lambda state, width, draft=True: StepCosts(state.batch, draft_s=0.05, target_s=(1.0,) * width)
     out = e.generate(PROMPTS, max_new_tokens=48, method="hybrid", gamma=gamma, ignore_eos=True)
     assert [r.token_ids for r in out] == [r.token_ids for r in ar_out]
     single = [e.generate(p, max_new_tokens=48, method="hybrid", gamma=gamma, ignore_eos=True) for p in PROMPTS]
@@ -181,8 +181,9 @@ def test_hybrid_with_a_draft_model_equals_ar(tiny_pair, tokenizer, ar_out, gamma
 
 def test_ngram_leaves_a_loaded_draft_out_and_hybrid_needs_one(tiny_pair, tokenizer, eng):
     e = Engine(tiny_pair[0], tokenizer, tiny_pair[2], max_seq_len=256)
-    r = e.generate(PROMPTS[0], max_new_tokens=16, method="ngram", gamma=4, ignore_eos=True)
-    assert not r.stats["hybrid"] and r.stats["draft_forwards"] == 0
+    for gamma in (4, "auto"):  # auto times the target alone: the draft's cache holds nothing
+        r = e.generate(PROMPTS[0], max_new_tokens=16, method="ngram", gamma=gamma, ignore_eos=True)
+        assert not r.stats["hybrid"] and r.stats["draft_forwards"] == 0
     with pytest.raises(SpecEngineError, match="method 'hybrid' needs a draft model"):
         eng.generate("x", max_new_tokens=2, method="hybrid")
     with pytest.raises(SpecEngineError, match="tree drafting applies to"):
