@@ -14,7 +14,8 @@ from .methods import METHODS, Method
 from .methods.context import MethodContext
 from . import precision
 from .models.cpu_matmul import optimize, unpack
-from .models.loading import load_tokenizer
+from .models.loading import load_tokenizer, resolve
+from .models.tokenizer_check import check_tokenizers
 from .pair import load_pair
 from .runtime.cross_device import CrossDeviceDraft
 from .runtime.runner import ModelRunner
@@ -92,7 +93,10 @@ class Engine:
         if draft == "ngram":  # model-free drafting: no draft model, the method proposes from the text
             draft, cfg = None, cfg.replace(method=cfg.method or "ngram")
         tmodel, tpath, dmodel, choice = load_pair(target, draft, cfg)
-        engine = cls(tmodel, load_tokenizer(tpath), dmodel, cfg)
+        tokenizer = load_tokenizer(tpath)
+        if dmodel is not None:  # its ids must mean the target's (sizes alone prove nothing)
+            check_tokenizers(tokenizer, load_tokenizer(resolve(draft)), dmodel.config.vocab_size)
+        engine = cls(tmodel, tokenizer, dmodel, cfg)
         engine.dtype_choice = choice
         return engine
 
