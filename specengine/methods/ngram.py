@@ -31,7 +31,7 @@ from .base import Method, speculative_stats
 from .context import MethodContext
 from .policies import make_policy
 from .state import DecodeState, RoundOutput
-from .steps import PlainStep, draft_chain, verify_and_commit, verify_tree_and_commit
+from .steps import PlainStep, chain_round, verify_and_commit, verify_tree_and_commit
 from .token_tree import TokenTree
 
 
@@ -39,19 +39,6 @@ def to_device(rows: list[list[int]], device) -> torch.Tensor:
     """Equal-length host lists as one int64 tensor on the device: one copy, without blocking."""
     host = torch.tensor(rows, dtype=torch.int64)
     return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
-
-
-def catch_up(draft, state: DecodeState, behind: int, width: int) -> None:
-    """Bring the draft to n - 1 when it may be up to behind + 2 tokens behind (n-gram rounds
-    it sat out), reading its unseen tokens in forwards of at most `width` per row; positions a
-    row writes past its n - 1 are scratch (its length is clamped there)."""
-    left = behind + 1 if behind > 0 else 0  # up to 2 behind: the chain's own catch-up reads them
-    while left > 0:
-        w = min(left, width)
-        seen = draft.cache.lens.to(torch.int64)
-        draft.verify(state.tokens.gather(1, state.positions(seen, w)), attn_len=state.attn_len)
-        draft.cache.set_lens(torch.minimum(seen + w, state.n - 1))
-        left -= w
 
 
 class NgramDecoding(Method):
@@ -156,20 +143,13 @@ class NgramDecoding(Method):
 
     def _draft_round(self, state: DecodeState, live: list[int], timer) -> RoundOutput:
         """Hybrid: the draft model's chain (sd's round), after reading what it missed."""
-        ctx, g = self.ctx, self.draft_policy.gamma
-        if g == 0:  # its costs say a draft chain loses here: a plain decode, the draft falls behind
+        ctx = self.ctx
+        if self.draft_policy.gamma == 0:  # its costs say a draft chain loses here: a plain decode, the draft falls behind
             self.plain_rounds, self.kind = self.plain_rounds + 1, "plain"
             return self.plain(ctx, state, timer)
         self.draft_rounds, self.kind = self.draft_rounds + 1, "draft"
-        start = state.n.clone()
-        with timer.phase("draft"):
-            catch_up(ctx.draft, state, max(self.gap[b] for b in live) - 2, self.max_width)
-            drafts, q, _ = draft_chain(ctx, state, g)
-        num_draft = torch.full((state.batch,), g, dtype=torch.int32, device=drafts.device)
-        out, n_acc = verify_and_commit(ctx, state, drafts, q, num_draft, timer)
-        seen = start + torch.clamp(n_acc.to(torch.int64), max=g - 1)  # as sd: the draft saw d1..d_{g-1}
-        return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1, draft_forwards=g,
-                           draft_lens=torch.minimum(seen, state.n - 1))
+        # up to 2 behind the chain's own catch-up reads; more after n-gram rounds it sat out
+        return chain_round(ctx, state, self.draft_policy, timer, max(self.gap[b] for b in live) - 2, self.max_width)
 
     def after_round(self, n_acc, num_draft) -> None:
         if self.kind == "draft":

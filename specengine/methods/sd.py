@@ -9,14 +9,12 @@ tokens behind after a round) is in steps.py.
 """
 from __future__ import annotations
 
-import torch
-
 from ..errors import SpecEngineError
 from .base import Method, speculative_stats
 from .context import MethodContext
 from .policies import make_policy
 from .state import DecodeState, RoundOutput
-from .steps import PlainStep, draft_chain, draft_resync, draft_tree, verify_and_commit, verify_tree_and_commit
+from .steps import PlainStep, chain_round, draft_tree, verify_tree_and_commit
 
 
 class SpeculativeDecoding(Method):
@@ -66,20 +64,10 @@ class SpeculativeDecoding(Method):
             self.gammas.append(0)
             self.behind += 1
             return self.plain(ctx, state, timer)
-        start = state.n.clone()
-        with timer.phase("draft"):
-            if self.behind:
-                draft_resync(ctx.draft, state, self.behind)
-                self.behind = 0
-            drafts, q, conf = draft_chain(ctx, state, self.policy.gamma, policy=self.policy)
-            num_draft = self.policy.num_draft(conf)
-        gamma = drafts.shape[1]  # a policy may have ended the loop early
-        self.gammas.append(gamma)
-        out, n_acc = verify_and_commit(ctx, state, drafts, q, num_draft, timer)
-        # the draft saw d1..d_{γ-1}: valid up to start + min(n_acc, γ-1), never past the new n - 1
-        seen = start + torch.clamp(n_acc.to(torch.int64), max=gamma - 1)
-        return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1, draft_forwards=gamma,
-                           draft_lens=torch.minimum(seen, state.n - 1))
+        out = chain_round(ctx, state, self.policy, timer, self.behind)
+        self.behind = 0
+        self.gammas.append(out.draft_forwards)  # a policy may have ended the loop early
+        return out
 
     def after_round(self, n_acc, num_draft) -> None:
         if self.tree is None:

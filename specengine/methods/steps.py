@@ -67,12 +67,19 @@ def draft_catch_up(draft, state: DecodeState, upto: torch.Tensor, return_hidden:
     return (out[0][rows, which], out[1][rows, which]) if return_hidden else out[rows, which]
 
 
-def draft_resync(draft, state: DecodeState, behind: int) -> None:
-    """After `behind` plain rounds (γ = 0: the draft did not run) the draft is up to behind+2
-    tokens behind; one forward over behind+1 of its unseen tokens brings it to n-1, so the
-    next chain starts 1 behind as usual. Positions it writes past a row's n-1 are scratch:
-    the length set afterwards drops them."""
-    tokens = state.tokens.gather(1, state.positions(draft.cache.lens.to(torch.int64), behind + 1))
+def draft_resync(draft, state: DecodeState, behind: int, width: int | None = None) -> None:
+    """After rounds the draft sat out (sd's γ = 0, hybrid's n-gram rounds) it is up to behind+2
+    tokens behind; forwards over behind+1 of its unseen tokens bring it to n-1, so the next
+    chain starts 1 behind as usual: one forward, or forwards of at most `width` tokens per row
+    (the method's KV headroom). Positions it writes past a row's n-1 are scratch: the lengths
+    set afterwards drop them."""
+    left = behind + 1
+    while left > (width or left):  # all but the last forward: each row moves on by `width`, at most to n-1
+        seen = draft.cache.lens.to(torch.int64)
+        draft.verify(state.tokens.gather(1, state.positions(seen, width)), attn_len=state.attn_len)
+        draft.cache.set_lens(torch.minimum(seen + width, state.n - 1))
+        left -= width
+    tokens = state.tokens.gather(1, state.positions(draft.cache.lens.to(torch.int64), left))
     draft.verify(tokens, attn_len=state.attn_len)
     draft.cache.set_lens(state.n - 1)
 
@@ -132,6 +139,25 @@ def draft_chain(ctx: MethodContext, state: DecodeState, gamma: int, upto: torch.
             break
     q = None if state.params.greedy else torch.stack(qs, 1)
     return torch.stack(toks, 1), q, torch.stack(confs, 1)
+
+
+def chain_round(ctx: MethodContext, state: DecodeState, policy, timer, behind: int = 0,
+                width: int | None = None) -> RoundOutput:
+    """One round of the draft model's chain (`sd`'s, and `hybrid`'s draft rounds): the draft
+    reads what it missed (`behind` > 0: draft_resync), drafts policy.gamma tokens (a policy may
+    stop early or cut rows short), the target verifies and commits. The draft saw d1..d_{γ-1}:
+    its cache is valid up to start + min(n_acc, γ-1), never past the new n - 1."""
+    start = state.n.clone()
+    with timer.phase("draft"):
+        if behind > 0:
+            draft_resync(ctx.draft, state, behind, width)
+        drafts, q, conf = draft_chain(ctx, state, policy.gamma, policy=policy)
+        num_draft = policy.num_draft(conf)
+    gamma = drafts.shape[1]  # a policy may have ended the loop early
+    out, n_acc = verify_and_commit(ctx, state, drafts, q, num_draft, timer)
+    seen = start + torch.clamp(n_acc.to(torch.int64), max=gamma - 1)
+    return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1, draft_forwards=gamma,
+                       draft_lens=torch.minimum(seen, state.n - 1))
 
 
 def verify_and_commit(ctx: MethodContext, state: DecodeState, drafts, q, num_draft, timer):

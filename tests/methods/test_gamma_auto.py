@@ -161,10 +161,11 @@ def test_sd_that_falls_back_to_plain_rounds_is_lossless(tiny_pair, tokenizer, mo
         assert s["predicted_tokens_per_s"] > 0 and "prediction_error" in s
 
 
-@pytest.mark.parametrize("behind", [1, 5, 16])
-def test_draft_resync_gives_the_cache_of_a_draft_that_saw_every_token(tiny_pair, behind):
+@pytest.mark.parametrize("behind,width", [(1, None), (5, None), (16, None), (16, 5), (9, 4)])
+def test_draft_resync_gives_the_cache_of_a_draft_that_saw_every_token(tiny_pair, behind, width):
     """After `behind` plain rounds a row's draft is behind+1 or behind+2 tokens short of n-1;
-    one resync forward brings it to n-1 with the K/V a prefill of those tokens gives."""
+    one resync forward (or forwards of at most `width` tokens: hybrid's headroom) brings it to
+    n-1 with the K/V a prefill of those tokens gives."""
     from specengine.methods.sampling import SamplingParams
     from specengine.methods.state import DecodeState
     from specengine.methods.steps import draft_resync
@@ -178,7 +179,7 @@ def test_draft_resync_gives_the_cache_of_a_draft_that_saw_every_token(tiny_pair,
     draft.prefill(tokens[:, :29], torch.tensor([29, 29]))
     state = DecodeState(tokens, n + behind, torch.ones(2, dtype=torch.bool), SamplingParams(), torch.zeros(2),
                         torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), attn_len=64)
-    draft_resync(draft, state, behind)
+    draft_resync(draft, state, behind, width)
     assert draft.cache.lens.tolist() == (n + behind - 1).tolist()
     ref = ModelRunner(tiny_pair[2], cuda_graphs=False)
     for b in range(2):

@@ -2,6 +2,7 @@
 reference, on every instruction-set copy this CPU runs; its invariance checked bit for bit."""
 import pytest
 import torch
+from helpers.attention_cases import rand_case, random_tree
 
 from specengine.kernels import verify_attention
 from specengine.kernels.verify_attention import verify_attention_ref, verify_attention_rows
@@ -19,40 +20,18 @@ def isa(request):
     ext.set_isa(widest)
 
 
-def case(B, Q, Hq, Hkv, D, S, seed, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, Q, Hq, D, generator=g)
-    k, v = torch.randn(B, S, Hkv, D, generator=g), torch.randn(B, S, Hkv, D, generator=g)
-    lens = torch.randint(0, S - Q + 1, (B,), generator=g, dtype=torch.int32)
-    lens[0] = S - Q  # one row uses the whole buffer
-    return [t.to(dtype) for t in (q, k, v)] + [lens]
-
-
-def tree_mask(B, Q, seed):
-    """mask[b, i, j]: j is i or one of its ancestors (each node's parent an earlier node)."""
-    g = torch.Generator().manual_seed(seed)
-    mask = torch.zeros(B, Q, Q, dtype=torch.bool)
-    for b in range(B):
-        parent = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, Q)]
-        for i in range(Q):
-            j = i
-            while j >= 0:
-                mask[b, i, j], j = True, parent[j]
-    return mask
-
-
 @pytest.mark.parametrize("Q", [1, 3, 9])
 @pytest.mark.parametrize("Hq,Hkv,D", [(12, 2, 128), (7, 7, 17), (4, 1, 40)])  # odd head dims: the 16-lane tail
 @pytest.mark.parametrize("tree", [False, True])
 def test_matches_the_reference_fp32(isa, Q, Hq, Hkv, D, tree):
-    q, k, v, lens = case(3, Q, Hq, Hkv, D, 70, seed=Q * D)
-    tm = tree_mask(3, Q, seed=Q) if tree else None
+    q, k, v, lens = rand_case(3, Q, Hq, Hkv, D, 70, seed=Q * D)
+    tm = random_tree(3, Q, seed=Q) if tree else None
     torch.testing.assert_close(verify_attention_rows(q, k, v, lens, tm), verify_attention_ref(q, k, v, lens, tm),
                                rtol=0, atol=2e-6)
 
 
 def test_bf16_is_the_fp32_computation_rounded_once():
-    q, k, v, lens = case(2, 4, 8, 2, 64, 50, seed=1, dtype=torch.bfloat16)
+    q, k, v, lens = rand_case(2, 4, 8, 2, 64, 50, seed=1, dtype=torch.bfloat16)
     want = verify_attention_ref(q.float(), k.float(), v.float(), lens).bfloat16()
     got = verify_attention_rows(q, k, v, lens)
     assert got.dtype == torch.bfloat16
@@ -67,7 +46,7 @@ def test_cache_views_and_a_shared_tree_mask():
     k, v = buf[1, :, :60, 0], buf[1, :, :60, 1]
     q = torch.randn(2, 5, 6, 32, generator=g)
     lens = torch.tensor([40, 55], dtype=torch.int32)
-    tm = tree_mask(1, 5, seed=3)
+    tm = random_tree(1, 5, seed=3)
     torch.testing.assert_close(verify_attention_rows(q, k, v, lens, tm),
                                verify_attention_ref(q, k.contiguous(), v.contiguous(), lens, tm), rtol=0, atol=2e-6)
 
@@ -75,7 +54,7 @@ def test_cache_views_and_a_shared_tree_mask():
 def test_a_querys_bits_depend_neither_on_the_other_queries_nor_the_read_length(isa):
     """Decoding token j alone (lens = n + j, Q = 1) and verifying it at position j of a chain
     (lens = n, Q = W), over any prefix of the cache that holds it: the same bits."""
-    q, k, v, _ = case(2, 6, 12, 2, 128, 300, seed=4)
+    q, k, v, _ = rand_case(2, 6, 12, 2, 128, 300, seed=4)
     n = torch.tensor([100, 250], dtype=torch.int32)
     together = verify_attention_rows(q, k, v, n)
     for j in range(6):
@@ -85,7 +64,7 @@ def test_a_querys_bits_depend_neither_on_the_other_queries_nor_the_read_length(i
 
 
 def test_bad_inputs_are_named():
-    q, k, v, lens = case(1, 2, 4, 2, 16, 20, seed=5)
+    q, k, v, lens = rand_case(1, 2, 4, 2, 16, 20, seed=5)
     with pytest.raises(RuntimeError, match="one dtype"):
         verify_attention_rows(q.double(), k, v, lens)
     with pytest.raises(RuntimeError, match="does not fit k"):

@@ -3,6 +3,8 @@ import warnings
 
 import pytest
 import torch
+from helpers import attention_cases
+from helpers.attention_cases import random_tree
 from helpers.ops import DEVICE
 
 from specengine.kernels import verify_attention_ref
@@ -12,26 +14,7 @@ from specengine.kernels.verify_attention import verify_attention  # noqa: E402
 
 
 def rand_case(B, Q, Hq, Hkv, D, S, seed, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, Q, Hq, D, generator=g)
-    k, v = torch.randn(B, S, Hkv, D, generator=g), torch.randn(B, S, Hkv, D, generator=g)
-    lens = torch.randint(0, S - Q + 1, (B,), generator=g, dtype=torch.int32)
-    lens[0] = S - Q  # one row uses the whole buffer
-    return [t.to(DEVICE, dtype) for t in (q, k, v)] + [lens.to(DEVICE)]
-
-
-def random_tree(B, Q, seed):
-    """Each node's parent is an earlier node; mask[i, j] = j is i or an ancestor of i."""
-    g = torch.Generator().manual_seed(seed)
-    mask = torch.zeros(B, Q, Q, dtype=torch.bool)
-    for b in range(B):
-        parent = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, Q)]
-        for i in range(Q):
-            j = i
-            while j >= 0:
-                mask[b, i, j] = True
-                j = parent[j]
-    return mask
+    return attention_cases.rand_case(B, Q, Hq, Hkv, D, S, seed, dtype, DEVICE)
 
 
 @pytest.mark.parametrize("Q", [1, 3, 7, 17])

@@ -141,7 +141,7 @@ CALLS = {
     "pearl-parallel": (dict(method="pearl", policy="parallel", gamma=3, max_new_tokens=8), 74, 17),
     "ngram": (dict(method="ngram", gamma=4, max_new_tokens=24), 17, 9),  # counted 14, 7
     "ngram-tree": (dict(method="ngram", tree="2x3:5", max_new_tokens=24), 42, 12),  # counted 39, 10
-    # counted 78, 9: a draft round after n-gram rounds reads what the draft missed (~10 launches a forward)
+    # counted 76, 9: a draft round after n-gram rounds reads what the draft missed (~10 launches a forward)
     "hybrid": (dict(method="hybrid", gamma=4, max_new_tokens=48), 82, 12),
 }
 
