@@ -111,8 +111,7 @@ class Generation:
 
     # ------------------------------------------------------------------ set-up
     def _runners(self):
-        uses = self.method.uses_draft and self.engine.draft is not None
-        return [self.engine.target] + ([self.engine.draft] if uses else [])
+        return [self.engine.target] + ([self.engine.draft] if self.method.needs_draft else [])
 
     def _prefill(self, prompts) -> DecodeState:
         eng, B, S = self.engine, len(prompts), self.engine.max_seq_len

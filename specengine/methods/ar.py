@@ -12,7 +12,7 @@ from .steps import PlainStep
 
 class AutoRegressive(Method):
     name = "ar"
-    needs_draft = uses_draft = False
+    needs_draft = False
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)

@@ -25,7 +25,6 @@ from .token_tree import TreeShape
 class Method:
     name = ""
     needs_draft = True
-    uses_draft = True  # the draft model is prefilled (ar and ngram leave a loaded one out)
     takes_threshold = False
     takes_tree = False
 

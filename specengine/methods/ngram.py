@@ -43,7 +43,7 @@ def to_device(rows: list[list[int]], device) -> torch.Tensor:
 
 class NgramDecoding(Method):
     name = "ngram"
-    needs_draft = uses_draft = False  # a loaded draft model sits this method out
+    needs_draft = False  # a loaded draft model sits this method out
     takes_tree = True
 
     def __init__(self, gamma=None, policy=None, threshold=None, tree=None, defaults=None):
@@ -74,7 +74,7 @@ class NgramDecoding(Method):
         super().begin(ctx, generation)
         self.generation = generation
         self.index = [NgramIndex(p, *self.sizes) for p in generation.prompts]
-        self.hybrid = self.uses_draft and ctx.draft is not None
+        self.hybrid = self.needs_draft  # `hybrid`: the engine has a draft (checked before the call)
         self.gap = [1] * generation.state.batch  # after prefill the draft holds all but the last token
         if self.policy.needs_costs or (self.hybrid and self.draft_policy.needs_costs):
             costs = ctx.step_costs(generation.state, self.max_width, draft=self.hybrid)
@@ -173,5 +173,5 @@ class NgramDecoding(Method):
 class HybridDecoding(NgramDecoding):
     """`hybrid`: n-gram chains where every live row has a match, the draft model's chain elsewhere."""
     name = "hybrid"
-    needs_draft = uses_draft = True
+    needs_draft = True
     takes_tree = False
