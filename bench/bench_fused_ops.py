@@ -1,5 +1,5 @@
 """The fused step's ops: torch reference vs `torch.compile` of the reference vs our Triton
-kernel (provider axis), at the decode (1 token) and verify (8 tokens) shapes of the
+kernel vs our compiled CPU op (provider axis; "cpu" on CPU only), at the decode (1 token) and verify (8 tokens) shapes of the
 Qwen2.5 0.5B / 1.5B / 7B models, bf16. Bytes counted: what each op must read and write
 once (its memory roofline). `make bench-kernels` runs it with the other kernel benchmarks.
 """
@@ -7,13 +7,14 @@ import pytest
 import torch
 from conftest import device, timed
 
+from specengine.kernels import cpu_ext
 from specengine.kernels.add_rms_norm import add_rms_norm_ref
 from specengine.kernels.rope_kv_write import rope_kv_write_ref
 from specengine.kernels.silu_and_mul import silu_and_mul_ref
 
 # (hidden, intermediate, q heads, kv heads, head_dim) of the real shapes
 SHAPES = {"0.5B": (896, 4864, 14, 2, 64), "1.5B": (1536, 8960, 12, 2, 128), "7B": (3584, 18944, 28, 4, 128)}
-PROVIDERS = ["torch", "torch.compile", "triton"]
+PROVIDERS = ["torch", "torch.compile", "triton", "cpu"]
 CONTEXT = 4096
 
 
@@ -22,10 +23,14 @@ def pick(provider, ref, kernel_module, kernel_name):
         return ref
     if provider == "torch.compile":
         return torch.compile(ref, dynamic=False)
+    module = __import__(f"specengine.kernels.{kernel_module}", fromlist=[kernel_name])
+    if provider == "cpu":
+        if torch.cuda.is_available() or not cpu_ext.has(kernel_module):
+            pytest.skip("the compiled CPU op runs on CPU tensors, where the extension is built")
+        return getattr(module, f"{kernel_module}_cpu")
     pytest.importorskip("triton")
     if not torch.cuda.is_available():
         pytest.skip("triton timings need a GPU")
-    module = __import__(f"specengine.kernels.{kernel_module}", fromlist=[kernel_name])
     return getattr(module, kernel_name)
 
 

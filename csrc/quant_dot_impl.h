@@ -107,15 +107,12 @@ inline __m256i dot_u8s8(__m256i a, __m256i b) {
 // Q4_K / Q5_K: the 8 scales (bytes 0..7) and 8 mins (bytes 8..15) from the 12 packed bytes at q,
 // with 32-bit word operations (get_scale_min_k4 for all eight at once).
 inline __m128i scales_mins_k4_vec(const uint8_t* q) {
-  uint32_t u[4];
+  uint32_t u[3];
   std::memcpy(u, q, 12);
   constexpr uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
-  u[3] = ((u[2] >> 4) & low4) | (((u[1] >> 6) & low2) << 4);
-  const uint32_t mins_lo = u[1] & low6;
-  u[1] = (u[2] & low4) | (((u[0] >> 6) & low2) << 4);
-  u[2] = mins_lo;
-  u[0] &= low6;
-  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+  // built in registers: four 32-bit stores read back as one vector would stall store forwarding
+  return _mm_set_epi32(int(((u[2] >> 4) & low4) | (((u[1] >> 6) & low2) << 4)), int(u[1] & low6),
+                       int((u[2] & low4) | (((u[0] >> 6) & low2) << 4)), int(u[0] & low6));
 }
 
 // Eight int32 lanes -> one float, summed in a fixed order.

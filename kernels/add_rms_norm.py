@@ -6,12 +6,14 @@
 The order of roundings is transformers' (`LlamaRMSNorm`): the sum is stored in the model
 dtype, the statistics are fp32, the normalized row is cast to the dtype before the weight
 multiplies it. Without a residual (the first layer) it is RMSNorm alone and the residual
-out is x itself. `add_rms_norm_ref` below is the spec and the CPU path.
+out is x itself. `add_rms_norm_ref` below is the spec; `add_rms_norm_cpu` is the compiled CPU
+op (csrc/fused_ops_cpu.cpp) with the same roundings.
 """
 from __future__ import annotations
 
 import torch
 
+from . import cpu_ext
 from .jit import needs_triton, tl, triton
 
 
@@ -61,4 +63,15 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
         x2, r2, weight, y, s, N, eps, x2.stride(0), r2.stride(0), y.stride(0), s.stride(0),
         HAS_RES=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)),
     )
+    return y.view(x.shape), s.view(x.shape)
+
+
+def add_rms_norm_cpu(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """The compiled CPU op (csrc/fused_ops_cpu.cpp); the reference where its dtypes differ
+    (a weight of another dtype promotes the output, which the op does not)."""
+    if weight.dtype != x.dtype or (residual is not None and residual.dtype != x.dtype):
+        return add_rms_norm_ref(x, residual, weight, eps)
+    N = x.shape[-1]
+    r2 = None if residual is None else residual.reshape(-1, N).contiguous()
+    y, s = cpu_ext.EXT.add_rms_norm(x.reshape(-1, N).contiguous(), r2, weight.contiguous(), eps)
     return y.view(x.shape), s.view(x.shape)

@@ -1,10 +1,12 @@
 """The ops table: which implementation every op takes in one engine, decided by one switch.
 
-`kernels` (an `EngineConfig` field) is "auto" | "torch" | "triton", optionally with per-op
-overrides: "triton,attention=torch", or a mapping {"default": ..., "attention": ...}. auto
-takes the Triton kernel on CUDA (where Triton is installed) and the torch reference
-elsewhere; on CPU tensors a kernel runs only under Triton's interpreter (TRITON_INTERPRET=1,
-set before import), which is how the tests compare both paths without a GPU.
+`kernels` (an `EngineConfig` field) is "auto" | "torch" | "triton" | "cpu", optionally with
+per-op overrides: "triton,attention=torch", or a mapping {"default": ..., "attention": ...}.
+auto takes the Triton kernel on CUDA (where Triton is installed); on CPU, the compiled CPU op
+where the extension has one (the fused step's add_rms_norm, rope_kv_write, silu_and_mul:
+csrc/fused_ops_cpu.cpp), else the torch reference. On CPU tensors a Triton kernel runs only
+under Triton's interpreter (TRITON_INTERPRET=1, set before import), which is how the tests
+compare both paths without a GPU.
 
 `resolve` turns the switch into an `Ops` once per runner (its device); the runner hands it
 to every forward of its model (the fused-step ops and the attention) and the Engine hands
@@ -22,12 +24,13 @@ from typing import Callable, Mapping
 import torch
 
 from ..errors import SpecEngineError
-from . import add_rms_norm, commit_tokens, draft_sampling, rejection_sampling, rope_kv_write, silu_and_mul, \
+from . import add_rms_norm, commit_tokens, cpu_ext, draft_sampling, rejection_sampling, rope_kv_write, silu_and_mul, \
     verify_attention
 from .jit import HAVE_TRITON
 
-CHOICES = ("auto", "torch", "triton")
+CHOICES = ("auto", "torch", "triton", "cpu")
 # op -> (its module, the torch reference's name, the kernel launcher's name)
+CPU_OPS = ("add_rms_norm", "rope_kv_write", "silu_and_mul")  # compiled: `<op>_cpu` in its file
 OPS = {
     "attention": (verify_attention, "verify_attention_ref", "verify_attention"),
     "add_rms_norm": (add_rms_norm, "add_rms_norm_ref", "add_rms_norm"),
@@ -57,7 +60,7 @@ class Ops:
     rejection_sample: Callable
     draft_sample: Callable
     commit_tokens: Callable
-    names: Mapping[str, str]  # op -> "torch" | "triton" (attention: "torch-tiled" | "triton-fixed" when invariant)
+    names: Mapping[str, str]  # op -> "torch" | "triton" | "cpu" (attention: "torch-tiled" | ... when invariant)
 
     def kernel(self, op: str) -> bool:
         """Whether `op` takes the Triton kernel."""
@@ -102,22 +105,37 @@ def parse(spec) -> dict[str, str]:
     return out
 
 
+def cpu_available(op: str) -> bool:
+    """Whether op has a compiled CPU version in this build."""
+    return op in CPU_OPS and cpu_ext.has(op)
+
+
 def resolve(spec, device: torch.device | str = "cpu") -> Ops:
     """The table for `kernels` = spec on `device` (a kernel asked for where it cannot run is
-    refused here, naming why, never at the first forward)."""
+    refused here, naming why, never at the first forward). "cpu" for an op without a compiled
+    version is its torch reference, as "triton" is for ops without a kernel."""
     device = torch.device(device)
     names = {}
     for op, choice in parse(spec).items():
         if choice == "auto":
-            choice = "triton" if device.type == "cuda" and HAVE_TRITON else "torch"
+            choice = ("triton" if HAVE_TRITON else "torch") if device.type == "cuda" else \
+                ("cpu" if cpu_available(op) else "torch")
         elif choice == "triton":
             if not HAVE_TRITON:
                 raise KernelChoiceError(f"kernels: {op}='triton' needs Triton: pip install 'specengine[triton]'")
             if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
                 raise KernelChoiceError(f"kernels: {op}='triton' needs a CUDA device (or TRITON_INTERPRET=1, set "
                                         f"before import, to run kernels on CPU tensors)")
+        elif choice == "cpu":
+            if device.type != "cpu":
+                raise KernelChoiceError(f"kernels: {op}='cpu' runs on CPU tensors, and this engine is on {device}")
+            if cpu_ext.EXT is None:
+                raise KernelChoiceError(f"kernels: {op}='cpu' needs the compiled extension, which this install "
+                                        "lacks (reinstall with a C++ compiler: make install)")
+            choice = choice if cpu_available(op) else "torch"
         names[op] = choice
-    fns = {op: getattr(module, kernel if names[op] == "triton" else ref) for op, (module, ref, kernel) in OPS.items()}
+    fns = {op: getattr(module, kernel if names[op] == "triton" else f"{op}_cpu" if names[op] == "cpu" else ref)
+           for op, (module, ref, kernel) in OPS.items()}
     return Ops(**fns, names=names)
 
 

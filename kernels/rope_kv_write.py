@@ -6,8 +6,9 @@ row b. cos/sin are the step's fp32 rows [B, T, D], gathered once per step at eac
 RoPE position (tree nodes: their depth). Write positions come clamped from
 `KVCache.write_positions`, which also keeps the high-water mark (once per step, not per
 layer). One launch per layer; a program per (token, head), the Hq query heads then the
-Hkv KV heads. Rotation is fp32 with one rounding. `rope_kv_write_ref` below is the spec and
-the CPU path (transformers' roundings: cos/sin in the model dtype).
+Hkv KV heads. Rotation is fp32 with one rounding. `rope_kv_write_ref` below is the spec
+(transformers' roundings: cos/sin in the model dtype); `rope_kv_write_cpu`, the compiled CPU
+op (csrc/fused_ops_cpu.cpp), keeps those roundings.
 
 Contract: rope_kv_write(qkv[B,T,(Hq+2Hkv)*D], cos[B,T,D], sin[B,T,D], wpos[B,T] int64 (clamped),
 k_cache[B,S,Hkv,D], v_cache, Hq, Hkv) -> q[B,T,Hq,D] rotated; k rotated and v stored in place.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from . import cpu_ext
 from .jit import needs_triton, tl, triton
 
 
@@ -110,3 +112,13 @@ def rope_kv_write(qkv, cos, sin, wpos, k_cache, v_cache, num_heads: int, num_kv_
         BLOCK_H=triton.next_power_of_2(D // 2), num_warps=1,
     )
     return q
+
+
+def rope_kv_write_cpu(qkv, cos, sin, wpos, k_cache, v_cache, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+    """The contract above, compiled for CPU (csrc/fused_ops_cpu.cpp): cos/sin are cast to
+    qkv's dtype (no-ops when the step already did, as StepRope does for every non-Triton op)."""
+    B, T, width = qkv.shape
+    x = qkv if qkv.stride(-1) == 1 and qkv.stride(0) == T * qkv.stride(1) else qkv.contiguous()
+    cos, sin = cos.to(qkv.dtype).contiguous(), sin.to(qkv.dtype).contiguous()
+    return cpu_ext.EXT.rope_kv_write(x, cos, sin, wpos.to(torch.int64).contiguous(), k_cache, v_cache,
+                                     num_heads, num_kv_heads)

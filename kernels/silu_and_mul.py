@@ -3,13 +3,15 @@ two halves of the last dim. One launch; a program per (row, column tile).
 
 Roundings follow transformers' MLP (`act_fn(gate) * up` in the model dtype): silu is
 computed in fp32 and rounded to the dtype, then multiplied by u and rounded again.
-`silu_and_mul_ref` below is the spec and the CPU path.
+`silu_and_mul_ref` below is the spec; `silu_and_mul_cpu` is the compiled CPU op
+(csrc/fused_ops_cpu.cpp) with the same roundings.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from . import cpu_ext
 from .jit import needs_triton, tl, triton
 
 
@@ -47,3 +49,12 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     _silu_and_mul_kernel[(x.shape[0], triton.cdiv(I, block))](x, out, I, x.stride(0), out.stride(0), BLOCK=block,
                                                              num_warps=4)
     return out.view(*gate_up.shape[:-1], I)
+
+
+def silu_and_mul_cpu(gate_up: torch.Tensor) -> torch.Tensor:
+    """The compiled CPU op (csrc/fused_ops_cpu.cpp): [..., 2I] -> [..., I]."""
+    two_i = gate_up.shape[-1]
+    if two_i % 2:
+        raise ValueError(f"silu_and_mul wants an even last dim (gate | up), got {two_i}")
+    out = cpu_ext.EXT.silu_and_mul(gate_up.reshape(-1, two_i).contiguous())
+    return out.view(*gate_up.shape[:-1], two_i // 2)

@@ -23,6 +23,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from . import cpu_ext
 from .jit import needs_triton, tl, triton
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -102,15 +103,7 @@ def verify_attention_tiled(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_s
     return out.reshape(B, Hkv, Q, G, D).permute(0, 2, 1, 3, 4).reshape(B, Q, Hq, D).to(q.dtype)
 
 
-def _extension():
-    try:
-        from .. import _quantext
-    except ImportError:  # not built: the torch references only
-        return None
-    return _quantext if hasattr(_quantext, "row_attention") else None
-
-
-_EXT = _extension()
+_EXT = cpu_ext.EXT if cpu_ext.has("row_attention") else None
 
 
 def verify_attention_rows(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None):

@@ -16,6 +16,7 @@ from . import precision
 from .models.cpu_matmul import optimize, unpack
 from .models.loading import load_tokenizer, resolve
 from .models.tokenizer_check import check_tokenizers
+from .models.vocab import pad_vocab
 from .pair import load_pair
 from .runtime.cross_device import CrossDeviceDraft
 from .runtime.runner import ModelRunner
@@ -47,10 +48,8 @@ class Engine:
         cfg = self.config = (config or EngineConfig()).replace(**options)
         if draft is target:
             raise SpecEngineError("draft and target must be separate model objects (each owns its KV cache)")
-        if draft is not None and draft.config.vocab_size != target.config.vocab_size:
-            raise SpecEngineError(
-                f"draft/target vocab mismatch: draft has {draft.config.vocab_size} tokens, "
-                f"target {target.config.vocab_size}; they must share one tokenizer")
+        if draft is not None:  # a draft over a prefix of a padded target vocabulary is padded to it, in place
+            pad_vocab(draft, target.config.vocab_size)
         window = target.config.sliding_window
         if window is not None and window < cfg.max_seq_len:
             raise SpecEngineError(

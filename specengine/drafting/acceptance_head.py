@@ -71,10 +71,11 @@ class AcceptanceHead(nn.Module):
     def check_fits(self, draft_config) -> None:
         """A clear error when this head was trained for another draft."""
         m = self.meta
-        if m.hidden_size != draft_config.hidden_size or m.vocab_size != draft_config.vocab_size:
+        vocab = draft_config.own_vocab_size  # a draft padded to a target's vocabulary keeps its heads
+        if m.hidden_size != draft_config.hidden_size or m.vocab_size != vocab:
             raise SpecEngineError(
                 f"acceptance head does not fit the draft: head hidden/vocab {m.hidden_size}/{m.vocab_size}, "
-                f"draft {draft_config.hidden_size}/{draft_config.vocab_size}; train one with `specengine train-head`")
+                f"draft {draft_config.hidden_size}/{vocab}; train one with `specengine train-head`")
         fp = model_fingerprint(draft_config)
         if m.fingerprint != fp:
             raise SpecEngineError(

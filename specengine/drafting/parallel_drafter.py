@@ -142,7 +142,7 @@ class ParallelDrafter(nn.Module):
 def fits(meta: DrafterMeta, config) -> None:
     """Refuse a drafter trained for another draft (before it wraps any layer)."""
     m = meta
-    if (m.hidden_size, m.vocab_size) != (config.hidden_size, config.vocab_size) or \
+    if (m.hidden_size, m.vocab_size) != (config.hidden_size, config.own_vocab_size) or \
             m.fingerprint != model_fingerprint(config):
         raise SpecEngineError(
             f"parallel drafter was trained for another draft ({m.draft or 'unnamed'}, fingerprint {m.fingerprint}); "

@@ -23,6 +23,14 @@ class ModelConfig:
     max_position_embeddings: int
     sliding_window: int | None
     hf_config: object = field(repr=False, default=None)  # kept for RoPE scaling helpers
+    # set when the vocabulary was padded to a target's (models/vocab.py): the ids the model was
+    # trained on, the only ones it may emit
+    trained_vocab_size: int | None = None
+
+    @property
+    def own_vocab_size(self) -> int:
+        """The vocabulary the checkpoint has (before any padding)."""
+        return self.trained_vocab_size or self.vocab_size
 
     @classmethod
     def from_hf(cls, cfg) -> "ModelConfig":

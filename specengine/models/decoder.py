@@ -169,6 +169,9 @@ class Transformer(nn.Module):
             x, residual = x.gather(1, at), residual.gather(1, at)
         h, _ = self.norm.add_forward(x, residual, ops)
         logits = self.lm_head(h).float()
+        own = self.config.trained_vocab_size
+        if own is not None:  # a draft padded to its target's vocabulary (models/vocab.py): q = 0 there
+            logits[..., own:] = float("-inf")
         return (logits, h) if return_hidden else logits
 
 

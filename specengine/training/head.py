@@ -299,7 +299,7 @@ def train_head(engine, out_path, recipe: HeadRecipe | None = None, work_dir=None
     report.train_positions, report.val_positions = len(x), len(xv)
     torch.manual_seed(recipe.seed)
     cfg = engine.draft.model.config
-    meta = HeadMeta(cfg.hidden_size, cfg.vocab_size, model_fingerprint(cfg), recipe.mode, recipe.n_blocks,
+    meta = HeadMeta(cfg.hidden_size, cfg.own_vocab_size, model_fingerprint(cfg), recipe.mode, recipe.n_blocks,
                     draft_name)
     head = AcceptanceHead(meta)
     t0 = time.perf_counter()

@@ -235,7 +235,7 @@ def train_parallel(engine, out_path, recipe: ParallelRecipe | None = None, work_
     unpack(model)  # autograd needs plain weights (packed oneDNN weights have no backward)
     cfg = model.config
     torch.manual_seed(recipe.seed)
-    meta = DrafterMeta(cfg.hidden_size, cfg.vocab_size, model_fingerprint(cfg), recipe.k_max, recipe.rank,
+    meta = DrafterMeta(cfg.hidden_size, cfg.own_vocab_size, model_fingerprint(cfg), recipe.k_max, recipe.rank,
                        draft_name)
     drafter = ParallelDrafter(model, meta).to(engine.draft.device)
     for p in model.parameters():
