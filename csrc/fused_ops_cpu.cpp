@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <tuple>
+#include <vector>
 
 namespace {
 
@@ -93,9 +94,11 @@ torch::Tensor silu_and_mul_cpu(const torch::Tensor& gu) {
 // Rotate q and k of qkv [B, T, (Hq + 2 Hkv) D] (rotate-half; cos / sin [B, T, D] in qkv's dtype), store k
 // and v at k_cache / v_cache [B, S, Hkv, D] position wpos[b, t] (int64, clamped by the caller); returns
 // the rotated q [B, T, Hq, D]. The reference's roundings: x*cos and rotated*sin each rounded, then their sum.
+// q_w / k_w [D] (Qwen3's q/k norm): each q / k head RMS-normed first, rounded as add_rms_norm rounds.
 torch::Tensor rope_kv_write_cpu(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
-                                const torch::Tensor& wpos, torch::Tensor k_cache, torch::Tensor v_cache,
-                                int64_t Hq, int64_t Hkv) {
+                                const torch::Tensor& wpos, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                                int64_t Hq, int64_t Hkv, const c10::optional<torch::Tensor>& q_w,
+                                const c10::optional<torch::Tensor>& k_w, double eps) {
   check_cpu(qkv, "qkv");
   TORCH_CHECK(qkv.dim() == 3 && qkv.stride(2) == 1 && qkv.stride(0) == qkv.size(1) * qkv.stride(1),
               "qkv must be [B, T, width] with contiguous rows");
@@ -114,6 +117,12 @@ torch::Tensor rope_kv_write_cpu(const torch::Tensor& qkv, const torch::Tensor& c
                   v_cache.sizes() == k_cache.sizes() && v_cache.strides() == k_cache.strides() &&
                   v_cache.scalar_type() == k_cache.scalar_type(),
               "k_cache and v_cache must share one [B, S, Hkv, head_dim] layout in qkv's dtype");
+  const bool norm = q_w.has_value();
+  TORCH_CHECK(norm == k_w.has_value(), "give both q and k norm weights, or neither");
+  if (norm)
+    for (const auto* w : {&*q_w, &*k_w})
+      TORCH_CHECK(w->dim() == 1 && w->size(0) == D && w->scalar_type() == qkv.scalar_type() && w->is_contiguous(),
+                  "q / k norm weights must be contiguous [head_dim] tensors of qkv's dtype");
   const int64_t S = k_cache.size(1);
   auto q = torch::empty({B, T, Hq, D}, qkv.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_kv_write_cpu", [&] {
@@ -125,9 +134,19 @@ torch::Tensor rope_kv_write_cpu(const torch::Tensor& qkv, const torch::Tensor& c
     scalar_t* kp = k_cache.data_ptr<scalar_t>();
     scalar_t* vp = v_cache.data_ptr<scalar_t>();
     const int64_t ks0 = k_cache.stride(0), ks1 = k_cache.stride(1), ks2 = k_cache.stride(2);
-    auto rotate = [&](const scalar_t* src, const scalar_t* c, const scalar_t* s, scalar_t* dst) {
+    const scalar_t* qn = norm ? q_w->data_ptr<scalar_t>() : nullptr;
+    const scalar_t* kn = norm ? k_w->data_ptr<scalar_t>() : nullptr;
+    // the head as floats, RMS-normed when w is given (each rounding where the reference rounds)
+    auto load = [&](const scalar_t* src, const scalar_t* w, float* out) {
+      float sq = 0.f;
+      for (int64_t j = 0; j < D; ++j) out[j] = float(src[j]), sq += out[j] * out[j];
+      if (!w) return;
+      const float inv = 1.f / std::sqrt(sq / float(D) + float(eps));
+      for (int64_t j = 0; j < D; ++j) out[j] = float(rnd<scalar_t>(float(w[j]) * float(rnd<scalar_t>(out[j] * inv))));
+    };
+    auto rotate = [&](const float* src, const scalar_t* c, const scalar_t* s, scalar_t* dst) {
       for (int64_t j = 0; j < half; ++j) {
-        const float x1 = float(src[j]), x2 = float(src[half + j]);
+        const float x1 = src[j], x2 = src[half + j];
         dst[j] = rnd<scalar_t>(float(rnd<scalar_t>(x1 * float(c[j]))) + float(rnd<scalar_t>(-x2 * float(s[j]))));
         dst[half + j] = rnd<scalar_t>(float(rnd<scalar_t>(x2 * float(c[half + j]))) +
                                       float(rnd<scalar_t>(x1 * float(s[half + j]))));
@@ -136,15 +155,20 @@ torch::Tensor rope_kv_write_cpu(const torch::Tensor& qkv, const torch::Tensor& c
     // a thread per batch row, its tokens in order: a clamped slot keeps the row's last token, as the
     // reference's index_put does
     at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+      std::vector<float> head(D);
       for (int64_t tok = b0 * T; tok < b1 * T; ++tok) {
         const int64_t b = tok / T, pos = pp[tok];
         TORCH_CHECK(pos >= 0 && pos < S, "write position ", pos, " is outside the cache (", S, " slots)");
         const scalar_t* row = x + tok * qkv.stride(1);
         const scalar_t *c = cp + tok * D, *s = sp + tok * D;
-        for (int64_t h = 0; h < Hq; ++h) rotate(row + h * D, c, s, qp + (tok * Hq + h) * D);
+        for (int64_t h = 0; h < Hq; ++h) {
+          load(row + h * D, qn, head.data());
+          rotate(head.data(), c, s, qp + (tok * Hq + h) * D);
+        }
         for (int64_t h = 0; h < Hkv; ++h) {
           const int64_t at = b * ks0 + pos * ks1 + h * ks2;
-          rotate(row + (Hq + h) * D, c, s, kp + at);
+          load(row + (Hq + h) * D, kn, head.data());
+          rotate(head.data(), c, s, kp + at);
           const scalar_t* v = row + (Hq + Hkv + h) * D;
           for (int64_t j = 0; j < D; ++j) vp[at + j] = v[j];
         }
@@ -154,8 +178,18 @@ torch::Tensor rope_kv_write_cpu(const torch::Tensor& qkv, const torch::Tensor& c
   return q;
 }
 
-void register_fused_ops(pybind11::module& m) {
-  m.def("add_rms_norm", &add_rms_norm_cpu, "(weight * rmsnorm(x + residual), x + residual) over rows [R, N]");
-  m.def("silu_and_mul", &silu_and_mul_cpu, "silu(gate) * up for [R, 2I] = [gate | up] -> [R, I]");
-  m.def("rope_kv_write", &rope_kv_write_cpu, "rotate q, k of qkv [B, T, (Hq+2Hkv)D]; store k, v at wpos; -> q");
+// Registered with torch's dispatcher (torch.ops.specengine.*), not only as Python functions: tracing
+// (make_fx, torch.compile; kernels/cpu_ext.py gives their shapes) records them like any aten op. The
+// dispatcher costs ~2 us a call, a fraction of what the eager torch ops they replace cost.
+TORCH_LIBRARY_FRAGMENT(specengine, m) {
+  m.def("add_rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("silu_and_mul(Tensor gate_up) -> Tensor");
+  m.def("rope_kv_write(Tensor qkv, Tensor cos, Tensor sin, Tensor wpos, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+        "int num_heads, int num_kv_heads, Tensor? q_norm, Tensor? k_norm, float eps) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specengine, CPU, m) {
+  m.impl("add_rms_norm", &add_rms_norm_cpu);
+  m.impl("silu_and_mul", &silu_and_mul_cpu);
+  m.impl("rope_kv_write", &rope_kv_write_cpu);
 }

@@ -261,10 +261,7 @@ torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k, cons
   return out;
 }
 
-void register_fused_ops(pybind11::module& m);  // fused_ops_cpu.cpp
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  register_fused_ops(m);
   m.def("quant_matmul", &quant_matmul, "x [M, K] fp32 (quantized per block to int8) @ dequantize(w [N, row_bytes] GGUF blocks).T -> [M, N]");
   m.def("dequantize", &dequantize, "w [N, row_bytes] GGUF blocks -> fp32 [N, cols]");
   m.def("dense_matmul", &dense_matmul, "x [M, K] fp32 @ w [N, K] (bf16 or fp32).T -> [M, N] fp32, few rows");

@@ -16,6 +16,8 @@ import torch
 from . import cpu_ext
 from .jit import needs_triton, tl, triton
 
+_CPU_OP = cpu_ext.op("add_rms_norm")  # the compiled CPU op (csrc/fused_ops_cpu.cpp), or None
+
 
 def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
     """(weight * rmsnorm(s), s) with s = x + residual (or x): transformers' roundings (the sum
@@ -73,5 +75,5 @@ def add_rms_norm_cpu(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
         return add_rms_norm_ref(x, residual, weight, eps)
     N = x.shape[-1]
     r2 = None if residual is None else residual.reshape(-1, N).contiguous()
-    y, s = cpu_ext.EXT.add_rms_norm(x.reshape(-1, N).contiguous(), r2, weight.contiguous(), eps)
+    y, s = _CPU_OP(x.reshape(-1, N).contiguous(), r2, weight.contiguous(), eps)
     return y.view(x.shape), s.view(x.shape)

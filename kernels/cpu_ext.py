@@ -1,7 +1,12 @@
 """The compiled CPU kernels (`specengine._quantext`, built from csrc/ at install), loaded once
-for every op file here: `EXT` is the module, or None where it was not built (then every op
-has its torch reference, and the ops table never offers a "cpu" choice)."""
+for every op file here. `EXT` is the module (its Python functions: the quantized matmul, the
+row attention), or None where it was not built; then every op has its torch reference and the
+ops table never offers a "cpu" choice. Loading it also registers the fused step's CPU ops
+with torch's dispatcher (`torch.ops.specengine.*`, csrc/fused_ops_cpu.cpp); their shapes for
+tracing (torch.compile's fake tensors) are given below."""
 from __future__ import annotations
+
+import torch
 
 
 def _load():
@@ -16,5 +21,30 @@ EXT = _load()
 
 
 def has(name: str) -> bool:
-    """Whether the built extension has `name` (an older build may lack newer ops)."""
+    """Whether the built module has the Python function `name` (an older build may lack newer ones)."""
     return EXT is not None and hasattr(EXT, name)
+
+
+def op(name: str):
+    """The dispatcher op `specengine::name` this build registered, or None."""
+    if EXT is None:
+        return None
+    try:
+        return getattr(torch.ops.specengine, name).default
+    except (AttributeError, RuntimeError):
+        return None
+
+
+if op("add_rms_norm") is not None:
+    @torch.library.register_fake("specengine::add_rms_norm")
+    def _(x, residual, weight, eps):
+        return torch.empty_like(x), torch.empty_like(x)
+
+    @torch.library.register_fake("specengine::silu_and_mul")
+    def _(gate_up):
+        return gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
+
+    @torch.library.register_fake("specengine::rope_kv_write")
+    def _(qkv, cos, sin, wpos, k_cache, v_cache, num_heads, num_kv_heads, q_norm, k_norm, eps):
+        B, T, width = qkv.shape
+        return qkv.new_empty(B, T, num_heads, width // (num_heads + 2 * num_kv_heads))

@@ -107,7 +107,7 @@ def parse(spec) -> dict[str, str]:
 
 def cpu_available(op: str) -> bool:
     """Whether op has a compiled CPU version in this build."""
-    return op in CPU_OPS and cpu_ext.has(op)
+    return op in CPU_OPS and cpu_ext.op(op) is not None
 
 
 def resolve(spec, device: torch.device | str = "cpu") -> Ops:

@@ -11,14 +11,19 @@ Hkv KV heads. Rotation is fp32 with one rounding. `rope_kv_write_ref` below is t
 op (csrc/fused_ops_cpu.cpp), keeps those roundings.
 
 Contract: rope_kv_write(qkv[B,T,(Hq+2Hkv)*D], cos[B,T,D], sin[B,T,D], wpos[B,T] int64 (clamped),
-k_cache[B,S,Hkv,D], v_cache, Hq, Hkv) -> q[B,T,Hq,D] rotated; k rotated and v stored in place.
+k_cache[B,S,Hkv,D], v_cache, Hq, Hkv, qk_norm=None) -> q[B,T,Hq,D] rotated; k rotated and v
+stored in place. qk_norm = (q weight [D], k weight [D], eps): each q and k head is RMS-normed
+first (Qwen3, Gemma 3; transformers' roundings, as add_rms_norm's), in the same launch.
 """
 from __future__ import annotations
 
 import torch
 
 from . import cpu_ext
+from .add_rms_norm import add_rms_norm_ref
 from .jit import needs_triton, tl, triton
+
+_CPU_OP = cpu_ext.op("rope_kv_write")  # the compiled CPU op (csrc/fused_ops_cpu.cpp), or None
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -29,19 +34,24 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-def rotate_qkv(qkv, cos, sin, num_heads: int, num_kv_heads: int):
-    """(q, k rotated, v) of qkv [B,T,(Hq+2Hkv)*D] as [B,T,H,D] (cos/sin cast to qkv's dtype)."""
+def rotate_qkv(qkv, cos, sin, num_heads: int, num_kv_heads: int, qk_norm=None):
+    """(q, k rotated, v) of qkv [B,T,(Hq+2Hkv)*D] as [B,T,H,D] (cos/sin cast to qkv's dtype);
+    qk_norm (q weight, k weight, eps): q and k heads RMS-normed before the rotation."""
     B, T, width = qkv.shape
     D = width // (num_heads + 2 * num_kv_heads)
     q, k, v = qkv.split([num_heads * D, num_kv_heads * D, num_kv_heads * D], dim=-1)
+    q, k = q.view(B, T, num_heads, D), k.view(B, T, num_kv_heads, D)
+    if qk_norm is not None:
+        wq, wk, eps = qk_norm
+        q, k = add_rms_norm_ref(q, None, wq, eps)[0], add_rms_norm_ref(k, None, wk, eps)[0]
     cos, sin = cos.to(qkv.dtype), sin.to(qkv.dtype)  # no-ops when the caller cast them once per step
-    return (apply_rope(q.view(B, T, num_heads, D), cos, sin), apply_rope(k.view(B, T, num_kv_heads, D), cos, sin),
-            v.view(B, T, num_kv_heads, D))
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.view(B, T, num_kv_heads, D)
 
 
-def rope_kv_write_ref(qkv, cos, sin, wpos, k_cache, v_cache, num_heads: int, num_kv_heads: int) -> torch.Tensor:
-    """The contract above in torch: rotate q and k, store k and v at wpos of each row."""
-    q, k, v = rotate_qkv(qkv, cos, sin, num_heads, num_kv_heads)
+def rope_kv_write_ref(qkv, cos, sin, wpos, k_cache, v_cache, num_heads: int, num_kv_heads: int,
+                      qk_norm=None) -> torch.Tensor:
+    """The contract above in torch: (norm and) rotate q and k, store k and v at wpos of each row."""
+    q, k, v = rotate_qkv(qkv, cos, sin, num_heads, num_kv_heads, qk_norm)
     rows = torch.arange(wpos.shape[0], device=wpos.device)[:, None].expand_as(wpos)
     k_cache.index_put_((rows, wpos), k)
     v_cache.index_put_((rows, wpos), v)
@@ -49,12 +59,23 @@ def rope_kv_write_ref(qkv, cos, sin, wpos, k_cache, v_cache, num_heads: int, num
 
 
 @triton.jit
-def _rotate(x_ptr, c_ptr, s_ptr, HALF, BLOCK_H: tl.constexpr):
-    """(first half, second half) of the rotated head at x_ptr, fp32."""
+def _rotate(x_ptr, c_ptr, s_ptr, w_ptr, eps, HALF, BLOCK_H: tl.constexpr, NORM: tl.constexpr):
+    """(first half, second half) of the rotated head at x_ptr, fp32; NORM: the head RMS-normed
+    with weight w_ptr first (fp32 statistics, the normed row and its product with the weight
+    rounded to the model dtype, as add_rms_norm)."""
     j = tl.arange(0, BLOCK_H)
     ok = j < HALF
-    x1 = tl.load(x_ptr + j, mask=ok, other=0.0).to(tl.float32)
-    x2 = tl.load(x_ptr + HALF + j, mask=ok, other=0.0).to(tl.float32)
+    x1 = tl.load(x_ptr + j, mask=ok, other=0.0)
+    x2 = tl.load(x_ptr + HALF + j, mask=ok, other=0.0)
+    if NORM:
+        f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+        inv = 1.0 / tl.sqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / (2 * HALF) + eps)
+        w1 = tl.load(w_ptr + j, mask=ok, other=0.0).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + j, mask=ok, other=0.0).to(tl.float32)
+        x1 = (w1 * (f1 * inv).to(x1.dtype).to(tl.float32)).to(x1.dtype)
+        x2 = (w2 * (f2 * inv).to(x2.dtype).to(tl.float32)).to(x2.dtype)
+    x1 = x1.to(tl.float32)
+    x2 = x2.to(tl.float32)
     c1 = tl.load(c_ptr + j, mask=ok, other=0.0)
     c2 = tl.load(c_ptr + HALF + j, mask=ok, other=0.0)
     s1 = tl.load(s_ptr + j, mask=ok, other=0.0)
@@ -63,9 +84,9 @@ def _rotate(x_ptr, c_ptr, s_ptr, HALF, BLOCK_H: tl.constexpr):
 
 
 @triton.jit
-def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, wpos_ptr, q_ptr, k_ptr, v_ptr,
+def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, wpos_ptr, q_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, eps,
                           T, HQ, HKV, HALF, s_qkv, s_rope, s_qb, s_qt, s_qh, s_kb, s_ks, s_kh,
-                          BLOCK_H: tl.constexpr):
+                          BLOCK_H: tl.constexpr, NORM: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)  # b * T + t
     h = tl.program_id(1)
     b = tok // T
@@ -74,14 +95,14 @@ def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, wpos_ptr, q_ptr, k_ptr, v_p
     row = qkv_ptr + tok * s_qkv
     c_ptr, s_ptr = cos_ptr + tok * s_rope, sin_ptr + tok * s_rope
     if h < HQ:
-        o1, o2, j, ok = _rotate(row + h * D, c_ptr, s_ptr, HALF, BLOCK_H)
+        o1, o2, j, ok = _rotate(row + h * D, c_ptr, s_ptr, qn_ptr, eps, HALF, BLOCK_H, NORM)
         dst = q_ptr + b * s_qb + t * s_qt + h * s_qh
         tl.store(dst + j, o1.to(q_ptr.dtype.element_ty), mask=ok)
         tl.store(dst + HALF + j, o2.to(q_ptr.dtype.element_ty), mask=ok)
     else:
         kh = h - HQ
         pos = tl.load(wpos_ptr + tok)
-        o1, o2, j, ok = _rotate(row + (HQ + kh) * D, c_ptr, s_ptr, HALF, BLOCK_H)
+        o1, o2, j, ok = _rotate(row + (HQ + kh) * D, c_ptr, s_ptr, kn_ptr, eps, HALF, BLOCK_H, NORM)
         at = b * s_kb + pos * s_ks + kh * s_kh
         tl.store(k_ptr + at + j, o1.to(k_ptr.dtype.element_ty), mask=ok)
         tl.store(k_ptr + at + HALF + j, o2.to(k_ptr.dtype.element_ty), mask=ok)
@@ -93,9 +114,11 @@ def _rope_kv_write_kernel(qkv_ptr, cos_ptr, sin_ptr, wpos_ptr, q_ptr, k_ptr, v_p
 
 
 @needs_triton
-def rope_kv_write(qkv, cos, sin, wpos, k_cache, v_cache, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+def rope_kv_write(qkv, cos, sin, wpos, k_cache, v_cache, num_heads: int, num_kv_heads: int,
+                  qk_norm=None) -> torch.Tensor:
     """qkv [B,T,(Hq+2Hkv)*D]; cos/sin [B,T,D] fp32; wpos [B,T] int64 (clamped); k_cache /
-    v_cache [B,S,Hkv,D] (one layer, written in place). Returns the rotated q [B,T,Hq,D]."""
+    v_cache [B,S,Hkv,D] (one layer, written in place); qk_norm (q weight [D], k weight [D], eps)
+    or None. Returns the rotated q [B,T,Hq,D]."""
     B, T, width = qkv.shape
     D = width // (num_heads + 2 * num_kv_heads)
     if D * (num_heads + 2 * num_kv_heads) != width or D % 2:
@@ -106,19 +129,24 @@ def rope_kv_write(qkv, cos, sin, wpos, k_cache, v_cache, num_heads: int, num_kv_
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
     wpos = wpos.to(torch.int64).contiguous()
     q = torch.empty(B, T, num_heads, D, dtype=qkv.dtype, device=qkv.device)
+    wq, wk, eps = qk_norm if qk_norm is not None else (q, q, 0.0)  # unread without NORM
     _rope_kv_write_kernel[(B * T, num_heads + num_kv_heads)](
-        x, cos, sin, wpos, q, k_cache, v_cache, T, num_heads, num_kv_heads, D // 2, x.stride(1), cos.stride(1),
-        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        BLOCK_H=triton.next_power_of_2(D // 2), num_warps=1,
+        x, cos, sin, wpos, q, k_cache, v_cache, wq, wk, eps, T, num_heads, num_kv_heads, D // 2, x.stride(1),
+        cos.stride(1), q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        BLOCK_H=triton.next_power_of_2(D // 2), NORM=qk_norm is not None, num_warps=1,
     )
     return q
 
 
-def rope_kv_write_cpu(qkv, cos, sin, wpos, k_cache, v_cache, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+def rope_kv_write_cpu(qkv, cos, sin, wpos, k_cache, v_cache, num_heads: int, num_kv_heads: int,
+                      qk_norm=None) -> torch.Tensor:
     """The contract above, compiled for CPU (csrc/fused_ops_cpu.cpp): cos/sin are cast to
     qkv's dtype (no-ops when the step already did, as StepRope does for every non-Triton op)."""
     B, T, width = qkv.shape
     x = qkv if qkv.stride(-1) == 1 and qkv.stride(0) == T * qkv.stride(1) else qkv.contiguous()
     cos, sin = cos.to(qkv.dtype).contiguous(), sin.to(qkv.dtype).contiguous()
-    return cpu_ext.EXT.rope_kv_write(x, cos, sin, wpos.to(torch.int64).contiguous(), k_cache, v_cache,
-                                     num_heads, num_kv_heads)
+    wq, wk, eps = qk_norm if qk_norm is not None else (None, None, 0.0)
+    if qk_norm is not None and (wq.dtype != qkv.dtype or wk.dtype != qkv.dtype):  # as add_rms_norm_cpu
+        return rope_kv_write_ref(qkv, cos, sin, wpos, k_cache, v_cache, num_heads, num_kv_heads, qk_norm)
+    return _CPU_OP(x, cos, sin, wpos.to(torch.int64).contiguous(), k_cache, v_cache,
+                                     num_heads, num_kv_heads, wq, wk, eps)

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from . import cpu_ext
 from .jit import needs_triton, tl, triton
 
+_CPU_OP = cpu_ext.op("silu_and_mul")  # the compiled CPU op (csrc/fused_ops_cpu.cpp), or None
+
 
 def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for [gate | up] on the last dim, in the input dtype (transformers' MLP)."""
@@ -56,5 +58,5 @@ def silu_and_mul_cpu(gate_up: torch.Tensor) -> torch.Tensor:
     two_i = gate_up.shape[-1]
     if two_i % 2:
         raise ValueError(f"silu_and_mul wants an even last dim (gate | up), got {two_i}")
-    out = cpu_ext.EXT.silu_and_mul(gate_up.reshape(-1, two_i).contiguous())
+    out = _CPU_OP(gate_up.reshape(-1, two_i).contiguous())
     return out.view(*gate_up.shape[:-1], two_i // 2)

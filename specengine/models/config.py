@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from ..errors import SpecEngineError
 
-SUPPORTED = ("llama", "qwen2", "mistral")
+SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 
 
 @dataclass
@@ -22,6 +22,7 @@ class ModelConfig:
     tie_word_embeddings: bool
     max_position_embeddings: int
     sliding_window: int | None
+    qk_norm: bool = False  # Qwen3: each q and k head RMS-normed before RoPE
     hf_config: object = field(repr=False, default=None)  # kept for RoPE scaling helpers
     # set when the vocabulary was padded to a target's (models/vocab.py): the ids the model was
     # trained on, the only ones it may emit
@@ -44,7 +45,7 @@ class ModelConfig:
         if heads % kv_heads:
             raise SpecEngineError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
         window = getattr(cfg, "sliding_window", None)
-        if cfg.model_type == "qwen2" and not getattr(cfg, "use_sliding_window", False):
+        if cfg.model_type in ("qwen2", "qwen3") and not getattr(cfg, "use_sliding_window", False):
             window = None
         return cls(
             vocab_size=cfg.vocab_size,
@@ -60,5 +61,6 @@ class ModelConfig:
             tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
             max_position_embeddings=getattr(cfg, "max_position_embeddings", 1 << 20),
             sliding_window=window,
+            qk_norm=cfg.model_type == "qwen3",
             hf_config=cfg,
         )

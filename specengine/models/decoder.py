@@ -1,4 +1,4 @@
-"""A lean Llama-family decoder (Llama, Qwen2, Mistral) over a static KV buffer.
+"""A lean Llama-family decoder (Llama, Qwen2, Qwen3, Mistral) over a static KV buffer.
 
 Parameter names mirror transformers' (minus the `model.` prefix), except that q/k/v and
 gate/up are merged into one projection each (`qkv_proj`, `gate_up_proj`: one GEMM instead
@@ -83,10 +83,17 @@ class Attention(nn.Module):
         q, kv = self.nh * self.hd, self.nkv * self.hd
         self.qkv_proj = merged_linear(cfg.hidden_size, {"q_proj": q, "k_proj": kv, "v_proj": kv}, cfg.qkv_bias)
         self.o_proj = Linear(q, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:  # Qwen3: per-head RMSNorm of q and k, done inside the RoPE + KV-write op
+            self.q_norm, self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps), RMSNorm(self.hd, cfg.rms_norm_eps)
+
+    def qk_norm(self):
+        """(q weight, k weight, eps) for the rope_kv_write op, or None."""
+        return (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if hasattr(self, "q_norm") else None
 
     def forward(self, x, layer_idx, cache, step: Step):
         B, T, _ = x.shape
-        q = cache.store(layer_idx, self.qkv_proj(x), step.rope, self.nh, self.nkv, step.ops.rope_kv_write)
+        q = cache.store(layer_idx, self.qkv_proj(x), step.rope, self.nh, self.nkv, step.ops.rope_kv_write,
+                        self.qk_norm())
         k_all, v_all = cache.layer(layer_idx, step.attn_len)
         out = step.ops.attention(q, k_all, v_all, cache.lens, step.tree_mask)
         return self.o_proj(out.reshape(B, T, self.nh * self.hd))

@@ -22,7 +22,8 @@ from .decoder import Linear, Transformer
 from .quant_linear import QuantEmbedding, QuantLinear
 
 LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-               "attn_output": "self_attn.o_proj", "ffn_down": "mlp.down_proj"}
+               "attn_output": "self_attn.o_proj", "ffn_down": "mlp.down_proj",
+               "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}  # the last two: Qwen3
 MERGED = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "mlp.gate_up_proj": ("ffn_gate", "ffn_up")}
 
 
@@ -109,6 +110,8 @@ def load_quantized(model: Transformer, path: Path, dtype: torch.dtype) -> Transf
         for theirs, ours in LAYER_NAMES.items():
             owner, attr = ours.rsplit(".", 1) if "." in ours else (None, ours)
             target = getattr(layer, owner) if owner else layer
+            if not hasattr(target, attr):  # a tensor this architecture does not have (q/k norm)
+                continue
             if isinstance(getattr(target, attr), Linear):
                 setattr(target, attr, linear([blk + theirs]))
             else:

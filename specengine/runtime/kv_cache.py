@@ -60,11 +60,12 @@ class KVCache:
         torch.maximum(self.high_water, pos[:, -1].max() + 1, out=self.high_water)
         return pos.clamp(max=self.max_seq_len - 1)
 
-    def store(self, layer: int, qkv: torch.Tensor, rope, num_heads: int, num_kv_heads: int, op) -> torch.Tensor:
-        """The attention's write: `op` (the ops table's rope_kv_write) rotates q and k of the
-        merged projection qkv and stores k and v at the step's write positions (rope: the
+    def store(self, layer: int, qkv: torch.Tensor, rope, num_heads: int, num_kv_heads: int, op,
+              qk_norm=None) -> torch.Tensor:
+        """The attention's write: `op` (the ops table's rope_kv_write) (norms and) rotates q and k
+        of the merged projection qkv and stores k and v at the step's write positions (rope: the
         step's layers.rotary.StepRope); returns the rotated q."""
-        return op(qkv, rope.cos, rope.sin, rope.write_pos, *self.layer(layer), num_heads, num_kv_heads)
+        return op(qkv, rope.cos, rope.sin, rope.write_pos, *self.layer(layer), num_heads, num_kv_heads, qk_norm)
 
     def compact_path(self, root_slot: torch.Tensor, source: torch.Tensor, count: torch.Tensor) -> None:
         """Tree rounds: move K/V of slots root_slot + source[b, i] to root_slot + 1 + i for

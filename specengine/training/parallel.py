@@ -56,8 +56,8 @@ class _TrainingCache:
     """The decoder's cache protocol for training forwards: each layer keeps its own k/v (no
     shared buffer written in place, so autograd can see through it)."""
 
-    def store(self, layer, qkv, rope, num_heads, num_kv_heads, op=None):
-        q, k, v = rotate_qkv(qkv, rope.cos, rope.sin, num_heads, num_kv_heads)  # never in place: autograd
+    def store(self, layer, qkv, rope, num_heads, num_kv_heads, op=None, qk_norm=None):
+        q, k, v = rotate_qkv(qkv, rope.cos, rope.sin, num_heads, num_kv_heads, qk_norm)  # never in place: autograd
         self.write(layer, k, v)
         return q
 

@@ -99,6 +99,23 @@ def test_rope_kv_write_equals_the_reference(dtype, B, T, Hq, Hkv, D, tree):
     assert torch.equal(q, q_ref) and torch.equal(kv, kv_ref)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,T,Hq,Hkv,D", [(1, 1, 4, 2, 16), (2, 5, 6, 2, 34), (1, 3, 8, 8, 128)])
+def test_rope_kv_write_with_qk_norm_matches_the_reference(dtype, B, T, Hq, Hkv, D):
+    """Qwen3's per-head q/k RMSNorm before the rotation: within the norm's last-bit differences."""
+    S = 16
+    qkv, cos, sin, wpos = _rope_case(B, T, Hq, Hkv, D, S, dtype, False, seed=4)
+    norm = (1 + rand(D, dtype=dtype, seed=5) * 0.3, 1 + rand(D, dtype=dtype, seed=6) * 0.3, 1e-6)
+    kv = rand(2, B, S, Hkv, D, dtype=dtype, seed=9)
+    kv_ref = kv.clone()
+    q = rope_kv_write_cpu(qkv, cos, sin, wpos, kv[0], kv[1], Hq, Hkv, norm)
+    q_ref = rope_kv_write_ref(qkv, cos, sin, wpos, kv_ref[0], kv_ref[1], Hq, Hkv, norm)
+    torch.testing.assert_close(q, q_ref, **TOL[dtype])
+    torch.testing.assert_close(kv, kv_ref, **TOL[dtype])
+    swapped = rope_kv_write_cpu(qkv, cos, sin, wpos, kv[0].clone(), kv[1].clone(), Hq, Hkv, norm[1::-1] + norm[2:])
+    assert not torch.equal(swapped, q)  # q's weight is q's, not k's
+
+
 def test_rope_kv_write_into_a_row_view_of_a_layered_buffer_with_a_strided_qkv():
     B, T, Hq, Hkv, D, S = 3, 2, 4, 2, 16, 12
     qkv, cos, sin, wpos = _rope_case(2, T, Hq, Hkv, D, S, torch.float32, False)

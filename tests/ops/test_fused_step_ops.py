@@ -100,6 +100,23 @@ def test_rope_kv_write_matches_the_reference(dtype, B, T, Hq, Hkv, D, tree):
         assert torch.equal(kv[1, b, p], v_ref[bb, t])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,T,Hq,Hkv,D", [(1, 1, 4, 2, 16), (2, 5, 6, 2, 34), (1, 3, 8, 8, 128)])
+def test_rope_kv_write_with_qk_norm_matches_the_reference(dtype, B, T, Hq, Hkv, D):
+    """Qwen3's per-head q/k RMSNorm folded into the same launch (weights differ for q and k)."""
+    S = 16
+    qkv, cos, sin, wpos = _rope_case(B, T, Hq, Hkv, D, S, dtype, False, seed=4)
+    norm = (1 + rand(D, dtype=dtype, seed=5) * 0.3, 1 + rand(D, dtype=dtype, seed=6) * 0.3, 1e-6)
+    kv = rand(2, B, S, Hkv, D, dtype=dtype, seed=9)
+    kv_ref = kv.clone()
+    q = rope_kv_write(qkv, cos, sin, wpos, kv[0], kv[1], Hq, Hkv, norm)
+    q_ref = rope_kv_write_ref(qkv, cos.to(dtype), sin.to(dtype), wpos, kv_ref[0], kv_ref[1], Hq, Hkv, norm)
+    torch.testing.assert_close(q, q_ref, **TOL[dtype])
+    torch.testing.assert_close(kv, kv_ref, **TOL[dtype])
+    plain = rope_kv_write_ref(qkv, cos.to(dtype), sin.to(dtype), wpos, kv_ref[0].clone(), kv_ref[1].clone(), Hq, Hkv)
+    assert (plain - q_ref).abs().max() > 0.1  # the norm changes what is rotated
+
+
 def test_rope_kv_write_writes_into_a_row_view_of_a_layered_buffer():
     """The cache hands the kernel one layer of the 6-D buffer, sometimes a row view of it."""
     B, T, Hq, Hkv, D, S = 3, 2, 4, 2, 16, 12

@@ -13,6 +13,13 @@ from specengine.runtime.runner import ModelRunner
     ("qwen2", {"tie_word_embeddings": True}),
     ("mistral", {"num_key_value_heads": 1}),
     ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    # Llama 3.x: its RoPE scaling (frequencies past the original context stretched) and a tied head
+    ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 16}, "rope_theta": 500000.0,
+               "tie_word_embeddings": True}),
+    # Qwen3: q/k RMSNorm per head, no qkv bias, a head_dim that is not hidden / heads
+    ("qwen3", {}),
+    ("qwen3", {"head_dim": 32, "tie_word_embeddings": True, "num_key_value_heads": 1}),
 ])
 @torch.inference_mode()
 def test_prefill_and_20_decode_steps_match_transformers(tmp_path, kind, kw):
