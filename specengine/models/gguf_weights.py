@@ -44,6 +44,7 @@ class _Tensors:
         from gguf import GGUFReader
 
         reader = GGUFReader(path)
+        self.file = path.name
         self.arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
         self.by_name = {t.name: t for t in reader.tensors}
 
@@ -51,6 +52,8 @@ class _Tensors:
         return name in self.by_name
 
     def get(self, name: str):
+        if name not in self.by_name:
+            raise SpecEngineError(f"{self.file} ({self.arch}) has no tensor {name!r}, which this architecture needs")
         t = self.by_name[name]
         kind = t.tensor_type.name
         data = torch.from_numpy(t.data.copy())

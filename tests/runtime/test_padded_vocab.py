@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import VOCAB, make_tokenizer, save_tiny, small_vocab_models
 from helpers.exact import N, PROMPT, V, exact_joint
-from helpers.fakes import random_drafter, random_head
+from helpers.every_method import every_method, generate_tokens
 
 from specengine import Engine
 from specengine.models.loading import load_model
@@ -71,18 +71,10 @@ def ar_ref(engine):
     return [r.token_ids for r in engine.generate(PROMPTS, max_new_tokens=30, method="ar", ignore_eos=True)]
 
 
-@pytest.mark.parametrize("kw", [dict(method="sd", gamma=3), dict(method="sd", gamma="auto"),
-                                dict(method="sd", tree="2x2"), dict(method="pearl"), dict(method="hybrid", gamma=2),
-                                dict(method="sd", policy="specdec++"), dict(method="parallelspec")],
-                         ids=["sd", "sd-auto", "sd-tree", "pearl", "hybrid", "specdec", "parallelspec"])
+@every_method
 def test_every_method_gives_ar_tokens(engine, ar_ref, kw):
-    if kw.get("policy") == "specdec++":
-        engine._heads["greedy"] = random_head(engine.draft.model)
-    if kw["method"] == "parallelspec":
-        engine._drafter = random_drafter(engine.draft.model, k_max=4)
-    out = engine.generate(PROMPTS, max_new_tokens=30, ignore_eos=True, **kw)
-    assert [r.token_ids for r in out] == ar_ref
-    assert sum(r.stats.get("accepted_drafts", 0) for r in out) > 0
+    tokens, accepted = generate_tokens(engine, PROMPTS, kw)
+    assert tokens == ar_ref and accepted > 0
 
 
 def test_a_target_emitting_its_padded_ids_is_followed_and_the_draft_never_proposes_them(padded_pair):

@@ -1,0 +1,75 @@
+"""GGUF files of the newer families load with their weights kept as blocks: a tiny Qwen3
+written with the `gguf` package under llama.cpp's tensor names (q/k norms included), Q8_0
+blocks for every matrix, gives the float model's logits within the int8 rounding of its
+activations, and far from them without the q/k norms."""
+import numpy as np
+import pytest
+import torch
+from conftest import save_tiny
+
+from specengine import SpecEngineError
+from specengine.models.config import ModelConfig
+from specengine.models.decoder import Transformer
+from specengine.models.gguf_weights import load_quantized
+from specengine.models.loading import load_model
+from specengine.runtime.runner import ModelRunner
+
+gguf = pytest.importorskip("gguf")
+
+NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+         "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+         "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+         "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+
+
+def write_gguf(hf, path, arch: str, skip=()):
+    """hf's weights under llama.cpp's names: matrices as Q8_0 blocks, vectors as F32."""
+    w = gguf.GGUFWriter(str(path), arch)
+    for name, t in hf.state_dict().items():
+        name = name.removeprefix("model.")
+        if name.startswith("layers."):
+            _, i, rest = name.split(".", 2)
+            ours, kind = rest.rsplit(".", 1)
+            name = f"blk.{i}.{NAMES[ours]}.{kind}"
+        else:
+            name = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
+                    "lm_head.weight": "output.weight"}[name]
+        if any(s in name for s in skip) or (name == "output.weight" and hf.config.tie_word_embeddings):
+            continue
+        data = t.float().numpy()
+        if data.ndim == 2:
+            q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, data.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def logits(model, ids):
+    runner = ModelRunner(model, kernels="torch")
+    runner.allocate(1, 64)
+    return runner.prefill(ids, torch.tensor([ids.shape[1]]))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@torch.inference_mode()
+def test_a_qwen3_gguf_loads_as_blocks_and_matches_the_float_model(tmp_path, tied):
+    hf = save_tiny(tmp_path, "qwen3", seed=11, head_dim=32, tie_word_embeddings=tied)
+    write_gguf(hf, tmp_path / "m.gguf", "qwen3")
+    write_gguf(hf, tmp_path / "no_norm.gguf", "qwen3", skip=("attn_q_norm", "attn_k_norm"))
+    cfg = ModelConfig.from_hf(hf.config)
+    with torch.device("meta"):
+        skeleton = Transformer(cfg)
+    quant = load_quantized(skeleton, tmp_path / "m.gguf", torch.float32)
+    assert type(quant.layers[0].self_attn.qkv_proj).__name__ == "QuantLinear"
+    ids = torch.randint(0, cfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    ref, got = logits(load_model(tmp_path)[0], ids), logits(quant, ids)
+    err = (got - ref).abs().max() / ref.abs().max()
+    assert err < 0.03, err  # Q8_0 weights and int8 activations: about 1% of the logits' range
+    with torch.device("meta"):
+        skeleton = Transformer(cfg)
+    with pytest.raises(SpecEngineError, match="no_norm.gguf .qwen3. has no tensor 'blk.0.attn_q_norm.weight'"):
+        load_quantized(skeleton, tmp_path / "no_norm.gguf", torch.float32)  # refused, never run without them
