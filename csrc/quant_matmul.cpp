@@ -47,6 +47,7 @@ struct AttnArgs {
   void* out;
   const int32_t* lens;
   const bool* tree;  // [B|1, Q, Q] or null (chain)
+  const int32_t* window;  // [B, Q]: each query's first visible position (a sliding window), or null
   int64_t B, Q, Hq, Hkv, D, L;
   int64_t qs[3], ks[3], vs[3], os[3];  // strides of dims 0..2 (the last dim is contiguous)
   int64_t tree_bs;  // 0 when the mask is shared by every row
@@ -227,7 +228,8 @@ torch::Tensor dense_matmul(const torch::Tensor& x, const torch::Tensor& w) {
 // (views of the cache: any strides but a contiguous last dim), lens [B] int32, tree [B|1, Q, Q] bool or
 // None; fp32 or bf16, all one dtype.
 torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                            const torch::Tensor& lens, const c10::optional<torch::Tensor>& tree, double scale) {
+                            const torch::Tensor& lens, const c10::optional<torch::Tensor>& tree, double scale,
+                            const c10::optional<torch::Tensor>& window) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "row_attention runs on CPU tensors");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes(),
               "q must be [B, Q, Hq, D] and k, v the same [B, L, Hkv, D]");
@@ -246,9 +248,14 @@ torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k, cons
     TORCH_CHECK(tm.dim() == 3 && (tm.size(0) == 1 || tm.size(0) == B) && tm.size(1) == Q && tm.size(2) == Q,
                 "the tree mask must be [B or 1, Q, Q]");
   }
+  if (window.has_value())
+    TORCH_CHECK(window->scalar_type() == at::kInt && window->dim() == 2 && window->size(0) == B &&
+                    window->size(1) == Q && window->is_contiguous(),
+                "the window starts must be a contiguous int32 [B, Q] tensor");
   auto out = torch::empty_like(q, at::MemoryFormat::Contiguous);
   AttnArgs a{q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lens.data_ptr<int32_t>(),
-             tm.defined() ? tm.data_ptr<bool>() : nullptr, B, Q, Hq, k.size(2), D, L,
+             tm.defined() ? tm.data_ptr<bool>() : nullptr, window.has_value() ? window->data_ptr<int32_t>() : nullptr,
+             B, Q, Hq, k.size(2), D, L,
              {q.stride(0), q.stride(1), q.stride(2)}, {k.stride(0), k.stride(1), k.stride(2)},
              {v.stride(0), v.stride(1), v.stride(2)}, {out.stride(0), out.stride(1), out.stride(2)},
              tm.defined() && tm.size(0) > 1 ? Q * Q : 0, float(scale)};
@@ -266,7 +273,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize", &dequantize, "w [N, row_bytes] GGUF blocks -> fp32 [N, cols]");
   m.def("dense_matmul", &dense_matmul, "x [M, K] fp32 @ w [N, K] (bf16 or fp32).T -> [M, N] fp32, few rows");
   m.def("row_attention", &row_attention, "batch-invariant verification attention: q [B, Q, Hq, D] over k, v "
-        "[B, L, Hkv, D] up to lens[b] + (chain or tree) -> [B, Q, Hq, D]");
+        "[B, L, Hkv, D] up to lens[b] + (chain or tree), from window[b, i] when given -> [B, Q, Hq, D]",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lens"), py::arg("tree"), py::arg("scale"),
+        py::arg("window") = py::none());
   m.def("isa", &isa_name, "the instruction set the kernels run with here (CPUID)");
   m.def("isas", &isas, "every instruction set this CPU can run the kernels with, widest first");
   m.def("set_isa", &set_isa, "run the kernels with another instruction set this CPU supports (tests)");

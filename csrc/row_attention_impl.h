@@ -1,8 +1,8 @@
 // Batch-invariant verification attention on CPU for quant_matmul.cpp's extension, included once per
 // instruction set inside its own namespace (with `#pragma GCC target` around it). No includes here.
 //
-// Each query row's softmax runs over exactly the positions it sees (the cached prefix, then the
-// chain or tree positions its mask allows), in position order, in fp32: a row's result never
+// Each query row's softmax runs over exactly the positions it sees (the cached prefix from its
+// sliding window's start, then the chain or tree positions its mask allows), in position order, in fp32: a row's result never
 // depends on how many queries share the call or how much of the cache is passed, so a verify
 // gives every token the bits of decoding it alone. Its contract and spec are kernels/
 // verify_attention.py's `verify_attention_ref` (the torch counterpart is `verify_attention_tiled`).
@@ -29,12 +29,13 @@ void attention_rows(const AttnArgs& a, int64_t begin, int64_t end, float* p, flo
   for (int64_t r = begin; r < end; ++r) {
     const int64_t b = r / (a.Q * a.Hq), i = r / a.Hq % a.Q, h = r % a.Hq, kh = h / G;
     const int64_t n0 = a.lens[b], stop = std::min<int64_t>(a.L, n0 + a.Q);
+    const int64_t lo = a.window ? std::max<int64_t>(0, a.window[b * a.Q + i]) : 0;  // a sliding window's start
     const T* q = Q + b * a.qs[0] + i * a.qs[1] + h * a.qs[2];
     for (int64_t l = 0; l < a.D; ++l) qf[l] = float(q[l]) * a.scale;
     const bool* tm = a.tree ? a.tree + b * a.tree_bs + i * a.Q : nullptr;
     int64_t n = 0;  // visible positions, in order: their scores in p[0..n)
     float m = -INFINITY;
-    for (int64_t s = 0; s < stop; ++s) {
+    for (int64_t s = lo; s < stop; ++s) {
       const int64_t j = s - n0;  // >= 0: one of the new tokens
       if (j >= 0 && (tm ? !tm[j] : j > i)) {
         p[s] = -INFINITY;
@@ -46,7 +47,7 @@ void attention_rows(const AttnArgs& a, int64_t begin, int64_t end, float* p, flo
     }
     for (int64_t l = 0; l < a.D; ++l) acc[l] = 0.0f;
     float sum = 0.0f;
-    for (int64_t s = 0; s < stop && n > 0; ++s) {
+    for (int64_t s = lo; s < stop && n > 0; ++s) {
       if (p[s] == -INFINITY) continue;
       const float e = std::exp(p[s] - m);
       sum += e;

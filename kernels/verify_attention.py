@@ -32,11 +32,13 @@ INVARIANT_TILE = 256  # cache positions per tile of the batch-invariant attentio
 
 
 
-def verify_attention_ref(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None):
+def verify_attention_ref(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, window=None):
     """Q new tokens per row attend to the cache prefix and (chain or tree) to each other.
 
     The new tokens' K/V must already be written at cache_lens[b] + j. Only the first
     `k_cache.shape[1]` positions are read, so callers may pass a prefix view.
+    window: None, or int [B, Q]: each query's first visible position (a sliding-window layer:
+    its position - window + 1; a tree node's position is its depth's).
     """
     B, Q, Hq, D = q.shape
     L = k_cache.shape[1]
@@ -51,6 +53,8 @@ def verify_attention_ref(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_sca
         in_new = (rel >= 0) & (rel < Q)
         gathered = torch.gather(tm, 2, rel.clamp(0, Q - 1).expand(B, Q, L))
         mask = (rel < 0) | (in_new & gathered)
+    if window is not None:
+        mask = mask & (s[None, None, :] >= window.to(torch.long)[:, :, None])
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
         attn_mask=mask[:, None], scale=sm_scale, enable_gqa=Hq != k_cache.shape[2],
@@ -58,7 +62,8 @@ def verify_attention_ref(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_sca
     return out.transpose(1, 2)
 
 
-def verify_attention_tiled(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, tile=INVARIANT_TILE):
+def verify_attention_tiled(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, window=None,
+                           tile=INVARIANT_TILE):
     """`verify_attention_ref`'s contract, computed so that a query's result does not depend on
     how many positions are read (`k_cache.shape[1]`) or how many queries share the call:
     fp32 online softmax over fixed tiles of `tile` positions from position 0 (the last tile
@@ -76,6 +81,7 @@ def verify_attention_tiled(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_s
     l_sum = torch.zeros(B, Hkv, Q * G, device=q.device)
     acc = torch.zeros(B, Hkv, Q * G, D, device=q.device)
     tm = None if tree_mask is None else tree_mask.to(torch.bool).expand(B, Q, Q)
+    lo = None if window is None else window.to(torch.long)[:, qi][:, None, :, None]  # [B,1,QG,1]
     for s0 in range(0, L, tile):
         kt, vt = k_cache[:, s0:s0 + tile], v_cache[:, s0:s0 + tile]
         if kt.shape[1] < tile:  # same shapes for every tile
@@ -91,6 +97,8 @@ def verify_attention_tiled(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_s
             rows = tm[:, qi][:, None].expand(B, 1, Q * G, Q)
             visible = (rel < 0) | ((rel < Q) & torch.gather(rows, 3, j))
         visible = visible & (rel < Q)  # positions past the new tokens (and the padding) never count
+        if lo is not None:
+            visible = visible & (rel + lens >= lo)
         s = s.masked_fill(~visible, float("-inf"))
         m_new = torch.maximum(m, s.amax(-1))
         m_safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
@@ -106,7 +114,7 @@ def verify_attention_tiled(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_s
 _EXT = cpu_ext.EXT if cpu_ext.has("row_attention") else None
 
 
-def verify_attention_rows(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None):
+def verify_attention_rows(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, window=None):
     """`verify_attention_ref`'s contract on CPU, batch-invariant by construction (the compiled
     extension, csrc/row_attention_impl.h): each query's softmax runs over exactly the positions it
     sees, in position order, in fp32, so its result depends neither on the other queries of the
@@ -116,7 +124,9 @@ def verify_attention_rows(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_sc
         raise RuntimeError("verify_attention_rows needs the compiled extension (make install builds it)")
     scale = sm_scale if sm_scale is not None else q.shape[-1] ** -0.5
     q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
-    return _EXT.row_attention(q, k_cache, v_cache, cache_lens.to(torch.int32).contiguous(), tree_mask, scale)
+    if window is not None:
+        window = window.to(torch.int32).contiguous()
+    return _EXT.row_attention(q, k_cache, v_cache, cache_lens.to(torch.int32).contiguous(), tree_mask, scale, window)
 
 
 # (BLOCK_M, BLOCK_N, num_warps) that compile without spilling registers for sm_80 and sm_90 at
@@ -165,12 +175,12 @@ def _prune(configs, named_args, **kwargs):
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _verify_attention_kernel(
-    q_ptr, k_ptr, v_ptr, lens_ptr, mask_ptr, out_ptr, m_part, l_part, acc_part,
+    q_ptr, k_ptr, v_ptr, lens_ptr, mask_ptr, win_ptr, out_ptr, m_part, l_part, acc_part,
     qk_scale,
     s_qb, s_qq, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_ob, s_oq, s_oh, s_mb, s_mi, s_mj,
     NQ, G, HKV, NSPLIT, MPAD, CHUNK, FIXED, S_LOG2,  # FIXED, S_LOG2: autotune key only
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_TREE: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
+    HAS_TREE: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     """One (query block, batch row x KV head, split) program: online softmax over its key range.
 
@@ -191,6 +201,8 @@ def _verify_attention_kernel(
     q = tl.load(q_ptr + b64 * s_qb + (qi[:, None] * s_qq + head[:, None] * s_qh + d[None, :]),
                 mask=row_ok[:, None], other=0.0)
     cached = tl.load(lens_ptr + b).to(tl.int32)
+    if HAS_WINDOW:  # each query's first visible position (a sliding-window layer)
+        lo = tl.load(win_ptr + b64 * NQ + qi, mask=row_ok, other=0)
     total = cached + NQ  # this row's keys: its cache, then the new tokens
     if CHUNK > 0:  # fixed splits from position 0 (batch-invariant mode)
         chunk = CHUNK
@@ -219,6 +231,8 @@ def _verify_attention_kernel(
             visible = (j < 0) | (tm != 0)
         else:
             visible = j <= qi[:, None]
+        if HAS_WINDOW:
+            visible = visible & (s[None, :] >= lo[:, None])
         qk = tl.where(visible & s_ok[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -308,13 +322,14 @@ def _interpreter_bf16(q, k_cache, v_cache):
 
 
 @needs_triton
-def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, num_splits=None,
-                     fixed_split: int | None = None):
+def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, window=None,
+                     num_splits=None, fixed_split: int | None = None):
     """Triton version of `verify_attention_ref` (same contract).
 
     q [B,Q,Hq,D]; k_cache / v_cache [B,S,Hkv,D] (a view of the shared buffer is fine: only
     the last dim must be contiguous); cache_lens [B] int32 with cache_lens[b] + Q <= S;
-    tree_mask None (chain) or bool [B|1,Q,Q]. Returns [B,Q,Hq,D] in q's dtype.
+    tree_mask None (chain) or bool [B|1,Q,Q]; window None or int [B,Q] (first visible positions).
+    Returns [B,Q,Hq,D] in q's dtype.
     fixed_split: split the sequence at multiples of this many positions from 0 and always
     merge (one autotune key, so one BLOCK_N): a query's reduction order then depends neither
     on S nor on the GPU's size. Splits past a query's keys are empty and merge as exact zeros.
@@ -323,7 +338,7 @@ def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=N
     """
     if _interpreter_bf16(q, k_cache, v_cache):
         out = verify_attention(q.float(), k_cache.float(), v_cache.float(), cache_lens, tree_mask, sm_scale,
-                               num_splits, fixed_split)
+                               window, num_splits, fixed_split)
         return out.to(q.dtype)
     B, Q, Hq, D = q.shape
     S, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -362,13 +377,14 @@ def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=N
     else:
         m_part = l_part = acc_part = out  # never read
     lens = cache_lens.to(torch.int32)
+    win = lens if window is None else window.to(torch.int32).contiguous()  # never read without a window
     _verify_attention_kernel[(n_m, B * Hkv, splits)](
-        q, k_cache, v_cache, lens, tm, out, m_part, l_part, acc_part, scale,
+        q, k_cache, v_cache, lens, tm, win, out, m_part, l_part, acc_part, scale,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), out.stride(2),
         *mask_strides, Q, G, Hkv, splits, mpad, chunk, int(fixed_split is not None), max(S, 1).bit_length(),
         D=D, BLOCK_M=BLOCK_M, HAS_TREE=tree_mask is not None, SPLIT=split,
-        IEEE=q.dtype == torch.float32,
+        IEEE=q.dtype == torch.float32, HAS_WINDOW=window is not None,
     )
     if split:
         _merge_splits_kernel[(Q * G, B * Hkv)](
@@ -379,7 +395,8 @@ def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=N
 
 
 @needs_triton
-def verify_attention_fixed(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None):
+def verify_attention_fixed(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, window=None):
     """`verify_attention` with fixed 256-position splits: batch-invariant mode's GPU kernel
     (`verify_attention_tiled` is its torch counterpart)."""
-    return verify_attention(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, fixed_split=INVARIANT_TILE)
+    return verify_attention(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, window,
+                            fixed_split=INVARIANT_TILE)

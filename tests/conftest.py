@@ -55,13 +55,14 @@ def make_tokenizer():
 
 
 def tiny_config(kind="llama", vocab=VOCAB, **kw):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     base = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                 eos_token_id=1, bos_token_id=None, pad_token_id=0)
     base.update(kw)
-    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig}[kind]
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig,
+           "gemma3": Gemma3TextConfig}[kind]
     if kind == "mistral":
         base.setdefault("sliding_window", None)
     return cls(**base)
@@ -77,7 +78,7 @@ def save_tiny(path, kind="llama", seed=0, scale=1.0, shard=None, **kw):
         for name, p in model.named_parameters():
             if p.dim() > 1:
                 p.mul_(scale)
-            elif kind == "qwen3" and "_norm" in name:  # q/k norm weights that differ per dim and layer
+            elif kind in ("qwen3", "gemma3") and "norm" in name:  # norm weights that differ per dim and layer
                 p.add_(torch.randn_like(p) * 0.3)
     save_kw = {"max_shard_size": shard} if shard else {}
     model.save_pretrained(path, **save_kw)

@@ -17,8 +17,10 @@ class StepRope:
 
     @classmethod
     def build(cls, cache, rope_pos: torch.Tensor, write_pos: torch.Tensor, like: torch.Tensor,
-              kernel: bool) -> "StepRope":
-        cos, sin = cache.rope_cos[rope_pos], cache.rope_sin[rope_pos]
+              kernel: bool, local: bool = False) -> "StepRope":
+        """local: the sliding-window layers' tables (`cache.rope_local`, Gemma 3)."""
+        cos_t, sin_t = cache.rope_local if local else (cache.rope_cos, cache.rope_sin)
+        cos, sin = cos_t[rope_pos], sin_t[rope_pos]
         if not kernel:  # cast once per step, not once per layer
             cos, sin = cos.to(like.dtype), sin.to(like.dtype)
         return cls(cos, sin, write_pos)

@@ -1,4 +1,4 @@
-"""A lean Llama-family decoder (Llama, Qwen2, Qwen3, Mistral) over a static KV buffer.
+"""A lean Llama-family decoder (Llama, Qwen2, Qwen3, Mistral, Gemma 3) over a static KV buffer.
 
 Parameter names mirror transformers' (minus the `model.` prefix), except that q/k/v and
 gate/up are merged into one projection each (`qkv_proj`, `gate_up_proj`: one GEMM instead
@@ -74,12 +74,22 @@ class Step:
     tree_mask: torch.Tensor | None
     attn_len: int | None
     ops: Ops
+    rope_local: StepRope | None = None  # sliding-window layers' own RoPE (Gemma 3), when it differs
+    windows: dict | None = None  # window -> [B,T] first position each token sees
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """GeGLU (Gemma): gelu_tanh(gate) * up, in the input dtype, transformers' roundings."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.window = cfg.layer_windows[layer] if cfg.layer_windows else None
+        self.scale = cfg.attn_scale
         q, kv = self.nh * self.hd, self.nkv * self.hd
         self.qkv_proj = merged_linear(cfg.hidden_size, {"q_proj": q, "k_proj": kv, "v_proj": kv}, cfg.qkv_bias)
         self.o_proj = Linear(q, cfg.hidden_size, bias=False)
@@ -92,10 +102,12 @@ class Attention(nn.Module):
 
     def forward(self, x, layer_idx, cache, step: Step):
         B, T, _ = x.shape
-        q = cache.store(layer_idx, self.qkv_proj(x), step.rope, self.nh, self.nkv, step.ops.rope_kv_write,
+        rope = step.rope_local if self.window is not None and step.rope_local is not None else step.rope
+        q = cache.store(layer_idx, self.qkv_proj(x), rope, self.nh, self.nkv, step.ops.rope_kv_write,
                         self.qk_norm())
         k_all, v_all = cache.layer(layer_idx, step.attn_len)
-        out = step.ops.attention(q, k_all, v_all, cache.lens, step.tree_mask)
+        window = step.windows[self.window] if self.window is not None else None
+        out = step.ops.attention(q, k_all, v_all, cache.lens, step.tree_mask, sm_scale=self.scale, window=window)
         return self.o_proj(out.reshape(B, T, self.nh * self.hd))
 
 
@@ -105,15 +117,17 @@ class MLP(nn.Module):
         inter = cfg.intermediate_size
         self.gate_up_proj = merged_linear(cfg.hidden_size, {"gate_proj": inter, "up_proj": inter}, False)
         self.down_proj = Linear(inter, cfg.hidden_size, bias=False)
+        self.gelu = cfg.act == "gelu_tanh"
 
     def forward(self, x, ops: Ops = TORCH):
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        act = gelu_tanh_and_mul if self.gelu else ops.silu_and_mul
+        return self.down_proj(act(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, layer)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -126,6 +140,23 @@ class DecoderLayer(nn.Module):
         return self.mlp(h, step.ops), residual
 
 
+class GemmaDecoderLayer(DecoderLayer):
+    """Gemma 3's sandwich: norms before and after attention and MLP. The post norms' outputs
+    join the residual stream in the next norm's fused add, as in DecoderLayer. Norm weights
+    are held as Gemma's (1 + w) (loading.py adds the 1), so every norm is the same RMSNorm."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
+        super().__init__(cfg, layer)
+        self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, residual, layer_idx, cache, step: Step):
+        h, residual = self.input_layernorm.add_forward(x, residual, step.ops)
+        a = self.post_attention_layernorm(self.self_attn(h, layer_idx, cache, step), step.ops)
+        h, residual = self.pre_feedforward_layernorm.add_forward(a, residual, step.ops)
+        return self.post_feedforward_layernorm(self.mlp(h, step.ops), step.ops), residual
+
+
 class Transformer(nn.Module):
     """The decoder as a plain module: it computes, and never decides where its state lives.
     The KV cache and the ops table come in as arguments (the ModelRunner owns them,
@@ -135,7 +166,8 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        layer = GemmaDecoderLayer if cfg.gemma else DecoderLayer
+        self.layers = nn.ModuleList(layer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
@@ -167,7 +199,17 @@ class Transformer(nn.Module):
             depth = tree_mask.to(torch.int64).sum(-1).expand(B, T) - 1
             pos = (cache.lens.to(torch.int64)[:, None] + depth).clamp(max=cache.max_seq_len - 1)
         x = self.embed_tokens(tokens) if inputs_embeds is None else inputs_embeds
-        step = Step(StepRope.build(cache, pos, write_pos, x, ops.kernel("rope_kv_write")), tree_mask, attn_len, ops)
+        if self.config.embed_scale is not None and inputs_embeds is None:  # Gemma: sqrt(hidden), in the dtype
+            x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
+        kernel = ops.kernel("rope_kv_write")
+        step = Step(StepRope.build(cache, pos, write_pos, x, kernel), tree_mask, attn_len, ops)
+        windows = {w for w in self.config.layer_windows if w is not None}
+        if windows:
+            if tree_mask is not None and T > min(windows):
+                raise ValueError(f"a tree of {T} tokens is wider than a {min(windows)}-token sliding window")
+            step.windows = {w: pos - (w - 1) for w in windows}  # a token sees positions > its own - window
+            if cache.rope_local is not None:
+                step.rope_local = StepRope.build(cache, pos, write_pos, x, kernel, local=True)
         residual = None
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, i, cache, step)

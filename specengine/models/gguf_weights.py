@@ -24,6 +24,9 @@ from .quant_linear import QuantEmbedding, QuantLinear
 LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
                "attn_output": "self_attn.o_proj", "ffn_down": "mlp.down_proj",
                "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}  # the last two: Qwen3
+# Gemma 3's sandwich norms (llama.cpp stores Gemma norms as 1 + w: what our layers hold)
+GEMMA_NAMES = {**LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
+               "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 MERGED = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "mlp.gate_up_proj": ("ffn_gate", "ffn_up")}
 
 
@@ -110,7 +113,7 @@ def load_quantized(model: Transformer, path: Path, dtype: torch.dtype) -> Transf
             owner, attr = ours.split(".")
             old = getattr(getattr(layer, owner), attr)
             setattr(getattr(layer, owner), attr, linear([blk + p for p in parts], old.parts))
-        for theirs, ours in LAYER_NAMES.items():
+        for theirs, ours in (GEMMA_NAMES if cfg.gemma else LAYER_NAMES).items():
             owner, attr = ours.rsplit(".", 1) if "." in ours else (None, ours)
             target = getattr(layer, owner) if owner else layer
             if not hasattr(target, attr):  # a tensor this architecture does not have (q/k norm)

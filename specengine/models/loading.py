@@ -87,6 +87,8 @@ def load_model(name_or_path, dtype=torch.float32, device="cpu", weights: str = "
                 state[key.removeprefix("model.")] = sf.get_tensor(key).to(dtype)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
+    if cfg.gemma:  # Gemma's norms scale by (1 + w): held as that, so every norm is one RMSNorm
+        state = {k: v + 1 if k.endswith("norm.weight") else v for k, v in state.items()}
     state = merge_checkpoint(state, model)  # HF names -> merged qkv / gate_up projections
     expected = {k for k in model.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
     missing = sorted(expected - state.keys())

@@ -19,18 +19,23 @@ from .kv_compact import compact_kv
 
 
 class KVCache:
-    def __init__(self, num_layers, batch, max_seq_len, num_kv_heads, head_dim, dtype, device, rope):
+    def __init__(self, num_layers, batch, max_seq_len, num_kv_heads, head_dim, dtype, device, rope, rope_local=None):
         self.kv = torch.zeros(num_layers, 2, batch, max_seq_len, num_kv_heads, head_dim, dtype=dtype, device=device)
         self.lens = torch.zeros(batch, dtype=torch.int32, device=device)
         self.high_water = torch.zeros((), dtype=torch.int64, device=device)  # max position written + 1
         self.rope_cos, self.rope_sin = rope  # [max_seq_len, head_dim] fp32
+        self.rope_local = rope_local  # the sliding-window layers' (cos, sin) where they differ (Gemma 3), else None
 
     @classmethod
     def for_model(cls, model, batch: int, max_seq_len: int) -> "KVCache":
         """A static buffer (and RoPE tables) for `model`, on its device and in its dtype."""
         c = model.config
         rope = rope_tables(c.hf_config, c.head_dim, max_seq_len, model.device)
-        return cls(c.num_layers, batch, max_seq_len, c.num_kv_heads, c.head_dim, model.dtype, model.device, rope)
+        local = None
+        if any(w is not None for w in c.layer_windows):
+            local = rope_tables(c.hf_config, c.head_dim, max_seq_len, model.device, "sliding_attention")
+        return cls(c.num_layers, batch, max_seq_len, c.num_kv_heads, c.head_dim, model.dtype, model.device, rope,
+                   local)
 
     def rows(self, n: int) -> "KVCache":
         """A view of the first n rows (same storage, lengths and high-water mark)."""
@@ -44,6 +49,7 @@ class KVCache:
         view = object.__new__(KVCache)
         view.kv, view.lens = self.kv[:, :, rows], self.lens[rows]
         view.high_water, view.rope_cos, view.rope_sin = self.high_water, self.rope_cos, self.rope_sin
+        view.rope_local = self.rope_local
         return view
 
     @property

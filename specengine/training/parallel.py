@@ -55,6 +55,7 @@ TEACHER_FIELDS = ("packages", "n_train", "n_val", "seq_len", "topk", "seed", "va
 class _TrainingCache:
     """The decoder's cache protocol for training forwards: each layer keeps its own k/v (no
     shared buffer written in place, so autograd can see through it)."""
+    rope_local = None  # sliding-window RoPE tables are not kept for training (Gemma 3 drafters)
 
     def store(self, layer, qkv, rope, num_heads, num_kv_heads, op=None, qk_norm=None):
         q, k, v = rotate_qkv(qkv, rope.cos, rope.sin, num_heads, num_kv_heads, qk_norm)  # never in place: autograd

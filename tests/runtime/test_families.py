@@ -1,6 +1,7 @@
 """The families beyond Llama 2 / Qwen2 / Mistral, end to end on tiny random models: `ar`
 equals transformers' greedy generate, and every speculative method equals `ar` (fp32), for
-Llama 3.x (llama3 RoPE scaling, tied head) and Qwen3 (q/k norm, no bias, explicit head_dim).
+Llama 3.x (llama3 RoPE scaling, tied head), Qwen3 (q/k norm, no bias, explicit head_dim) and
+Gemma 3 (sliding windows far shorter than the text, GeGLU, sandwich norms).
 Their logits against transformers: tests/runtime/test_model_vs_hf.py."""
 import pytest
 import torch
@@ -15,6 +16,8 @@ FAMILIES = {
                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
                              rope_theta=500000.0, tie_word_embeddings=True)),
     "qwen3": ("qwen3", dict(head_dim=32, num_key_value_heads=1)),
+    # 8-token windows: prompts + 30 new tokens run far past them, in every verify and tree
+    "gemma3": ("gemma3", dict(num_hidden_layers=6, head_dim=32, num_key_value_heads=1, sliding_window=8)),
 }
 
 

@@ -1,5 +1,6 @@
-"""GGUF files of the newer families load with their weights kept as blocks: a tiny Qwen3
-written with the `gguf` package under llama.cpp's tensor names (q/k norms included), Q8_0
+"""GGUF files of the newer families load with their weights kept as blocks: a tiny Qwen3 and a
+tiny Gemma 3 written with the `gguf` package under llama.cpp's tensor names (q/k norms and
+Gemma's sandwich norms, stored as 1 + w, included), Q8_0
 blocks for every matrix, gives the float model's logits within the int8 rounding of its
 activations, and far from them without the q/k norms."""
 import numpy as np
@@ -16,6 +17,8 @@ from specengine.runtime.runner import ModelRunner
 
 gguf = pytest.importorskip("gguf")
 
+GEMMA = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+         "post_feedforward_layernorm": "post_ffw_norm"}
 NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
          "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
          "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
@@ -23,14 +26,18 @@ NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.
 
 
 def write_gguf(hf, path, arch: str, skip=()):
-    """hf's weights under llama.cpp's names: matrices as Q8_0 blocks, vectors as F32."""
+    """hf's weights under llama.cpp's names: matrices as Q8_0 blocks, vectors as F32 (Gemma's
+    norms as 1 + w, as llama.cpp's converter writes them)."""
     w = gguf.GGUFWriter(str(path), arch)
+    names = {**NAMES, **GEMMA} if arch == "gemma3" else NAMES
     for name, t in hf.state_dict().items():
         name = name.removeprefix("model.")
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            t = t + 1
         if name.startswith("layers."):
             _, i, rest = name.split(".", 2)
             ours, kind = rest.rsplit(".", 1)
-            name = f"blk.{i}.{NAMES[ours]}.{kind}"
+            name = f"blk.{i}.{names[ours]}.{kind}"
         else:
             name = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
                     "lm_head.weight": "output.weight"}[name]
@@ -54,12 +61,13 @@ def logits(model, ids):
     return runner.prefill(ids, torch.tensor([ids.shape[1]]))
 
 
-@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("kind,kw", [("qwen3", dict(tie_word_embeddings=False)), ("qwen3", dict(tie_word_embeddings=True)),
+                                     ("gemma3", dict(num_hidden_layers=3, sliding_window=4))])
 @torch.inference_mode()
-def test_a_qwen3_gguf_loads_as_blocks_and_matches_the_float_model(tmp_path, tied):
-    hf = save_tiny(tmp_path, "qwen3", seed=11, head_dim=32, tie_word_embeddings=tied)
-    write_gguf(hf, tmp_path / "m.gguf", "qwen3")
-    write_gguf(hf, tmp_path / "no_norm.gguf", "qwen3", skip=("attn_q_norm", "attn_k_norm"))
+def test_a_gguf_of_a_newer_family_loads_as_blocks_and_matches_the_float_model(tmp_path, kind, kw):
+    hf = save_tiny(tmp_path, kind, seed=11, head_dim=32, **kw)
+    write_gguf(hf, tmp_path / "m.gguf", kind)
+    write_gguf(hf, tmp_path / "no_norm.gguf", kind, skip=("attn_q_norm", "attn_k_norm"))
     cfg = ModelConfig.from_hf(hf.config)
     with torch.device("meta"):
         skeleton = Transformer(cfg)
@@ -68,8 +76,10 @@ def test_a_qwen3_gguf_loads_as_blocks_and_matches_the_float_model(tmp_path, tied
     ids = torch.randint(0, cfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
     ref, got = logits(load_model(tmp_path)[0], ids), logits(quant, ids)
     err = (got - ref).abs().max() / ref.abs().max()
-    assert err < 0.03, err  # Q8_0 weights and int8 activations: about 1% of the logits' range
+    # Q8_0 weights and int8 activations: each about 1-2% of the logits' range (tiny Gemma 3: 1.9% + 2.0%);
+    # a norm read without Gemma's 1 + w, or a missing one, moves them by their whole size
+    assert err < 0.06, err
     with torch.device("meta"):
         skeleton = Transformer(cfg)
-    with pytest.raises(SpecEngineError, match="no_norm.gguf .qwen3. has no tensor 'blk.0.attn_q_norm.weight'"):
+    with pytest.raises(SpecEngineError, match=f"no_norm.gguf .{kind}. has no tensor 'blk.0.attn_q_norm.weight'"):
         load_quantized(skeleton, tmp_path / "no_norm.gguf", torch.float32)  # refused, never run without them

@@ -1,4 +1,5 @@
-"""Our decoder's logits equal transformers' on the same weights (fp32, prefill + decode)."""
+"""Our decoder's logits equal transformers' on the same weights (fp32, prefill + decode), for
+every family: Llama 2 / 3.x, Qwen2, Qwen3, Mistral, Gemma 3 (sliding windows included)."""
 import pytest
 import torch
 from conftest import save_tiny
@@ -20,6 +21,11 @@ from specengine.runtime.runner import ModelRunner
     # Qwen3: q/k RMSNorm per head, no qkv bias, a head_dim that is not hidden / heads
     ("qwen3", {}),
     ("qwen3", {"head_dim": 32, "tie_word_embeddings": True, "num_key_value_heads": 1}),
+    # Gemma 3: GeGLU, scaled embeddings, (1 + w) sandwich norms, q/k norm, query_pre_attn_scalar, and
+    # 5 local layers of 8-token windows (their own RoPE base) per global one: windows far shorter than the
+    # 31 positions read here
+    ("gemma3", {"num_hidden_layers": 6, "head_dim": 32, "num_key_value_heads": 1, "sliding_window": 8,
+                "query_pre_attn_scalar": 24}),
 ])
 @torch.inference_mode()
 def test_prefill_and_20_decode_steps_match_transformers(tmp_path, kind, kw):
