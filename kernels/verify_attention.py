@@ -12,7 +12,9 @@ batch-invariant reference (fixed tiles), which `verify_attention_fixed` matches 
 
 Contract (docs/design.md, "Kernel contracts"):
   verify_attention(q[B,Q,Hq,D], k_cache[B,S,Hkv,D], v_cache, cache_lens[B] int32,
-                   tree_mask=None | [B|1,Q,Q] bool, sm_scale=None) -> [B,Q,Hq,D]
+                   tree_mask=None | [B|1,Q,Q] bool, sm_scale=None, window=None | [B,Q] int)
+                   -> [B,Q,Hq,D]
+window (a sliding-window layer, Gemma 3): query i of row b sees no position < window[b, i].
 """
 from __future__ import annotations
 
