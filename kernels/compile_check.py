@@ -53,7 +53,9 @@ def _attention_variants(full: bool):
     launcher picks for the dtype. Representative: head_dim 128, BLOCK_M 16, one kept config."""
     from . import verify_attention as va
 
-    for dt, tree, split in itertools.product(DTYPES, (False, True), (False, True)):
+    for dt, tree, split, window in itertools.product(DTYPES, (False, True), (False, True), (False, True)):
+        if window and not (full or (tree and split)):  # representative: one variant with a sliding window
+            continue
         kind = "fp32" if dt == "fp32" else "half"
         configs = [dict(BLOCK_N=c.kwargs["BLOCK_N"], num_warps=c.num_warps, num_stages=c.num_stages)
                    for c in va._configs()]
@@ -64,13 +66,13 @@ def _attention_variants(full: bool):
             kept = [c for c in configs if va.spill_free(kind, BLOCK_M, c["BLOCK_N"], c["num_warps"])]
             for cfg in kept if full else kept[:1]:
                 p = f"*{dt}"
-                sig = dict(q_ptr=p, k_ptr=p, v_ptr=p, lens_ptr="*i32", mask_ptr="*i8" if tree else p, out_ptr=p,
-                           m_part="*fp32", l_part="*fp32", acc_part="*fp32", qk_scale="fp32")
+                sig = dict(q_ptr=p, k_ptr=p, v_ptr=p, lens_ptr="*i32", mask_ptr="*i8" if tree else p, win_ptr="*i32",
+                           out_ptr=p, m_part="*fp32", l_part="*fp32", acc_part="*fp32", qk_scale="fp32")
                 sig.update({n: "i32" for n in ("s_qb", "s_qq", "s_qh", "s_kb", "s_ks", "s_kh", "s_vb", "s_vs",
                                                "s_vh", "s_ob", "s_oq", "s_oh", "s_mb", "s_mi", "s_mj", "NQ", "G",
                                                "HKV", "NSPLIT", "MPAD", "CHUNK", "FIXED", "S_LOG2")})
                 const = dict(D=D, BLOCK_M=BLOCK_M, BLOCK_N=cfg["BLOCK_N"], HAS_TREE=tree, SPLIT=split,
-                             IEEE=dt == "fp32")
+                             IEEE=dt == "fp32", HAS_WINDOW=window)
                 yield "verify_attention", va._verify_attention_kernel.fn, sig, const, \
                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]), {"dtype": dt, **const, **cfg}
     for dt in DTYPES:
@@ -158,11 +160,11 @@ def _fused_step_variants(full: bool):
         yield "silu_and_mul", sm._silu_and_mul_kernel, sig, dict(BLOCK=1024), dict(num_warps=4), \
             dict(dtype=dt, BLOCK=1024)
         sig = dict(qkv_ptr=f"*{dt}", cos_ptr="*fp32", sin_ptr="*fp32", wpos_ptr="*i64", q_ptr=f"*{dt}",
-                   k_ptr=f"*{dt}", v_ptr=f"*{dt}", **_i32("T", "HQ", "HKV", "HALF", "s_qkv", "s_rope", "s_qb",
-                                                          "s_qt", "s_qh", "s_kb", "s_ks", "s_kh"))
-        for half in (32, 64) if full else (64,):
-            yield "rope_kv_write", rkv._rope_kv_write_kernel, sig, dict(BLOCK_H=half), dict(num_warps=1), \
-                dict(dtype=dt, BLOCK_H=half)
+                   k_ptr=f"*{dt}", v_ptr=f"*{dt}", qn_ptr=f"*{dt}", kn_ptr=f"*{dt}", eps="fp32",
+                   **_i32("T", "HQ", "HKV", "HALF", "s_qkv", "s_rope", "s_qb", "s_qt", "s_qh", "s_kb", "s_ks", "s_kh"))
+        for half, norm in itertools.product((32, 64) if full else (64,), (False, True)):  # NORM: Qwen3 / Gemma 3
+            yield "rope_kv_write", rkv._rope_kv_write_kernel, sig, dict(BLOCK_H=half, NORM=norm), \
+                dict(num_warps=1), dict(dtype=dt, BLOCK_H=half, NORM=norm)
 
 
 def _commit_variants(full: bool):

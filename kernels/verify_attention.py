@@ -12,8 +12,7 @@ batch-invariant reference (fixed tiles), which `verify_attention_fixed` matches 
 
 Contract (docs/design.md, "Kernel contracts"):
   verify_attention(q[B,Q,Hq,D], k_cache[B,S,Hkv,D], v_cache, cache_lens[B] int32,
-                   tree_mask=None | [B|1,Q,Q] bool, sm_scale=None, window=None | [B,Q] int)
-                   -> [B,Q,Hq,D]
+                   tree_mask=None | [B|1,Q,Q] bool, sm_scale=None, window=None | [B,Q] int) -> [B,Q,Hq,D]
 window (a sliding-window layer, Gemma 3): query i of row b sees no position < window[b, i].
 """
 from __future__ import annotations
@@ -31,7 +30,6 @@ from .jit import needs_triton, tl, triton
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634
 INVARIANT_TILE = 256  # cache positions per tile of the batch-invariant attention (both paths)
-
 
 
 def verify_attention_ref(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, window=None):
@@ -126,8 +124,7 @@ def verify_attention_rows(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_sc
         raise RuntimeError("verify_attention_rows needs the compiled extension (make install builds it)")
     scale = sm_scale if sm_scale is not None else q.shape[-1] ** -0.5
     q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
-    if window is not None:
-        window = window.to(torch.int32).contiguous()
+    window = None if window is None else window.to(torch.int32).contiguous()
     return _EXT.row_attention(q, k_cache, v_cache, cache_lens.to(torch.int32).contiguous(), tree_mask, scale, window)
 
 
@@ -400,5 +397,4 @@ def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=N
 def verify_attention_fixed(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, window=None):
     """`verify_attention` with fixed 256-position splits: batch-invariant mode's GPU kernel
     (`verify_attention_tiled` is its torch counterpart)."""
-    return verify_attention(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, window,
-                            fixed_split=INVARIANT_TILE)
+    return verify_attention(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, window, fixed_split=INVARIANT_TILE)

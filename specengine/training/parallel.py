@@ -147,10 +147,14 @@ class _PrefixThenMasks(_TrainingCache):
         self._kv[layer] = (torch.cat([rk, k], 1), torch.cat([rv, v], 1))
 
 
-def _explicit_mask_attention(q, k, v, cache_lens, mask):
-    """q [B,M,H,D] over all of k/v [B,S,Hkv,D] under an explicit [M,S] mask (training only)."""
+def _explicit_mask_attention(q, k, v, cache_lens, mask, sm_scale=None, window=None):
+    """q [B,M,H,D] over all of k/v [B,S,Hkv,D] under an explicit [M,S] mask (training only);
+    window [B,M]: each mask row's first visible position (a sliding-window layer)."""
+    m = mask.reshape(1, 1, *mask.shape[-2:])
+    if window is not None:
+        m = m & (torch.arange(k.shape[1], device=k.device) >= window[:, None, :, None])
     out = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask.reshape(1, 1, *mask.shape[-2:]),
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=m, scale=sm_scale,
         enable_gqa=q.shape[2] != k.shape[2])
     return out.transpose(1, 2)
 
