@@ -118,8 +118,7 @@ def verify_attention_rows(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_sc
     """`verify_attention_ref`'s contract on CPU, batch-invariant by construction (the compiled
     extension, csrc/row_attention_impl.h): each query's softmax runs over exactly the positions it
     sees, in position order, in fp32, so its result depends neither on the other queries of the
-    call nor on how much of the cache is passed. One call where `verify_attention_tiled` takes
-    about 25 torch ops per tile: the CPU decode step's batch-invariant attention."""
+    call nor on how much of the cache is passed (a window: only its positions are read)."""
     if _EXT is None:
         raise RuntimeError("verify_attention_rows needs the compiled extension (make install builds it)")
     scale = sm_scale if sm_scale is not None else q.shape[-1] ** -0.5
@@ -209,6 +208,8 @@ def _verify_attention_kernel(
         chunk = tl.cdiv(tl.cdiv(total, NSPLIT), BLOCK_N) * BLOCK_N
     start = pid_s * chunk
     end = tl.minimum(start + chunk, total)
+    if HAS_WINDOW:  # tiles wholly before every query's window are not read (a window costs its length)
+        start = tl.maximum(start, tl.min(tl.where(row_ok, lo, total), 0) // BLOCK_N * BLOCK_N)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -336,9 +337,8 @@ def verify_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=N
     Why long: the contract's checks (each names the bad argument) come before the launch.
     """
     if _interpreter_bf16(q, k_cache, v_cache):
-        out = verify_attention(q.float(), k_cache.float(), v_cache.float(), cache_lens, tree_mask, sm_scale,
-                               window, num_splits, fixed_split)
-        return out.to(q.dtype)
+        return verify_attention(q.float(), k_cache.float(), v_cache.float(), cache_lens, tree_mask, sm_scale,
+                                window, num_splits, fixed_split).to(q.dtype)
     B, Q, Hq, D = q.shape
     S, Hkv = k_cache.shape[1], k_cache.shape[2]
     if Hq % Hkv:

@@ -50,11 +50,6 @@ class Engine:
             raise SpecEngineError("draft and target must be separate model objects (each owns its KV cache)")
         if draft is not None:  # a draft over a prefix of a padded target vocabulary is padded to it, in place
             pad_vocab(draft, target.config.vocab_size)
-        window = target.config.sliding_window
-        if window is not None and window < cfg.max_seq_len:
-            raise SpecEngineError(
-                f"the target uses a sliding window of {window} tokens, which specengine does not "
-                f"implement; use max_seq_len <= {window}", "max_seq_len")
         self.tokenizer, self.max_seq_len = tokenizer, cfg.max_seq_len
         self.target = ModelRunner(target, cfg.kernels, cfg.cuda_graphs, cfg.max_batch)
         self.device = self.target.device

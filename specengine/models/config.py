@@ -61,9 +61,9 @@ class ModelConfig:
             window = None
         gemma = cfg.model_type == "gemma3_text"
         layer_windows = ()
-        if gemma:  # local layers read their window; the global ones everything
-            layer_windows = tuple(window if t == "sliding_attention" else None for t in cfg.layer_types)
-            window = None
+        if window is not None:  # local layers read only their window; global ones everything
+            types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * cfg.num_hidden_layers  # Mistral: all
+            layer_windows = tuple(window if t == "sliding_attention" else None for t in types)
         return cls(
             vocab_size=cfg.vocab_size,
             hidden_size=cfg.hidden_size,
@@ -77,7 +77,7 @@ class ModelConfig:
             qkv_bias=cfg.model_type == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
             tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
             max_position_embeddings=getattr(cfg, "max_position_embeddings", 1 << 20),
-            sliding_window=window,
+            sliding_window=window,  # the largest window; per layer: layer_windows
             qk_norm=cfg.model_type in ("qwen3", "gemma3_text"),
             act=ACTIVATIONS[act],
             gemma=gemma,

@@ -32,7 +32,7 @@ class KVCache:
         c = model.config
         rope = rope_tables(c.hf_config, c.head_dim, max_seq_len, model.device)
         local = None
-        if any(w is not None for w in c.layer_windows):
+        if c.gemma:  # its local layers rotate with their own base
             local = rope_tables(c.hf_config, c.head_dim, max_seq_len, model.device, "sliding_attention")
         return cls(c.num_layers, batch, max_seq_len, c.num_kv_heads, c.head_dim, model.dtype, model.device, rope,
                    local)

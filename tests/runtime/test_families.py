@@ -18,6 +18,7 @@ FAMILIES = {
     "qwen3": ("qwen3", dict(head_dim=32, num_key_value_heads=1)),
     # 8-token windows: prompts + 30 new tokens run far past them, in every verify and tree
     "gemma3": ("gemma3", dict(num_hidden_layers=6, head_dim=32, num_key_value_heads=1, sliding_window=8)),
+    "mistral-window": ("mistral", dict(sliding_window=8)),
 }
 
 

@@ -1,5 +1,6 @@
 """Our decoder's logits equal transformers' on the same weights (fp32, prefill + decode), for
-every family: Llama 2 / 3.x, Qwen2, Qwen3, Mistral, Gemma 3 (sliding windows included)."""
+every family: Llama 2 / 3.x, Qwen2, Qwen3, Mistral, Gemma 3 (sliding windows included: Gemma 3's,
+Mistral's, Qwen2's)."""
 import pytest
 import torch
 from conftest import save_tiny
@@ -26,6 +27,9 @@ from specengine.runtime.runner import ModelRunner
     # 31 positions read here
     ("gemma3", {"num_hidden_layers": 6, "head_dim": 32, "num_key_value_heads": 1, "sliding_window": 8,
                 "query_pre_attn_scalar": 24}),
+    # Mistral's window on every layer; Qwen2's on the layers from max_window_layers on
+    ("mistral", {"sliding_window": 8}),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}),
 ])
 @torch.inference_mode()
 def test_prefill_and_20_decode_steps_match_transformers(tmp_path, kind, kw):
