@@ -207,7 +207,8 @@ class Transformer(nn.Module):
         if windows:
             if tree_mask is not None and T > min(windows):
                 raise ValueError(f"a tree of {T} tokens is wider than a {min(windows)}-token sliding window")
-            step.windows = {w: pos - (w - 1) for w in windows}  # a token sees positions > its own - window
+            # a token sees positions > its own - window; int32 once per step, as every attention takes it
+            step.windows = {w: (pos - (w - 1)).to(torch.int32) for w in windows}
             if cache.rope_local is not None:
                 step.rope_local = StepRope.build(cache, pos, write_pos, x, kernel, local=True)
         residual = None
