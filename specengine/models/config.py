@@ -77,7 +77,7 @@ class ModelConfig:
             qkv_bias=cfg.model_type == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
             tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
             max_position_embeddings=getattr(cfg, "max_position_embeddings", 1 << 20),
-            sliding_window=window,  # the largest window; per layer: layer_windows
+            sliding_window=window,  # every windowed layer's; which layers: layer_windows
             qk_norm=cfg.model_type in ("qwen3", "gemma3_text"),
             act=ACTIVATIONS[act],
             gemma=gemma,

@@ -168,6 +168,7 @@ class Transformer(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         layer = GemmaDecoderLayer if cfg.gemma else DecoderLayer
         self.layers = nn.ModuleList(layer(cfg, i) for i in range(cfg.num_layers))
+        self.windows = sorted({w for w in cfg.layer_windows if w is not None})  # the distinct sliding windows
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
@@ -203,12 +204,11 @@ class Transformer(nn.Module):
             x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
         kernel = ops.kernel("rope_kv_write")
         step = Step(StepRope.build(cache, pos, write_pos, x, kernel), tree_mask, attn_len, ops)
-        windows = {w for w in self.config.layer_windows if w is not None}
-        if windows:
-            if tree_mask is not None and T > min(windows):
-                raise ValueError(f"a tree of {T} tokens is wider than a {min(windows)}-token sliding window")
+        if self.windows:
+            if tree_mask is not None and T > self.windows[0]:
+                raise ValueError(f"a tree of {T} tokens is wider than a {self.windows[0]}-token sliding window")
             # a token sees positions > its own - window; int32 once per step, as every attention takes it
-            step.windows = {w: (pos - (w - 1)).to(torch.int32) for w in windows}
+            step.windows = {w: (pos - (w - 1)).to(torch.int32) for w in self.windows}
             if cache.rope_local is not None:
                 step.rope_local = StepRope.build(cache, pos, write_pos, x, kernel, local=True)
         residual = None

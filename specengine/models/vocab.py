@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..errors import SpecEngineError
+from .cpu_matmul import unpack_layer
 from .quant_linear import QuantEmbedding, QuantLinear
 
 
@@ -45,9 +46,8 @@ def pad_vocab(model, size: int):
         raise SpecEngineError(f"the draft's vocabulary ({old} ids) is larger than the target's ({size}): ids the "
                               "target cannot score would be proposed", "draft")
     extra, emb, head = size - old, model.embed_tokens, model.lm_head
-    if getattr(head, "packed_weight", None) is not None:  # planned by an earlier engine: plain again
-        head.weight = nn.Parameter(head.packed_weight.to_dense(), requires_grad=False)
-        head.packed_weight = head.plan = head.plan_fns = None
+    if not isinstance(head, QuantLinear):
+        unpack_layer(head)  # planned by an earlier engine (oneDNN-packed): plain weights again
     head_w = head.segments()[0][1] if isinstance(head, QuantLinear) else head.weight
     emb_w = emb.qweight if isinstance(emb, QuantEmbedding) else emb.weight
     tied = head_w.data_ptr() == emb_w.data_ptr()

@@ -5,6 +5,7 @@ inputs, tree positions, clamped writes; each row the same whatever the rows besi
 an engine on CPU takes them by default and gives the reference path's tokens."""
 import pytest
 import torch
+from helpers.fused_cases import qk_norm_weights, rand, rope_case
 
 from specengine import Engine
 from specengine.kernels import cpu_ext
@@ -21,11 +22,6 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # ones in the last bits, which a rounding to 16 bits can carry over
 TOL = {torch.float32: dict(atol=2e-6, rtol=2e-6), torch.bfloat16: dict(atol=1e-2, rtol=8e-3),
        torch.float16: dict(atol=1e-3, rtol=1e-3)}
-
-
-def rand(*shape, dtype=torch.float32, seed=0, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -70,19 +66,8 @@ def test_silu_and_mul_takes_a_batch_and_refuses_an_odd_width():
 
 
 def _rope_case(B, T, Hq, Hkv, D, S, dtype, tree: bool, seed=0):
-    from transformers import LlamaConfig
-
-    from specengine.models.rope import rope_tables
-
-    cfg = LlamaConfig(hidden_size=Hq * D, num_attention_heads=Hq, num_key_value_heads=Hkv)
-    cos_t, sin_t = rope_tables(cfg, D, S, "cpu")
-    qkv = rand(B, T, (Hq + 2 * Hkv) * D, dtype=dtype, seed=seed)
-    lens = torch.tensor([3, S - 2, 0][:B])  # row 1 runs off the end: clamped writes
-    wpos = (lens[:, None] + torch.arange(T)).clamp(max=S - 1)
-    rope_pos = wpos
-    if tree:  # tree nodes rotate at their depth, not their slot
-        rope_pos = (lens[:, None] + torch.tensor([0, 1, 1, 2, 2, 3][:T])).clamp(max=S - 1)
-    return qkv, cos_t[rope_pos].to(dtype), sin_t[rope_pos].to(dtype), wpos
+    """cos / sin in the model dtype, as the step hands them to every non-Triton op."""
+    return rope_case(B, T, Hq, Hkv, D, S, dtype, tree, seed, rope_dtype=dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -105,7 +90,7 @@ def test_rope_kv_write_with_qk_norm_matches_the_reference(dtype, B, T, Hq, Hkv, 
     """Qwen3's per-head q/k RMSNorm before the rotation: within the norm's last-bit differences."""
     S = 16
     qkv, cos, sin, wpos = _rope_case(B, T, Hq, Hkv, D, S, dtype, False, seed=4)
-    norm = (1 + rand(D, dtype=dtype, seed=5) * 0.3, 1 + rand(D, dtype=dtype, seed=6) * 0.3, 1e-6)
+    norm = qk_norm_weights(D, dtype)
     kv = rand(2, B, S, Hkv, D, dtype=dtype, seed=9)
     kv_ref = kv.clone()
     q = rope_kv_write_cpu(qkv, cos, sin, wpos, kv[0], kv[1], Hq, Hkv, norm)

@@ -1,8 +1,11 @@
 """The fused step's Triton kernels (add + RMSNorm, SiLU-and-mul, RoPE + KV write) against
 their plain-PyTorch references in specengine/layers/, under the interpreter on CPU: odd
 sizes, fp32 / bf16 / fp16, strided inputs, tree positions, clamped write positions."""
+from functools import partial
+
 import pytest
 import torch
+from helpers import fused_cases
 from helpers.ops import DEVICE
 
 from specengine.kernels.silu_and_mul import silu_and_mul_ref
@@ -17,11 +20,7 @@ from specengine.kernels.silu_and_mul import silu_and_mul  # noqa: E402
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
        torch.float16: dict(atol=2e-3, rtol=2e-3)}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-def rand(*shape, dtype=torch.float32, seed=0, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(DEVICE, dtype)
+rand = partial(fused_cases.rand, device=DEVICE)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -63,20 +62,7 @@ def test_silu_and_mul_refuses_an_odd_width():
 
 
 def _rope_case(B, T, Hq, Hkv, D, S, dtype, tree: bool, seed=0):
-    from specengine.models.rope import rope_tables
-    from transformers import LlamaConfig
-
-    cfg = LlamaConfig(hidden_size=Hq * D, num_attention_heads=Hq, num_key_value_heads=Hkv)
-    cos_t, sin_t = rope_tables(cfg, D, S, DEVICE)
-    qkv = rand(B, T, (Hq + 2 * Hkv) * D, dtype=dtype, seed=seed)
-    lens = torch.tensor([3, S - 2, 0][:B], device=DEVICE)  # row 1 runs off the end: clamped writes
-    wpos = (lens[:, None] + torch.arange(T, device=DEVICE)).clamp(max=S - 1)
-    rope_pos = wpos
-    if tree:  # tree nodes rotate at their depth, not their slot
-        depth = torch.tensor([0, 1, 1, 2, 2, 3][:T], device=DEVICE)
-        rope_pos = (lens[:, None] + depth).clamp(max=S - 1)
-    cos, sin = cos_t[rope_pos], sin_t[rope_pos]
-    return qkv, cos, sin, wpos
+    return fused_cases.rope_case(B, T, Hq, Hkv, D, S, dtype, tree, seed, DEVICE)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -106,7 +92,7 @@ def test_rope_kv_write_with_qk_norm_matches_the_reference(dtype, B, T, Hq, Hkv, 
     """Qwen3's per-head q/k RMSNorm folded into the same launch (weights differ for q and k)."""
     S = 16
     qkv, cos, sin, wpos = _rope_case(B, T, Hq, Hkv, D, S, dtype, False, seed=4)
-    norm = (1 + rand(D, dtype=dtype, seed=5) * 0.3, 1 + rand(D, dtype=dtype, seed=6) * 0.3, 1e-6)
+    norm = fused_cases.qk_norm_weights(D, dtype, DEVICE)
     kv = rand(2, B, S, Hkv, D, dtype=dtype, seed=9)
     kv_ref = kv.clone()
     q = rope_kv_write(qkv, cos, sin, wpos, kv[0], kv[1], Hq, Hkv, norm)
