@@ -57,6 +57,7 @@ struct AttnArgs {
 namespace baseline {
 #include "quant_matmul_impl.h"
 #include "quant_dot_impl.h"
+#include "quant_x8_impl.h"
 #include "row_attention_impl.h"
 }  // namespace baseline
 
@@ -67,6 +68,7 @@ namespace avx2 {
 #define SE_AVX2 1
 #include "quant_matmul_impl.h"
 #include "quant_dot_impl.h"
+#include "quant_x8_impl.h"
 #include "row_attention_impl.h"
 }  // namespace avx2
 #pragma GCC pop_options
@@ -76,6 +78,7 @@ namespace avx512 {
 #define SE_WIDE 1
 #include "quant_matmul_impl.h"
 #include "quant_dot_impl.h"
+#include "quant_x8_impl.h"
 #include "row_attention_impl.h"
 }  // namespace avx512
 #pragma GCC pop_options
@@ -85,6 +88,7 @@ namespace avx512vnni {  // the same integer sums, with vpdpbusd / vpdpwssd fusin
 #define SE_VNNI 1
 #include "quant_matmul_impl.h"
 #include "quant_dot_impl.h"
+#include "quant_x8_impl.h"
 #include "row_attention_impl.h"
 #undef SE_VNNI
 #undef SE_WIDE
@@ -99,6 +103,7 @@ struct Kernels {
   const char* isa;
   void (*quantize)(const float*, int64_t, int64_t, int64_t, int8_t*, float*, int16_t*);
   void (*matmul)(int64_t, const Act&, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t);
+  void (*matmul_x8)(int64_t, const Act&, int64_t, const uint8_t*, float*, int64_t, int64_t, int64_t, uint8_t*);
   void (*dequantize)(int64_t, const uint8_t*, int64_t, float*);
   void (*dense)(bool, const float*, int64_t, int64_t, const void*, float*, int64_t, int64_t, int64_t, float*);
   void (*attention)(bool, const AttnArgs&, int64_t, int64_t, float*, float*, float*);
@@ -111,16 +116,16 @@ std::vector<Kernels> runnable() {
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl");
   if (avx512 && __builtin_cpu_supports("avx512vnni"))
-    out.push_back({"avx512vnni", avx512vnni::quantize_rows, avx512vnni::matmul_int, avx512vnni::dequantize,
+    out.push_back({"avx512vnni", avx512vnni::quantize_rows, avx512vnni::matmul_int, avx512vnni::matmul_x8, avx512vnni::dequantize,
                    avx512vnni::dense_matmul, avx512vnni::row_attention});
   if (avx512)
-    out.push_back({"avx512", avx512::quantize_rows, avx512::matmul_int, avx512::dequantize, avx512::dense_matmul,
+    out.push_back({"avx512", avx512::quantize_rows, avx512::matmul_int, avx512::matmul_x8, avx512::dequantize, avx512::dense_matmul,
                    avx512::row_attention});
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    out.push_back({"avx2", avx2::quantize_rows, avx2::matmul_int, avx2::dequantize, avx2::dense_matmul,
+    out.push_back({"avx2", avx2::quantize_rows, avx2::matmul_int, avx2::matmul_x8, avx2::dequantize, avx2::dense_matmul,
                    avx2::row_attention});
 #endif
-  out.push_back({"baseline", baseline::quantize_rows, baseline::matmul_int, baseline::dequantize,
+  out.push_back({"baseline", baseline::quantize_rows, baseline::matmul_int, baseline::matmul_x8, baseline::dequantize,
                  baseline::dense_matmul, baseline::row_attention});
   return out;
 }
@@ -181,6 +186,36 @@ torch::Tensor quant_matmul(const torch::Tensor& x, const torch::Tensor& w, int64
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     k.matmul(qtype, act, M, wp, row_bytes, yp, N, begin, end);
+  });
+  return y;
+}
+
+// The same product on a weight interleaved 8 rows at a time (kernels/quant_pack.py; Q4_K, Q6_K): wp
+// [ceil(N / 8), 8 * row_bytes] -> y [M, N].
+torch::Tensor quant_matmul_x8(const torch::Tensor& x, const torch::Tensor& wp, int64_t qtype, int64_t N) {
+  TORCH_CHECK(qtype == kQ4_K || qtype == kQ6_K, "no interleaved kernel for GGUF block format code ", qtype,
+              " (there is one for Q4_K and Q6_K)");
+  TORCH_CHECK(x.device().is_cpu() && wp.device().is_cpu(), "quant_matmul_x8 runs on CPU tensors");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "x must be a contiguous float32 [M, K] tensor");
+  const int64_t K = x.size(1), M = x.size(0), G = (N + 7) / 8;
+  TORCH_CHECK(wp.dim() == 2 && wp.scalar_type() == at::kByte && wp.is_contiguous() && wp.size(0) == G &&
+                  K % kValues[qtype] == 0 && wp.size(1) == K / kValues[qtype] * kBytes[qtype] * 8,
+              "the weight must be a contiguous uint8 [", G, ", ", K / kValues[qtype] * kBytes[qtype] * 8,
+              "] tensor of interleaved groups for ", N, " rows of ", K, " values; got ", wp.sizes());
+  const Kernels& k = kernels();
+  auto q = torch::empty({M, K}, x.options().dtype(torch::kInt8));
+  auto d = torch::empty({M, K / 256}, x.options());
+  auto bs = torch::empty({M, K / 16}, x.options().dtype(torch::kInt16));
+  k.quantize(x.data_ptr<float>(), M, K, 256, q.data_ptr<int8_t>(), d.data_ptr<float>(), bs.data_ptr<int16_t>());
+  const Act act{q.data_ptr<int8_t>(), d.data_ptr<float>(), bs.data_ptr<int16_t>(), K, 256};
+  auto y = torch::empty({M, N}, x.options());
+  const uint8_t* wpp = wp.data_ptr<uint8_t>();
+  float* yp = y.data_ptr<float>();
+  const int64_t row_bytes = K / kValues[qtype] * kBytes[qtype];
+  at::parallel_for(0, G, 2, [&](int64_t begin, int64_t end) {
+    std::vector<uint8_t> rows(std::string(k.isa) == "baseline" ? 8 * row_bytes : 0);  // the baseline's unpacked group
+    k.matmul_x8(qtype, act, M, wpp, yp, N, begin, end, rows.data());
   });
   return y;
 }
@@ -270,6 +305,8 @@ torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k, cons
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_matmul", &quant_matmul, "x [M, K] fp32 (quantized per block to int8) @ dequantize(w [N, row_bytes] GGUF blocks).T -> [M, N]");
+  m.def("quant_matmul_x8", &quant_matmul_x8, "quant_matmul on a weight interleaved 8 rows at a time "
+        "(kernels/quant_pack.py; Q4_K, Q6_K): x [M, K] fp32, wp [ceil(N/8), 8 * row_bytes], N -> [M, N]");
   m.def("dequantize", &dequantize, "w [N, row_bytes] GGUF blocks -> fp32 [N, cols]");
   m.def("dense_matmul", &dense_matmul, "x [M, K] fp32 @ w [N, K] (bf16 or fp32).T -> [M, N] fp32, few rows");
   m.def("row_attention", &row_attention, "batch-invariant verification attention: q [B, Q, Hq, D] over k, v "

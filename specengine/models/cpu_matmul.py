@@ -130,9 +130,12 @@ def unpack_layer(layer) -> None:
 
 
 def unpack(model) -> None:
-    """Back to plain weights and F.linear everywhere (e.g. before moving a model to a GPU)."""
+    """Back to plain weights and F.linear everywhere (e.g. before moving a model to a GPU), and
+    GGUF blocks back to the file's rows."""
     for layer in _linears(model):
         unpack_layer(layer)
+    for layer in quant_linear.quant_layers(model):
+        layer.pack(False)
 
 
 # ----------------------------------------------------------------------------- machine cache
@@ -284,7 +287,11 @@ def apply(model, entries: dict[str, dict]) -> dict[str, Plan]:
 
 
 def optimize(model, progress: bool = True) -> dict[str, Plan]:
-    """Tune (cached per machine) and apply the fastest path per shape and row count."""
+    """Tune (cached per machine) and apply the fastest path per shape and row count; GGUF blocks
+    take the layout their kernel reads faster here (quant_plan.choose_layouts)."""
+    from . import quant_plan
+
+    quant_plan.choose_layouts(model, progress=progress)
     return apply(model, tune(model, progress=progress))
 
 
@@ -302,7 +309,7 @@ def weight_bytes(model) -> int:
     at their size)."""
     seen, total = set(), 0
     for layer in quant_linear.quant_layers(model):
-        for _, w in layer.segments():
+        for _, w in layer.stored():
             if id(w) not in seen:
                 seen.add(id(w))
                 total += w.numel()

@@ -114,7 +114,12 @@ def _load_gguf(model: Transformer, name_or_path, dtype, device) -> Transformer:
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if left:
         raise SpecEngineError(f"{file.name} lacks {len(left)} tensors this architecture needs, e.g. {left[:3]}")
-    return model.to(device).eval().requires_grad_(False)
+    model = model.to(device).eval().requires_grad_(False)
+    if torch.device(device).type == "cpu":  # the layout the kernel reads faster here, measured once per machine
+        from .quant_plan import choose_layouts
+
+        choose_layouts(model)
+    return model
 
 
 def load_tokenizer(path: Path):

@@ -6,7 +6,10 @@ per part: Q4_K_M files store some v / down projections as Q6_K). On CPU it runs 
 compiled kernel (`specengine._quantext`: the activations quantized per block to int8 as
 llama.cpp does, each weight block unpacked once and multiplied with every activation row as
 integers; reference `quant_matmul_q8_ref`) where it is built, else the float torch reference;
-the result comes back in the activation dtype. `QuantEmbedding` dequantizes only the rows a step reads.
+the result comes back in the activation dtype. A segment may be held interleaved 8 rows at a time
+(`pack`, kernels/quant_pack.py: the same bytes reordered, which the kernel reads about twice as fast
+for Q4_K); quant_plan.choose_layouts decides per shape by measuring. `QuantEmbedding` dequantizes
+only the rows a step reads.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from torch import nn
 
 from ..kernels.jit import HAVE_TRITON
 from ..kernels.quant_matmul import CODES, FORMATS, dequantize_ref, quant_matmul_ref, quant_matmul_triton
+from ..kernels.quant_pack import PACKED, pack_x8, unpack_x8
 
 try:
     from .. import _quantext
@@ -39,6 +43,14 @@ if _quantext is not None:  # as torch ops, so torch.compile traces through them 
     @_int8_matmul.register_fake
     def _(x, w, code):
         return x.new_empty(x.shape[0], w.shape[0])
+
+    @torch.library.custom_op("specengine::quant_matmul_x8", mutates_args=())
+    def _x8_matmul(x: torch.Tensor, w: torch.Tensor, code: int, rows: int) -> torch.Tensor:
+        return _quantext.quant_matmul_x8(x, w, code, rows)
+
+    @_x8_matmul.register_fake
+    def _(x, w, code, rows):
+        return x.new_empty(x.shape[0], rows)
 
     @torch.library.custom_op("specengine::dense_matmul", mutates_args=())
     def dense_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -75,6 +87,15 @@ def quant_matmul(x2: torch.Tensor, qweight: torch.Tensor, qtype: str) -> torch.T
     return matmul(x2.float().contiguous(), qweight, EXT_CODES[qtype])
 
 
+def quant_matmul_packed(x2: torch.Tensor, packed: torch.Tensor, qtype: str, rows: int) -> torch.Tensor:
+    """`quant_matmul` on a weight interleaved by `pack_x8` (CPU with the extension; anywhere else, and
+    at prefill widths, through the file's layout again)."""
+    if _quantext is None or packed.device.type != "cpu" or x2.shape[0] > ROWS_PER_READ:
+        return quant_matmul(x2, unpack_x8(packed, qtype, rows), qtype)
+    matmul = _x8_matmul if torch.compiler.is_compiling() else _quantext.quant_matmul_x8
+    return matmul(x2.float().contiguous(), packed, EXT_CODES[qtype], rows)
+
+
 class QuantLinear(nn.Module):
     """y = x @ W.T + b with W as GGUF blocks: `segments` [(qtype, uint8 [rows, row_bytes])] stacked
     along the output dimension; `parts` as `decoder.Linear`'s (the checkpoint projections merged)."""
@@ -89,6 +110,7 @@ class QuantLinear(nn.Module):
             values, nbytes = FORMATS[q]
             widths.add(w.shape[1] // nbytes * values)  # a row's bytes give its values
             self.register_buffer(f"qweight{i}", w.contiguous())
+        self.packed = [None] * len(segments)  # per segment: its row count while held interleaved
         if len(widths) != 1:
             raise ValueError(f"segments of one layer must hold rows of one width, got {sorted(widths)}")
         self.in_features = widths.pop()
@@ -96,11 +118,32 @@ class QuantLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def segments(self):
+        """[(qtype, uint8 [rows, row_bytes])] in the file's layout (an interleaved segment unpacked: a copy)."""
+        return [(q, w if n is None else unpack_x8(w, q, n)) for (q, w), n in zip(self.stored(), self.packed)]
+
+    def stored(self):
+        """[(qtype, the tensor as held)]: the file's rows, or interleaved groups where `packed`."""
         return [(q, getattr(self, f"qweight{i}")) for i, q in enumerate(self.qtypes)]
+
+    def pack(self, interleave: bool = True) -> None:
+        """Hold every segment whose format has an interleaved kernel (kernels/quant_pack.PACKED) as
+        interleaved groups (interleave=False: back to the file's rows)."""
+        for i in range(len(self.qtypes)):
+            self.pack_segment(i, interleave)
+
+    def pack_segment(self, i: int, interleave: bool = True) -> None:
+        q, w = self.stored()[i]
+        if interleave and self.packed[i] is None and q in PACKED:
+            self.packed[i] = w.shape[0]
+            setattr(self, f"qweight{i}", pack_x8(w, q))
+        elif not interleave and self.packed[i] is not None:
+            setattr(self, f"qweight{i}", unpack_x8(w, q, self.packed[i]))
+            self.packed[i] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
-        outs = [quant_matmul(x2, w, q) for q, w in self.segments()]
+        outs = [quant_matmul(x2, w, q) if n is None else quant_matmul_packed(x2, w, q, n)
+                for (q, w), n in zip(self.stored(), self.packed)]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, -1)
         if self.bias is not None:
             y = y + self.bias.float()

@@ -9,9 +9,12 @@ from __future__ import annotations
 from tqdm.auto import tqdm
 
 from . import cpu_matmul
-from .quant_linear import QuantLinear, extension_isa, quant_layers
+from ..kernels.quant_pack import PACKED, pack_x8
+from .quant_linear import QuantLinear, _quantext, extension_isa, quant_layers, quant_matmul, quant_matmul_packed
 
-KERNEL_VERSION = 2  # bump when csrc/quant_dot_impl.h changes its speed: cached timings are then stale
+LAYOUT_ROWS = (1, 4)  # a decode and a typical verify: the layout faster over both is kept
+
+KERNEL_VERSION = 3  # bump when csrc/quant_dot_impl.h changes its speed: cached timings are then stale
 
 
 def groups(model) -> dict[str, list[QuantLinear]]:
@@ -29,7 +32,7 @@ def _sample(layers: list[QuantLinear]) -> list[QuantLinear]:
     out, total = [], 0
     for layer in layers:
         out.append(layer)
-        total += sum(w.numel() for _, w in layer.segments())
+        total += sum(w.numel() for _, w in layer.stored())
         if total >= cpu_matmul.MIN_PASS_BYTES and len(out) >= 2:
             break
     return out
@@ -77,3 +80,57 @@ def step_seconds(model, rows, progress: bool = True) -> dict[int, float]:
         t = sum(len(layers) * entries[k]["ms"][str(r)]["blocks"] / 1e3 for k, layers in by_key.items())
         out[r] = t + (cpu_matmul.step_seconds(model, floats, r) if floats else 0.0)
     return out
+
+
+def _packable(model) -> dict[tuple, list[tuple]]:
+    """(qtype, rows, cols) -> [(layer, segment index)] of segments an interleaved layout could hold: a
+    format with a kernel for it, on CPU, not shared with the embedding (a tied head keeps the file's
+    rows, which the embedding's lookups read)."""
+    emb = getattr(getattr(model, "embed_tokens", None), "qweight", None)
+    out: dict[tuple, list] = {}
+    for layer in quant_layers(model):
+        for i, (q, w) in enumerate(layer.stored()):
+            if q in PACKED and w.device.type == "cpu" and (emb is None or w.data_ptr() != emb.data_ptr()):
+                rows = w.shape[0] if layer.packed[i] is None else layer.packed[i]
+                out.setdefault((q, rows, layer.in_features), []).append((layer, i))
+    return out
+
+
+def choose_layouts(model, reps: int = 2, progress: bool = True) -> dict[str, str]:
+    """Hold each packable shape (`_packable`) in the layout its kernel runs faster at LAYOUT_ROWS rows
+    on this machine: measured once per machine and kernel version (cached with the plans), never
+    assumed. Returns {"<qtype>:<rows>x<cols>": "x8" | "rows"}."""
+    import torch
+
+    if _quantext is None:
+        return {}
+    groups_ = _packable(model)
+    table, tag, chosen = cpu_matmul._load_table(), f"gguf-v{KERNEL_VERSION}-{extension_isa()}", {}
+    todo = [k for k in groups_ if f"{tag}:layout:{k[0]}:{k[1]}x{k[2]}" not in table]
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for q, rows, cols in tqdm(todo, desc="measuring GGUF weight layouts (once per machine)",
+                                  disable=not progress or not todo, leave=False):
+            plain, total = [], 0
+            for layer, i in groups_[(q, rows, cols)]:
+                plain.append(layer.segments()[i][1])
+                total += plain[-1].numel()
+                if total >= cpu_matmul.MIN_PASS_BYTES and len(plain) >= 2:
+                    break
+            packed = [pack_x8(w, q) for w in plain]
+            ms = {}
+            for r in LAYOUT_ROWS:
+                x = torch.randn(r, cols, generator=gen)
+                ms[str(r)] = {
+                    "rows": 1e3 * cpu_matmul._time_pass(lambda x, w: quant_matmul(x, w, q), x, plain, reps),
+                    "x8": 1e3 * cpu_matmul._time_pass(lambda x, w: quant_matmul_packed(x, w, q, rows), x, packed, reps)}
+            table[f"{tag}:layout:{q}:{rows}x{cols}"] = {"ms": ms}
+        if todo:
+            cpu_matmul._save_table(table)
+    for (q, rows, cols), segs in groups_.items():
+        ms = table[f"{tag}:layout:{q}:{rows}x{cols}"]["ms"]
+        best = min(("rows", "x8"), key=lambda lay: sum(ms[str(r)][lay] for r in LAYOUT_ROWS))
+        chosen[f"{q}:{rows}x{cols}"] = best
+        for layer, i in segs:
+            layer.pack_segment(i, best == "x8")
+    return chosen

@@ -29,7 +29,9 @@ def _pad_head(head, extra: int):
         segments = head.segments()
         kind, last = segments[-1]
         bias = None if head.bias is None else _padded(head.bias.data, extra)
-        return QuantLinear(segments[:-1] + [(kind, _padded(last, extra))], bias, head.parts)
+        padded = QuantLinear(segments[:-1] + [(kind, _padded(last, extra))], bias, head.parts)
+        padded.pack(any(n is not None for n in head.packed))  # held as the old head was
+        return padded
     head.weight = nn.Parameter(_padded(head.weight.data, extra), requires_grad=False)
     if head.bias is not None:
         head.bias = nn.Parameter(_padded(head.bias.data, extra), requires_grad=False)
@@ -48,7 +50,7 @@ def pad_vocab(model, size: int):
     extra, emb, head = size - old, model.embed_tokens, model.lm_head
     if not isinstance(head, QuantLinear):
         unpack_layer(head)  # planned by an earlier engine (oneDNN-packed): plain weights again
-    head_w = head.segments()[0][1] if isinstance(head, QuantLinear) else head.weight
+    head_w = head.stored()[0][1] if isinstance(head, QuantLinear) else head.weight
     emb_w = emb.qweight if isinstance(emb, QuantEmbedding) else emb.weight
     tied = head_w.data_ptr() == emb_w.data_ptr()
     if isinstance(emb, QuantEmbedding):

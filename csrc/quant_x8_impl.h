@@ -1,0 +1,263 @@
+// The matvec of quant_matmul.cpp on weights interleaved 8 rows at a time (kernels/quant_pack.py is the
+// layout's spec): lane r of every 256-bit vector holds weight row r, so the scale unpacking, the float
+// conversions and the final sum are shared by eight rows, and each row's sum ends in its own lane.
+// Included once per instruction set inside its own namespace, after quant_dot_impl.h; no includes here.
+// The integer sums are those of dot_rows (quant_dot_impl.h) exactly; only the float order differs.
+// Every activation row takes the same operations whatever the chunk holds: batch-invariant.
+
+constexpr int64_t kGroup = 8;
+
+// Group g's rows of the file's layout back from the interleaved bytes (the baseline path and tests).
+template <int Q>
+void unpack_group(const uint8_t* p, int64_t nb, uint8_t* rows /* [8][nb * kBytes[Q]] */) {
+  const int64_t rb = nb * kBytes[Q];
+  for (int64_t i = 0; i < nb; ++i, p += kGroup * kBytes[Q])
+    for (int r = 0; r < kGroup; ++r) {
+      uint8_t* o = rows + r * rb + i * kBytes[Q];
+      if constexpr (Q == kQ4_K) {
+        std::memcpy(o, p + 2 * r, 2);
+        std::memcpy(o + 2, p + 16 + 2 * r, 2);
+        for (int wd = 0; wd < 3; ++wd) std::memcpy(o + 4 + 4 * wd, p + 32 + 32 * wd + 4 * r, 4);
+        for (int c = 0; c < 4; ++c)
+          for (int t = 0; t < 8; ++t) std::memcpy(o + 16 + 32 * c + 4 * t, p + 128 + 256 * c + 32 * t + 4 * r, 4);
+      } else {  // Q6_K
+        std::memcpy(o + 208, p + 2 * r, 2);
+        for (int wd = 0; wd < 4; ++wd) std::memcpy(o + 192 + 4 * wd, p + 16 + 32 * wd + 4 * r, 4);
+        for (int h = 0; h < 2; ++h)
+          for (int t = 0; t < 8; ++t) {
+            const uint8_t* v = p + 144 + 96 * (8 * h + t) + 4 * r;  // low nibbles (c 0, 1), high bits
+            std::memcpy(o + 64 * h + 4 * t, v, 4);
+            std::memcpy(o + 64 * h + 32 + 4 * t, v + 32, 4);
+            std::memcpy(o + 128 + 32 * h + 4 * t, v + 64, 4);
+          }
+      }
+    }
+}
+
+#ifdef SE_AVX2
+inline __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// Four activation bytes (or two int16) at p, in every lane.
+inline __m256i bcast4(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// Bytes of each lane of `words` rearranged by `pattern` (four byte indices 0..3, 0x80 for a zero
+// byte, little end first): the same shuffle in all eight lanes.
+inline __m256i pick(__m256i words, uint32_t pattern) {
+  const __m256i lane = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0C0C0C0C, 0, 0x04040404, 0x08080808, 0x0C0C0C0C);
+  return _mm256_shuffle_epi8(words, _mm256_add_epi8(_mm256_set1_epi32(int(pattern)), lane));
+}
+
+// Byte j of each lane twice, as an int16 pair (unsigned), or from two bytes j, j + 1 (signed).
+inline __m256i pair_u(__m256i words, int j) { return pick(words, 0x80008000u | (j << 16) | j); }
+inline __m256i pair_s(__m256i words, int j) {
+  return _mm256_srai_epi16(pick(words, 0x00800080u | ((j + 1) << 24) | (j << 8)), 8);
+}
+
+// p + the 4-product sums of unsigned weights v (<= 63) and signed activations x, per lane: int32 lanes
+// with VNNI (vpdpbusd); else int16 pairs (maddubs), which the callers fold (`fold`) before they could
+// overflow (kFold values of 4t).
+inline __m256i dot_acc(__m256i p, __m256i v, __m256i x) {
+#ifdef SE_VNNI
+  return _mm256_dpbusd_epi32(p, v, x);
+#else
+  return _mm256_add_epi16(p, _mm256_maddubs_epi16(v, x));
+#endif
+}
+
+// isum + p * the lane's scale, byte j of `words` (sign-extended for Q6_K).
+template <bool Signed>
+inline __m256i fold(__m256i isum, __m256i p, __m256i words, int j) {
+#ifdef SE_VNNI
+  const __m256i s = Signed ? _mm256_srai_epi32(pick(words, 0x00808080u | (j << 24)), 24)
+                           : pick(words, 0x80808000u | j);
+  return _mm256_add_epi32(isum, _mm256_mullo_epi32(p, s));
+#else
+  const __m256i s = Signed ? _mm256_srai_epi16(pick(words, 0x00800080u | (j << 24) | (j << 8)), 8)
+                           : pair_u(words, j);
+  return _mm256_add_epi32(isum, _mm256_madd_epi16(p, s));
+#endif
+}
+
+// R activation rows times one group of 8 Q4_K rows -> out [R][8].
+template <int R>
+void dot_q4k_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0xF), low6 = _mm256_set1_epi8(0x3f), low4 = m4, low2 = _mm256_set1_epi8(3);
+  for (int64_t i = 0; i < nb; ++i, w += kGroup * kBytes[kQ4_K]) {
+    const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    const __m256 m8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
+    // get_scale_min_k4 for eight rows at once: scales 0..3 / 4..7 and mins 0..3 / 4..7, a byte each
+    const __m256i u0 = load256(w + 32), u1 = load256(w + 64), u2 = load256(w + 96);
+    const __m256i sc[2] = {_mm256_and_si256(u0, low6),
+                           _mm256_or_si256(_mm256_and_si256(u2, low4),
+                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), low2), 4))};
+    const __m256i mn[2] = {_mm256_and_si256(u1, low6),
+                           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), low4),
+                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), low2), 4))};
+    __m256i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+    const uint8_t* qs = w + 128;
+    for (int j = 0; j < 8; ++j) {  // sub-block j: the low (j even) or high nibbles of chunks c = j / 2
+      __m256i p[R];
+      for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
+      for (int t = 0; t < 8; ++t) {  // values 32j + 4t .. 32j + 4t + 3 of each row
+        const __m256i q = load256(qs + 256 * (j / 2) + 32 * t);
+        const __m256i v = j % 2 ? _mm256_and_si256(_mm256_srli_epi16(q, 4), m4) : _mm256_and_si256(q, m4);
+        for (int r = 0; r < R; ++r) p[r] = dot_acc(p[r], v, bcast4(a.qr(r) + 256 * i + 32 * j + 4 * t));
+      }  // int16 pairs: 8 x 2 x 15 x 127 fits
+      for (int r = 0; r < R; ++r) isum[r] = fold<false>(isum[r], p[r], sc[j / 4], j % 4);
+    }
+    __m256i mpair[8];  // min j twice, against the sums of values 32j..32j+15 and 32j+16..32j+31
+    for (int j = 0; j < 8; ++j) mpair[j] = pair_u(mn[j / 4], j % 4);
+    for (int r = 0; r < R; ++r) {
+      const int16_t* bs = a.bsr(r) + 16 * i;
+      __m256i msum = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) msum = madd_add(msum, mpair[j], bcast4(bs + 2 * j));
+      const __m256 dx = _mm256_set1_ps(a.dr(r)[i]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d8, dx), acc[r]);
+      acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(m8, dx), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
+}
+
+// Q6_K values 128h + 32k + 4t + 0..3 of eight rows (0..63) from their low-nibble and high-bit bytes.
+template <int k>
+inline __m256i q6_values(__m256i l, __m256i hb) {
+  const __m256i m4 = _mm256_set1_epi8(0xF), three = _mm256_set1_epi8(3), hi2 = _mm256_set1_epi8(0x30);
+  if constexpr (k == 0) return _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_slli_epi16(_mm256_and_si256(hb, three), 4));
+  if constexpr (k == 1)
+    return _mm256_or_si256(_mm256_and_si256(l, m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), three), 4));
+  if constexpr (k == 2) return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m4), _mm256_and_si256(hb, hi2));
+  return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m4),
+                         _mm256_and_si256(_mm256_srli_epi16(hb, 2), hi2));
+}
+
+// isum[r] += the sums of sub-blocks 8h + 2k + s, k = 0..3, of values 128h + 32k + 16s + 0..15: each
+// load of low-nibble and high-bit bytes serves all four k.
+template <int R>
+inline void q6_half(const uint8_t* w, int h, int s, int64_t i, const Act& a, const __m256i* words, __m256i* isum) {
+#ifdef SE_VNNI
+  constexpr int kFold = 4;  // int32 lanes: fold once per sub-block
+#else
+  constexpr int kFold = 2;  // int16 pairs: 2 x 2 x 63 x 127 fits, 4 would not
+#endif
+  const uint8_t* vb = w + 144 + 96 * 8 * h;  // per t: 32 bytes of low nibbles (c 0), of c 1, of high bits
+  const int8_t* x0 = a.qr(0) + 256 * i + 128 * h;
+  for (int t0 = 4 * s; t0 < 4 * s + 4; t0 += kFold) {
+    __m256i p0[R], p1[R], p2[R], p3[R];  // one per k: named, so they stay in registers
+    for (int r = 0; r < R; ++r) p0[r] = p1[r] = p2[r] = p3[r] = _mm256_setzero_si256();
+    for (int t = t0; t < t0 + kFold; ++t) {
+      const __m256i l0 = load256(vb + 96 * t), l1 = load256(vb + 96 * t + 32), hb = load256(vb + 96 * t + 64);
+      const __m256i v0 = q6_values<0>(l0, hb), v1 = q6_values<1>(l1, hb), v2 = q6_values<2>(l0, hb),
+                    v3 = q6_values<3>(l1, hb);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = x0 + r * a.K + 4 * t;
+        p0[r] = dot_acc(p0[r], v0, bcast4(x));
+        p1[r] = dot_acc(p1[r], v1, bcast4(x + 32));
+        p2[r] = dot_acc(p2[r], v2, bcast4(x + 64));
+        p3[r] = dot_acc(p3[r], v3, bcast4(x + 96));
+      }
+    }
+    const int g = 8 * h + s;  // sub-blocks g, g + 2, g + 4, g + 6 (k = 0..3): bytes s, s + 2 of words 2h, 2h + 1
+    for (int r = 0; r < R; ++r) {
+      isum[r] = fold<true>(isum[r], p0[r], words[g / 4], g % 4);
+      isum[r] = fold<true>(isum[r], p1[r], words[(g + 2) / 4], (g + 2) % 4);
+      isum[r] = fold<true>(isum[r], p2[r], words[(g + 4) / 4], (g + 4) % 4);
+      isum[r] = fold<true>(isum[r], p3[r], words[(g + 6) / 4], (g + 6) % 4);
+    }
+  }
+}
+
+// R activation rows times one group of 8 Q6_K rows -> out [R][8].
+template <int R>
+void dot_q6k_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i, w += kGroup * kBytes[kQ6_K]) {
+    const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    __m256i words[4];
+    for (int k = 0; k < 4; ++k) words[k] = load256(w + 16 + 32 * k);
+    __m256i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      q6_half<R>(w, h, 0, i, a, words, isum);
+      q6_half<R>(w, h, 1, i, a, words, isum);
+    }
+    __m256i spair[8];  // the values are q - 32: subtract 32 * sum_g sc_g * (sum of x over group g)
+    for (int j = 0; j < 8; ++j) spair[j] = pair_s(words[j / 2], 2 * (j % 2));
+    for (int r = 0; r < R; ++r) {
+      const int16_t* bs = a.bsr(r) + 16 * i;
+      __m256i off = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) off = madd_add(off, spair[j], bcast4(bs + 2 * j));
+      isum[r] = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(off, 5));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d8, _mm256_set1_ps(a.dr(r)[i])), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
+}
+
+template <int Q, int R>
+void dot_group(const uint8_t* w, int64_t nb, const Act& a, float* out, uint8_t*) {
+  if constexpr (Q == kQ4_K)
+    dot_q4k_x8<R>(w, nb, a, out);
+  else
+    dot_q6k_x8<R>(w, nb, a, out);
+}
+#else
+// Plain C++: the group's rows unpacked to the file's layout, then dot_rows' arithmetic per row.
+template <int Q, int R>
+void dot_group(const uint8_t* w, int64_t nb, const Act& a, float* out, uint8_t* rows) {
+  unpack_group<Q>(w, nb, rows);
+  float o[R];
+  for (int l = 0; l < kGroup; ++l) {
+    dot_rows<Q, R>(rows + l * nb * kBytes[Q], nb, a, o);
+    for (int r = 0; r < R; ++r) out[8 * r + l] = o[r];
+  }
+}
+#endif
+
+// y [M, N] for groups begin..end of an interleaved weight (row 8g + l of group g), chunks of up to
+// kMaxRows activation rows per group. `rows`: scratch of 8 rows of the file's layout (baseline only).
+template <int Q>
+void matmul_x8_q(const Act& a, int64_t M, const uint8_t* w, float* y, int64_t N, int64_t begin, int64_t end,
+                 uint8_t* rows) {
+  const int64_t nb = a.K / kValues[Q], group_bytes = nb * kBytes[Q] * kGroup;
+  float out[kMaxRows * kGroup];
+  for (int64_t g = begin; g < end; ++g) {
+    const uint8_t* wg = w + g * group_bytes;
+    const int64_t lanes = std::min<int64_t>(kGroup, N - kGroup * g);
+    for (int64_t m = 0; m < M;) {
+      Act c = a;
+      c.q += m * a.K, c.d += m * (a.K / a.block), c.bs += m * (a.K / 16);
+      const int64_t R = std::min<int64_t>(kMaxRows, M - m);
+      switch (R) {
+#ifdef SE_WIDE
+        case 8: dot_group<Q, 8>(wg, nb, c, out, rows); break;
+        case 7: dot_group<Q, 7>(wg, nb, c, out, rows); break;
+        case 6: dot_group<Q, 6>(wg, nb, c, out, rows); break;
+        case 5: dot_group<Q, 5>(wg, nb, c, out, rows); break;
+#endif
+        case 4: dot_group<Q, 4>(wg, nb, c, out, rows); break;
+        case 3: dot_group<Q, 3>(wg, nb, c, out, rows); break;
+        case 2: dot_group<Q, 2>(wg, nb, c, out, rows); break;
+        default: dot_group<Q, 1>(wg, nb, c, out, rows);
+      }
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t l = 0; l < lanes; ++l) y[(m + r) * N + kGroup * g + l] = out[kGroup * r + l];
+      m += R;
+    }
+  }
+}
+
+inline void matmul_x8(int64_t qtype, const Act& a, int64_t M, const uint8_t* w, float* y, int64_t N, int64_t begin,
+                      int64_t end, uint8_t* rows) {
+  if (qtype == kQ4_K) return matmul_x8_q<kQ4_K>(a, M, w, y, N, begin, end, rows);
+  return matmul_x8_q<kQ6_K>(a, M, w, y, N, begin, end, rows);
+}

@@ -1,0 +1,74 @@
+"""GGUF blocks interleaved 8 rows at a time ("x8"), the layout of the CPU kernel's one-pass matvec.
+
+A plain GGUF row keeps each super-block's scales next to its values, so a one-row dot product
+pays the scale unpacking, the float conversions and a horizontal sum once per row and
+super-block: about half of its instructions. Interleaving eight weight rows lets every
+vector instruction serve all eight: lane r of a vector holds row r, the scales of eight rows
+unpack in one pass, and each row's sum ends in its own lane (no horizontal sum). llama.cpp's
+repacked CPU layouts rest on the same idea; this one is ours, a pure byte permutation of the
+file's blocks: same bytes, same size (plus zero rows up to a multiple of 8), and `unpack_x8`
+gives the file's rows back exactly.
+
+Q4_K, per group of 8 rows and super-block (8 x 144 = 1152 bytes):
+    d     [8 rows][2]         the rows' fp16 super-block scales
+    dmin  [8 rows][2]         their fp16 super-block mins
+    scales[3 words][8 rows][4] the 12 packed 6-bit scale/min bytes, as three 32-bit words per row
+    qs    [4 c][8 t][8 rows][4] bytes 32c + 4t .. 32c + 4t + 3 of each row's 128 value bytes
+Q6_K, per group and super-block (8 x 210 = 1680 bytes):
+    d     [8 rows][2]         fp16 scales
+    scales[4 words][8 rows][4] the 16 int8 sub-block scales, four per word
+    values[2 h][8 t][3][8 rows][4]  per (h, t): low-nibble bytes 64h + 4t .. +3 and 64h + 32 + 4t .. +3,
+                                    then high-bit bytes 32h + 4t .. +3 (the order the kernel reads them:
+                                    a forward stream, which the hardware prefetcher follows)
+"""
+from __future__ import annotations
+
+import torch
+
+from .quant_matmul import FORMATS
+
+ROWS = 8
+PACKED = ("Q4_K", "Q6_K")  # formats with an interleaved layout (and a kernel for it)
+
+
+def _fields(qtype: str, b: torch.Tensor) -> list[torch.Tensor]:
+    """b [G, nb, 8 rows, bytes] -> the packed fields in order, each [G, nb, ...] with rows inside."""
+    G, nb = b.shape[:2]
+    if qtype == "Q4_K":
+        return [b[..., 0:2], b[..., 2:4],
+                b[..., 4:16].reshape(G, nb, ROWS, 3, 4).transpose(2, 3),
+                b[..., 16:144].reshape(G, nb, ROWS, 4, 8, 4).permute(0, 1, 3, 4, 2, 5)]
+    if qtype == "Q6_K":
+        ql = b[..., 0:128].reshape(G, nb, ROWS, 2, 2, 8, 4).permute(0, 1, 3, 5, 4, 2, 6)  # [h, t, c, rows, 4]
+        qh = b[..., 128:192].reshape(G, nb, ROWS, 2, 8, 1, 4).permute(0, 1, 3, 4, 5, 2, 6)  # [h, t, 1, rows, 4]
+        return [b[..., 208:210], b[..., 192:208].reshape(G, nb, ROWS, 4, 4).transpose(2, 3), torch.cat([ql, qh], 4)]
+    raise ValueError(f"no interleaved layout for {qtype}; there is one for {', '.join(PACKED)}")
+
+
+def packed_bytes(qtype: str, rows: int, cols: int) -> tuple[int, int]:
+    """Shape [groups, bytes per group] of a packed [rows, cols] weight."""
+    values, nbytes = FORMATS[qtype]
+    return -(-rows // ROWS), cols // values * nbytes * ROWS
+
+
+def pack_x8(qweight: torch.Tensor, qtype: str) -> torch.Tensor:
+    """[N, row_bytes] GGUF rows -> [ceil(N / 8), 8 * row_bytes] interleaved groups (zero rows pad
+    the last group; zero bytes are zero blocks)."""
+    values, nbytes = FORMATS[qtype]
+    N, rb = qweight.shape
+    G, nb = -(-N // ROWS), rb // nbytes
+    w = torch.cat([qweight, qweight.new_zeros(G * ROWS - N, rb)]) if G * ROWS != N else qweight
+    b = w.reshape(G, ROWS, nb, nbytes).transpose(1, 2)  # [G, nb, rows, bytes]
+    return torch.cat([f.reshape(G, nb, -1) for f in _fields(qtype, b)], -1).reshape(G, nb * nbytes * ROWS)
+
+
+def unpack_x8(packed: torch.Tensor, qtype: str, rows: int) -> torch.Tensor:
+    """The inverse of `pack_x8`: the first `rows` GGUF rows, byte for byte."""
+    _, nbytes = FORMATS[qtype]
+    G = packed.shape[0]
+    nb = packed.shape[1] // (nbytes * ROWS)
+    # the permutation applied to byte indices, inverted with argsort (one index map per format)
+    idx = torch.arange(ROWS * nbytes).reshape(1, 1, ROWS, nbytes)
+    order = torch.cat([f.reshape(1, 1, -1) for f in _fields(qtype, idx)], -1).reshape(-1)
+    b = packed.reshape(G, nb, ROWS * nbytes)[..., torch.argsort(order)]
+    return b.reshape(G, nb, ROWS, nbytes).transpose(1, 2).reshape(G * ROWS, nb * nbytes)[:rows]

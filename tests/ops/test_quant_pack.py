@@ -1,0 +1,134 @@
+"""GGUF blocks interleaved 8 rows at a time (kernels/quant_pack.py, csrc/quant_x8_impl.h): the layout
+is a byte permutation that gives the file's rows back exactly; the kernel on it, in every
+instruction-set copy this CPU runs, equals the reference of the file's layout (odd row counts, a
+partial last group, 1-17 activation rows) and gives each row the same bits whatever rows share its
+call; quantized layers hold it and compute the same; the layout is chosen by measurement and never
+taken by a tensor the embedding shares."""
+import pytest
+import torch
+
+from ops.test_quant_matmul import random_blocks
+from specengine.kernels.quant_matmul import FORMATS, dequantize_ref, quant_matmul_q8_ref
+from specengine.kernels.quant_pack import PACKED, ROWS, pack_x8, packed_bytes, unpack_x8
+from specengine.models import cpu_matmul, quant_linear, quant_plan
+from specengine.models.quant_linear import EXT_CODES, QuantEmbedding, QuantLinear
+
+
+@pytest.fixture(params=quant_linear._quantext.isas() if quant_linear._quantext else [])
+def ext(request):
+    ext = quant_linear._quantext
+    widest = ext.isa()
+    ext.set_isa(request.param)
+    yield ext
+    ext.set_isa(widest)
+
+
+@pytest.mark.parametrize("qtype", PACKED)
+@pytest.mark.parametrize("N", [1, 7, 8, 9, 17])
+def test_packing_is_a_permutation_the_file_rows_come_back_from(qtype, N):
+    w = random_blocks(qtype, N, 512, seed=N)
+    p = pack_x8(w, qtype)
+    assert tuple(p.shape) == packed_bytes(qtype, N, 512) == (-(-N // ROWS), 512 // 256 * FORMATS[qtype][1] * ROWS)
+    assert torch.equal(unpack_x8(p, qtype, N), w)
+    # the same bytes (and zero rows up to the group): a permutation, nothing lost or made up
+    padded = torch.cat([w, w.new_zeros(p.shape[0] * ROWS - N, w.shape[1])])
+    assert torch.equal(p.flatten().sort().values, padded.flatten().sort().values)
+
+
+def test_the_layout_puts_each_rows_scale_where_the_kernel_reads_it():
+    """Spot checks of the documented byte positions (independent of `_fields`)."""
+    w = random_blocks("Q4_K", 8, 256, seed=1)
+    p = pack_x8(w, "Q4_K")[0]
+    for r in range(8):
+        assert torch.equal(p[2 * r:2 * r + 2], w[r, 0:2])  # d
+        assert torch.equal(p[16 + 2 * r:18 + 2 * r], w[r, 2:4])  # dmin
+        assert torch.equal(p[32 + 32 + 4 * r:32 + 36 + 4 * r], w[r, 8:12])  # scale word 1
+        assert torch.equal(p[128 + 256 * 3 + 32 * 5 + 4 * r:128 + 256 * 3 + 32 * 5 + 4 * r + 4],
+                           w[r, 16 + 32 * 3 + 4 * 5:16 + 32 * 3 + 4 * 5 + 4])  # qs chunk c 3, t 5
+    w6 = random_blocks("Q6_K", 8, 256, seed=2)
+    p6 = pack_x8(w6, "Q6_K")[0]
+    for r in range(8):
+        assert torch.equal(p6[2 * r:2 * r + 2], w6[r, 208:210])
+        at = 144 + 96 * (8 + 7) + 4 * r  # h 1, t 7
+        assert torch.equal(p6[at + 32:at + 36], w6[r, 64 + 32 + 28:64 + 32 + 32])  # low nibbles, c 1
+        assert torch.equal(p6[at + 64:at + 68], w6[r, 128 + 32 + 28:128 + 32 + 32])  # high bits
+
+
+def test_formats_without_a_layout_are_refused():
+    with pytest.raises(ValueError, match="no interleaved layout for Q8_0"):
+        pack_x8(random_blocks("Q8_0", 8, 64), "Q8_0")
+
+
+@pytest.mark.parametrize("qtype", PACKED)
+@pytest.mark.parametrize("N,K,M", [(37, 512, 1), (3, 256, 5), (70, 768, 9), (16, 1024, 17)])
+def test_interleaved_kernel_equals_the_reference_within_fp32_rounding(ext, qtype, N, K, M):
+    w = random_blocks(qtype, N, K, seed=N * M + 7)
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(M))
+    scale = float((x.abs() @ dequantize_ref(w, qtype).abs().T).max())
+    got = ext.quant_matmul_x8(x, pack_x8(w, qtype), EXT_CODES[qtype], N)
+    torch.testing.assert_close(got, quant_matmul_q8_ref(x, w, qtype), rtol=0, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize("qtype", PACKED)
+def test_interleaved_rows_do_not_depend_on_their_neighbours(ext, qtype):
+    w = pack_x8(random_blocks(qtype, 21, 512, seed=3), qtype)
+    x = torch.randn(13, 512, generator=torch.Generator().manual_seed(4))
+    together = ext.quant_matmul_x8(x, w, EXT_CODES[qtype], 21)
+    for m in range(13):
+        assert torch.equal(ext.quant_matmul_x8(x[m:m + 1].contiguous(), w, EXT_CODES[qtype], 21)[0], together[m])
+    assert torch.equal(ext.quant_matmul_x8(x[2:7].contiguous(), w, EXT_CODES[qtype], 21), together[2:7])
+
+
+def test_interleaved_kernel_refuses_bad_inputs_naming_them():
+    ext = quant_linear._quantext
+    w = pack_x8(random_blocks("Q4_K", 9, 256), "Q4_K")
+    with pytest.raises(RuntimeError, match=r"interleaved groups for 17 rows"):
+        ext.quant_matmul_x8(torch.zeros(1, 256), w, EXT_CODES["Q4_K"], 17)
+    with pytest.raises(RuntimeError, match="no interleaved kernel for GGUF block format code 2"):
+        ext.quant_matmul_x8(torch.zeros(1, 256), w, EXT_CODES["Q8_0"], 9)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 80])  # decode, verify, prefill (through the file's layout)
+def test_a_packed_layer_computes_what_it_did_and_gives_its_blocks_back(rows):
+    segs = [("Q4_K", random_blocks("Q4_K", 19, 512, seed=1)), ("Q8_0", random_blocks("Q8_0", 5, 512, seed=2)),
+            ("Q6_K", random_blocks("Q6_K", 6, 512, seed=3))]
+    layer = QuantLinear(segs, torch.randn(30))
+    x = torch.randn(1, rows, 512, generator=torch.Generator().manual_seed(rows))
+    before = layer(x)
+    layer.pack()
+    assert layer.packed == [19, None, 6]  # Q8_0 has no interleaved layout: kept as rows
+    scale = float((x.abs() @ layer.dequantized().abs().T).max())
+    torch.testing.assert_close(layer(x), before, rtol=0, atol=2e-6 * scale)
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(layer.segments(), segs))
+    layer.pack(False)
+    assert layer.packed == [None] * 3 and all(torch.equal(a[1], b[1]) for a, b in zip(layer.stored(), segs))
+
+
+class Tiny(torch.nn.Module):
+    """A model with a head tied to its embedding and a separate projection."""
+
+    def __init__(self):
+        super().__init__()
+        emb = random_blocks("Q4_K", 12, 256, seed=5)
+        self.embed_tokens = QuantEmbedding("Q4_K", emb, 256, torch.float32)
+        self.lm_head = QuantLinear([("Q4_K", emb)])
+        self.proj = QuantLinear([("Q4_K", random_blocks("Q4_K", 24, 256, seed=6))])
+
+
+@pytest.mark.parametrize("faster", ["x8", "rows"])
+def test_the_measured_faster_layout_is_taken_and_a_tied_head_is_left_alone(monkeypatch, faster):
+    table = {}
+    monkeypatch.setattr(cpu_matmul, "_load_table", lambda: table)
+    monkeypatch.setattr(cpu_matmul, "_save_table", lambda t: None)
+    model = Tiny()
+    quant_plan.choose_layouts(model, reps=1, progress=False)  # measured: one entry, for the proj shape
+    (key, entry), = table.items()
+    assert key.endswith(":layout:Q4_K:24x256") and set(entry["ms"]) == {str(r) for r in quant_plan.LAYOUT_ROWS}
+    slow = "rows" if faster == "x8" else "x8"
+    for ms in entry["ms"].values():  # pretend this machine measured `faster` as the faster one
+        ms[faster], ms[slow] = 1.0, 2.0
+    assert quant_plan.choose_layouts(model, progress=False) == {"Q4_K:24x256": faster}
+    assert model.proj.packed == ([24] if faster == "x8" else [None])
+    assert model.lm_head.packed == [None]  # shares the embedding's blocks
+    cpu_matmul.unpack(model)
+    assert model.proj.packed == [None]
