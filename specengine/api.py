@@ -15,6 +15,7 @@ from .methods.context import MethodContext
 from . import precision
 from .models.cpu_matmul import optimize, unpack
 from .models.loading import load_tokenizer, resolve
+from .models.quant_plan import choose_layouts
 from .models.tokenizer_check import check_tokenizers
 from .models.vocab import pad_vocab
 from .pair import load_pair
@@ -137,13 +138,15 @@ class Engine:
         return self._drafter
 
     def set_cpu_matmul(self, mode: str = "auto") -> None:
-        """"auto": CPU Linear layers use the fastest matmul path per shape and row count,
-        measured on this machine once (cached); "linear": plain F.linear everywhere."""
+        """"auto": CPU Linear layers use the fastest matmul path per shape and row count, and GGUF
+        blocks the faster layout, measured on this machine once (cached); "linear": plain F.linear
+        everywhere and GGUF blocks in the file's rows."""
         self.config = self.config.replace(cpu_matmul=mode)  # checked there; the config stays true
         for runner in self._runners():
             if runner.device.type != "cpu":
                 continue
-            if mode == "auto":
+            if mode == "auto":  # GGUF blocks also take the layout their kernel reads faster here
+                choose_layouts(runner.model)
                 optimize(runner.model)
             else:
                 unpack(runner.model)

@@ -287,11 +287,7 @@ def apply(model, entries: dict[str, dict]) -> dict[str, Plan]:
 
 
 def optimize(model, progress: bool = True) -> dict[str, Plan]:
-    """Tune (cached per machine) and apply the fastest path per shape and row count; GGUF blocks
-    take the layout their kernel reads faster here (quant_plan.choose_layouts)."""
-    from . import quant_plan
-
-    quant_plan.choose_layouts(model, progress=progress)
+    """Tune (cached per machine) and apply the fastest path per shape and row count."""
     return apply(model, tune(model, progress=progress))
 
 
