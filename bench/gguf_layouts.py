@@ -46,7 +46,7 @@ def main(argv=None) -> int:
                 t = time.perf_counter()
                 out = eng.generate(PROMPT, max_new_tokens=args.max_new_tokens, ignore_eos=True, method=method)
                 runs.setdefault(f"{name} / {method}", []).append(args.max_new_tokens / (time.perf_counter() - t))
-                tokens.setdefault(method, {})[name] = out.tokens if hasattr(out, "tokens") else out.text
+                tokens.setdefault(method, {})[name] = out.token_ids
                 print(f"rep {rep + 1}/{args.reps}  {name:18s} {method}: {runs[f'{name} / {method}'][-1]:.2f} tok/s",
                       file=sys.stderr)
     same = all(len({str(v) for v in by.values()}) == 1 for by in tokens.values())

@@ -156,11 +156,16 @@ std::vector<std::string> isas() {
   return out;
 }
 
-void check(const torch::Tensor& x, const torch::Tensor& w, int64_t qtype) {
-  TORCH_CHECK(qtype >= 0 && qtype <= kQ6_K, "unknown GGUF block format code ", qtype);
-  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "quant_matmul runs on CPU tensors");
+// The activations as both quant_matmul entry points take them: CPU tensors, x a contiguous fp32 [M, K].
+void check_x(const torch::Tensor& x, const torch::Tensor& w, const char* op) {
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), op, " runs on CPU tensors");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be a contiguous float32 [M, K] tensor");
+}
+
+void check(const torch::Tensor& x, const torch::Tensor& w, int64_t qtype) {
+  TORCH_CHECK(qtype >= 0 && qtype <= kQ6_K, "unknown GGUF block format code ", qtype);
+  check_x(x, w, "quant_matmul");
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "the weight must be a contiguous uint8 [N, row_bytes] tensor of GGUF blocks");
   TORCH_CHECK(x.size(1) % kValues[qtype] == 0 && w.size(1) == x.size(1) / kValues[qtype] * kBytes[qtype],
@@ -168,19 +173,30 @@ void check(const torch::Tensor& x, const torch::Tensor& w, int64_t qtype) {
               kValues[qtype], " values / ", kBytes[qtype], " bytes");
 }
 
+// The activation rows quantized once for every weight row (int8 values, a scale per block of the weight's
+// format, sums per 16): the tensors own the memory `act` points into.
+struct QuantizedRows {
+  torch::Tensor q, d, bs;
+  Act act;
+};
+
+QuantizedRows quantize_rows_for(const Kernels& k, const torch::Tensor& x, int64_t block) {
+  const int64_t M = x.size(0), K = x.size(1);
+  QuantizedRows r{torch::empty({M, K}, x.options().dtype(torch::kInt8)), torch::empty({M, K / block}, x.options()),
+                  torch::empty({M, K / 16}, x.options().dtype(torch::kInt16)), {}};
+  k.quantize(x.data_ptr<float>(), M, K, block, r.q.data_ptr<int8_t>(), r.d.data_ptr<float>(), r.bs.data_ptr<int16_t>());
+  r.act = Act{r.q.data_ptr<int8_t>(), r.d.data_ptr<float>(), r.bs.data_ptr<int16_t>(), K, block};
+  return r;
+}
+
 }  // namespace
 
 torch::Tensor quant_matmul(const torch::Tensor& x, const torch::Tensor& w, int64_t qtype) {
   check(x, w, qtype);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0), row_bytes = w.size(1);
-  const int64_t block = kValues[qtype];
   const Kernels& k = kernels();
-  // the activations quantized once for every weight row: int8 values, a scale per block, sums per 16
-  auto q = torch::empty({M, K}, x.options().dtype(torch::kInt8));
-  auto d = torch::empty({M, K / block}, x.options());
-  auto bs = torch::empty({M, K / 16}, x.options().dtype(torch::kInt16));
-  k.quantize(x.data_ptr<float>(), M, K, block, q.data_ptr<int8_t>(), d.data_ptr<float>(), bs.data_ptr<int16_t>());
-  const Act act{q.data_ptr<int8_t>(), d.data_ptr<float>(), bs.data_ptr<int16_t>(), K, block};
+  const QuantizedRows xq = quantize_rows_for(k, x, kValues[qtype]);
+  const Act& act = xq.act;
   auto y = torch::empty({M, N}, x.options());
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
@@ -195,20 +211,15 @@ torch::Tensor quant_matmul(const torch::Tensor& x, const torch::Tensor& w, int64
 torch::Tensor quant_matmul_x8(const torch::Tensor& x, const torch::Tensor& wp, int64_t qtype, int64_t N) {
   TORCH_CHECK(qtype == kQ4_K || qtype == kQ6_K, "no interleaved kernel for GGUF block format code ", qtype,
               " (there is one for Q4_K and Q6_K)");
-  TORCH_CHECK(x.device().is_cpu() && wp.device().is_cpu(), "quant_matmul_x8 runs on CPU tensors");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
-              "x must be a contiguous float32 [M, K] tensor");
+  check_x(x, wp, "quant_matmul_x8");
   const int64_t K = x.size(1), M = x.size(0), G = (N + 7) / 8;
   TORCH_CHECK(wp.dim() == 2 && wp.scalar_type() == at::kByte && wp.is_contiguous() && wp.size(0) == G &&
                   K % kValues[qtype] == 0 && wp.size(1) == K / kValues[qtype] * kBytes[qtype] * 8,
               "the weight must be a contiguous uint8 [", G, ", ", K / kValues[qtype] * kBytes[qtype] * 8,
               "] tensor of interleaved groups for ", N, " rows of ", K, " values; got ", wp.sizes());
   const Kernels& k = kernels();
-  auto q = torch::empty({M, K}, x.options().dtype(torch::kInt8));
-  auto d = torch::empty({M, K / 256}, x.options());
-  auto bs = torch::empty({M, K / 16}, x.options().dtype(torch::kInt16));
-  k.quantize(x.data_ptr<float>(), M, K, 256, q.data_ptr<int8_t>(), d.data_ptr<float>(), bs.data_ptr<int16_t>());
-  const Act act{q.data_ptr<int8_t>(), d.data_ptr<float>(), bs.data_ptr<int16_t>(), K, 256};
+  const QuantizedRows xq = quantize_rows_for(k, x, kValues[qtype]);
+  const Act& act = xq.act;
   auto y = torch::empty({M, N}, x.options());
   const uint8_t* wpp = wp.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();

@@ -78,7 +78,7 @@ inline __m256i fold(__m256i isum, __m256i p, __m256i words, int j) {
 #else
   const __m256i s = Signed ? _mm256_srai_epi16(pick(words, 0x00800080u | (j << 24) | (j << 8)), 8)
                            : pair_u(words, j);
-  return _mm256_add_epi32(isum, _mm256_madd_epi16(p, s));
+  return madd_add(isum, p, s);
 #endif
 }
 

@@ -29,7 +29,8 @@ def pytest_collection_modifyitems(config, items):
         if "interpreter" in item.keywords:
             item.add_marker(skip)
 
-pytest_plugins = ["helpers.strict_skips"]  # SPECENGINE_NO_SKIPS=1 (CI): only "needs CUDA" may skip
+# SPECENGINE_NO_SKIPS=1 (CI): only "needs CUDA" may skip; the compiled GGUF kernel once per ISA copy (`ext`)
+pytest_plugins = ["helpers.strict_skips", "helpers.quant_ext"]
 
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 .,:;!?()[]{}=+-*/_'\"\n\t<>|#")
 SPECIAL = ["<unk>", "<eos>", "<|im_start|>", "<|im_end|>"]

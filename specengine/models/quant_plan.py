@@ -14,7 +14,7 @@ from .quant_linear import QuantLinear, _quantext, extension_isa, quant_layers, q
 
 LAYOUT_ROWS = (1, 4)  # a decode and a typical verify: the layout faster over both is kept
 
-KERNEL_VERSION = 4  # bump when csrc/quant_dot_impl.h changes its speed: cached timings are then stale
+KERNEL_VERSION = 4  # bump when csrc/quant_dot_impl.h or quant_x8_impl.h changes its speed: cached timings are then stale
 
 
 def groups(model) -> dict[str, list[QuantLinear]]:
@@ -26,13 +26,13 @@ def groups(model) -> dict[str, list[QuantLinear]]:
     return out
 
 
-def _sample(layers: list[QuantLinear]) -> list[QuantLinear]:
-    """Layers enough that a pass streams MIN_PASS_BYTES (all of a smaller group), like the float
-    tables: decoding reads weights from memory, never from cache."""
+def _sample(items: list, nbytes=lambda layer: sum(w.numel() for _, w in layer.stored())) -> list:
+    """Items (layers, or weights) enough that a pass streams MIN_PASS_BYTES (all of a smaller group),
+    like the float tables: decoding reads weights from memory, never from cache."""
     out, total = [], 0
-    for layer in layers:
-        out.append(layer)
-        total += sum(w.numel() for _, w in layer.stored())
+    for item in items:
+        out.append(item)
+        total += nbytes(item)
         if total >= cpu_matmul.MIN_PASS_BYTES and len(out) >= 2:
             break
     return out
@@ -111,12 +111,8 @@ def choose_layouts(model, reps: int = 2, progress: bool = True) -> dict[str, str
     with torch.inference_mode():
         for q, rows, cols in tqdm(todo, desc="measuring GGUF weight layouts (once per machine)",
                                   disable=not progress or not todo, leave=False):
-            plain, total = [], 0
-            for layer, i in groups_[(q, rows, cols)]:
-                plain.append(layer.segments()[i][1])
-                total += plain[-1].numel()
-                if total >= cpu_matmul.MIN_PASS_BYTES and len(plain) >= 2:
-                    break
+            sample = _sample(groups_[(q, rows, cols)], lambda seg: seg[0].stored()[seg[1]][1].numel())
+            plain = [layer.segments()[i][1] for layer, i in sample]
             packed = [pack_x8(w, q) for w in plain]
             ms = {}
             for r in LAYOUT_ROWS:

@@ -51,16 +51,6 @@ def test_the_kernel_is_built_here():
     assert quant_linear.extension_isa() in ("avx512vnni", "avx512", "avx2", "baseline")
 
 
-@pytest.fixture(params=quant_linear._quantext.isas() if quant_linear._quantext else [])
-def ext(request):
-    """The compiled kernel, once per instruction-set copy this CPU runs (the widest restored after)."""
-    ext = quant_linear._quantext
-    widest = ext.isa()
-    ext.set_isa(request.param)
-    yield ext
-    ext.set_isa(widest)
-
-
 def test_every_copy_the_cpu_runs_is_offered():
     ext = quant_linear._quantext
     assert ext.isas()[-1] == "baseline" and ext.isa() == ext.isas()[0]

@@ -14,15 +14,6 @@ from specengine.models import cpu_matmul, quant_linear, quant_plan
 from specengine.models.quant_linear import EXT_CODES, QuantEmbedding, QuantLinear
 
 
-@pytest.fixture(params=quant_linear._quantext.isas() if quant_linear._quantext else [])
-def ext(request):
-    ext = quant_linear._quantext
-    widest = ext.isa()
-    ext.set_isa(request.param)
-    yield ext
-    ext.set_isa(widest)
-
-
 @pytest.mark.parametrize("qtype", PACKED)
 @pytest.mark.parametrize("N", [1, 7, 8, 9, 17])
 def test_packing_is_a_permutation_the_file_rows_come_back_from(qtype, N):
