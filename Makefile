@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 .PHONY: gpu-check install demo test test-fast bench bench-gguf bench-ngram bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
 
-$(STAMP): pyproject.toml setup.py csrc/compact_kv.cpp csrc/compact_kv_cuda.cu csrc/compact_kv.h csrc/quant_matmul.cpp csrc/quant_matmul_impl.h csrc/quant_dot_impl.h csrc/quant_x8_impl.h csrc/row_attention_impl.h csrc/fused_ops_cpu.cpp
+$(STAMP): pyproject.toml setup.py csrc/compact_kv.cpp csrc/compact_kv_cuda.cu csrc/compact_kv.h csrc/quant_matmul.cpp csrc/quant_matmul_impl.h csrc/quant_dot_impl.h csrc/quant_x8_impl.h csrc/row_attention_impl.h csrc/fused_ops_cpu.cpp csrc/decode_stack.cpp csrc/cpu_ops.h
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0

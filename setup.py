@@ -58,7 +58,7 @@ def extensions():
     # the quantized matmul: CPU only; its hot loops carry per-ISA clones chosen by CPUID at load
     # -fopenmp: at::parallel_for is OpenMP inline in ATen's headers (without it, one thread); the
     # runtime is torch's own libgomp.so.1 (same soname)
-    quant = CppExtension("specengine._quantext", ["csrc/quant_matmul.cpp", "csrc/fused_ops_cpu.cpp"],
+    quant = CppExtension("specengine._quantext", ["csrc/quant_matmul.cpp", "csrc/fused_ops_cpu.cpp", "csrc/decode_stack.cpp"],
                          extra_compile_args={"cxx": ["-O3", "-fopenmp"]}, extra_link_args=["-fopenmp"])
     return {"build_ext": OptionalBuild.with_options(no_python_abi_suffix=False)}, [ext, quant]
 

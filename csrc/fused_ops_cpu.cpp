@@ -6,7 +6,7 @@
 // silu_and_mul.py): the same products and sums rounded to the model dtype in the same places.
 // This file is compiled for baseline x86-64, which has no multiply-add instruction to fuse into, so fp32
 // RoPE is the reference's bit for bit. A row is always computed by one thread in one order: the ops are batch-invariant.
-#include <torch/extension.h>
+#include "cpu_ops.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -80,11 +80,12 @@ torch::Tensor silu_and_mul_cpu(const torch::Tensor& gu) {
     const scalar_t* g = gu.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
     at::parallel_for(0, R * I, 4096, [&](int64_t begin, int64_t end) {
+      int64_t r = begin / I, i = begin % I;  // walked, not divided per element (a 64-bit division each)
       for (int64_t k = begin; k < end; ++k) {
-        const int64_t r = k / I, i = k % I;
         const float x = float(g[r * 2 * I + i]);
         const scalar_t act = rnd<scalar_t>(x / (1.f + std::exp(-x)));
         o[k] = rnd<scalar_t>(float(act) * float(g[r * 2 * I + I + i]));
+        if (++i == I) i = 0, ++r;
       }
     });
   });

@@ -10,7 +10,7 @@
 // dequantization operation for operation (quant_matmul_impl.h).
 // The hot loops are compiled for AVX-512 with VNNI, AVX-512, AVX2+FMA and baseline x86-64; CPUID picks one at run time
 // (`isa()`), and `set_isa` lets the tests run every copy this CPU can.
-#include <torch/extension.h>
+#include "cpu_ops.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
@@ -327,4 +327,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", &isa_name, "the instruction set the kernels run with here (CPUID)");
   m.def("isas", &isas, "every instruction set this CPU can run the kernels with, widest first");
   m.def("set_isa", &set_isa, "run the kernels with another instruction set this CPU supports (tests)");
+  register_decode_stack(m);
 }

@@ -4,7 +4,8 @@
 per-op overrides: "triton,attention=torch", or a mapping {"default": ..., "attention": ...}.
 auto takes the Triton kernel on CUDA (where Triton is installed); on CPU, the compiled CPU op
 where the extension has one (the fused step's add_rms_norm, rope_kv_write, silu_and_mul:
-csrc/fused_ops_cpu.cpp), else the torch reference. On CPU tensors a Triton kernel runs only
+csrc/fused_ops_cpu.cpp; the per-row attention at decode and verify widths), else the torch
+reference. On CPU tensors a Triton kernel runs only
 under Triton's interpreter (TRITON_INTERPRET=1, set before import), which is how the tests
 compare both paths without a GPU.
 
@@ -30,7 +31,7 @@ from .jit import HAVE_TRITON
 
 CHOICES = ("auto", "torch", "triton", "cpu")
 # op -> (its module, the torch reference's name, the kernel launcher's name)
-CPU_OPS = ("add_rms_norm", "rope_kv_write", "silu_and_mul")  # compiled: `<op>_cpu` in its file
+CPU_OPS = ("attention", "add_rms_norm", "rope_kv_write", "silu_and_mul")  # compiled: `<op>_cpu` in its file
 OPS = {
     "attention": (verify_attention, "verify_attention_ref", "verify_attention"),
     "add_rms_norm": (add_rms_norm, "add_rms_norm_ref", "add_rms_norm"),
@@ -107,6 +108,8 @@ def parse(spec) -> dict[str, str]:
 
 def cpu_available(op: str) -> bool:
     """Whether op has a compiled CPU version in this build."""
+    if op == "attention":  # a Python function of the extension, not a dispatcher op
+        return verify_attention._EXT is not None
     return op in CPU_OPS and cpu_ext.op(op) is not None
 
 

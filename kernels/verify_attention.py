@@ -127,6 +127,17 @@ def verify_attention_rows(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_sc
     return _EXT.row_attention(q, k_cache, v_cache, cache_lens.to(torch.int32).contiguous(), tree_mask, scale, window)
 
 
+ROW_ATTENTION_WIDTH = 16  # query tokens per row up to which the "cpu" attention is the per-row one
+
+
+def attention_cpu(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, window=None):
+    """The ops table's "cpu" attention: `verify_attention_rows` at decode and verify widths (up to
+    ROW_ATTENTION_WIDTH tokens per row: no masks to build, ~3x the reference's speed there, and
+    batch-invariant), the torch reference above them (prefill: its SDPA is the faster one)."""
+    fn = verify_attention_rows if q.shape[1] <= ROW_ATTENTION_WIDTH else verify_attention_ref
+    return fn(q, k_cache, v_cache, cache_lens, tree_mask, sm_scale, window)
+
+
 # (BLOCK_M, BLOCK_N, num_warps) that compile without spilling registers for sm_80 and sm_90 at
 # head_dim 128, in every variant (chain/tree, split or not), for 16-bit and for fp32 inputs
 # (fp32 runs exact ieee dots on CUDA cores, which hold far more in registers). Found by

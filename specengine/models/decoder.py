@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import cpu_stack
 from .config import ModelConfig
 from ..kernels.ops import TORCH, Ops
 from ..layers.norm import RMSNorm
@@ -211,9 +212,13 @@ class Transformer(nn.Module):
             step.windows = {w: (pos - (w - 1)).to(torch.int32) for w in self.windows}
             if cache.rope_local is not None:
                 step.rope_local = StepRope.build(cache, pos, write_pos, x, kernel, local=True)
-        residual = None
-        for i, layer in enumerate(self.layers):
-            x, residual = layer(x, residual, i, cache, step)
+        stacked = cpu_stack.run(self, x, cache, step)  # the same layers in one compiled call, where it can
+        if stacked is not None:
+            x, residual = stacked
+        else:
+            residual = None
+            for i, layer in enumerate(self.layers):
+                x, residual = layer(x, residual, i, cache, step)
         if logits_at is not None:
             at = logits_at[..., None].expand(B, logits_at.shape[1], x.shape[-1])
             x, residual = x.gather(1, at), residual.gather(1, at)

@@ -67,6 +67,25 @@ def extension_isa() -> str | None:
     return _quantext.isa() if _quantext is not None else None
 
 
+_LAYOUT = {"epoch": 0, "listeners": []}  # bumped by every layout change; listeners drop what cached the old one
+
+
+def layout_epoch() -> int:
+    """A counter of QuantLinear layout changes (pack / unpack): what holds weight tensors checks it."""
+    return _LAYOUT["epoch"]
+
+
+def on_layout_change(fn) -> None:
+    """Call fn() after every layout change (models/cpu_stack.py drops its stacks, which hold the old tensors)."""
+    _LAYOUT["listeners"].append(fn)
+
+
+def _layout_changed() -> None:
+    _LAYOUT["epoch"] += 1
+    for fn in _LAYOUT["listeners"]:
+        fn()
+
+
 ROWS_PER_READ = 64  # above this many rows (prefill) one dequantization + a BLAS matmul is cheaper
 
 
@@ -136,9 +155,11 @@ class QuantLinear(nn.Module):
         if interleave and self.packed[i] is None and q in PACKED:
             self.packed[i] = w.shape[0]
             setattr(self, f"qweight{i}", pack_x8(w, q))
+            _layout_changed()
         elif not interleave and self.packed[i] is not None:
             setattr(self, f"qweight{i}", unpack_x8(w, q, self.packed[i]))
             self.packed[i] = None
+            _layout_changed()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)

@@ -141,7 +141,7 @@ def test_each_row_is_the_same_whatever_rows_share_the_call(dtype):
 def test_auto_takes_the_compiled_ops_on_cpu_and_cpu_is_refused_on_a_gpu():
     names = resolve("auto", "cpu").names
     assert {op for op, n in names.items() if n == "cpu"} == set(CPU_OPS)
-    assert resolve("cpu", "cpu").names["attention"] == "torch"  # no compiled version: the reference
+    assert resolve("cpu", "cpu").names["attention"] == "cpu"  # the per-row attention at decode widths
     with pytest.raises(Exception, match="runs on CPU tensors"):
         resolve("cpu", "cuda")
 

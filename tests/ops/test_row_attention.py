@@ -71,3 +71,12 @@ def test_bad_inputs_are_named():
         verify_attention_rows(q[..., :8], k, v, lens)
     with pytest.raises(RuntimeError, match="tree mask must be"):
         verify_attention_rows(q, k, v, lens, torch.ones(1, 3, 3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("Q", [1, verify_attention.ROW_ATTENTION_WIDTH, verify_attention.ROW_ATTENTION_WIDTH + 1])
+def test_the_cpu_choice_is_the_row_attention_at_verify_widths_and_the_reference_above(Q):
+    q, k, v, lens = rand_case(2, Q, 8, 2, 32, 60, seed=Q)
+    got = verify_attention.attention_cpu(q, k, v, lens)
+    rows = Q <= verify_attention.ROW_ATTENTION_WIDTH
+    assert torch.equal(got, (verify_attention_rows if rows else verify_attention_ref)(q, k, v, lens))
+    torch.testing.assert_close(got, verify_attention_ref(q, k, v, lens), rtol=0, atol=2e-6)

@@ -1,0 +1,23 @@
+// The compiled CPU ops that csrc/decode_stack.cpp chains: defined in quant_matmul.cpp (GGUF matmuls,
+// the per-row attention) and fused_ops_cpu.cpp (the fused step), each also exposed on its own.
+#pragma once
+#include <torch/extension.h>
+
+#include <tuple>
+
+torch::Tensor quant_matmul(const torch::Tensor& x, const torch::Tensor& w, int64_t qtype);
+torch::Tensor quant_matmul_x8(const torch::Tensor& x, const torch::Tensor& wp, int64_t qtype, int64_t N);
+torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                            const torch::Tensor& lens, const c10::optional<torch::Tensor>& tree, double scale,
+                            const c10::optional<torch::Tensor>& window);
+std::tuple<torch::Tensor, torch::Tensor> add_rms_norm_cpu(const torch::Tensor& x,
+                                                          const c10::optional<torch::Tensor>& residual,
+                                                          const torch::Tensor& weight, double eps);
+torch::Tensor silu_and_mul_cpu(const torch::Tensor& gu);
+torch::Tensor rope_kv_write_cpu(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
+                                const torch::Tensor& wpos, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                                int64_t Hq, int64_t Hkv, const c10::optional<torch::Tensor>& q_w,
+                                const c10::optional<torch::Tensor>& k_w, double eps);
+
+// Registers class DecodeStack on the module (decode_stack.cpp).
+void register_decode_stack(pybind11::module& m);

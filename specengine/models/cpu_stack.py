@@ -1,0 +1,88 @@
+"""A GGUF model's decoder layers in one compiled call at decode and verify widths (CPU).
+
+The Python layer loop dispatches ~15 short ops a layer; on a 2-core CPU that is ~5 ms a step,
+a third of what a 0.5B draft's weights take to read. `csrc/decode_stack.cpp` holds the same
+ops for every layer and runs them in C++ (the CPU's counterpart of a CUDA graph): the same
+functions, arguments and order as decoder.py's layers with the "cpu" ops table, so the result
+is the Python loop's bit for bit (tests/models/test_cpu_stack.py compares them).
+
+It applies where that equivalence holds: a CPU model whose projections are all GGUF blocks the
+extension multiplies (QuantLinear), plain Llama-family layers (no Gemma norms, no sliding
+windows), a chain step (no tree) of at most MAX_WIDTH tokens per row, and the compiled ops
+(attention "cpu" or "cpu-rows": the per-row attention at these widths). Anything else runs
+the Python loop. The stack is built on first use per model and rebuilt when a layer's layout
+changes (QuantLinear.pack_segment) or the model's dtype does.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from ..kernels import cpu_ext
+from ..kernels.verify_attention import ROW_ATTENTION_WIDTH
+from . import quant_linear
+from .quant_linear import EXT_CODES, ROWS_PER_READ, QuantLinear
+
+MAX_WIDTH = ROW_ATTENTION_WIDTH  # tokens per row: where the "cpu" attention is the per-row one
+_FUSED = {"add_rms_norm": ("cpu",), "rope_kv_write": ("cpu",), "silu_and_mul": ("cpu",),
+          "attention": ("cpu", "cpu-rows")}
+_STACKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> (key, DecodeStack | None)
+quant_linear.on_layout_change(_STACKS.clear)  # a stale stack would keep the old weights alive
+
+
+def _segments(layer) -> list | None:
+    """DecodeStack's (weight, format code, rows, interleaved) per segment, or None if the layer is
+    not one it can run."""
+    if not isinstance(layer, QuantLinear) or any(q not in EXT_CODES for q in layer.qtypes):
+        return None
+    return [(w, EXT_CODES[q], w.shape[0] if n is None else n, n is not None)
+            for (q, w), n in zip(layer.stored(), layer.packed)]
+
+
+def build(model):
+    """The model's DecodeStack, or None where some layer needs the Python loop."""
+    cfg, dtype = model.config, model.dtype
+    if not cpu_ext.has("DecodeStack") or model.device.type != "cpu" or cfg.gemma or model.windows:
+        return None
+    first = model.layers[0]
+    eps, attn = first.input_layernorm.eps, first.self_attn
+    qk_eps = attn.q_norm.eps if hasattr(attn, "q_norm") else 0.0
+    scale = attn.scale if attn.scale is not None else attn.hd ** -0.5
+    stack = cpu_ext.EXT.DecodeStack(attn.nh, attn.nkv, eps, qk_eps, scale)
+    for layer in model.layers:
+        a, mlp = layer.self_attn, layer.mlp
+        norms = [layer.input_layernorm, layer.post_attention_layernorm]
+        qk = (a.q_norm.weight, a.k_norm.weight) if hasattr(a, "q_norm") else (None, None)
+        projections = [_segments(p) for p in (a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+        if (any(p is None for p in projections) or mlp.gelu or any(n.eps != eps for n in norms)
+                or any(w is not None and w.dtype != dtype for w in [n.weight for n in norms] + list(qk))
+                or (qk[0] is not None and a.q_norm.eps != qk_eps)):
+            return None
+        qkv, o, gate_up, down = projections
+        stack.add_layer(norms[0].weight, norms[1].weight, qkv, a.qkv_proj.bias, o, gate_up, down, *qk)
+    return stack
+
+
+def stack_for(model):
+    """The cached DecodeStack of `model` (None: it runs the Python loop), rebuilt after a layout change."""
+    key = (quant_linear.layout_epoch(), model.dtype, model.device)
+    have = _STACKS.get(model)
+    if have is None or have[0] != key:
+        have = _STACKS[model] = (key, build(model))
+    return have[1]
+
+
+def run(model, x: torch.Tensor, cache, step):
+    """(the last layer's MLP output, the residual stream) [B,T,H] from the compiled stack, or None
+    where this step must take the Python loop."""
+    B, T, _ = x.shape
+    if (T > MAX_WIDTH or B * T > ROWS_PER_READ or step.tree_mask is not None or step.windows
+            or x.device.type != "cpu" or torch.compiler.is_compiling()
+            or any(step.ops.names[op] not in ok for op, ok in _FUSED.items())):
+        return None
+    stack = stack_for(model)
+    if stack is None:
+        return None
+    attn_len = cache.max_seq_len if step.attn_len is None else step.attn_len
+    return stack.forward(x, step.rope.cos, step.rope.sin, step.rope.write_pos, cache.kv, cache.lens, attn_len)
