@@ -7,7 +7,7 @@ import torch
 from conftest import assert_sampler_matches_target
 from helpers.ops import BACKENDS, implementation
 
-from specengine.kernels.rejection_sampling import rejection_sample_ref
+from specengine.kernels.rejection_sampling import rejection_sample_any, rejection_sample_greedy, rejection_sample_ref
 
 
 def args(logits, drafts, q, num_draft, temp, seed=0, offset=0, device="cpu"):
@@ -36,6 +36,26 @@ def test_greedy_all_accept_first_reject_middle_reject_and_ragged(sampler):
     out, n = fn(*args(peaked([[1, 2, 3, 4]] * 5), drafts, None, [3, 3, 3, 1, 0], 0.0, device=dev))
     assert n.tolist() == [3, 0, 2, 1, 0]
     assert out.tolist() == [[1, 2, 3, 4], [1, -1, -1, -1], [1, 2, 3, -1], [1, 2, -1, -1], [1, -1, -1, -1]]
+
+
+@pytest.mark.parametrize("K", [0, 1, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_all_greedy_shortcut_gives_the_general_paths_tokens(K, dtype):
+    """CPU batches with every row greedy skip the softmax and random numbers: same tokens, ragged
+    num_draft, drafts that match for a while, ties in bf16, out-of-range drafts."""
+    g = torch.Generator().manual_seed(K)
+    B, V = 6, 50
+    logits = (torch.randn(B, K + 1, V, generator=g) * 3).to(dtype)
+    best = logits.float().argmax(-1)
+    drafts = torch.where(torch.rand(B, K, generator=g) < 0.8, best[:, :K], torch.randint(0, V, (B, K), generator=g))
+    if K:
+        drafts[0, 0] = V + 3  # out of range: never accepted unless the clamp's token is the argmax, in both
+    call = args(logits, drafts, None, torch.randint(0, K + 1, (B,), generator=g), 0.0)
+    fast, general = rejection_sample_greedy(call[0], call[1], call[3]), rejection_sample_any(*call)
+    assert torch.equal(fast[0], general[0]) and torch.equal(fast[1], general[1])
+    assert torch.equal(rejection_sample_ref(*call)[0], general[0])
+    mixed = call[:4] + (torch.tensor([0.0] * (B - 1) + [1.0]),) + call[5:]  # one sampled row: the general path
+    assert torch.equal(rejection_sample_ref(*mixed)[0], rejection_sample_any(*mixed)[0])
 
 
 def test_no_drafts_is_plain_sampling(sampler):
