@@ -223,8 +223,15 @@ void dot_group(const uint8_t* w, int64_t nb, const Act& a, float* out, uint8_t* 
 }
 #endif
 
+// Rows per chunk: Q6_K's dot over more than 5 rows in one chunk costs far more than two smaller
+// chunks (likely AVX-512's 32 vector registers running out). Measured from cache on the 2-core EPYC
+// VM, times one row: 8 rows 7.2x in one chunk -> 5.0x as 4 + 4, 9 rows 9.9x as 8 + 1 -> 5.5x as
+// 5 + 4; 6 rows stayed ~4x (bench/x8_rows.py; the "before" figures by the same loop at 6c5d246).
+template <int Q>
+constexpr int64_t kX8Rows = Q == kQ6_K && kMaxRows > 5 ? 5 : kMaxRows;
+
 // y [M, N] for groups begin..end of an interleaved weight (row 8g + l of group g), chunks of up to
-// kMaxRows activation rows per group. `rows`: scratch of 8 rows of the file's layout (baseline only).
+// kX8Rows activation rows per group. `rows`: scratch of 8 rows of the file's layout (baseline only).
 template <int Q>
 void matmul_x8_q(const Act& a, int64_t M, const uint8_t* w, float* y, int64_t N, int64_t begin, int64_t end,
                  uint8_t* rows) {
@@ -236,7 +243,10 @@ void matmul_x8_q(const Act& a, int64_t M, const uint8_t* w, float* y, int64_t N,
     for (int64_t m = 0; m < M;) {
       Act c = a;
       c.q += m * a.K, c.d += m * (a.K / a.block), c.bs += m * (a.K / 16);
-      const int64_t R = std::min<int64_t>(kMaxRows, M - m);
+      // balanced chunks of at most kX8Rows<Q> (9 rows: 5 + 4, not 8 + 1); a row's operations do not
+      // depend on its chunk, so this changes the speed only
+      const int64_t chunks = (M - m + kX8Rows<Q> - 1) / kX8Rows<Q>;
+      const int64_t R = (M - m + chunks - 1) / chunks;
       switch (R) {
 #ifdef SE_WIDE
         case 8: dot_group<Q, 8>(wg, nb, c, out, rows); break;
