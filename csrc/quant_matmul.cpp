@@ -314,6 +314,14 @@ torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k, cons
   return out;
 }
 
+// Also a dispatcher op (torch.ops.specengine.row_attention), as the fused step's ops are: tracing
+// (make_fx, torch.compile) records it instead of baking one call's result into the trace.
+TORCH_LIBRARY_FRAGMENT(specengine, m) {
+  m.def("row_attention(Tensor q, Tensor k, Tensor v, Tensor lens, Tensor? tree, float scale, Tensor? window) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specengine, CPU, m) { m.impl("row_attention", &row_attention); }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_matmul", &quant_matmul, "x [M, K] fp32 (quantized per block to int8) @ dequantize(w [N, row_bytes] GGUF blocks).T -> [M, N]");
   m.def("quant_matmul_x8", &quant_matmul_x8, "quant_matmul on a weight interleaved 8 rows at a time "

@@ -48,3 +48,8 @@ if op("add_rms_norm") is not None:
     def _(qkv, cos, sin, wpos, k_cache, v_cache, num_heads, num_kv_heads, q_norm, k_norm, eps):
         B, T, width = qkv.shape
         return qkv.new_empty(B, T, num_heads, width // (num_heads + 2 * num_kv_heads))
+
+if op("row_attention") is not None:
+    @torch.library.register_fake("specengine::row_attention")
+    def _(q, k, v, lens, tree, scale, window):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)

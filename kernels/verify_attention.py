@@ -112,6 +112,9 @@ def verify_attention_tiled(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_s
 
 
 _EXT = cpu_ext.EXT if cpu_ext.has("row_attention") else None
+_ROW_OP = cpu_ext.op("row_attention")  # the dispatcher op: traced (graph stand-ins, torch.compile), not baked
+if _ROW_OP is None and _EXT is not None:  # an older build: the Python function
+    _ROW_OP = _EXT.row_attention
 
 
 def verify_attention_rows(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, window=None):
@@ -124,7 +127,7 @@ def verify_attention_rows(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_sc
     scale = sm_scale if sm_scale is not None else q.shape[-1] ** -0.5
     q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
     window = None if window is None else window.to(torch.int32).contiguous()
-    return _EXT.row_attention(q, k_cache, v_cache, cache_lens.to(torch.int32).contiguous(), tree_mask, scale, window)
+    return _ROW_OP(q, k_cache, v_cache, cache_lens.to(torch.int32).contiguous(), tree_mask, scale, window)
 
 
 ROW_ATTENTION_WIDTH = 16  # query tokens per row up to which the "cpu" attention is the per-row one

@@ -9,8 +9,9 @@ is the Python loop's bit for bit (tests/models/test_cpu_stack.py compares them).
 It applies where that equivalence holds: a CPU model whose projections are all GGUF blocks the
 extension multiplies (QuantLinear), plain Llama-family layers (no Gemma norms, no sliding
 windows), a chain step (no tree) of at most MAX_WIDTH tokens per row, and the compiled ops
-(attention "cpu" or "cpu-rows": the per-row attention at these widths). Anything else runs
-the Python loop. The stack is built on first use per model and rebuilt when a layer's layout
+(attention "cpu" or "cpu-rows": the per-row attention at these widths), outside any tracing
+(a trace, e.g. a graph stand-in's make_fx, would record one call's result, not the ops). Anything
+else runs the Python loop. The stack is built on first use per model and rebuilt when a layer's layout
 changes (QuantLinear.pack_segment) or the model's dtype does.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import weakref
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..kernels import cpu_ext
 from ..kernels.verify_attention import ROW_ATTENTION_WIDTH
@@ -78,7 +80,7 @@ def run(model, x: torch.Tensor, cache, step):
     where this step must take the Python loop."""
     B, T, _ = x.shape
     if (T > MAX_WIDTH or B * T > ROWS_PER_READ or step.tree_mask is not None or step.windows
-            or x.device.type != "cpu" or torch.compiler.is_compiling()
+            or x.device.type != "cpu" or torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
             or any(step.ops.names[op] not in ok for op, ok in _FUSED.items())):
         return None
     stack = stack_for(model)
