@@ -25,13 +25,14 @@ from typing import Callable, Mapping
 import torch
 
 from ..errors import SpecEngineError
-from . import add_rms_norm, commit_tokens, cpu_ext, draft_sampling, rejection_sampling, rope_kv_write, silu_and_mul, \
-    verify_attention
+from . import add_rms_norm, commit_tokens, cpu_ext, draft_sampling, rejection_sampling, rope_kv_write, row_attention, \
+    silu_and_mul, verify_attention
 from .jit import HAVE_TRITON
 
 CHOICES = ("auto", "torch", "triton", "cpu")
 # op -> (its module, the torch reference's name, the kernel launcher's name)
 CPU_OPS = ("attention", "add_rms_norm", "rope_kv_write", "silu_and_mul")  # compiled: `<op>_cpu` in its file
+CPU_HOME = {"attention": row_attention}  # where an op's `<op>_cpu` lives when not in its own file
 OPS = {
     "attention": (verify_attention, "verify_attention_ref", "verify_attention"),
     "add_rms_norm": (add_rms_norm, "add_rms_norm_ref", "add_rms_norm"),
@@ -78,8 +79,8 @@ class Ops:
         tiled = (verify_attention.verify_attention_tiled, "torch-tiled")
         if self.names["attention"] == "triton":
             return [(verify_attention.verify_attention_fixed, "triton-fixed"), tiled]
-        if verify_attention._EXT is not None:
-            return [(verify_attention.verify_attention_rows, "cpu-rows"), tiled]
+        if row_attention._EXT is not None:
+            return [(row_attention.verify_attention_rows, "cpu-rows"), tiled]
         return [tiled]
 
 
@@ -109,7 +110,7 @@ def parse(spec) -> dict[str, str]:
 def cpu_available(op: str) -> bool:
     """Whether op has a compiled CPU version in this build."""
     if op == "attention":  # a Python function of the extension, not a dispatcher op
-        return verify_attention._EXT is not None
+        return row_attention._EXT is not None
     return op in CPU_OPS and cpu_ext.op(op) is not None
 
 
@@ -137,8 +138,8 @@ def resolve(spec, device: torch.device | str = "cpu") -> Ops:
                                         "lacks (reinstall with a C++ compiler: make install)")
             choice = choice if cpu_available(op) else "torch"
         names[op] = choice
-    fns = {op: getattr(module, kernel if names[op] == "triton" else f"{op}_cpu" if names[op] == "cpu" else ref)
-           for op, (module, ref, kernel) in OPS.items()}
+    fns = {op: getattr(CPU_HOME.get(op, module), f"{op}_cpu") if names[op] == "cpu" else
+           getattr(module, kernel if names[op] == "triton" else ref) for op, (module, ref, kernel) in OPS.items()}
     return Ops(**fns, names=names)
 
 

@@ -22,7 +22,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..kernels import cpu_ext
-from ..kernels.verify_attention import ROW_ATTENTION_WIDTH
+from ..kernels.row_attention import ROW_ATTENTION_WIDTH
 from . import quant_linear
 from .quant_linear import EXT_CODES, ROWS_PER_READ, QuantLinear
 

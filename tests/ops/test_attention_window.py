@@ -7,7 +7,8 @@ import torch
 from helpers.attention_cases import naive_window_attention, rand_case, random_tree, window_starts
 
 from specengine.kernels import cpu_ext
-from specengine.kernels.verify_attention import verify_attention_ref, verify_attention_rows, verify_attention_tiled
+from specengine.kernels.row_attention import verify_attention_rows
+from specengine.kernels.verify_attention import verify_attention_ref, verify_attention_tiled
 
 SHAPES = [(1, 4, 2, 16, 40, 5), (3, 6, 2, 32, 37, 8), (7, 4, 1, 16, 30, 3), (2, 8, 8, 16, 300, 260)]
 # (shape, tree): a tree's new tokens are windowed by slot, so trees only where the window holds them

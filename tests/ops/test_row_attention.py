@@ -4,16 +4,17 @@ import pytest
 import torch
 from helpers.attention_cases import rand_case, random_tree
 
-from specengine.kernels import verify_attention
-from specengine.kernels.verify_attention import verify_attention_ref, verify_attention_rows
+from specengine.kernels import row_attention
+from specengine.kernels.row_attention import verify_attention_rows
+from specengine.kernels.verify_attention import verify_attention_ref
 
-if verify_attention._EXT is None:  # CI builds it; the strict-skips plugin fails a run that skips this
+if row_attention._EXT is None:  # CI builds it; the strict-skips plugin fails a run that skips this
     pytest.skip("the compiled extension is not built", allow_module_level=True)
 
 
-@pytest.fixture(params=verify_attention._EXT.isas())
+@pytest.fixture(params=row_attention._EXT.isas())
 def isa(request):
-    ext = verify_attention._EXT
+    ext = row_attention._EXT
     widest = ext.isa()
     ext.set_isa(request.param)
     yield request.param
@@ -73,10 +74,10 @@ def test_bad_inputs_are_named():
         verify_attention_rows(q, k, v, lens, torch.ones(1, 3, 3, dtype=torch.bool))
 
 
-@pytest.mark.parametrize("Q", [1, verify_attention.ROW_ATTENTION_WIDTH, verify_attention.ROW_ATTENTION_WIDTH + 1])
+@pytest.mark.parametrize("Q", [1, row_attention.ROW_ATTENTION_WIDTH, row_attention.ROW_ATTENTION_WIDTH + 1])
 def test_the_cpu_choice_is_the_row_attention_at_verify_widths_and_the_reference_above(Q):
     q, k, v, lens = rand_case(2, Q, 8, 2, 32, 60, seed=Q)
-    got = verify_attention.attention_cpu(q, k, v, lens)
-    rows = Q <= verify_attention.ROW_ATTENTION_WIDTH
+    got = row_attention.attention_cpu(q, k, v, lens)
+    rows = Q <= row_attention.ROW_ATTENTION_WIDTH
     assert torch.equal(got, (verify_attention_rows if rows else verify_attention_ref)(q, k, v, lens))
     torch.testing.assert_close(got, verify_attention_ref(q, k, v, lens), rtol=0, atol=2e-6)

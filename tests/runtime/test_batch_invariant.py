@@ -8,12 +8,12 @@ import torch
 from specengine import Engine
 from specengine.runtime import invariance
 from specengine.errors import SpecEngineError
-from specengine.kernels import verify_attention
+from specengine.kernels import row_attention
 from specengine.kernels.verify_attention import verify_attention_ref, verify_attention_tiled
 from specengine.runtime.runner import ModelRunner
 
 # the CPU's fastest invariant attention: compiled per row where the extension is built
-INVARIANT_CPU = "cpu-rows" if verify_attention._EXT is not None else "torch-tiled"
+INVARIANT_CPU = "cpu-rows" if row_attention._EXT is not None else "torch-tiled"
 PROMPTS = ["def f(x):", "import os\n", "a = [1, 2", "class B:", "for i in", "x = y +"]
 
 
