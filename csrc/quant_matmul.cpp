@@ -84,6 +84,8 @@ namespace avx512 {
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's own 512-bit intrinsics (their `__Y = __Y`)
 namespace avx512vnni {  // the same integer sums, with vpdpbusd / vpdpwssd fusing multiply and add
 #define SE_VNNI 1
 #include "quant_matmul_impl.h"
@@ -94,6 +96,7 @@ namespace avx512vnni {  // the same integer sums, with vpdpbusd / vpdpwssd fusin
 #undef SE_WIDE
 #undef SE_AVX2
 }  // namespace avx512vnni
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 #define SPECENGINE_X86 1
 #endif
@@ -206,13 +209,15 @@ torch::Tensor quant_matmul(const torch::Tensor& x, const torch::Tensor& w, int64
   return y;
 }
 
-// The same product on a weight interleaved 8 rows at a time (kernels/quant_pack.py; Q4_K, Q6_K): wp
-// [ceil(N / 8), 8 * row_bytes] -> y [M, N].
+// The same product on a weight interleaved 8 rows at a time (kernels/quant_pack.py; Q4_0, Q5_0, Q4_K,
+// Q6_K): wp [ceil(N / 8), 8 * row_bytes] -> y [M, N].
 torch::Tensor quant_matmul_x8(const torch::Tensor& x, const torch::Tensor& wp, int64_t qtype, int64_t N) {
-  TORCH_CHECK(qtype == kQ4_K || qtype == kQ6_K, "no interleaved kernel for GGUF block format code ", qtype,
-              " (there is one for Q4_K and Q6_K)");
+  TORCH_CHECK(qtype == kQ4_0 || qtype == kQ5_0 || qtype == kQ4_K || qtype == kQ6_K,
+              "no interleaved kernel for GGUF block format code ", qtype, " (there is one for Q4_0, Q5_0, Q4_K and Q6_K)");
   check_x(x, wp, "quant_matmul_x8");
   const int64_t K = x.size(1), M = x.size(0), G = (N + 7) / 8;
+  TORCH_CHECK(K % kValues[qtype] == 0, "x has ", K, " columns, not a multiple of the format's ", kValues[qtype],
+              "-value blocks");
   TORCH_CHECK(wp.dim() == 2 && wp.scalar_type() == at::kByte && wp.is_contiguous() && wp.size(0) == G &&
                   K % kValues[qtype] == 0 && wp.size(1) == K / kValues[qtype] * kBytes[qtype] * 8,
               "the weight must be a contiguous uint8 [", G, ", ", K / kValues[qtype] * kBytes[qtype] * 8,
@@ -325,7 +330,7 @@ TORCH_LIBRARY_IMPL(specengine, CPU, m) { m.impl("row_attention", &row_attention)
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_matmul", &quant_matmul, "x [M, K] fp32 (quantized per block to int8) @ dequantize(w [N, row_bytes] GGUF blocks).T -> [M, N]");
   m.def("quant_matmul_x8", &quant_matmul_x8, "quant_matmul on a weight interleaved 8 rows at a time "
-        "(kernels/quant_pack.py; Q4_K, Q6_K): x [M, K] fp32, wp [ceil(N/8), 8 * row_bytes], N -> [M, N]");
+        "(kernels/quant_pack.py; Q4_0, Q5_0, Q4_K, Q6_K): x [M, K] fp32, wp [ceil(N/8), 8 * row_bytes], N -> [M, N]");
   m.def("dequantize", &dequantize, "w [N, row_bytes] GGUF blocks -> fp32 [N, cols]");
   m.def("dense_matmul", &dense_matmul, "x [M, K] fp32 @ w [N, K] (bf16 or fp32).T -> [M, N] fp32, few rows");
   m.def("row_attention", &row_attention, "batch-invariant verification attention: q [B, Q, Hq, D] over k, v "

@@ -7,6 +7,10 @@
 
 constexpr int64_t kGroup = 8;
 
+// Q4_0 / Q5_0: where a group's value bytes start in its block (after the scales and Q5_0's high bits).
+template <int Q>
+constexpr int64_t kX8Values = Q == kQ5_0 ? 48 : 16;
+
 // Group g's rows of the file's layout back from the interleaved bytes (the baseline path and tests).
 template <int Q>
 void unpack_group(const uint8_t* p, int64_t nb, uint8_t* rows /* [8][nb * kBytes[Q]] */) {
@@ -14,7 +18,11 @@ void unpack_group(const uint8_t* p, int64_t nb, uint8_t* rows /* [8][nb * kBytes
   for (int64_t i = 0; i < nb; ++i, p += kGroup * kBytes[Q])
     for (int r = 0; r < kGroup; ++r) {
       uint8_t* o = rows + r * rb + i * kBytes[Q];
-      if constexpr (Q == kQ4_K) {
+      if constexpr (Q == kQ4_0 || Q == kQ5_0) {
+        std::memcpy(o, p + 2 * r, 2);
+        if constexpr (Q == kQ5_0) std::memcpy(o + 2, p + 16 + 4 * r, 4);
+        for (int t = 0; t < 4; ++t) std::memcpy(o + kBytes[Q] - 16 + 4 * t, p + kX8Values<Q> + 32 * t + 4 * r, 4);
+      } else if constexpr (Q == kQ4_K) {
         std::memcpy(o, p + 2 * r, 2);
         std::memcpy(o + 2, p + 16 + 2 * r, 2);
         for (int wd = 0; wd < 3; ++wd) std::memcpy(o + 4 + 4 * wd, p + 32 + 32 * wd + 4 * r, 4);
@@ -126,6 +134,130 @@ void dot_q4k_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
 }
 
+// Bytes 0x10 where Q5_0's high bit of value v0 + b is set (byte b = 0..3 of each lane; v0 % 4 == 0):
+// the lane's byte v0 / 8 of its 32 high bits in all four bytes, each tested against its own bit.
+inline __m256i q5_high(__m256i qh, int v0) {
+  const __m256i m = _mm256_set1_epi32(v0 % 8 ? int(0x80402010u) : 0x08040201);
+  const __m256i bytes = pick(qh, 0x01010101u * uint32_t(v0 / 8));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, m), m), _mm256_set1_epi8(0x10));
+}
+
+// R activation rows times one group of 8 Q4_0 / Q5_0 rows -> out [R][8]. The values are unsigned
+// (q, 0..15 / 0..31) in the products; the zero point comes off as off * (the block's sum of x), from
+// the two sums of 16 the activations carry, so the integer sum is dot_rows' exactly.
+template <int Q, int R>
+void dot_32_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
+  constexpr int16_t off = Q == kQ5_0 ? 16 : 8;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0xF), offs = _mm256_set1_epi16(off);
+  for (int64_t i = 0; i < nb; ++i, w += kGroup * kBytes[Q]) {
+    const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    __m256i lo_sum[R], hi_sum[R];  // values 0..15 and 16..31 (int16 pairs without VNNI: 8 x 31 x 127 fits)
+    for (int r = 0; r < R; ++r) lo_sum[r] = hi_sum[r] = _mm256_setzero_si256();
+    for (int t = 0; t < 4; ++t) {  // byte 4t + b of a row holds values 4t + b (low nibble), 16 + 4t + b (high)
+      const __m256i q = load256(w + kX8Values<Q> + 32 * t);
+      __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      if constexpr (Q == kQ5_0) {
+        const __m256i qh = load256(w + 16);
+        lo = _mm256_or_si256(lo, q5_high(qh, 4 * t));
+        hi = _mm256_or_si256(hi, q5_high(qh, 16 + 4 * t));
+      }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = a.qr(r) + 32 * i + 4 * t;
+        lo_sum[r] = dot_acc(lo_sum[r], lo, bcast4(x));
+        hi_sum[r] = dot_acc(hi_sum[r], hi, bcast4(x + 16));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+#ifdef SE_VNNI
+      __m256i isum = _mm256_add_epi32(lo_sum[r], hi_sum[r]);
+#else
+      const __m256i ones = _mm256_set1_epi16(1);
+      __m256i isum = madd_add(_mm256_madd_epi16(lo_sum[r], ones), hi_sum[r], ones);
+#endif
+      isum = _mm256_sub_epi32(isum, _mm256_madd_epi16(bcast4(a.bsr(r) + 2 * i), offs));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d8, _mm256_set1_ps(a.dr(r)[i])), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
+}
+
+#ifdef SE_VNNI
+// Q4_K on 512-bit vectors. One 64-byte load holds two consecutive steps t, t + 1 of the group's 8
+// rows; vpermd puts row r's two steps in lanes 2r, 2r + 1 (once per load, shared by every activation
+// row), so one 8-byte broadcast of activations feeds both: half the instructions per product of the
+// 256-bit loop. A lane then sums 16 products (|sum| <= 16 x 15 x 127 < 2^15), so vpdpwssd applies the
+// sub-block scale and accumulates in one instruction. Lane pairs are added as integers before the
+// float part: the integer sums, and the result, are dot_q4k_x8's exactly.
+inline __m512i bcast8(const void* p) {
+  int64_t v;
+  std::memcpy(&v, p, 8);
+  return _mm512_set1_epi64(v);
+}
+
+// Lane r of a 256-bit vector in lanes 2r and 2r + 1.
+inline __m512i widen_pairs(__m256i s) {
+  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
+                                  _mm512_zextsi256_si512(s));
+}
+
+// Lanes 2r + (2r + 1) -> lane r.
+inline __m256i fold_pairs(__m512i v) {
+  return _mm512_cvtepi64_epi32(_mm512_add_epi32(v, _mm512_shuffle_epi32(v, _MM_PERM_CDAB)));
+}
+
+template <int R>
+void dot_q4k_z(const uint8_t* w, int64_t nb, const Act& a, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0xF);
+  const __m512i steps = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  const __m256i low6 = _mm256_set1_epi8(0x3f), low4 = _mm256_set1_epi8(0xF), low2 = _mm256_set1_epi8(3);
+  for (int64_t i = 0; i < nb; ++i, w += kGroup * kBytes[kQ4_K]) {
+    const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    const __m256 m8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
+    const __m256i u0 = load256(w + 32), u1 = load256(w + 64), u2 = load256(w + 96);  // as dot_q4k_x8
+    const __m256i sc[2] = {_mm256_and_si256(u0, low6),
+                           _mm256_or_si256(_mm256_and_si256(u2, low4),
+                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), low2), 4))};
+    const __m256i mn[2] = {_mm256_and_si256(u1, low6),
+                           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), low4),
+                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), low2), 4))};
+    __m512i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+    const uint8_t* qs = w + 128;
+    for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles) of chunk c
+      __m512i lo[R], hi[R];
+      for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_si512();
+      for (int tt = 0; tt < 4; ++tt) {  // steps t = 2tt, 2tt + 1
+        const __m512i q = _mm512_permutexvar_epi32(steps, _mm512_loadu_si512(qs + 256 * c + 64 * tt));
+        const __m512i vl = _mm512_and_si512(q, m4), vh = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = a.qr(r) + 256 * i + 64 * c + 8 * tt;
+          lo[r] = _mm512_dpbusd_epi32(lo[r], vl, bcast8(x));
+          hi[r] = _mm512_dpbusd_epi32(hi[r], vh, bcast8(x + 32));
+        }
+      }
+      const __m512i slo = widen_pairs(pick(sc[c / 2], 0x80808000u | (2 * c) % 4)),
+                    shi = widen_pairs(pick(sc[c / 2], 0x80808000u | (2 * c + 1) % 4));
+      for (int r = 0; r < R; ++r) isum[r] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(isum[r], lo[r], slo), hi[r], shi);
+    }
+    __m256i mpair[8];
+    for (int j = 0; j < 8; ++j) mpair[j] = pair_u(mn[j / 4], j % 4);
+    for (int r = 0; r < R; ++r) {
+      const int16_t* bs = a.bsr(r) + 16 * i;
+      __m256i msum = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) msum = madd_add(msum, mpair[j], bcast4(bs + 2 * j));
+      const __m256 dx = _mm256_set1_ps(a.dr(r)[i]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_pairs(isum[r])), _mm256_mul_ps(d8, dx), acc[r]);
+      acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(m8, dx), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
+}
+#endif
+
 // Q6_K values 128h + 32k + 4t + 0..3 of eight rows (0..63) from their low-nibble and high-bit bytes.
 template <int k>
 inline __m256i q6_values(__m256i l, __m256i hb) {
@@ -205,10 +337,17 @@ void dot_q6k_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
 
 template <int Q, int R>
 void dot_group(const uint8_t* w, int64_t nb, const Act& a, float* out, uint8_t*) {
-  if constexpr (Q == kQ4_K)
+  if constexpr (Q == kQ4_K) {
+#ifdef SE_VNNI
+    dot_q4k_z<R>(w, nb, a, out);
+#else
     dot_q4k_x8<R>(w, nb, a, out);
-  else
+#endif
+  } else if constexpr (Q == kQ6_K) {
     dot_q6k_x8<R>(w, nb, a, out);
+  } else {
+    dot_32_x8<Q, R>(w, nb, a, out);
+  }
 }
 #else
 // Plain C++: the group's rows unpacked to the file's layout, then dot_rows' arithmetic per row.
@@ -268,6 +407,10 @@ void matmul_x8_q(const Act& a, int64_t M, const uint8_t* w, float* y, int64_t N,
 
 inline void matmul_x8(int64_t qtype, const Act& a, int64_t M, const uint8_t* w, float* y, int64_t N, int64_t begin,
                       int64_t end, uint8_t* rows) {
-  if (qtype == kQ4_K) return matmul_x8_q<kQ4_K>(a, M, w, y, N, begin, end, rows);
-  return matmul_x8_q<kQ6_K>(a, M, w, y, N, begin, end, rows);
+  switch (qtype) {
+    case kQ4_0: return matmul_x8_q<kQ4_0>(a, M, w, y, N, begin, end, rows);
+    case kQ5_0: return matmul_x8_q<kQ5_0>(a, M, w, y, N, begin, end, rows);
+    case kQ4_K: return matmul_x8_q<kQ4_K>(a, M, w, y, N, begin, end, rows);
+    default: return matmul_x8_q<kQ6_K>(a, M, w, y, N, begin, end, rows);
+  }
 }

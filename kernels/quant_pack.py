@@ -14,6 +14,10 @@ Q4_K, per group of 8 rows and super-block (8 x 144 = 1152 bytes):
     dmin  [8 rows][2]         their fp16 super-block mins
     scales[3 words][8 rows][4] the 12 packed 6-bit scale/min bytes, as three 32-bit words per row
     qs    [4 c][8 t][8 rows][4] bytes 32c + 4t .. 32c + 4t + 3 of each row's 128 value bytes
+Q4_0 / Q5_0, per group and 32-value block (8 x 18 = 144 / 8 x 22 = 176 bytes):
+    d     [8 rows][2]         fp16 scales
+    qh    [8 rows][4]         (Q5_0) each row's 32 high bits, as in the file
+    qs    [4 t][8 rows][4]    value bytes 4t .. 4t + 3 of each row (byte l: values l and l + 16)
 Q6_K, per group and super-block (8 x 210 = 1680 bytes):
     d     [8 rows][2]         fp16 scales
     scales[4 words][8 rows][4] the 16 int8 sub-block scales, four per word
@@ -28,12 +32,15 @@ import torch
 from .quant_matmul import FORMATS
 
 ROWS = 8
-PACKED = ("Q4_K", "Q6_K")  # formats with an interleaved layout (and a kernel for it)
+PACKED = ("Q4_0", "Q5_0", "Q4_K", "Q6_K")  # formats with an interleaved layout (and a kernel for it)
 
 
 def _fields(qtype: str, b: torch.Tensor) -> list[torch.Tensor]:
     """b [G, nb, 8 rows, bytes] -> the packed fields in order, each [G, nb, ...] with rows inside."""
     G, nb = b.shape[:2]
+    if qtype in ("Q4_0", "Q5_0"):
+        qs = b[..., -16:].reshape(G, nb, ROWS, 4, 4).transpose(2, 3)
+        return [b[..., 0:2], b[..., 2:6], qs] if qtype == "Q5_0" else [b[..., 0:2], qs]
     if qtype == "Q4_K":
         return [b[..., 0:2], b[..., 2:4],
                 b[..., 4:16].reshape(G, nb, ROWS, 3, 4).transpose(2, 3),

@@ -19,7 +19,7 @@ from specengine.models.quant_linear import EXT_CODES, QuantEmbedding, QuantLinea
 def test_packing_is_a_permutation_the_file_rows_come_back_from(qtype, N):
     w = random_blocks(qtype, N, 512, seed=N)
     p = pack_x8(w, qtype)
-    assert tuple(p.shape) == packed_bytes(qtype, N, 512) == (-(-N // ROWS), 512 // 256 * FORMATS[qtype][1] * ROWS)
+    assert tuple(p.shape) == packed_bytes(qtype, N, 512) == (-(-N // ROWS), 512 // FORMATS[qtype][0] * FORMATS[qtype][1] * ROWS)
     assert torch.equal(unpack_x8(p, qtype, N), w)
     # the same bytes (and zero rows up to the group): a permutation, nothing lost or made up
     padded = torch.cat([w, w.new_zeros(p.shape[0] * ROWS - N, w.shape[1])])
@@ -43,6 +43,35 @@ def test_the_layout_puts_each_rows_scale_where_the_kernel_reads_it():
         at = 144 + 96 * (8 + 7) + 4 * r  # h 1, t 7
         assert torch.equal(p6[at + 32:at + 36], w6[r, 64 + 32 + 28:64 + 32 + 32])  # low nibbles, c 1
         assert torch.equal(p6[at + 64:at + 68], w6[r, 128 + 32 + 28:128 + 32 + 32])  # high bits
+
+
+def test_the_q5_0_layout_keeps_high_bits_whole_and_steps_of_value_bytes():
+    w = random_blocks("Q5_0", 8, 64, seed=4)  # two blocks
+    p = pack_x8(w, "Q5_0")[0]
+    for r in range(8):
+        at = 176  # block 1
+        assert torch.equal(p[at + 2 * r:at + 2 * r + 2], w[r, 22:24])  # d
+        assert torch.equal(p[at + 16 + 4 * r:at + 20 + 4 * r], w[r, 24:28])  # the 32 high bits
+        assert torch.equal(p[at + 48 + 32 * 3 + 4 * r:at + 52 + 32 * 3 + 4 * r], w[r, 22 + 6 + 12:22 + 6 + 16])  # t 3
+
+
+def test_the_simd_copies_of_the_interleaved_kernel_agree_bit_for_bit():
+    """AVX2, AVX-512 and the 512-bit VNNI loops (csrc/quant_x8_impl.h) form the same integer sums and
+    take the same float steps, so a machine's choice among them never changes a token. The plain C++
+    copy follows dot_rows' float order instead (checked against the reference above)."""
+    ext = quant_linear._quantext
+    simd = [i for i in ext.isas() if i != "baseline"]  # one copy on an AVX2-only CPU: nothing to compare
+    widest = ext.isa()
+    try:
+        for qtype in PACKED:
+            w, x = pack_x8(random_blocks(qtype, 37, 768, seed=1), qtype), torch.randn(9, 768)
+            outs = []
+            for isa in simd:
+                ext.set_isa(isa)
+                outs.append(ext.quant_matmul_x8(x, w, EXT_CODES[qtype], 37))
+            assert all(torch.equal(o, outs[0]) for o in outs), qtype
+    finally:
+        ext.set_isa(widest)
 
 
 def test_formats_without_a_layout_are_refused():
