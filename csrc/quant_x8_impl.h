@@ -90,23 +90,45 @@ inline __m256i fold(__m256i isum, __m256i p, __m256i words, int j) {
 #endif
 }
 
+// Q4_K super-block of a group: get_scale_min_k4 for eight rows at once, scales 0..3 / 4..7 in sc and
+// mins 0..3 / 4..7 in mn, a byte each.
+inline void q4k_scales_mins(const uint8_t* w, __m256i* sc, __m256i* mn) {
+  const __m256i low6 = _mm256_set1_epi8(0x3f), low4 = _mm256_set1_epi8(0xF), low2 = _mm256_set1_epi8(3);
+  const __m256i u0 = load256(w + 32), u1 = load256(w + 64), u2 = load256(w + 96);
+  sc[0] = _mm256_and_si256(u0, low6);
+  sc[1] = _mm256_or_si256(_mm256_and_si256(u2, low4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), low2), 4));
+  mn[0] = _mm256_and_si256(u1, low6);
+  mn[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), low4),
+                          _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), low2), 4));
+}
+
+// acc[r] += d dx isum[r] - dmin dx (the mins against row r's sums of 16 activations), super-block i.
+template <int R>
+inline void q4k_accumulate(const uint8_t* w, int64_t i, const Act& a, const __m256i* mn, const __m256i* isum,
+                           __m256* acc) {
+  const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  const __m256 m8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
+  __m256i mpair[8];  // min j twice, against the sums of values 32j..32j+15 and 32j+16..32j+31
+  for (int j = 0; j < 8; ++j) mpair[j] = pair_u(mn[j / 4], j % 4);
+  for (int r = 0; r < R; ++r) {
+    const int16_t* bs = a.bsr(r) + 16 * i;
+    __m256i msum = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) msum = madd_add(msum, mpair[j], bcast4(bs + 2 * j));
+    const __m256 dx = _mm256_set1_ps(a.dr(r)[i]);
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d8, dx), acc[r]);
+    acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(m8, dx), acc[r]);
+  }
+}
+
 // R activation rows times one group of 8 Q4_K rows -> out [R][8].
 template <int R>
 void dot_q4k_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  const __m256i m4 = _mm256_set1_epi8(0xF), low6 = _mm256_set1_epi8(0x3f), low4 = m4, low2 = _mm256_set1_epi8(3);
+  const __m256i m4 = _mm256_set1_epi8(0xF);
   for (int64_t i = 0; i < nb; ++i, w += kGroup * kBytes[kQ4_K]) {
-    const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
-    const __m256 m8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
-    // get_scale_min_k4 for eight rows at once: scales 0..3 / 4..7 and mins 0..3 / 4..7, a byte each
-    const __m256i u0 = load256(w + 32), u1 = load256(w + 64), u2 = load256(w + 96);
-    const __m256i sc[2] = {_mm256_and_si256(u0, low6),
-                           _mm256_or_si256(_mm256_and_si256(u2, low4),
-                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), low2), 4))};
-    const __m256i mn[2] = {_mm256_and_si256(u1, low6),
-                           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), low4),
-                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), low2), 4))};
+    __m256i sc[2], mn[2];
+    q4k_scales_mins(w, sc, mn);
     __m256i isum[R];
     for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
     const uint8_t* qs = w + 128;
@@ -120,16 +142,7 @@ void dot_q4k_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
       }  // int16 pairs: 8 x 2 x 15 x 127 fits
       for (int r = 0; r < R; ++r) isum[r] = fold<false>(isum[r], p[r], sc[j / 4], j % 4);
     }
-    __m256i mpair[8];  // min j twice, against the sums of values 32j..32j+15 and 32j+16..32j+31
-    for (int j = 0; j < 8; ++j) mpair[j] = pair_u(mn[j / 4], j % 4);
-    for (int r = 0; r < R; ++r) {
-      const int16_t* bs = a.bsr(r) + 16 * i;
-      __m256i msum = _mm256_setzero_si256();
-      for (int j = 0; j < 8; ++j) msum = madd_add(msum, mpair[j], bcast4(bs + 2 * j));
-      const __m256 dx = _mm256_set1_ps(a.dr(r)[i]);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d8, dx), acc[r]);
-      acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(m8, dx), acc[r]);
-    }
+    q4k_accumulate<R>(w, i, a, mn, isum, acc);
   }
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
 }
@@ -213,17 +226,9 @@ void dot_q4k_z(const uint8_t* w, int64_t nb, const Act& a, float* out) {
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const __m512i m4 = _mm512_set1_epi8(0xF);
   const __m512i steps = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
-  const __m256i low6 = _mm256_set1_epi8(0x3f), low4 = _mm256_set1_epi8(0xF), low2 = _mm256_set1_epi8(3);
   for (int64_t i = 0; i < nb; ++i, w += kGroup * kBytes[kQ4_K]) {
-    const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
-    const __m256 m8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
-    const __m256i u0 = load256(w + 32), u1 = load256(w + 64), u2 = load256(w + 96);  // as dot_q4k_x8
-    const __m256i sc[2] = {_mm256_and_si256(u0, low6),
-                           _mm256_or_si256(_mm256_and_si256(u2, low4),
-                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), low2), 4))};
-    const __m256i mn[2] = {_mm256_and_si256(u1, low6),
-                           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), low4),
-                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), low2), 4))};
+    __m256i sc[2], mn[2];
+    q4k_scales_mins(w, sc, mn);
     __m512i isum[R];
     for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
     const uint8_t* qs = w + 128;
@@ -243,16 +248,9 @@ void dot_q4k_z(const uint8_t* w, int64_t nb, const Act& a, float* out) {
                     shi = widen_pairs(pick(sc[c / 2], 0x80808000u | (2 * c + 1) % 4));
       for (int r = 0; r < R; ++r) isum[r] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(isum[r], lo[r], slo), hi[r], shi);
     }
-    __m256i mpair[8];
-    for (int j = 0; j < 8; ++j) mpair[j] = pair_u(mn[j / 4], j % 4);
-    for (int r = 0; r < R; ++r) {
-      const int16_t* bs = a.bsr(r) + 16 * i;
-      __m256i msum = _mm256_setzero_si256();
-      for (int j = 0; j < 8; ++j) msum = madd_add(msum, mpair[j], bcast4(bs + 2 * j));
-      const __m256 dx = _mm256_set1_ps(a.dr(r)[i]);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_pairs(isum[r])), _mm256_mul_ps(d8, dx), acc[r]);
-      acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(m8, dx), acc[r]);
-    }
+    __m256i rows[R];
+    for (int r = 0; r < R; ++r) rows[r] = fold_pairs(isum[r]);
+    q4k_accumulate<R>(w, i, a, mn, rows, acc);
   }
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
 }
