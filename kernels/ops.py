@@ -109,7 +109,7 @@ def parse(spec) -> dict[str, str]:
 
 def cpu_available(op: str) -> bool:
     """Whether op has a compiled CPU version in this build."""
-    if op == "attention":  # a Python function of the extension, not a dispatcher op
+    if op == "attention":  # its compiled op is named row_attention (kernels/row_attention.py)
         return row_attention._EXT is not None
     return op in CPU_OPS and cpu_ext.op(op) is not None
 

@@ -4,7 +4,7 @@ The Python layer loop dispatches ~15 short ops a layer; on a 2-core CPU that is 
 a third of what a 0.5B draft's weights take to read. `csrc/decode_stack.cpp` holds the same
 ops for every layer and runs them in C++ (the CPU's counterpart of a CUDA graph): the same
 functions, arguments and order as decoder.py's layers with the "cpu" ops table, so the result
-is the Python loop's bit for bit (tests/models/test_cpu_stack.py compares them).
+is the Python loop's bit for bit (tests/runtime/test_cpu_stack.py compares them).
 
 It applies where that equivalence holds: a CPU model whose projections are all GGUF blocks the
 extension multiplies (QuantLinear), plain Llama-family layers (no Gemma norms, no sliding
@@ -67,8 +67,9 @@ def build(model):
 
 
 def stack_for(model):
-    """The cached DecodeStack of `model` (None: it runs the Python loop), rebuilt after a layout change."""
-    key = (quant_linear.layout_epoch(), model.dtype, model.device)
+    """The cached DecodeStack of `model` (None: it runs the Python loop), rebuilt after a layout change
+    (which empties the cache) or a dtype / device change."""
+    key = (model.dtype, model.device)
     have = _STACKS.get(model)
     if have is None or have[0] != key:
         have = _STACKS[model] = (key, build(model))

@@ -67,22 +67,17 @@ def extension_isa() -> str | None:
     return _quantext.isa() if _quantext is not None else None
 
 
-_LAYOUT = {"epoch": 0, "listeners": []}  # bumped by every layout change; listeners drop what cached the old one
-
-
-def layout_epoch() -> int:
-    """A counter of QuantLinear layout changes (pack / unpack): what holds weight tensors checks it."""
-    return _LAYOUT["epoch"]
+_LAYOUT_LISTENERS = []  # called after every layout change: they drop what cached the old tensors
 
 
 def on_layout_change(fn) -> None:
-    """Call fn() after every layout change (models/cpu_stack.py drops its stacks, which hold the old tensors)."""
-    _LAYOUT["listeners"].append(fn)
+    """Call fn() after every QuantLinear layout change, pack or unpack (models/cpu_stack.py drops its
+    stacks, which hold the old tensors)."""
+    _LAYOUT_LISTENERS.append(fn)
 
 
 def _layout_changed() -> None:
-    _LAYOUT["epoch"] += 1
-    for fn in _LAYOUT["listeners"]:
+    for fn in _LAYOUT_LISTENERS:
         fn()
 
 
