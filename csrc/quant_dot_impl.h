@@ -315,8 +315,7 @@ void matmul_q8(const Act& a, int64_t M, const uint8_t* w, int64_t row_bytes, flo
   for (int64_t n = begin; n < end; ++n) {
     const uint8_t* wn = w + n * row_bytes;
     for (int64_t m = 0; m < M;) {
-      Act c = a;
-      c.q += m * a.K, c.d += m * (a.K / a.block), c.bs += m * (a.K / 16);
+      const Act c = a.from_row(m);
       const int64_t R = std::min<int64_t>(kMaxRows, M - m);
       switch (R) {
 #ifdef SE_WIDE

@@ -30,15 +30,19 @@ constexpr int64_t kValues[] = {32, 32, 32, 256, 256, 256};
 constexpr int64_t kBytes[] = {18, 22, 34, 144, 176, 210};
 
 // Activation rows quantized for one weight format: row m's values q[m*K ...], its block scales
-// d[m*K/block ...] and its sums of 16 values bs[m*K/16 ...].
+// d[m*K/block ...], its sums of 16 values bs[m*K/16 ...] and of 32 values b32[m*K/32 ...] (Q4_K's mins
+// take pairs of these: half the multiplies of pairs of sums of 16).
 struct Act {
   const int8_t* q;
   const float* d;
-  const int16_t* bs;
+  const int16_t *bs, *b32;
   int64_t K, block;
-  const int8_t* qr(int r) const { return q + r * K; }
-  const float* dr(int r) const { return d + r * (K / block); }
-  const int16_t* bsr(int r) const { return bs + r * (K / 16); }
+  const int8_t* qr(int64_t r) const { return q + r * K; }
+  const float* dr(int64_t r) const { return d + r * (K / block); }
+  const int16_t* bsr(int64_t r) const { return bs + r * (K / 16); }
+  const int16_t* b32r(int64_t r) const { return b32 + r * (K / 32); }
+  Act from_row(int64_t m) const { return {qr(m), dr(m), bsr(m), b32r(m), K, block}; }  // rows m, m + 1, ...
+  Act from_col(int64_t k) const { return {q + k, d + k / block, bs + k / 16, b32 + k / 32, K, block}; }  // values k, ...
 };
 
 // One call of the batch-invariant attention (row_attention_impl.h): tensors as [dim0, dim1, dim2, D].
@@ -179,16 +183,20 @@ void check(const torch::Tensor& x, const torch::Tensor& w, int64_t qtype) {
 // The activation rows quantized once for every weight row (int8 values, a scale per block of the weight's
 // format, sums per 16): the tensors own the memory `act` points into.
 struct QuantizedRows {
-  torch::Tensor q, d, bs;
+  torch::Tensor q, d, bs, b32;
   Act act;
 };
 
 QuantizedRows quantize_rows_for(const Kernels& k, const torch::Tensor& x, int64_t block) {
   const int64_t M = x.size(0), K = x.size(1);
   QuantizedRows r{torch::empty({M, K}, x.options().dtype(torch::kInt8)), torch::empty({M, K / block}, x.options()),
-                  torch::empty({M, K / 16}, x.options().dtype(torch::kInt16)), {}};
+                  torch::empty({M, K / 16}, x.options().dtype(torch::kInt16)),
+                  torch::empty({M, K / 32}, x.options().dtype(torch::kInt16)), {}};
   k.quantize(x.data_ptr<float>(), M, K, block, r.q.data_ptr<int8_t>(), r.d.data_ptr<float>(), r.bs.data_ptr<int16_t>());
-  r.act = Act{r.q.data_ptr<int8_t>(), r.d.data_ptr<float>(), r.bs.data_ptr<int16_t>(), K, block};
+  const int16_t* bs = r.bs.data_ptr<int16_t>();
+  int16_t* b32 = r.b32.data_ptr<int16_t>();
+  for (int64_t g = 0; g < M * K / 32; ++g) b32[g] = int16_t(bs[2 * g] + bs[2 * g + 1]);  // |sum| <= 32 x 127
+  r.act = Act{r.q.data_ptr<int8_t>(), r.d.data_ptr<float>(), bs, b32, K, block};
   return r;
 }
 
@@ -196,7 +204,7 @@ QuantizedRows quantize_rows_for(const Kernels& k, const torch::Tensor& x, int64_
 
 torch::Tensor quant_matmul(const torch::Tensor& x, const torch::Tensor& w, int64_t qtype) {
   check(x, w, qtype);
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0), row_bytes = w.size(1);
+  const int64_t M = x.size(0), N = w.size(0), row_bytes = w.size(1);
   const Kernels& k = kernels();
   const QuantizedRows xq = quantize_rows_for(k, x, kValues[qtype]);
   const Act& act = xq.act;

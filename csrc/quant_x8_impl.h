@@ -102,18 +102,18 @@ inline void q4k_scales_mins(const uint8_t* w, __m256i* sc, __m256i* mn) {
                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), low2), 4));
 }
 
-// acc[r] += d dx isum[r] - dmin dx (the mins against row r's sums of 16 activations), super-block i.
+// acc[r] += d dx isum[r] - dmin dx (the mins against row r's sums of 32 activations), super-block i.
 template <int R>
 inline void q4k_accumulate(const uint8_t* w, int64_t i, const Act& a, const __m256i* mn, const __m256i* isum,
                            __m256* acc) {
   const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
   const __m256 m8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
-  __m256i mpair[8];  // min j twice, against the sums of values 32j..32j+15 and 32j+16..32j+31
-  for (int j = 0; j < 8; ++j) mpair[j] = pair_u(mn[j / 4], j % 4);
+  __m256i mpair[4];  // mins 2j, 2j + 1 as an int16 pair, against the sums of values 64j..64j+31, +32..+63
+  for (int j = 0; j < 4; ++j) mpair[j] = pick(mn[j / 2], 0x80008000u | ((2 * j + 1) % 4) << 16 | (2 * j) % 4);
   for (int r = 0; r < R; ++r) {
-    const int16_t* bs = a.bsr(r) + 16 * i;
+    const int16_t* b32 = a.b32r(r) + 8 * i;
     __m256i msum = _mm256_setzero_si256();
-    for (int j = 0; j < 8; ++j) msum = madd_add(msum, mpair[j], bcast4(bs + 2 * j));
+    for (int j = 0; j < 4; ++j) msum = madd_add(msum, mpair[j], bcast4(b32 + 2 * j));
     const __m256 dx = _mm256_set1_ps(a.dr(r)[i]);
     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d8, dx), acc[r]);
     acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(m8, dx), acc[r]);
@@ -200,24 +200,28 @@ void dot_32_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
 // Q4_K on 512-bit vectors. One 64-byte load holds two consecutive steps t, t + 1 of the group's 8
 // rows; vpermd puts row r's two steps in lanes 2r, 2r + 1 (once per load, shared by every activation
 // row), so one 8-byte broadcast of activations feeds both: half the instructions per product of the
-// 256-bit loop. A lane then sums 16 products (|sum| <= 16 x 15 x 127 < 2^15), so vpdpwssd applies the
-// sub-block scale and accumulates in one instruction. Lane pairs are added as integers before the
-// float part: the integer sums, and the result, are dot_q4k_x8's exactly.
+// 256-bit loop. A lane then sums 16 products (|sum| <= 16 x 15 x 127 < 2^15), so the low- and
+// high-nibble sums pack to int16 (vpackssdw, exact) and one vpdpwssd applies both sub-blocks' scales
+// and adds each row's two steps. The integer sums, and the result, are dot_q4k_x8's exactly.
 inline __m512i bcast8(const void* p) {
   int64_t v;
   std::memcpy(&v, p, 8);
   return _mm512_set1_epi64(v);
 }
 
-// Lane r of a 256-bit vector in lanes 2r and 2r + 1.
-inline __m512i widen_pairs(__m256i s) {
-  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
-                                  _mm512_zextsi256_si512(s));
+// vpackssdw(lo, hi) leaves, in 128-bit lane L, int32 lanes 4L..4L+3 = the pairs of lo's lanes 4L, 4L + 1
+// (row 2L's two steps), lo's 4L + 2, 4L + 3 (row 2L + 1), then hi's same two: the scales to match, an
+// int16 pair per lane, from plo / phi (lane r = row r's scale twice).
+inline __m512i packed_scales(__m256i plo, __m256i phi) {
+  const __m512i idx = _mm512_setr_epi32(0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23);
+  return _mm512_permutex2var_epi32(_mm512_zextsi256_si512(plo), idx, _mm512_zextsi256_si512(phi));
 }
 
-// Lanes 2r + (2r + 1) -> lane r.
-inline __m256i fold_pairs(__m512i v) {
-  return _mm512_cvtepi64_epi32(_mm512_add_epi32(v, _mm512_shuffle_epi32(v, _MM_PERM_CDAB)));
+// Lanes 4L + 2, 4L + 3 (the high-nibble sums) onto 4L, 4L + 1, which then hold rows 2L, 2L + 1 -> lane r.
+inline __m256i rows_of(__m512i v) {
+  const __m512i s = _mm512_add_epi32(v, _mm512_shuffle_epi32(v, _MM_PERM_BADC));
+  return _mm512_castsi512_si256(
+      _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 0, 1, 4, 5, 8, 9, 12, 13), s));
 }
 
 template <int R>
@@ -244,12 +248,11 @@ void dot_q4k_z(const uint8_t* w, int64_t nb, const Act& a, float* out) {
           hi[r] = _mm512_dpbusd_epi32(hi[r], vh, bcast8(x + 32));
         }
       }
-      const __m512i slo = widen_pairs(pick(sc[c / 2], 0x80808000u | (2 * c) % 4)),
-                    shi = widen_pairs(pick(sc[c / 2], 0x80808000u | (2 * c + 1) % 4));
-      for (int r = 0; r < R; ++r) isum[r] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(isum[r], lo[r], slo), hi[r], shi);
+      const __m512i s = packed_scales(pair_u(sc[c / 2], (2 * c) % 4), pair_u(sc[c / 2], (2 * c + 1) % 4));
+      for (int r = 0; r < R; ++r) isum[r] = _mm512_dpwssd_epi32(isum[r], _mm512_packs_epi32(lo[r], hi[r]), s);
     }
     __m256i rows[R];
-    for (int r = 0; r < R; ++r) rows[r] = fold_pairs(isum[r]);
+    for (int r = 0; r < R; ++r) rows[r] = rows_of(isum[r]);
     q4k_accumulate<R>(w, i, a, mn, rows, acc);
   }
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
@@ -378,8 +381,7 @@ void matmul_x8_q(const Act& a, int64_t M, const uint8_t* w, float* y, int64_t N,
     const uint8_t* wg = w + g * group_bytes;
     const int64_t lanes = std::min<int64_t>(kGroup, N - kGroup * g);
     for (int64_t m = 0; m < M;) {
-      Act c = a;
-      c.q += m * a.K, c.d += m * (a.K / a.block), c.bs += m * (a.K / 16);
+      const Act c = a.from_row(m);
       // balanced chunks of at most kX8Rows<Q> (9 rows: 5 + 4, not 8 + 1); a row's operations do not
       // depend on its chunk, so this changes the speed only
       const int64_t chunks = (M - m + kX8Rows<Q> - 1) / kX8Rows<Q>;
