@@ -1,11 +1,17 @@
 """The HTTP server's request and error schemas (pydantic), built from `RequestParams` (its
 served fields, under OpenAI's names, with the bounds the engine enforces: the schema tells the
-truth) plus OpenAI's own fields (model, stream, n, messages / prompt)."""
+truth) plus OpenAI's own fields (model, stream, n, messages / prompt).
+
+No parameter is silently ignored. A field the server does not know is a 400 naming it
+(`extra="forbid"`). OpenAI parameters it does not implement are declared with only their
+no-op value allowed (`frequency_penalty: 0`, `logit_bias: {}`, `response_format: {"type":
+"text"}`, ...), so clients that send defaults work and anything else is a 400 that names the
+field and says why (UNSUPPORTED). `user` is informational: accepted and unused."""
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, StrictBool, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, create_model
 
 from ..request import served_fields
 
@@ -17,8 +23,16 @@ def _no_bool(value):
     return value
 
 
+def _bool_only(value):
+    """JSON's 0 is not false: refused where pydantic would take it for one."""
+    if not isinstance(value, bool):
+        raise ValueError("only a boolean is accepted here")
+    return value
+
+
 Int = Annotated[int, BeforeValidator(_no_bool)]  # JSON Schema integers (1.0 included), never booleans
 Float = Annotated[float, BeforeValidator(_no_bool)]
+NoFalse = Annotated[Literal[False], BeforeValidator(_bool_only)]  # a flag of an unimplemented feature: off only
 
 
 # OpenAI's defaults where they differ from the API's (RequestParams): temperature 1; a request
@@ -26,12 +40,43 @@ Float = Annotated[float, BeforeValidator(_no_bool)]
 OPENAI_DEFAULTS = {"temperature": 1.0, "max_new_tokens": None, "seed": None}
 
 
+# OpenAI parameters this server does not implement: only their no-op value is accepted (below);
+# any other value is a 400 with this reason
+UNSUPPORTED = {
+    "n": "only n=1 is supported",
+    "frequency_penalty": "penalties are not implemented; only 0 is accepted",
+    "presence_penalty": "penalties are not implemented; only 0 is accepted",
+    "logit_bias": "logit_bias is not implemented; only {} is accepted",
+    "response_format": 'structured output is not implemented; only {"type": "text"} is accepted',
+    "tools": "tool calling is not implemented; only [] is accepted",
+    "tool_choice": 'tool calling is not implemented; only "none" is accepted',
+    "logprobs": "log-probabilities are not implemented yet",
+    "top_logprobs": "log-probabilities are not implemented yet",
+    "echo": "echo is not implemented yet; only false is accepted",
+    "best_of": "only best_of=1 is supported",
+    "suffix": "suffix (insertion) is not implemented; only an empty suffix is accepted",
+}
+
+class TextFormat(BaseModel):
+    """`response_format`: plain text, the only format served."""
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+
+
 class _Request(BaseModel):
     """What every completion request carries beside the sampling fields."""
+    model_config = ConfigDict(extra="forbid")  # an unknown field is a 400 naming it, never ignored
     model: str
     stream: StrictBool = False
     stream_options: dict | None = None  # {"include_usage": true}: a last chunk with usage
     n: Int = Field(default=1, ge=1, le=1)
+    user: str | None = Field(default=None, description="informational: accepted and not used")
+    frequency_penalty: Float | None = Field(default=None, ge=0, le=0, description=UNSUPPORTED["frequency_penalty"])
+    presence_penalty: Float | None = Field(default=None, ge=0, le=0, description=UNSUPPORTED["presence_penalty"])
+    logit_bias: dict[str, Float] | None = Field(default=None, max_length=0, description=UNSUPPORTED["logit_bias"])
+    response_format: TextFormat | None = Field(default=None, description=UNSUPPORTED["response_format"])
+    tools: list[dict] | None = Field(default=None, max_length=0, description=UNSUPPORTED["tools"])
+    tool_choice: Literal["none"] | None = Field(default=None, description=UNSUPPORTED["tool_choice"])
 
 
 def _sampling_fields() -> dict:
@@ -50,6 +95,26 @@ def _sampling_fields() -> dict:
 Sampling = create_model("Sampling", __base__=_Request, **_sampling_fields())
 
 
+_BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
+
+
+def json_schema_bounds(node):
+    """pydantic writes the bounds of an optional field whose type has a validator (Int, Float)
+    under their Python names (ge, lt, ...), which JSON Schema ignores: renamed in place, so the
+    published schema states them (schemathesis then generates within them)."""
+    if isinstance(node, dict):
+        if node.get("type") in ("integer", "number"):
+            for py, js in _BOUNDS.items():
+                if py in node:
+                    node[js] = node.pop(py)
+        for value in node.values():
+            json_schema_bounds(value)
+    elif isinstance(node, list):
+        for value in node:
+            json_schema_bounds(value)
+    return node
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str
@@ -64,7 +129,9 @@ class ErrorBody(BaseModel):
 
 STREAMED = {200: {"description": "a completion (JSON), or with `stream: true` server-sent events",
                   "content": {"application/json": {}, "text/event-stream": {}}}}
-ERRORS = {400: {"model": ErrorBody, "description": "bad request: the field at fault is `error.param`"},
+ERRORS = {400: {"model": ErrorBody, "description": "bad request: the field at fault is `error.param`. Beside what "
+                                                  "the schema states: a prompt that tokenizes to no tokens, or a "
+                                                  "prompt plus max_tokens longer than the KV cache"},
           401: {"model": ErrorBody, "description": "missing or wrong API key (servers started with --api-key)"},
           500: {"model": ErrorBody, "description": "the engine failed this request (others are unaffected)"},
           503: {"model": ErrorBody, "description": "overloaded: too many requests waiting; retry later"}}
@@ -72,6 +139,10 @@ ERRORS = {400: {"model": ErrorBody, "description": "bad request: the field at fa
 
 class CompletionRequest(Sampling):
     prompt: str | list[Int]
+    logprobs: None = Field(default=None, description=UNSUPPORTED["logprobs"])
+    echo: NoFalse = Field(default=False, description=UNSUPPORTED["echo"])
+    best_of: Int | None = Field(default=None, ge=1, le=1, description=UNSUPPORTED["best_of"])
+    suffix: str | None = Field(default=None, max_length=0, description=UNSUPPORTED["suffix"])
 
 
 class ChatMessage(BaseModel):
@@ -81,5 +152,8 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Int | None = Field(default=None, ge=1, description="OpenAI's newer name for max_tokens")
+    logprobs: NoFalse | None = Field(default=None, description=UNSUPPORTED["logprobs"])
+    top_logprobs: None = Field(default=None, description=UNSUPPORTED["top_logprobs"])
 
 

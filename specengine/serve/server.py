@@ -1,13 +1,13 @@
 """An OpenAI-compatible HTTP server over AsyncEngine (FastAPI + uvicorn: `pip install
 'specengine[serve]'`; `specengine serve`).
 
-Endpoints: POST /v1/completions, POST /v1/chat/completions (`stream: true` sends
-server-sent events, ending with `data: [DONE]`), GET /v1/models, GET /health, GET /metrics
-(Prometheus text). A bad request gets HTTP 400 with an OpenAI-style JSON error naming the
+Endpoints: POST /v1/completions, POST /v1/chat/completions (only for a tokenizer with a chat
+template; `stream: true` sends server-sent events, ending with `data: [DONE]`), GET /v1/models,
+GET /health, GET /metrics (Prometheus text). A bad request gets HTTP 400 with an OpenAI-style JSON error naming the
 field (`{"error": {"message", "type", "param", "code"}}`); a full queue gets 503; the
 server never dies on bad input. A client that disconnects aborts its request (its row is
 freed). Differences from OpenAI: `n` must be 1; `top_k` and `ignore_eos` are accepted as
-extensions; `temperature` defaults to 1 as in OpenAI (0 is greedy: exactly the target's
+extensions; an unknown or unimplemented parameter is a 400 naming it, never ignored (schema.py); `temperature` defaults to 1 as in OpenAI (0 is greedy: exactly the target's
 own greedy output).
 """
 from __future__ import annotations
@@ -33,7 +33,8 @@ try:
     from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    from .schema import ERRORS, STREAMED, ChatRequest, CompletionRequest, ErrorBody, Sampling
+    from .schema import (ERRORS, STREAMED, UNSUPPORTED, ChatRequest, CompletionRequest, ErrorBody, Sampling,
+                         json_schema_bounds)
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise SpecEngineError("the server needs the serve extra: pip install 'specengine[serve]'") from e
 
@@ -104,6 +105,10 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
         if err.get("type") == "json_invalid":
             return _error(400, "request body is not valid JSON", None)
         field = ".".join(loc) or None
+        if err.get("type") == "extra_forbidden":
+            return _error(400, f"{field}: not a parameter this server knows (it refuses what it would ignore)", field)
+        if loc and loc[0] in UNSUPPORTED:
+            return _error(400, f"{loc[0]}: {UNSUPPORTED[loc[0]]}", loc[0])
         return _error(400, f"{field or 'body'}: {err.get('msg', 'invalid')}", field)
 
     @app.get("/health", responses={500: {"model": ErrorBody, "description": "the engine loop stopped"}})
@@ -148,6 +153,11 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
         if req.n != 1:
             raise _BadField("only n=1 is supported", "n")
         given = {f.name: getattr(req, f.metadata["served"]) for f in served_fields()}
+        newer = getattr(req, "max_completion_tokens", None)  # chat's newer name for max_tokens
+        if newer is not None:
+            if given["max_new_tokens"] not in (None, newer):
+                raise _BadField("max_tokens and max_completion_tokens disagree; send one", "max_completion_tokens")
+            given["max_new_tokens"] = newer
         given["max_new_tokens"] = given["max_new_tokens"] or default_max_tokens
         return RequestParams(**{k: v for k, v in given.items() if v is not None})
 
@@ -248,10 +258,11 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
     async def completions(request: Request, body: CompletionRequest):
         return await _serve(request, body, body.prompt, chat=False)
 
-    @app.post("/v1/chat/completions", **{**v1, "responses": {**v1["responses"], **STREAMED}})
-    async def chat_completions(request: Request, body: ChatRequest):
-        messages = [m.model_dump() for m in body.messages]
-        return await _serve(request, body, messages, chat=True)
+    if getattr(engine.tokenizer, "chat_template", None):  # else every chat request would be a 400: not served
+        @app.post("/v1/chat/completions", **{**v1, "responses": {**v1["responses"], **STREAMED}})
+        async def chat_completions(request: Request, body: ChatRequest):
+            messages = [m.model_dump() for m in body.messages]
+            return await _serve(request, body, messages, chat=True)
 
     def openapi():
         """FastAPI's schema, minus the 422 it adds to every body route: this server answers a
@@ -266,6 +277,7 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
             components = schema.get("components", {}).get("schemas", {})
             for name in ("HTTPValidationError", "ValidationError"):
                 components.pop(name, None)
+            json_schema_bounds(components)
             _engine_constraints(components, model_name, engine.target.config.vocab_size,
                                 engine.max_seq_len - aeng.core.headroom - 1)
             app.openapi_schema = schema
@@ -280,10 +292,13 @@ def _engine_constraints(components: dict, model_name: str, vocab: int, max_new: 
     served, non-empty prompts and stop strings, token ids in the vocabulary, and the most
     new tokens a one-token prompt leaves room for (a longer prompt leaves less: a 400)."""
     for name in ("CompletionRequest", "ChatRequest"):
-        props = components.get(name, {}).get("properties", {})
+        if name not in components:  # no chat route for a tokenizer without a chat template
+            continue
+        props = components[name]["properties"]
         props["model"] = {"type": "string", "enum": [model_name], "title": "Model"}
-        props["max_tokens"] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": max_new}, {"type": "null"}],
-                               "title": "Max Tokens"}
+        for key in ("max_tokens", "max_completion_tokens") if name == "ChatRequest" else ("max_tokens",):
+            props[key] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": max_new}, {"type": "null"}],
+                          "title": key.replace("_", " ").title(), "description": props[key]["description"]}
         props["stop"] = {"anyOf": [{"type": "string", "minLength": 1},
                                    {"type": "array", "items": {"type": "string", "minLength": 1}}, {"type": "null"}],
                          "title": "Stop"}
