@@ -12,6 +12,7 @@ from .errors import SpecEngineError
 from .generation import Generation, check_capacity, headroom
 from .methods import METHODS, Method
 from .methods.context import MethodContext
+from .methods.logprobs import LogprobSpec, TokenLogprob
 from . import precision
 from .models.cpu_matmul import optimize, unpack
 from .models.loading import load_tokenizer, resolve
@@ -32,6 +33,8 @@ class GenerationResult:
     prompt_tokens: int
     finish_reason: str  # "eos" | "length" | "stop"
     stats: dict = field(default_factory=dict)
+    logprobs: list[TokenLogprob] | None = None  # per token_ids entry (generate(logprobs=k))
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token, None for the first
 
 
 class Engine:
@@ -306,6 +309,7 @@ class Engine:
 
     def _start(self, prompt, params: RequestParams | None = None, **options) -> tuple[Generation, bool]:
         request = (params or RequestParams()).replace(**options)
+        spec = LogprobSpec.parse(request.logprobs, request.logprobs_mode)
         m = request.method_options()
         chosen = self.new_method(m["method"], m["gamma"], m["policy"], m["threshold"], m["tree"])
         self._say_better_dtypes(chosen.name)
@@ -313,7 +317,8 @@ class Engine:
         prompts, batched = self.encode(prompt)
         self.check_capacity(prompts, request.max_new_tokens, chosen)
         eos = set() if request.ignore_eos else self.eos_ids
-        return Generation(self, prompts, sampling, request.max_new_tokens, chosen, eos, stops), batched
+        return Generation(self, prompts, sampling, request.max_new_tokens, chosen, eos, stops, spec,
+                          bool(request.prompt_logprobs)), batched
 
     @torch.inference_mode()
     def generate(self, prompt, params: RequestParams | None = None, **options):
@@ -334,7 +339,8 @@ class Engine:
             text = self.decode(row.ids)
             if row.stop_text_end is not None:
                 text = text[: row.stop_text_end]
-            results.append(GenerationResult(text, row.ids, row.prompt_len, row.finish_reason, stats))
+            results.append(GenerationResult(text, row.ids, row.prompt_len, row.finish_reason, stats, row.logprobs,
+                                            row.prompt_logprobs))
         return results if batched else results[0]
 
     def stream(self, prompt, params: RequestParams | None = None, **options) -> Iterator[str]:

@@ -162,11 +162,15 @@ def cmd_generate(args):
     if args.chat:
         prompt = [{"role": "user", "content": prompt}]
     params = request_from_args(args)  # method options: the engine's (its flags)
+    if (params.logprobs is not None or params.prompt_logprobs) and not args.json:
+        raise SpecEngineError("--logprobs / --prompt-logprobs are printed with --json", "logprobs")
     if args.json or args.no_stream:
         r = engine.generate(prompt, params)
         if args.json:
+            lps = {k: [None if e is None else dataclasses.asdict(e) for e in v]
+                   for k, v in (("logprobs", r.logprobs), ("prompt_logprobs", r.prompt_logprobs)) if v is not None}
             print(json.dumps({"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,
-                              "stats": r.stats}, indent=2))
+                              **lps, "stats": r.stats}, indent=2))
         else:
             print(r.text)
             print(_stats_line(r.stats), file=sys.stderr)

@@ -14,11 +14,13 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .detokenize import IncrementalDetokenizer, find_stop, partial_stop
 from .errors import SpecEngineError
 from .methods.base import Method
+from .methods.logprobs import LogprobSpec, TokenLogprob, entries, token_logprobs
 from .methods.sampling import SamplingParams
 from .methods.state import DecodeState
 from .runtime.graphs import padded_width
@@ -51,6 +53,8 @@ class RowState:
     finish_reason: str | None = None
     stop_text_end: int | None = None  # where a stop string starts in the text, if one hit
     detok: IncrementalDetokenizer | None = None  # the row's text, kept when stops or streaming need it
+    logprobs: list[TokenLogprob] | None = None  # per kept id, when the call asked for them
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (the first has none)
 
     def visible_text(self) -> str:
         """The text a stream may show now: cut at a stop string that hit; while the row runs,
@@ -94,11 +98,15 @@ class Generation:
     """One generate call over a batch of token-id prompts; iterate `rounds()` to drive it."""
 
     def __init__(self, engine, prompts: list[list[int]], params: SamplingParams, max_new_tokens: int,
-                 method: Method, stop_ids: set[int], stop_strings: list[str]):
+                 method: Method, stop_ids: set[int], stop_strings: list[str], logprobs: LogprobSpec | None = None,
+                 prompt_logprobs: bool = False):
         self.engine, self.params, self.method = engine, params, method
+        self.logprobs, self.want_prompt_logprobs = logprobs, prompt_logprobs
         self.track_text = bool(stop_strings)  # stream() turns it on too
         self.prompts = [list(p) for p in prompts]  # per row (admit replaces one): n-gram drafting reads them
         self.rows = [RowState(len(p), max_new_tokens, stop_strings, stop_ids) for p in prompts]
+        for row in self.rows if logprobs is not None else ():
+            row.logprobs = []
         self.counters = Counters()
         self.t0 = time.perf_counter()
         self.timer = PhaseTimer(engine.device)
@@ -123,16 +131,32 @@ class Generation:
         lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=dev)
         longest = max(len(p) for p in prompts)
         eng.target.invariance.ensure(B, self.method.max_width)  # batch-invariant mode: probed at this width
+        temp = torch.full((B,), float(self.params.temperature), device=dev)
         for runner in self._runners():  # every cache holds the prompt but its last token
             runner.allocate(B, S)
             if longest > 1:
-                runner.prefill(tokens[:, : longest - 1], lens - 1, attn_len=longest - 1)
-        temp = torch.full((B,), float(self.params.temperature), device=dev)
+                every = self.want_prompt_logprobs and runner is eng.target
+                logits = runner.prefill(tokens[:, : longest - 1], lens - 1, attn_len=longest - 1,
+                                        **({"every": True} if every else {}))
+                if every:
+                    self._prompt_logprobs(logits, tokens[:, 1:longest], temp)
+            elif self.want_prompt_logprobs and runner is eng.target:
+                self._prompt_logprobs(None, None, temp)
         return DecodeState(
             tokens=tokens, n=lens.clone(), active=torch.ones(B, dtype=torch.bool, device=dev),
             params=self.params, temperature=temp, seed=row_seeds(self.params.seed, B, dev),
             offset=torch.zeros(B, dtype=torch.int64, device=dev), commit_op=eng.ops.commit_tokens,
+            logprobs=self.logprobs,
         )
+
+    def _prompt_logprobs(self, logits, following, temperature) -> None:
+        """Each row's prompt log-probabilities from the prefill's logits [B,T,V] (position i scores
+        prompt token i + 1, `following`); the first token has none."""
+        spec = self.logprobs or LogprobSpec(0)
+        host = [] if logits is None else token_logprobs(logits, following, spec, self.params, temperature).tolist()
+        for b, row in enumerate(self.rows):
+            prompt = self.prompts[b]
+            row.prompt_logprobs = [None] + [entries(host[b][i], prompt[i + 1], spec) for i in range(len(prompt) - 1)]
 
     # ------------------------------------------------------------------ rounds
     def rounds(self):
@@ -151,14 +175,17 @@ class Generation:
         longest = max(self.rows[b].prompt_len + len(self.rows[b].ids) for b in live)
         self.state.attn_len = attn_bound(longest + headroom(self.method, self.engine.target), self.engine.max_seq_len)
         with self._first_rows(live[-1] + 1) as (state, target, draft):
+            state.round_logprobs = None
             out = self.method.round(state, self.timer)
+            lp = state.round_logprobs  # [B,W,F] fp32: read in the same sync, as its bits in int64s
             target.cache.set_lens(state.n - 1)
             if out.draft_lens is not None:
                 draft.cache.set_lens(out.draft_lens)
             marks = torch.stack([r.cache.high_water.to(state.tokens.device) for r in self._runners()])
         B, width = out.tokens.shape
+        bits = [] if lp is None else [lp.flatten().view(torch.int32).to(torch.int64)]
         host = torch.cat([out.tokens.flatten(), out.n_acc.to(torch.int64), out.num_draft.to(torch.int64),
-                          out.n_committed.to(torch.int64), marks]).tolist()  # the round's one sync
+                          out.n_committed.to(torch.int64), *bits, marks]).tolist()  # the round's one sync
         high_water = max(host[-len(marks):])
         if high_water > self.engine.max_seq_len:
             raise SpecEngineError(
@@ -169,6 +196,13 @@ class Generation:
         pad = len(self.rows) - B  # rows past the last live one sat this round out
         committed = [toks[b * width: b * width + n_new[b]] for b in range(B)] + [[]] * pad
         kept = self._book(out, committed, n_acc + [0] * pad, num_draft + [0] * pad)
+        if lp is not None:
+            F = lp.shape[2]
+            at = B * width + 3 * B
+            values = np.array(host[at: at + lp.numel()], dtype=np.int64).astype(np.int32).view(np.float32)
+            values = values.reshape(B, width, F).tolist()
+            for b, ids in enumerate(kept[:B]):
+                self.rows[b].logprobs.extend(entries(v, t, self.logprobs) for v, t in zip(values[b], ids))
         self.decode_s += time.perf_counter() - t0
         return kept
 

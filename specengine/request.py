@@ -44,6 +44,12 @@ class RequestParams:
     threshold: float | None = option(None, "this call's confidence / specdec++ threshold", type=float)
     tree: object = option(None, "sd / parallelspec / ngram: draft a token tree 'KxD[:N]' (top-K per depth, D levels, "
                           "N nodes kept), e.g. 4x5:16")
+    # log-probabilities under the target, from the logits the rounds already have (methods/logprobs.py)
+    logprobs: int | bool | None = option(None, "each generated token's log-probability and the top N alternatives "
+                                         "(0: the token's only)", type=int)
+    prompt_logprobs: bool = option(False, "each prompt token's log-probability (from the prefill)")
+    logprobs_mode: str = option("raw", "raw: the target's log_softmax; processed: after top-k / top-p / temperature "
+                                "(the distribution sampled from)")
 
     def validate(self) -> tuple[SamplingParams, list[str]]:
         """(the sampling parameters, the stop strings); SpecEngineError naming a bad field."""

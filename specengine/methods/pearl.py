@@ -27,6 +27,7 @@ import torch
 from ..errors import SpecEngineError
 from .base import Method, speculative_stats
 from .context import MethodContext
+from .logprobs import capture
 from .policies import expected_tokens
 from .sampling import filter_logits
 from .state import DecodeState, RoundOutput
@@ -167,10 +168,10 @@ class Pearl(Method):
             q_post = torch.cat([modes.pending_q, q[:, :1]], 1) if modes.pending_q is not None else q
             q_all = torch.where(post[:, None, None], q_post, q)
         # the sampler wants K+1 logits rows: pad to γ+1 (pre rows read only row 0, bonus withheld)
-        logits = filter_logits(logits, state.params)
-        pad = logits[:, -1:].expand(B, gamma + 1 - logits.shape[1], logits.shape[2])
-        out, n_acc = ctx.ops.rejection_sample(torch.cat([logits, pad], 1), proposal, q_all, num_draft,
+        raw = torch.cat([logits, logits[:, -1:].expand(B, gamma + 1 - logits.shape[1], logits.shape[2])], 1)
+        out, n_acc = ctx.ops.rejection_sample(filter_logits(raw, state.params), proposal, q_all, num_draft,
                                  state.temperature, state.seed, state.offset)
+        capture(state, raw, out)  # post rows' pending drafts and pre rows' d1 alike: this verify's rows
 
         all_ok = n_acc.to(torch.int32) >= num_draft
         n_new = torch.where(all_ok, n_acc.to(torch.int64), n_acc.to(torch.int64) + 1)

@@ -34,6 +34,8 @@ class DecodeState:
     offset: torch.Tensor  # [B] int64, the row's round: bumped every round, fresh random numbers
     attn_len: int | None = None  # host bound on positions any step reads this round
     commit_op: Callable = commit_tokens_ref  # the ops table's (kernels/commit_tokens.py)
+    logprobs: object = None  # a LogprobSpec when the call wants log-probabilities (methods/logprobs.py)
+    round_logprobs: torch.Tensor | None = None  # [B,W,1+2k]: this round's, aligned with its out tokens
 
     @property
     def batch(self) -> int:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import torch
 
 from .context import MethodContext
+from .logprobs import capture
 from .sampling import filter_logits
 from .state import DecodeState, RoundOutput, buffer_positions
 from .token_tree import TokenTree, TreeShape, ancestor_mask, tree_accept
@@ -107,6 +108,7 @@ class PlainStep:
         no_drafts, zeros = self._no_drafts(state.batch, logits.device)
         out, n_acc = ctx.ops.rejection_sample(filter_logits(logits[:, None], state.params), no_drafts, None, zeros,
                                  state.temperature, state.seed, state.offset)
+        capture(state, logits[:, None], out)
         one = n_acc + 1
         state.commit(out, one)
         return RoundOutput(out, n_acc, zeros, one, target_forwards=1)
@@ -167,6 +169,7 @@ def verify_and_commit(ctx: MethodContext, state: DecodeState, drafts, q, num_dra
         logits = ctx.target.verify(torch.cat([state.last_tokens()[:, None], drafts], 1), attn_len=state.attn_len)
     out, n_acc = ctx.ops.rejection_sample(filter_logits(logits, state.params), drafts, q, num_draft,
                              state.temperature, state.seed, state.offset)
+    capture(state, logits, out)
     state.commit(out, n_acc + 1)
     return out, n_acc
 
@@ -305,6 +308,9 @@ def verify_tree_and_commit(ctx: MethodContext, state: DecodeState, tree: TokenTr
     out, n_acc, path = on_device("tree_accept", _accept, filter_logits(logits, state.params), tree.tokens,
                                  tree.parent, tree.depth, state.temperature, state.seed, state.offset, shape.depth,
                                  shape.topk)
+    if state.logprobs is not None:  # out token j came from the logits after node path[j - 1] (the root first)
+        rows = torch.cat([torch.zeros_like(path[:, :1]), path.clamp(min=0)], 1)
+        capture(state, logits.gather(1, rows[..., None].expand(-1, -1, logits.shape[-1])), out)
     root_slot = start - 1
     ctx.target.cache.compact_path(root_slot, path, n_acc)
     draft_lens = start  # the parallel drafter's cache holds the committed tokens only

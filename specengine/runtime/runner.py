@@ -166,14 +166,15 @@ class ModelRunner:
         return self.model(tokens, self.cache, self.ops, tree_mask=tree_mask, attn_len=attn_len,
                           logits_at=logits_at, return_hidden=return_hidden)
 
-    def prefill(self, tokens: torch.Tensor, lens: torch.Tensor, attn_len=None) -> torch.Tensor:
+    def prefill(self, tokens: torch.Tensor, lens: torch.Tensor, attn_len=None, every: bool = False) -> torch.Tensor:
         """Right-padded prompts [B,T] with true lengths lens[B]; sets cache.lens = lens.
-        Returns the logits at each row's last prompt token [B,V]."""
+        Returns the logits at each row's last prompt token [B,V] (every: at every position [B,T,V],
+        for prompt log-probabilities)."""
         self.cache.lens.zero_()
         last = (lens.to(torch.int64) - 1).clamp_min(0)[:, None]
-        logits = self.forward(tokens, attn_len=attn_len, logits_at=last)
+        logits = self.forward(tokens, attn_len=attn_len, logits_at=None if every else last)
         self.cache.set_lens(lens.to(torch.int32))
-        return logits[:, 0]
+        return logits if every else logits[:, 0]
 
     def prefill_row(self, row: int, tokens: torch.Tensor, length: int) -> None:
         """Prefill one row of the call's cache ([1,T] tokens, `length` of them real; 0 = empty)

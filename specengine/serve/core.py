@@ -107,6 +107,10 @@ class EngineCore:
         if own:  # rows of one step share one method: it is the core's, chosen when it starts
             raise SpecEngineError(f"a served request cannot set {own[0]!r}: every row runs the core's method "
                                   f"({self.method_name}), set when the core (or server) starts", own[0])
+        for name in ("logprobs", "prompt_logprobs"):  # refused, not ignored, until the core serves them
+            if getattr(params, name) not in (None, False):
+                raise SpecEngineError(f"{name} is not served by the serving core yet; Engine.generate returns them",
+                                      name)
         sampling, stops = params.validate()
         prompts, batched = self.engine.encode(prompt)
         if batched:

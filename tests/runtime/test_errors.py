@@ -82,6 +82,7 @@ def test_bad_dtype_and_device(tiny_dir):
     (["generate", "--prompt", "a", "--method", "sd"], "needs a draft model"),
     (["generate", "--prompt", "a", "--max-seq-len", "8", "--max-new-tokens", "50"], "exceeds max_seq_len"),
     (["bench", "--providers", "sd:x"], "bad provider"),
+    (["generate", "--prompt", "a", "--logprobs", "2"], "printed with --json"),
 ])
 def test_cli_errors_are_one_line(tiny_dir, capsys, argv, match):
     assert main([argv[0], "--target", str(tiny_dir), *argv[1:]]) == 2
@@ -100,6 +101,14 @@ def test_cli_generate_json(tiny_dir, capsys):
                  "--max-new-tokens", "6", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["stats"]["method"] == "sd" and len(out["token_ids"]) <= 6
+
+
+def test_cli_generate_json_logprobs(tiny_dir, capsys):
+    assert main(["generate", "--target", str(tiny_dir), "--prompt", "abc", "--max-new-tokens", "4", "--ignore-eos",
+                 "--json", "--logprobs", "2", "--prompt-logprobs"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [e["token_id"] for e in out["logprobs"]] == out["token_ids"] and len(out["logprobs"][0]["top"]) == 2
+    assert out["prompt_logprobs"][0] is None and out["prompt_logprobs"][1]["logprob"] <= 0
 
 
 def test_cli_generate_pearl(tiny_dir, capsys):

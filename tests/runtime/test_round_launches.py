@@ -168,6 +168,14 @@ def test_one_sync_and_a_short_eager_tail_per_round(engine, counted, gpu_policies
     assert max(before) <= sync_to_replay, (before, rounds[0])
 
 
+@pytest.mark.parametrize("name", ["ar", "sd", "sd-tree", "pearl", "ngram"])
+def test_log_probabilities_ride_the_rounds_one_sync(engine, counted, gpu_policies, name):
+    """generate(logprobs=k) reads each round's log-probabilities in the sync it already has."""
+    kw = CALLS[name][0]
+    rounds, _ = round_launches(engine, counted, logprobs=2, **kw)
+    assert len(rounds) >= 2 and all(ops.count(SYNC) == 1 for ops in rounds), rounds
+
+
 def test_the_counter_sees_an_eager_tail(engine, counted, gpu_policies, monkeypatch):
     """The budgets can fail: with the torch commit (eleven launches) ar is over its budget,
     and a sync inside a round is seen."""
