@@ -168,7 +168,7 @@ def test_one_sync_and_a_short_eager_tail_per_round(engine, counted, gpu_policies
     assert max(before) <= sync_to_replay, (before, rounds[0])
 
 
-@pytest.mark.parametrize("name", ["ar", "sd", "sd-tree", "pearl", "ngram"])
+@pytest.mark.parametrize("name", ["sd", "sd-tree", "pearl"])  # the chain, tree and PEARL captures
 def test_log_probabilities_ride_the_rounds_one_sync(engine, counted, gpu_policies, name):
     """generate(logprobs=k) reads each round's log-probabilities in the sync it already has."""
     kw = CALLS[name][0]
