@@ -149,14 +149,15 @@ class Generation:
             logprobs=self.logprobs,
         )
 
-    def _prompt_logprobs(self, logits, following, temperature) -> None:
+    def _prompt_logprobs(self, logits, following, temperature, rows=None) -> None:
         """Each row's prompt log-probabilities from the prefill's logits [B,T,V] (position i scores
-        prompt token i + 1, `following`); the first token has none."""
+        prompt token i + 1, `following`); the first token has none. rows: which rows B stands for."""
         spec = self.logprobs or LogprobSpec(0)
         host = [] if logits is None else token_logprobs(logits, following, spec, self.params, temperature).tolist()
-        for b, row in enumerate(self.rows):
+        for i, b in enumerate(rows if rows is not None else range(len(self.rows))):
             prompt = self.prompts[b]
-            row.prompt_logprobs = [None] + [entries(host[b][i], prompt[i + 1], spec) for i in range(len(prompt) - 1)]
+            self.rows[b].prompt_logprobs = [None] + [entries(host[i][j], prompt[j + 1], spec)
+                                                     for j in range(len(prompt) - 1)]
 
     # ------------------------------------------------------------------ rounds
     def rounds(self):
@@ -202,7 +203,8 @@ class Generation:
             values = np.array(host[at: at + lp.numel()], dtype=np.int64).astype(np.int32).view(np.float32)
             values = values.reshape(B, width, F).tolist()
             for b, ids in enumerate(kept[:B]):
-                self.rows[b].logprobs.extend(entries(v, t, self.logprobs) for v, t in zip(values[b], ids))
+                if self.rows[b].logprobs is not None:  # the serving core's rows ask one by one
+                    self.rows[b].logprobs.extend(entries(v, t, self.logprobs) for v, t in zip(values[b], ids))
         self.decode_s += time.perf_counter() - t0
         return kept
 
@@ -231,19 +233,28 @@ class Generation:
                 r.cache = c
 
     def admit(self, slot: int, prompt: list[int], seed: int, max_new: int, stops: list[str],
-              stop_ids: set[int]) -> RowState:
+              stop_ids: set[int], logprobs: bool = False, prompt_logprobs: bool = False) -> RowState:
         """Put a new request into a free row (continuous batching, serve/core.py): its prompt is
-        prefilled into that row of every cache while the other rows keep their state."""
+        prefilled into that row of every cache while the other rows keep their state. logprobs:
+        the row collects its tokens' log-probabilities (under `self.logprobs`, which the caller
+        sets while some row wants them); prompt_logprobs: its prompt's, from this prefill."""
         state, dev = self.state, self.state.tokens.device
         n = len(prompt)
         state.tokens[slot, :n] = torch.tensor(prompt, device=dev)
         state.n[slot] = n
         state.seed[slot] = seed  # the request's own stream: its tokens are those of decoding it alone
         state.offset[slot] = 0
-        for runner in self._runners():
-            runner.prefill_row(slot, state.tokens[slot:slot + 1, : max(n - 1, 1)], n - 1)
-        row = self.rows[slot] = RowState(n, max_new, stops, stop_ids)
+        row = self.rows[slot] = RowState(n, max_new, stops, stop_ids, logprobs=[] if logprobs else None)
         self.prompts[slot] = list(prompt)
+        for runner in self._runners():
+            every = prompt_logprobs and runner is self.engine.target and n > 1
+            logits = runner.prefill_row(slot, state.tokens[slot:slot + 1, : max(n - 1, 1)], n - 1,
+                                        **({"every": True} if every else {}))
+            if every:
+                self._prompt_logprobs(logits, state.tokens[slot:slot + 1, 1:n], state.temperature[slot:slot + 1],
+                                      [slot])
+        if prompt_logprobs and n == 1:
+            row.prompt_logprobs = [None]
         self.method.reset_rows([slot])
         state.active[slot] = True
         return row

@@ -176,15 +176,17 @@ class ModelRunner:
         self.cache.set_lens(lens.to(torch.int32))
         return logits if every else logits[:, 0]
 
-    def prefill_row(self, row: int, tokens: torch.Tensor, length: int) -> None:
+    def prefill_row(self, row: int, tokens: torch.Tensor, length: int, every: bool = False):
         """Prefill one row of the call's cache ([1,T] tokens, `length` of them real; 0 = empty)
-        and leave the other rows as they are (continuous batching)."""
+        and leave the other rows as they are (continuous batching). every: returns the logits at
+        every position [1,length,V] (prompt log-probabilities)."""
         full, self.cache = self.cache, self.cache.row(row)
         try:
             if length > 0:
-                self.prefill(tokens[:, :length], torch.tensor([length], device=self.device), attn_len=length)
-            else:
-                self.cache.lens.zero_()
+                logits = self.prefill(tokens[:, :length], torch.tensor([length], device=self.device),
+                                      attn_len=length, every=every)
+                return logits if every else None
+            self.cache.lens.zero_()
         finally:
             self.cache = full
 

@@ -27,8 +27,13 @@ import torch
 
 from ..errors import SpecEngineError
 from ..generation import Generation, headroom
-from ..request import RequestParams
+from ..methods.logprobs import LogprobSpec, TokenLogprob
 from ..methods.sampling import SamplingParams
+from ..request import RequestParams
+
+# what the core's rows compute while any running request wants log-probabilities; each request
+# keeps its own top-k of these 20 (OpenAI's most)
+CORE_LOGPROBS = LogprobSpec(20, "raw")
 
 
 class Overloaded(SpecEngineError):
@@ -47,6 +52,8 @@ class RequestOutput:
     prompt_tokens: int = 0
     error: Exception | None = None  # why the request failed (finish_reason "error"): a
     # SpecEngineError is the request's own bad input, anything else an internal fault
+    logprobs: list[TokenLogprob] | None = None  # new_token_ids' (RequestParams.logprobs)
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # on a request's first output, when asked
 
 
 @dataclass
@@ -56,9 +63,11 @@ class _Request:
     params: RequestParams
     sampling: SamplingParams
     stops: list[str]
+    spec: LogprobSpec | None = None
     slot: int | None = None
     sent: str = ""
     ids: list[int] = field(default_factory=list)
+    prompt_sent: bool = False
 
     @property
     def klass(self):
@@ -107,16 +116,16 @@ class EngineCore:
         if own:  # rows of one step share one method: it is the core's, chosen when it starts
             raise SpecEngineError(f"a served request cannot set {own[0]!r}: every row runs the core's method "
                                   f"({self.method_name}), set when the core (or server) starts", own[0])
-        for name in ("logprobs", "prompt_logprobs"):  # refused, not ignored, until the core serves them
-            if getattr(params, name) not in (None, False):
-                raise SpecEngineError(f"{name} is not served by the serving core yet; Engine.generate returns them",
-                                      name)
+        spec = LogprobSpec.parse(params.logprobs, params.logprobs_mode)
+        if (spec is not None or params.prompt_logprobs) and params.logprobs_mode != "raw":
+            raise SpecEngineError("the serving core returns raw log-probabilities only (logprobs_mode='raw')",
+                                  "logprobs_mode")
         sampling, stops = params.validate()
         prompts, batched = self.engine.encode(prompt)
         if batched:
             raise SpecEngineError("add_request takes one prompt", "prompt")
         self.engine.check_capacity(prompts, params.max_new_tokens, self._probe)
-        return _Request(request_id, prompts[0], params, sampling, stops)
+        return _Request(request_id, prompts[0], params, sampling, stops, spec)
 
     def overloaded(self) -> Overloaded:
         return Overloaded(f"server overloaded: {len(self.waiting)} requests waiting (max_waiting="
@@ -155,6 +164,7 @@ class EngineCore:
         outputs += self._admit()
         if not self.running:
             return outputs
+        self._logprobs_on(any(r.spec is not None for r in self.running.values()))
         try:
             kept = self.gen.step()
         except Exception as e:  # noqa: BLE001 - reported to each request, never swallowed
@@ -197,8 +207,10 @@ class EngineCore:
             try:
                 if self.gen is None or req.klass != self._klass:
                     self._start(req)
+                self._logprobs_on(bool(req.params.prompt_logprobs))
                 self.gen.admit(slot, req.prompt, req.sampling.seed, req.params.max_new_tokens, req.stops,
-                               set() if req.params.ignore_eos else self.engine.eos_ids)
+                               set() if req.params.ignore_eos else self.engine.eos_ids, req.spec is not None,
+                               bool(req.params.prompt_logprobs))
             except Exception as e:  # noqa: BLE001 - this request fails alone
                 if self.gen is not None:
                     self.gen.release(slot, "error")
@@ -239,6 +251,10 @@ class EngineCore:
         self.gen.track_text = True
         self._klass = req.klass
 
+    def _logprobs_on(self, on: bool) -> None:
+        """Rounds (and a prefill) compute log-probabilities only while some request wants them."""
+        self.gen.logprobs = self.gen.state.logprobs = CORE_LOGPROBS if on else None
+
     def _free(self, req: _Request) -> None:
         self.slots[req.slot] = None
         del self.running[req.rid]
@@ -248,5 +264,12 @@ class EngineCore:
         text = row.visible_text()
         delta = text[len(req.sent):] if len(text) > len(req.sent) else ""
         req.sent = text if len(text) > len(req.sent) else req.sent
-        return RequestOutput(req.rid, list(req.ids), list(new), req.sent, delta, done, row.finish_reason,
-                             len(req.prompt))
+        out = RequestOutput(req.rid, list(req.ids), list(new), req.sent, delta, done, row.finish_reason,
+                            len(req.prompt))
+        k = req.spec.top if req.spec is not None else 0  # each entry cut to the request's own top-k
+        cut = lambda e: e and TokenLogprob(e.token_id, e.logprob, dict(list(e.top.items())[:k]))  # noqa: E731
+        if req.spec is not None:  # this step's
+            out.logprobs = [cut(e) for e in row.logprobs[len(row.logprobs) - len(new):]]
+        if req.params.prompt_logprobs and not req.prompt_sent:
+            req.prompt_sent, out.prompt_logprobs = True, [cut(e) for e in row.prompt_logprobs]
+        return out

@@ -23,16 +23,8 @@ def _no_bool(value):
     return value
 
 
-def _bool_only(value):
-    """JSON's 0 is not false: refused where pydantic would take it for one."""
-    if not isinstance(value, bool):
-        raise ValueError("only a boolean is accepted here")
-    return value
-
-
 Int = Annotated[int, BeforeValidator(_no_bool)]  # JSON Schema integers (1.0 included), never booleans
 Float = Annotated[float, BeforeValidator(_no_bool)]
-NoFalse = Annotated[Literal[False], BeforeValidator(_bool_only)]  # a flag of an unimplemented feature: off only
 
 
 # OpenAI's defaults where they differ from the API's (RequestParams): temperature 1; a request
@@ -50,9 +42,6 @@ UNSUPPORTED = {
     "response_format": 'structured output is not implemented; only {"type": "text"} is accepted',
     "tools": "tool calling is not implemented; only [] is accepted",
     "tool_choice": 'tool calling is not implemented; only "none" is accepted',
-    "logprobs": "log-probabilities are not implemented yet",
-    "top_logprobs": "log-probabilities are not implemented yet",
-    "echo": "echo is not implemented yet; only false is accepted",
     "best_of": "only best_of=1 is supported",
     "suffix": "suffix (insertion) is not implemented; only an empty suffix is accepted",
 }
@@ -139,8 +128,12 @@ ERRORS = {400: {"model": ErrorBody, "description": "bad request: the field at fa
 
 class CompletionRequest(Sampling):
     prompt: str | list[Int]
-    logprobs: None = Field(default=None, description=UNSUPPORTED["logprobs"])
-    echo: NoFalse = Field(default=False, description=UNSUPPORTED["echo"])
+    max_tokens: Int | None = Field(default=None, ge=0, description="new tokens, at most; 0 with echo scores the "
+                                                                    "prompt (lm-evaluation-harness's log-likelihood)")
+    logprobs: Int | None = Field(default=None, ge=0, le=5, description="each token's log-probability under the "
+                                 "target and the top N alternatives (raw: the model's log_softmax)")
+    echo: StrictBool = Field(default=False, description="the prompt before the completion, in the text and, with "
+                             "logprobs, its tokens' log-probabilities (the first token has none)")
     best_of: Int | None = Field(default=None, ge=1, le=1, description=UNSUPPORTED["best_of"])
     suffix: str | None = Field(default=None, max_length=0, description=UNSUPPORTED["suffix"])
 
@@ -153,7 +146,9 @@ class ChatMessage(BaseModel):
 class ChatRequest(Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Int | None = Field(default=None, ge=1, description="OpenAI's newer name for max_tokens")
-    logprobs: NoFalse | None = Field(default=None, description=UNSUPPORTED["logprobs"])
-    top_logprobs: None = Field(default=None, description=UNSUPPORTED["top_logprobs"])
+    logprobs: StrictBool | None = Field(default=None, description="each token's log-probability under the target "
+                                        "(raw: the model's log_softmax)")
+    top_logprobs: Int | None = Field(default=None, ge=0, le=20, description="the N most likely alternatives per "
+                                     "token (needs logprobs: true)")
 
 

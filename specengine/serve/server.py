@@ -24,6 +24,7 @@ from ..errors import SpecEngineError
 from ..request import RequestParams, served_fields
 from .async_engine import AsyncEngine
 from .core import Overloaded
+from .openai_logprobs import AnswerLogprobs, LogprobFormatter
 from .metrics import Histogram
 
 try:
@@ -61,6 +62,7 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
     closures over this app's AsyncEngine, key and counters; each is short on its own."""
     api_key = api_key if api_key is not None else os.environ.get("SPECENGINE_API_KEY") or None
     aeng = AsyncEngine(engine, **core_kw)
+    formatter = LogprobFormatter(engine.tokenizer)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -158,7 +160,15 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
             if given["max_new_tokens"] not in (None, newer):
                 raise _BadField("max_tokens and max_completion_tokens disagree; send one", "max_completion_tokens")
             given["max_new_tokens"] = newer
+        if given["max_new_tokens"] == 0:  # completions' scoring (with echo): one token runs it, then is dropped
+            given["max_new_tokens"] = 1
         given["max_new_tokens"] = given["max_new_tokens"] or default_max_tokens
+        if isinstance(req, ChatRequest):
+            if req.top_logprobs is not None and not req.logprobs:
+                raise _BadField("top_logprobs needs logprobs: true", "top_logprobs")
+            given["logprobs"] = (req.top_logprobs or 0) if req.logprobs else None
+        else:
+            given["logprobs"], given["prompt_logprobs"] = req.logprobs, req.echo and req.logprobs is not None
         return RequestParams(**{k: v for k, v in given.items() if v is not None})
 
     async def _serve(request: Request, body: Sampling, prompt, chat: bool):
@@ -178,6 +188,11 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
         except SpecEngineError as e:  # bad prompt or parameters, too long for the cache, ...
             counts["bad_requests"] += 1
             return _error(400, str(e), _api_param(e, chat))
+        echo = not chat and body.echo
+        ids = engine.encode(prompt)[0][0] if echo else None
+        answer = AnswerLogprobs(formatter, chat, body.logprobs is not None and body.logprobs is not False, ids,
+                                prompt if isinstance(prompt, str) else engine.decode(ids) if echo else "",
+                                not chat and body.max_tokens == 0)
         oid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created, t0 = int(time.time()), time.perf_counter()
         kind = "chat.completion" if chat else "text_completion"
@@ -198,15 +213,18 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
                 hist["latency"].observe(now - t0)
 
         def usage(out):
-            return {"prompt_tokens": out.prompt_tokens, "completion_tokens": len(out.token_ids),
-                    "total_tokens": out.prompt_tokens + len(out.token_ids)}
+            made = 0 if answer.score_only else len(out.token_ids)
+            return {"prompt_tokens": out.prompt_tokens, "completion_tokens": made,
+                    "total_tokens": out.prompt_tokens + made}
 
         def choice(text, reason, delta: bool):
             reason = None if reason is None else ("stop" if reason in ("eos", "stop") else reason)
+            text, logprobs = answer.piece(text)
             if chat:
                 key = "delta" if delta else "message"
-                return {"index": 0, key: {"role": "assistant", "content": text}, "finish_reason": reason}
-            return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+                return {"index": 0, key: {"role": "assistant", "content": text}, "logprobs": logprobs,
+                        "finish_reason": reason}
+            return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}
 
         if body.stream:
             async def events():
@@ -220,8 +238,9 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
                             yield f"data: {json.dumps(failure[1])}\n\n"
                             return
                         observe(out)
+                        answer.take(out)
                         done = out.finished
-                        if out.text_delta or done:
+                        if out.text_delta or done or answer.echo_due:
                             chunk = {"id": oid, "object": kind + (".chunk" if chat else ""), "created": created,
                                      "model": model_name, "choices": [choice(out.text_delta, out.finish_reason
                                                                              if done else None, True)]}
@@ -246,6 +265,7 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
                     return JSONResponse(failure[1], failure[0])
                 finished = out.finished
                 observe(out)
+                answer.take(out)
                 if not out.finished and await request.is_disconnected():
                     aeng.abort(rid)
         finally:
@@ -297,7 +317,8 @@ def _engine_constraints(components: dict, model_name: str, vocab: int, max_new: 
         props = components[name]["properties"]
         props["model"] = {"type": "string", "enum": [model_name], "title": "Model"}
         for key in ("max_tokens", "max_completion_tokens") if name == "ChatRequest" else ("max_tokens",):
-            props[key] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": max_new}, {"type": "null"}],
+            least = 0 if name == "CompletionRequest" else 1  # completions: 0 scores the prompt (echo)
+            props[key] = {"anyOf": [{"type": "integer", "minimum": least, "maximum": max_new}, {"type": "null"}],
                           "title": key.replace("_", " ").title(), "description": props[key]["description"]}
         props["stop"] = {"anyOf": [{"type": "string", "minLength": 1},
                                    {"type": "array", "items": {"type": "string", "minLength": 1}}, {"type": "null"}],

@@ -138,9 +138,8 @@ def test_bounded_queue_and_bad_requests(engines):
         core.add_request("x", RequestParams(max_new_tokens=0))
     with pytest.raises(SpecEngineError, match="top_p"):
         core.add_request("x", RequestParams(top_p=0))
-    for option in ("logprobs", "prompt_logprobs"):  # refused, never silently dropped
-        with pytest.raises(SpecEngineError, match=f"{option} is not served"):
-            core.add_request("x", RequestParams(**{option: True}))
+    with pytest.raises(SpecEngineError, match="raw log-probabilities only"):  # refused, never silently dropped
+        core.add_request("x", RequestParams(logprobs=2, logprobs_mode="processed"))
     with pytest.raises(SpecEngineError, match="unknown method"):
         EngineCore(eng, method="nope")
     assert not core.has_unfinished()

@@ -148,7 +148,8 @@ def test_disconnect_aborts_and_frees_the_row(server):
     ({"model": "other", "prompt": "x"}, "model"),
     ({"model": MODEL, "prompt": "x", "temperature": -1}, "temperature"),
     ({"model": MODEL, "prompt": "x", "top_p": 0}, "top_p"),
-    ({"model": MODEL, "prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"model": MODEL, "prompt": "x", "max_tokens": -1}, "max_tokens"),  # 0 scores the prompt (test_server_logprobs)
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
     ({"model": MODEL, "prompt": "x" * 400}, "prompt"),
     ({"model": MODEL, "prompt": "x", "n": 2}, "n"),
     ({"model": MODEL, "prompt": ""}, "prompt"),

@@ -28,10 +28,9 @@ REFUSED = [  # (route, extra body, the param the 400 names, words its message ho
     ("completions", {"best_of": 2}, "best_of", "best_of=1"),
     ("completions", {"suffix": "}"}, "suffix", "suffix"),
     ("completions", {"n": 2}, "n", "n=1"),
-    ("completions", {"logprobs": 2}, "logprobs", "log-probabilities"),
-    ("completions", {"echo": True}, "echo", "echo"),
-    ("chat", {"logprobs": True}, "logprobs", "log-probabilities"),
-    ("chat", {"top_logprobs": 3}, "top_logprobs", "log-probabilities"),
+    ("completions", {"logprobs": 6}, "logprobs", "less than or equal to 5"),
+    ("chat", {"top_logprobs": 3}, "top_logprobs", "needs logprobs: true"),
+    ("chat", {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "less than or equal to 20"),
     ("chat", {"functions": [{"name": "f"}]}, "functions", "not a parameter"),
     ("completions", {"temperture": 0.5}, "temperture", "not a parameter"),  # a typo is not ignored either
     ("chat", {"max_tokens": 4, "max_completion_tokens": 5}, "max_completion_tokens", "disagree"),
@@ -61,7 +60,7 @@ def test_no_op_values_and_informational_fields_change_nothing(server, client, ro
     assert text(same) == text(plain) == ref(server, MSGS if route == "chat" else PROMPT, 6).text
     if route == "completions":
         again = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, echo=False,
-                                          best_of=1, suffix="", logprobs=None)
+                                          best_of=1, suffix="")
         assert again.choices[0].text == text(plain)
 
 
