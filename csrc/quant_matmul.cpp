@@ -42,7 +42,6 @@ struct Act {
   const int16_t* bsr(int64_t r) const { return bs + r * (K / 16); }
   const int16_t* b32r(int64_t r) const { return b32 + r * (K / 32); }
   Act from_row(int64_t m) const { return {qr(m), dr(m), bsr(m), b32r(m), K, block}; }  // rows m, m + 1, ...
-  Act from_col(int64_t k) const { return {q + k, d + k / block, bs + k / 16, b32 + k / 32, K, block}; }  // values k, ...
 };
 
 // One call of the batch-invariant attention (row_attention_impl.h): tensors as [dim0, dim1, dim2, D].
