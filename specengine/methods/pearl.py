@@ -168,10 +168,12 @@ class Pearl(Method):
             q_post = torch.cat([modes.pending_q, q[:, :1]], 1) if modes.pending_q is not None else q
             q_all = torch.where(post[:, None, None], q_post, q)
         # the sampler wants K+1 logits rows: pad to γ+1 (pre rows read only row 0, bonus withheld)
-        raw = torch.cat([logits, logits[:, -1:].expand(B, gamma + 1 - logits.shape[1], logits.shape[2])], 1)
-        out, n_acc = ctx.ops.rejection_sample(filter_logits(raw, state.params), proposal, q_all, num_draft,
+        def padded(x):
+            return torch.cat([x, x[:, -1:].expand(B, gamma + 1 - x.shape[1], x.shape[2])], 1)
+        out, n_acc = ctx.ops.rejection_sample(padded(filter_logits(logits, state.params)), proposal, q_all, num_draft,
                                  state.temperature, state.seed, state.offset)
-        capture(state, raw, out)  # post rows' pending drafts and pre rows' d1 alike: this verify's rows
+        if state.logprobs is not None:  # post rows' pending drafts and pre rows' d1 alike: this verify's rows
+            capture(state, padded(logits), out)
 
         all_ok = n_acc.to(torch.int32) >= num_draft
         n_new = torch.where(all_ok, n_acc.to(torch.int64), n_acc.to(torch.int64) + 1)
