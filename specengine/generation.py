@@ -132,6 +132,9 @@ class Generation:
         longest = max(len(p) for p in prompts)
         eng.target.invariance.ensure(B, self.method.max_width)  # batch-invariant mode: probed at this width
         temp = torch.full((B,), float(self.params.temperature), device=dev)
+        if self.want_prompt_logprobs:  # the first token has none; a prefill fills in the rest
+            for row in self.rows:
+                row.prompt_logprobs = [None]
         for runner in self._runners():  # every cache holds the prompt but its last token
             runner.allocate(B, S)
             if longest > 1:
@@ -140,8 +143,6 @@ class Generation:
                                         **({"every": True} if every else {}))
                 if every:
                     self._prompt_logprobs(logits, tokens[:, 1:longest], temp)
-            elif self.want_prompt_logprobs and runner is eng.target:
-                self._prompt_logprobs(None, None, temp)
         return DecodeState(
             tokens=tokens, n=lens.clone(), active=torch.ones(B, dtype=torch.bool, device=dev),
             params=self.params, temperature=temp, seed=row_seeds(self.params.seed, B, dev),
@@ -151,13 +152,12 @@ class Generation:
 
     def _prompt_logprobs(self, logits, following, temperature, rows=None) -> None:
         """Each row's prompt log-probabilities from the prefill's logits [B,T,V] (position i scores
-        prompt token i + 1, `following`); the first token has none. rows: which rows B stands for."""
+        prompt token i + 1, `following`) after its first token's None. rows: which rows B stands for."""
         spec = self.logprobs or LogprobSpec(0)
-        host = [] if logits is None else token_logprobs(logits, following, spec, self.params, temperature).tolist()
+        host = token_logprobs(logits, following, spec, self.params, temperature).tolist()
         for i, b in enumerate(rows if rows is not None else range(len(self.rows))):
             prompt = self.prompts[b]
-            self.rows[b].prompt_logprobs = [None] + [entries(host[i][j], prompt[j + 1], spec)
-                                                     for j in range(len(prompt) - 1)]
+            self.rows[b].prompt_logprobs += [entries(host[i][j], prompt[j + 1], spec) for j in range(len(prompt) - 1)]
 
     # ------------------------------------------------------------------ rounds
     def rounds(self):
@@ -244,7 +244,8 @@ class Generation:
         state.n[slot] = n
         state.seed[slot] = seed  # the request's own stream: its tokens are those of decoding it alone
         state.offset[slot] = 0
-        row = self.rows[slot] = RowState(n, max_new, stops, stop_ids, logprobs=[] if logprobs else None)
+        row = self.rows[slot] = RowState(n, max_new, stops, stop_ids, logprobs=[] if logprobs else None,
+                                         prompt_logprobs=[None] if prompt_logprobs else None)
         self.prompts[slot] = list(prompt)
         for runner in self._runners():
             every = prompt_logprobs and runner is self.engine.target and n > 1
@@ -253,8 +254,6 @@ class Generation:
             if every:
                 self._prompt_logprobs(logits, state.tokens[slot:slot + 1, 1:n], state.temperature[slot:slot + 1],
                                       [slot])
-        if prompt_logprobs and n == 1:
-            row.prompt_logprobs = [None]
         self.method.reset_rows([slot])
         state.active[slot] = True
         return row

@@ -62,13 +62,16 @@ def test_every_method_reports_the_targets_logprobs(engine, hf, method, options):
 
 
 def test_ragged_batches_report_each_rows_own(engine, hf):
-    prompts = [engine.tokenizer(p).input_ids for p in ("xy", PROMPT, "for i in range(3)")]
+    prompts = [engine.tokenizer(p).input_ids for p in ("xy", PROMPT, "for i in range(3)")] + [[5]]
     out = engine.generate(prompts, max_new_tokens=12, method="sd", gamma=3, ignore_eos=True, logprobs=2,
                           prompt_logprobs=True)
     for p, r in zip(prompts, out):
         ref = reference(hf, p + r.token_ids)
         assert_matches(r.logprobs, ref[len(p) - 1:], r.token_ids, 2)
+        assert r.prompt_logprobs[0] is None and len(r.prompt_logprobs) == len(p)  # one-token prompts too
         assert_matches(r.prompt_logprobs[1:], ref[: len(p) - 1], p[1:], 2)
+    alone = engine.generate([5], max_new_tokens=2, prompt_logprobs=True)  # no prefill at all
+    assert alone.prompt_logprobs == [None]
 
 
 def test_tokens_cut_at_eos_or_a_stop_string_keep_only_their_logprobs(engine):
