@@ -24,9 +24,10 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from ..kernels import cpu_ext
 from ..kernels.row_attention import ROW_ATTENTION_WIDTH
 from . import quant_linear
-from .quant_linear import EXT_CODES, ROWS_PER_READ, QuantLinear
+from .quant_linear import EXT_CODES, QuantLinear
 
 MAX_WIDTH = ROW_ATTENTION_WIDTH  # tokens per row: where the "cpu" attention is the per-row one
+MAX_ROWS = 64  # B*T: decode and verify steps; a prefill takes the Python loop (same kernels and arithmetic)
 _FUSED = {"add_rms_norm": ("cpu",), "rope_kv_write": ("cpu",), "silu_and_mul": ("cpu",),
           "attention": ("cpu", "cpu-rows")}
 _STACKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> (key, DecodeStack | None)
@@ -80,7 +81,7 @@ def run(model, x: torch.Tensor, cache, step):
     """(the last layer's MLP output, the residual stream) [B,T,H] from the compiled stack, or None
     where this step must take the Python loop."""
     B, T, _ = x.shape
-    if (T > MAX_WIDTH or B * T > ROWS_PER_READ or step.tree_mask is not None or step.windows
+    if (T > MAX_WIDTH or B * T > MAX_ROWS or step.tree_mask is not None or step.windows
             or x.device.type != "cpu" or torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
             or any(step.ops.names[op] not in ok for op, ok in _FUSED.items())):
         return None

@@ -81,20 +81,18 @@ def _layout_changed() -> None:
         fn()
 
 
-ROWS_PER_READ = 64  # above this many rows (prefill) one dequantization + a BLAS matmul is cheaper
-
-
 def quant_matmul(x2: torch.Tensor, qweight: torch.Tensor, qtype: str) -> torch.Tensor:
-    """fp32 [M, N] = x2 [M, K] @ dequantize(qweight).T, on the fastest path available here:
-    the compiled int8 kernel for decode and verify widths (every width up to ROWS_PER_READ takes
-    the same per-row arithmetic, so a verify reproduces decode), dequantize-then-matmul for prefill;
-    on a GPU the Triton kernel (fp32 accumulation; batch invariance there is the probe's business)."""
+    """fp32 [M, N] = x2 [M, K] @ dequantize(qweight).T, on the fastest path available here. On CPU
+    the compiled int8 kernel at every width, so decode, verify and prefill (whole or in chunks, as
+    the serving core's prefix reuse runs it) give a row the same bits. It is also the fastest there:
+    dequantizing a weight for BLAS costs more than the int8 kernel's whole product up to 512 rows and
+    beyond (bench/prefill_matmul.py: Q4_K 17920 x 1536 at 512 rows, 59 ms interleaved vs 209 ms, on the
+    2-core AMD EPYC). On a GPU the Triton kernel (fp32 accumulation; batch invariance there is the
+    probe's business)."""
     if qweight.is_cuda and HAVE_TRITON and qtype in CODES:  # GPU: the Triton kernel, any row count
         return quant_matmul_triton(x2, qweight, qtype)
     if _quantext is None or qweight.device.type != "cpu" or qtype not in EXT_CODES:
         return quant_matmul_ref(x2, qweight, qtype)
-    if x2.shape[0] > ROWS_PER_READ:
-        return x2.float() @ _dequantize(qweight, EXT_CODES[qtype], x2.shape[1]).T
     # eager calls go straight to the extension: the custom op's wrapper costs ~14 us a call, ~1.8 ms
     # of a 28-layer decode step; torch.compile traces the op
     matmul = _int8_matmul if torch.compiler.is_compiling() else _quantext.quant_matmul
@@ -102,9 +100,9 @@ def quant_matmul(x2: torch.Tensor, qweight: torch.Tensor, qtype: str) -> torch.T
 
 
 def quant_matmul_packed(x2: torch.Tensor, packed: torch.Tensor, qtype: str, rows: int) -> torch.Tensor:
-    """`quant_matmul` on a weight interleaved by `pack_x8` (CPU with the extension; anywhere else, and
-    at prefill widths, through the file's layout again)."""
-    if _quantext is None or packed.device.type != "cpu" or x2.shape[0] > ROWS_PER_READ:
+    """`quant_matmul` on a weight interleaved by `pack_x8` (CPU with the extension; anywhere else
+    through the file's layout again)."""
+    if _quantext is None or packed.device.type != "cpu":
         return quant_matmul(x2, unpack_x8(packed, qtype, rows), qtype)
     matmul = _x8_matmul if torch.compiler.is_compiling() else _quantext.quant_matmul_x8
     return matmul(x2.float().contiguous(), packed, EXT_CODES[qtype], rows)
