@@ -14,15 +14,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import statistics
 import sys
-import threading
 import time
 
 import httpx
-import uvicorn
 from tqdm.auto import tqdm
+
+from serve_thread import serving  # a sibling: bench/ is the script's folder
 
 from specengine import Engine
 from specengine.benchmark import environment
@@ -93,37 +92,28 @@ def main(argv=None) -> int:
         method, _, gamma = spec.partition(":")
         app = create_app(engine, "m", max_batch=args.max_batch, max_waiting=1024, method=method,
                          gamma=int(gamma) if gamma else None)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        while not server.started:
-            time.sleep(0.05)
-        url = f"http://127.0.0.1:{port}/v1/completions"
-        texts = None
-        for c in levels:
-            with tqdm(total=len(prompts), desc=f"{spec} c={c}") as bar:
-                res, wall = asyncio.run(level(url, "m", prompts, c, args.max_tokens, bar))
-            same = texts is None or [r["text"] for r in res] == texts  # batching never changes greedy output
-            texts = texts or [r["text"] for r in res]
-            gaps = [g for r in res for g in r["chunk_gaps_s"]]
-            row = {"method": spec, "concurrency": c, "requests": len(res), "wall_s": wall,
-                   "tokens": sum(r["tokens"] for r in res), "tokens_per_s": sum(r["tokens"] for r in res) / wall,
-                   "requests_per_s": len(res) / wall,
-                   "ttft_p50_s": pct([r["ttft_s"] for r in res], 0.5), "ttft_p99_s": pct([r["ttft_s"] for r in res], 0.99),
-                   "itl_p50_s": pct([r["itl_s"] for r in res], 0.5), "itl_p99_s": pct([r["itl_s"] for r in res], 0.99),
-                   "chunk_gap_p50_s": pct(gaps, 0.5), "chunk_gap_p99_s": pct(gaps, 0.99),
-                   "latency_mean_s": statistics.mean(r["latency_s"] for r in res),
-                   "same_text_as_concurrency_1": same}
-            result["rows"].append(row)
-            print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=1)
-        server.should_exit = True
-        thread.join(30)
-        app.state.engine.shutdown()
+        with serving(app) as base:
+            url = base + "/v1/completions"
+            texts = None
+            for c in levels:
+                with tqdm(total=len(prompts), desc=f"{spec} c={c}") as bar:
+                    res, wall = asyncio.run(level(url, "m", prompts, c, args.max_tokens, bar))
+                same = texts is None or [r["text"] for r in res] == texts  # batching never changes greedy output
+                texts = texts or [r["text"] for r in res]
+                gaps = [g for r in res for g in r["chunk_gaps_s"]]
+                ttft, itl = [r["ttft_s"] for r in res], [r["itl_s"] for r in res]
+                row = {"method": spec, "concurrency": c, "requests": len(res), "wall_s": wall,
+                       "tokens": sum(r["tokens"] for r in res), "tokens_per_s": sum(r["tokens"] for r in res) / wall,
+                       "requests_per_s": len(res) / wall,
+                       "ttft_p50_s": pct(ttft, 0.5), "ttft_p99_s": pct(ttft, 0.99),
+                       "itl_p50_s": pct(itl, 0.5), "itl_p99_s": pct(itl, 0.99),
+                       "chunk_gap_p50_s": pct(gaps, 0.5), "chunk_gap_p99_s": pct(gaps, 0.99),
+                       "latency_mean_s": statistics.mean(r["latency_s"] for r in res),
+                       "same_text_as_concurrency_1": same}
+                result["rows"].append(row)
+                print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+                with open(args.out, "w") as f:
+                    json.dump(result, f, indent=1)
     return 0
 
 

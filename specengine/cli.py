@@ -141,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--model-name", default=None, help="the name clients pass as `model` (default: --target)")
     s.add_argument("--max-waiting", type=int, default=64, help="waiting requests before answering 503")
+    s.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
+                   help="prefill every prompt whole (default: a request continuing a conversation reuses its row)")
     s.add_argument("--default-max-tokens", type=int, default=256, help="when a request has no max_tokens")
     s.add_argument("--api-key", default=None,
                    help="require `Authorization: Bearer KEY` on /v1 routes (default: $SPECENGINE_API_KEY, if set)")
@@ -248,7 +250,8 @@ def cmd_serve(args):
     print(f"serving {args.target} on http://{args.host}:{args.port}/v1 (max batch {args.max_batch}; API key "
           f"{'required' if key else 'not required'})", file=sys.stderr)  # never the key itself
     serve(engine, args.model_name or args.target, host=args.host, port=args.port, max_batch=args.max_batch,
-          max_waiting=args.max_waiting, default_max_tokens=args.default_max_tokens, gamma=args.gamma, api_key=key)
+          max_waiting=args.max_waiting, default_max_tokens=args.default_max_tokens, gamma=args.gamma, api_key=key,
+          prefix_reuse=args.prefix_reuse)
 
 
 def cmd_fetch(args):

@@ -233,30 +233,38 @@ class Generation:
                 r.cache = c
 
     def admit(self, slot: int, prompt: list[int], seed: int, max_new: int, stops: list[str],
-              stop_ids: set[int], logprobs: bool = False, prompt_logprobs: bool = False) -> RowState:
+              stop_ids: set[int], logprobs: bool = False, prompt_logprobs: bool = False, reuse: int = 0) -> int:
         """Put a new request into a free row (continuous batching, serve/core.py): its prompt is
         prefilled into that row of every cache while the other rows keep their state. logprobs:
         the row collects its tokens' log-probabilities (under `self.logprobs`, which the caller
-        sets while some row wants them); prompt_logprobs: its prompt's, from this prefill."""
+        sets while some row wants them); prompt_logprobs: its prompt's, from this prefill.
+        reuse: the row's previous occupant and this prompt share their first `reuse` tokens, so
+        each cache keeps what K/V of them it still validly holds (its length, read here: the
+        admission's one sync) and prefills only the rest. Returns the target positions reused."""
         state, dev = self.state, self.state.tokens.device
         n = len(prompt)
+        runners = self._runners()
+        held = [0] * len(runners)
+        if reuse > 0 and not prompt_logprobs:  # prompt log-probabilities need every position's logits
+            held = torch.stack([r.cache.lens[slot].to(dev) for r in runners]).tolist()
+        starts = [min(reuse, h, n - 1) if n > 1 else 0 for h in held]
         state.tokens[slot, :n] = torch.tensor(prompt, device=dev)
         state.n[slot] = n
         state.seed[slot] = seed  # the request's own stream: its tokens are those of decoding it alone
         state.offset[slot] = 0
-        row = self.rows[slot] = RowState(n, max_new, stops, stop_ids, logprobs=[] if logprobs else None,
-                                         prompt_logprobs=[None] if prompt_logprobs else None)
+        self.rows[slot] = RowState(n, max_new, stops, stop_ids, logprobs=[] if logprobs else None,
+                                   prompt_logprobs=[None] if prompt_logprobs else None)
         self.prompts[slot] = list(prompt)
-        for runner in self._runners():
+        for runner, start in zip(runners, starts):
             every = prompt_logprobs and runner is self.engine.target and n > 1
             logits = runner.prefill_row(slot, state.tokens[slot:slot + 1, : max(n - 1, 1)], n - 1,
-                                        **({"every": True} if every else {}))
+                                        **({"every": True} if every else {}), **({"start": start} if start else {}))
             if every:
                 self._prompt_logprobs(logits, state.tokens[slot:slot + 1, 1:n], state.temperature[slot:slot + 1],
                                       [slot])
         self.method.reset_rows([slot])
         state.active[slot] = True
-        return row
+        return starts[0]
 
     def release(self, slot: int, reason: str = "abort") -> None:
         """Stop a row (finished or aborted): frozen on the device, its row free for `admit`."""

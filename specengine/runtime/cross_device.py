@@ -48,8 +48,8 @@ class CrossDeviceDraft:
             return tuple(t.to(self.home, non_blocking=True) for t in out)
         return out.to(self.home, non_blocking=True)
 
-    def prefill_row(self, row: int, tokens, length: int) -> None:
-        self.runner.prefill_row(row, tokens.to(self.runner.device), length)
+    def prefill_row(self, row: int, tokens, length: int, start: int = 0) -> None:
+        self.runner.prefill_row(row, tokens.to(self.runner.device), length, start=start)
 
     def prefill(self, tokens, lens, attn_len=None):
         return self.runner.prefill(tokens.to(self.device), lens.to(self.device), attn_len=attn_len).to(self.home)

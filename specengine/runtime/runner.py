@@ -166,27 +166,31 @@ class ModelRunner:
         return self.model(tokens, self.cache, self.ops, tree_mask=tree_mask, attn_len=attn_len,
                           logits_at=logits_at, return_hidden=return_hidden)
 
-    def prefill(self, tokens: torch.Tensor, lens: torch.Tensor, attn_len=None, every: bool = False) -> torch.Tensor:
+    def prefill(self, tokens: torch.Tensor, lens: torch.Tensor, attn_len=None, every: bool = False,
+                start: int = 0) -> torch.Tensor:
         """Right-padded prompts [B,T] with true lengths lens[B]; sets cache.lens = lens.
         Returns the logits at each row's last prompt token [B,V] (every: at every position [B,T,V],
-        for prompt log-probabilities)."""
-        self.cache.lens.zero_()
-        last = (lens.to(torch.int64) - 1).clamp_min(0)[:, None]
+        for prompt log-probabilities). start: every row's first `start` positions already hold
+        its prompt's K/V (prefix reuse); tokens are the prompts from there on."""
+        self.cache.lens.fill_(start)
+        last = (lens.to(torch.int64) - 1 - start).clamp_min(0)[:, None]
         logits = self.forward(tokens, attn_len=attn_len, logits_at=None if every else last)
         self.cache.set_lens(lens.to(torch.int32))
         return logits if every else logits[:, 0]
 
-    def prefill_row(self, row: int, tokens: torch.Tensor, length: int, every: bool = False):
+    def prefill_row(self, row: int, tokens: torch.Tensor, length: int, every: bool = False, start: int = 0):
         """Prefill one row of the call's cache ([1,T] tokens, `length` of them real; 0 = empty)
-        and leave the other rows as they are (continuous batching). every: returns the logits at
-        every position [1,length,V] (prompt log-probabilities)."""
+        and leave the other rows as they are (continuous batching). start: the row's first
+        `start` positions still hold these tokens' K/V (the serving core's prefix reuse), so only
+        tokens[start:length] run. every: returns the logits at every position [1,length,V]
+        (prompt log-probabilities; with start 0)."""
         full, self.cache = self.cache, self.cache.row(row)
         try:
-            if length > 0:
-                logits = self.prefill(tokens[:, :length], torch.tensor([length], device=self.device),
-                                      attn_len=length, every=every)
+            if length > start:
+                logits = self.prefill(tokens[:, start:length], torch.tensor([length], device=self.device),
+                                      attn_len=length, every=every, start=start)
                 return logits if every else None
-            self.cache.lens.zero_()
+            self.cache.lens.fill_(length)
         finally:
             self.cache = full
 

@@ -30,7 +30,8 @@ class AsyncEngine:
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stop = False
         self.error: BaseException | None = None
-        self.metrics = {"requests": 0, "finished": 0, "aborted": 0, "failed": 0, "tokens": 0, "rounds": 0}
+        self.metrics = {"requests": 0, "finished": 0, "aborted": 0, "failed": 0, "tokens": 0, "rounds": 0,
+                        "prompt_tokens": 0, "cached_prompt_tokens": 0}
         self._thread = threading.Thread(target=self._loop, name="specengine-core", daemon=True)
         self._thread.start()
 
@@ -120,6 +121,8 @@ class AsyncEngine:
         if out.finished:
             kind = {"abort": "aborted", "error": "failed"}.get(out.finish_reason, "finished")
             self.metrics[kind] += 1
+            self.metrics["prompt_tokens"] += out.prompt_tokens
+            self.metrics["cached_prompt_tokens"] += out.cached_tokens  # prefix reuse
         with self._lock:
             target = self._queues.pop(out.request_id, None) if out.finished else self._queues.get(out.request_id)
         if target is None:

@@ -15,6 +15,11 @@ filtering are per batch; requests of another class wait until the running ones f
 (FIFO, never reordered). Seeds, stop strings and max_new_tokens are per request. Greedy
 outputs do not depend on the batch: each row's tokens are those of running it alone.
 The waiting queue is bounded: `add_request` raises `Overloaded` when it is full.
+
+Prefix reuse: a freed row keeps its caches. A request whose prompt starts with the tokens
+that row held (its previous occupant's prompt and output: the conversation's last turn)
+is admitted into that row and prefills only what follows (Generation.admit); a request
+that matches no free row takes one that holds nothing, else the one freed longest ago.
 Not thread-safe: one thread drives it (AsyncEngine does).
 """
 from __future__ import annotations
@@ -54,6 +59,7 @@ class RequestOutput:
     # SpecEngineError is the request's own bad input, anything else an internal fault
     logprobs: list[TokenLogprob] | None = None  # new_token_ids' (RequestParams.logprobs)
     prompt_logprobs: list[TokenLogprob | None] | None = None  # on a request's first output, when asked
+    cached_tokens: int = 0  # prompt tokens whose K/V the row already held (prefix reuse)
 
 
 @dataclass
@@ -68,6 +74,7 @@ class _Request:
     sent: str = ""
     ids: list[int] = field(default_factory=list)
     prompt_sent: bool = False
+    cached: int = 0  # prompt positions reused from the row's previous occupant
 
     @property
     def klass(self):
@@ -77,8 +84,9 @@ class _Request:
 
 class EngineCore:
     def __init__(self, engine, max_batch: int | None = None, max_waiting: int = 64, method: str | None = None,
-                 gamma=None, policy: str | None = None):
-        """Defaults from the engine's EngineConfig: its method, and its max_batch rows."""
+                 gamma=None, policy: str | None = None, prefix_reuse: bool = True):
+        """Defaults from the engine's EngineConfig: its method, and its max_batch rows.
+        prefix_reuse: admit a request into the free row that holds its prompt's start."""
         self.engine = engine
         self.max_batch = max_batch or engine.config.max_batch
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch < 1:
@@ -96,6 +104,8 @@ class EngineCore:
         self._aborts: set[str] = set()
         self._ids = itertools.count()
         self.finished_requests = 0
+        self.prefix_reuse = prefix_reuse
+        self._held: dict[int, list[int]] = {}  # free row -> the tokens its caches may hold; oldest first
 
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt, params: RequestParams | None = None, request_id: str | None = None) -> str:
@@ -203,16 +213,17 @@ class EngineCore:
             if self.running and req.klass != self._klass:
                 break  # another sampling class: it waits for the running rows (FIFO order kept)
             self.waiting.popleft()
-            slot = self.slots.index(None)
+            slot = None
             try:
                 if self.gen is None or req.klass != self._klass:
                     self._start(req)
+                slot, reuse = self._row_for(req.prompt)
                 self._logprobs_on(bool(req.params.prompt_logprobs))
-                self.gen.admit(slot, req.prompt, req.sampling.seed, req.params.max_new_tokens, req.stops,
-                               set() if req.params.ignore_eos else self.engine.eos_ids, req.spec is not None,
-                               bool(req.params.prompt_logprobs))
+                req.cached = self.gen.admit(slot, req.prompt, req.sampling.seed, req.params.max_new_tokens, req.stops,
+                                            set() if req.params.ignore_eos else self.engine.eos_ids,
+                                            req.spec is not None, bool(req.params.prompt_logprobs), reuse)
             except Exception as e:  # noqa: BLE001 - this request fails alone
-                if self.gen is not None:
+                if self.gen is not None and slot is not None:
                     self.gen.release(slot, "error")
                 failed.append(self._failed(req, e))
                 self.finished_requests += 1
@@ -221,11 +232,28 @@ class EngineCore:
             self.running[req.rid] = req
         return failed
 
+    def _row_for(self, prompt: list[int]) -> tuple[int, int]:
+        """(free row, prompt tokens it may hold): the row whose held tokens share the longest start
+        with the prompt, else an empty row, else the one freed longest ago."""
+        free = [s for s, rid in enumerate(self.slots) if rid is None]
+        if self.prefix_reuse and self._held:
+            best, shared = max(((s, common_prefix(self._held[s], prompt)) for s in free if s in self._held),
+                               key=lambda x: x[1], default=(None, 0))
+            if shared:
+                del self._held[best]
+                return best, shared
+        slot = next((s for s in free if s not in self._held), None)
+        if slot is None:
+            slot = next(s for s in self._held if s in free)
+        self._held.pop(slot, None)
+        return slot, 0
+
     def _fail_running(self, error: Exception) -> list[RequestOutput]:
         outs = [self._failed(req, error) for req in list(self.running.values())]
         for req in list(self.running.values()):
             self._free(req)
         self.gen, self._klass = None, None
+        self._held.clear()
         return outs
 
     def fail_all(self, error: Exception) -> list[RequestOutput]:
@@ -250,13 +278,16 @@ class EngineCore:
             self.gen.release(slot, "free")
         self.gen.track_text = True
         self._klass = req.klass
+        self._held.clear()  # fresh caches
 
     def _logprobs_on(self, on: bool) -> None:
         """Rounds (and a prefill) compute log-probabilities only while some request wants them."""
         self.gen.logprobs = self.gen.state.logprobs = CORE_LOGPROBS if on else None
 
     def _free(self, req: _Request) -> None:
+        """Free the request's row, which keeps its caches for a request that continues it."""
         self.slots[req.slot] = None
+        self._held[req.slot] = req.prompt + req.ids
         del self.running[req.rid]
         self.finished_requests += 1
 
@@ -265,7 +296,7 @@ class EngineCore:
         delta = text[len(req.sent):] if len(text) > len(req.sent) else ""
         req.sent = text if len(text) > len(req.sent) else req.sent
         out = RequestOutput(req.rid, list(req.ids), list(new), req.sent, delta, done, row.finish_reason,
-                            len(req.prompt))
+                            len(req.prompt), cached_tokens=req.cached)
         k = req.spec.top if req.spec is not None else 0  # each entry cut to the request's own top-k
         cut = lambda e: e and TokenLogprob(e.token_id, e.logprob, dict(list(e.top.items())[:k]))  # noqa: E731
         if req.spec is not None:  # this step's
@@ -273,3 +304,13 @@ class EngineCore:
         if req.params.prompt_logprobs and not req.prompt_sent:
             req.prompt_sent, out.prompt_logprobs = True, [cut(e) for e in row.prompt_logprobs]
         return out
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens a and b share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -140,6 +140,9 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
             "# TYPE specengine_unauthorized_total counter", f"specengine_unauthorized_total {counts['unauthorized']}",
             "# TYPE specengine_generated_tokens_total counter", f"specengine_generated_tokens_total {m['tokens']}",
             "# TYPE specengine_rounds_total counter", f"specengine_rounds_total {m['rounds']}",
+            "# TYPE specengine_prompt_tokens_total counter", f"specengine_prompt_tokens_total {m['prompt_tokens']}",
+            "# TYPE specengine_cached_prompt_tokens_total counter",  # prompt tokens a row already held
+            f"specengine_cached_prompt_tokens_total {m['cached_prompt_tokens']}",
             "# TYPE specengine_requests_running gauge", f"specengine_requests_running {len(core.running)}",
             "# TYPE specengine_requests_waiting gauge", f"specengine_requests_waiting {len(core.waiting)}",
             "# TYPE specengine_acceptance_rate gauge", f"specengine_acceptance_rate {acc}",
@@ -215,7 +218,8 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
         def usage(out):
             made = 0 if answer.score_only else len(out.token_ids)
             return {"prompt_tokens": out.prompt_tokens, "completion_tokens": made,
-                    "total_tokens": out.prompt_tokens + made}
+                    "total_tokens": out.prompt_tokens + made,
+                    "prompt_tokens_details": {"cached_tokens": out.cached_tokens}}  # prefix reuse
 
         def choice(text, reason, delta: bool):
             reason = None if reason is None else ("stop" if reason in ("eos", "stop") else reason)

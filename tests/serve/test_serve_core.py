@@ -192,9 +192,11 @@ def test_core_never_leaves_a_row_active_on_the_device(engines):
     drain(core)
     assert not bool(core.gen.state.active.any())
     n = core.gen.state.n.clone()
-    core.add_request(PROMPTS[1], RequestParams(max_new_tokens=4, ignore_eos=True))
+    rid = core.add_request(PROMPTS[1], RequestParams(max_new_tokens=4, ignore_eos=True))
+    core.step()
+    idle = 1 - core.running[rid].slot
     drain(core)
-    assert torch.equal(core.gen.state.n[1], n[1])  # the idle row did not move
+    assert torch.equal(core.gen.state.n[idle], n[idle])  # the idle row did not move
 
 
 def test_rounds_run_on_the_occupied_rows_only(engines):
