@@ -8,7 +8,7 @@ work. The engine is loaded once and served twice per repeat, with reuse on and o
 alternating order, each after one untimed warm-up request. Per turn: TTFT (request sent -> first text), prompt tokens, and the
 cached ones (usage.prompt_tokens_details.cached_tokens).
 
-  python bench/serve_multiturn.py --out bench/results/cpu_serve_multiturn.json
+  python bench/serve_multiturn.py --concurrency 1,2 --out bench/results/cpu_serve_multiturn.json
 """
 from __future__ import annotations
 
@@ -79,9 +79,9 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default=DEFAULT_TARGET)
     ap.add_argument("--draft", default=DEFAULT_DRAFT)
     ap.add_argument("--method", default="sd")
-    ap.add_argument("--conversations", type=int, default=6, help="MT-bench questions (the first n)")
-    ap.add_argument("--concurrency", type=int, default=2, help="conversations at once")
-    ap.add_argument("--max-tokens", type=int, default=96, help="per answer")
+    ap.add_argument("--conversations", type=int, default=4, help="MT-bench questions (the first n)")
+    ap.add_argument("--concurrency", default="1,2", help="conversations at once, one level after another")
+    ap.add_argument("--max-tokens", type=int, default=256, help="per answer (a chat answer's usual length)")
     ap.add_argument("--repeats", type=int, default=2, help="each repeat serves with reuse on and off")
     ap.add_argument("--max-batch", type=int, default=4)
     ap.add_argument("--out", required=True)
@@ -89,27 +89,28 @@ def main(argv=None) -> int:
     questions = mtbench(args.conversations)
     engine = Engine.from_pretrained(args.target, draft=args.draft, max_seq_len=2048, max_batch=args.max_batch)
     result = {"benchmark": "serve_multiturn", "target": args.target, "draft": args.draft, "method": args.method,
-              "conversations": len(questions), "concurrency": args.concurrency, "max_tokens": args.max_tokens,
-              "repeats": args.repeats, "environment": environment(), "command": " ".join(sys.argv)}
-    runs = {True: [], False: []}
-    for r in range(args.repeats):
-        for reuse in ((True, False) if r % 2 == 0 else (False, True)):
-            app = create_app(engine, "m", max_batch=args.max_batch, method=args.method, prefix_reuse=reuse)
-            with serving(app) as base, tqdm(total=len(questions), desc=f"repeat {r} reuse={reuse}") as bar:
-                httpx.post(base + "/v1/completions", json={"model": "m", "prompt": "warm up", "max_tokens": 4},
-                           timeout=None).raise_for_status()  # a first round's one-time costs stay out of TTFT
-                runs[reuse].append(asyncio.run(conversations(base + "/v1/chat/completions", questions,
-                                                             args.concurrency, args.max_tokens, bar)))
-    texts = {reuse: [[t["text"] for t in conv] for run in runs[reuse] for conv in run] for reuse in runs}
-    result["same_text_with_and_without_reuse"] = texts[True] == texts[False]
-    for t in (0, 1):
-        result[f"turn{t + 1}"] = {"reuse": summary(runs[True], t), "cold": summary(runs[False], t)}
-        result[f"turn{t + 1}"]["ttft_speedup"] = (result[f"turn{t + 1}"]["cold"]["ttft_median_s"]
-                                                  / result[f"turn{t + 1}"]["reuse"]["ttft_median_s"])
-    result["runs"] = {("reuse" if k else "cold"): v for k, v in runs.items()}
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(json.dumps({k: result[k] for k in ("same_text_with_and_without_reuse", "turn1", "turn2")}, indent=1))
+              "conversations": len(questions), "max_tokens": args.max_tokens, "repeats": args.repeats,
+              "environment": environment(), "command": " ".join(sys.argv), "levels": []}
+    for c in (int(x) for x in args.concurrency.split(",")):
+        runs = {True: [], False: []}
+        for r in range(args.repeats):
+            for reuse in ((True, False) if r % 2 == 0 else (False, True)):
+                app = create_app(engine, "m", max_batch=args.max_batch, method=args.method, prefix_reuse=reuse)
+                with serving(app) as base, tqdm(total=len(questions), desc=f"c={c} repeat {r} reuse={reuse}") as bar:
+                    httpx.post(base + "/v1/completions", json={"model": "m", "prompt": "warm up", "max_tokens": 4},
+                               timeout=None).raise_for_status()  # a first round's one-time costs stay out of TTFT
+                    runs[reuse].append(asyncio.run(conversations(base + "/v1/chat/completions", questions, c,
+                                                                 args.max_tokens, bar)))
+        texts = {reuse: [[t["text"] for t in conv] for run in runs[reuse] for conv in run] for reuse in runs}
+        level = {"concurrency": c, "same_text_with_and_without_reuse": texts[True] == texts[False]}
+        for t in (0, 1):
+            turn = level[f"turn{t + 1}"] = {"reuse": summary(runs[True], t), "cold": summary(runs[False], t)}
+            turn["ttft_speedup"] = turn["cold"]["ttft_median_s"] / turn["reuse"]["ttft_median_s"]
+        print(json.dumps(level, indent=1), flush=True)
+        level["runs"] = {("reuse" if k else "cold"): v for k, v in runs.items()}
+        result["levels"].append(level)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
     return 0
 
 

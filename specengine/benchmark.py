@@ -69,12 +69,18 @@ def _split_tree(spec: str) -> tuple[str, str | None]:
     return head, tail
 
 
-def environment() -> dict:
+def _git(*args) -> str:
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, check=False).stdout.strip() or None
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent,
+                              check=False).stdout.strip()
     except OSError:
-        commit = None
+        return ""
+
+
+def environment() -> dict:
+    commit = _git("rev-parse", "--short", "HEAD") or None
+    if commit and _git("status", "--porcelain", "--untracked-files=no", "--", ":/specengine", ":/csrc", ":/bench"):
+        commit += "-dirty"  # the run's code differs from that commit (tracked files changed)
     import transformers
 
     cpu = machine()

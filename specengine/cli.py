@@ -141,8 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--model-name", default=None, help="the name clients pass as `model` (default: --target)")
     s.add_argument("--max-waiting", type=int, default=64, help="waiting requests before answering 503")
-    s.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
-                   help="prefill every prompt whole (default: a request continuing a conversation reuses its row)")
+    s.add_argument("--prefix-reuse", action=argparse.BooleanOptionalAction, default=None,
+                   help="a request continuing a conversation reuses its row's K/V (default: on where the target "
+                        "computes in fp32)")
     s.add_argument("--default-max-tokens", type=int, default=256, help="when a request has no max_tokens")
     s.add_argument("--api-key", default=None,
                    help="require `Authorization: Bearer KEY` on /v1 routes (default: $SPECENGINE_API_KEY, if set)")

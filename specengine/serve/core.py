@@ -84,9 +84,12 @@ class _Request:
 
 class EngineCore:
     def __init__(self, engine, max_batch: int | None = None, max_waiting: int = 64, method: str | None = None,
-                 gamma=None, policy: str | None = None, prefix_reuse: bool = True):
+                 gamma=None, policy: str | None = None, prefix_reuse: bool | None = None):
         """Defaults from the engine's EngineConfig: its method, and its max_batch rows.
-        prefix_reuse: admit a request into the free row that holds its prompt's start."""
+        prefix_reuse: admit a request into the free row that holds its prompt's start. None (auto):
+        on where the target computes in fp32 (float or GGUF weights), where prefilling a prompt in
+        two chunks gives the tokens of one whole prefill; off for 16-bit activations, whose
+        rounding depends on how many rows a forward holds (turn it on to trade that for speed)."""
         self.engine = engine
         self.max_batch = max_batch or engine.config.max_batch
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch < 1:
@@ -104,7 +107,10 @@ class EngineCore:
         self._aborts: set[str] = set()
         self._ids = itertools.count()
         self.finished_requests = 0
-        self.prefix_reuse = prefix_reuse
+        if prefix_reuse not in (None, True, False):
+            raise SpecEngineError(f"prefix_reuse must be True, False or None (auto), got {prefix_reuse!r}",
+                                  "prefix_reuse")
+        self.prefix_reuse = engine.target.dtype == torch.float32 if prefix_reuse is None else prefix_reuse
         self._held: dict[int, list[int]] = {}  # free row -> the tokens its caches may hold; oldest first
 
     # ------------------------------------------------------------------ requests

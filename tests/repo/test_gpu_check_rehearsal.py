@@ -39,7 +39,7 @@ def test_the_first_command_returns_each_part_as_it_ends(tmp_path):
 
 def test_a_part_killed_by_its_limit_still_returns_what_it_finished(tmp_path):
     out = tmp_path / "out"
-    proc = gpu_check(out, "e2e-first", E2E_FIRST_TIMEOUT="30", GPU_SMOKE_STALL_AFTER="ar")
+    proc = gpu_check(out, "e2e-first", E2E_FIRST_TIMEOUT="20", GPU_SMOKE_STALL_AFTER="ar")
     assert proc.returncode != 0  # a killed part fails the command ...
     line = (out / "summary.txt").read_text().splitlines()[-1]
     assert line.startswith("e2e-first: rc=124") and "partial results" in line

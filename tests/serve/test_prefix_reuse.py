@@ -105,7 +105,8 @@ def core_run(core, prompt, n):
 
 
 def test_a_prompt_that_diverges_inside_the_held_tokens_reuses_only_the_shared_start(engines, tokenizer):
-    """An edited earlier message: the row keeps the shared start, recomputes the rest."""
+    """An edited earlier message: the row keeps the shared start, recomputes the rest; the same
+    prompt again (a regenerate) reuses all of it."""
     eng, ref = engines
     core = EngineCore(eng, max_batch=1, method="sd", gamma=3)
     first = tokenizer.encode("def add(a, b):\n    return a + b\n")
@@ -113,7 +114,10 @@ def test_a_prompt_that_diverges_inside_the_held_tokens_reuses_only_the_shared_st
     edited = first[:10] + tokenizer.encode("c, d):\n    return c * d\n")
     out = core_run(core, edited, 8)
     assert out.cached_tokens == 10
-    assert out.token_ids == ref.generate(edited, max_new_tokens=8, method="sd", gamma=3, ignore_eos=True).token_ids
+    want = ref.generate(edited, max_new_tokens=8, method="sd", gamma=3, ignore_eos=True).token_ids
+    assert out.token_ids == want
+    again = core_run(core, edited, 8)  # regenerate: the row holds all of it; only the last token is fed
+    assert again.cached_tokens == len(edited) - 1 and again.token_ids == want
 
 
 def test_prompt_logprobs_and_a_new_sampling_class_prefill_cold(engines, tokenizer):
@@ -159,3 +163,21 @@ def test_a_chat_through_the_openai_client_reports_its_cached_tokens(tiny_pair, t
         assert f"specengine_cached_prompt_tokens_total {cached}" in metrics
     finally:
         stop()
+
+
+def test_auto_turns_reuse_on_for_fp32_targets_only(tiny_pair, tokenizer):
+    """16-bit activations round a two-chunk prefill differently from a whole one: auto leaves
+    reuse off there (it can still be asked for); a bad value is named."""
+    import copy
+
+    import torch
+
+    from specengine.errors import SpecEngineError
+
+    target, _, draft = tiny_pair
+    assert EngineCore(Engine(target, tokenizer, max_seq_len=64)).prefix_reuse is True
+    half = copy.deepcopy(target).to(torch.bfloat16)
+    assert EngineCore(Engine(half, tokenizer, max_seq_len=64)).prefix_reuse is False
+    assert EngineCore(Engine(half, tokenizer, max_seq_len=64), prefix_reuse=True).prefix_reuse is True
+    with pytest.raises(SpecEngineError, match="prefix_reuse"):
+        EngineCore(Engine(target, tokenizer, max_seq_len=64), prefix_reuse="yes")
