@@ -10,9 +10,10 @@ already read; the proposal goes to the device without blocking. A round in which
 a match is a plain decode step, never a useless verify.
 
 γ: an integer (the longest proposal, transformers' `prompt_lookup_num_tokens`) or "auto":
-AutoGammaPolicy with a free draft (its step cost is 0): the γ that maximizes expected tokens
-per second from the target's measured cost per verify width and the running acceptance of
-the proposals (rounds with no match do not count).
+per row, from the occurrence whose preceding tokens match the history's end the longest, the
+γ that maximizes expected tokens per second from the target's measured cost per verify width
+and the acceptance learned for matches of that length (ngram_policy.py); γ = 0 proposes
+nothing for that row.
 
 `hybrid` (HybridDecoding, below): with a draft model, a round uses the n-gram proposals when
 every live row has one, and otherwise the draft model drafts a chain as `sd` does (its own γ:
@@ -26,6 +27,7 @@ import dataclasses
 import torch
 
 from .ngram_index import NgramIndex, check_sizes
+from .ngram_policy import NgramGammaPolicy
 from ..errors import SpecEngineError
 from .base import Method, speculative_stats
 from .context import MethodContext
@@ -54,7 +56,9 @@ class NgramDecoding(Method):
         if self.tree is not None and gamma is not None:
             raise SpecEngineError("ngram with a tree takes its shape from the tree ('KxD:N'), not gamma", "tree")
         gamma = getattr(defaults, "gamma", "auto") if gamma is None else gamma
-        self.policy = make_policy("fixed", self.tree.depth if self.tree is not None else gamma)
+        self.by_match = self.tree is None and gamma == "auto"
+        self.policy = NgramGammaPolicy() if self.by_match else make_policy(
+            "fixed", self.tree.depth if self.tree is not None else gamma)
         self.sizes = (getattr(defaults, "ngram_max", 3), getattr(defaults, "ngram_min", 1))
         check_sizes(*self.sizes)
         self.index: list[NgramIndex | None] = []
@@ -105,6 +109,11 @@ class NgramDecoding(Method):
             if self.tree is not None:
                 shape = self.tree
                 found = {b: self.index[b].propose_tree(shape.topk, shape.depth, shape.nodes) for b in live}
+            elif self.by_match:
+                found = {b: hit for b in live if (hit := self.index[b].lookup()) is not None}
+                gammas = self.policy.choose({b: m for b, (_, m) in found.items()})
+                toks = self.index
+                found = {b: (toks[b].tokens[s: s + gammas[b]], None) for b, (s, _) in found.items() if b in gammas}
             else:
                 g = self.policy.gamma
                 found = {b: (self.index[b].propose(g), None) for b in live} if g else {}
@@ -154,6 +163,8 @@ class NgramDecoding(Method):
     def after_round(self, n_acc, num_draft) -> None:
         if self.kind == "draft":
             self.draft_policy.update(n_acc, num_draft)
+        elif self.by_match:
+            self.policy.update_rows(dict(enumerate(n_acc)), dict(enumerate(num_draft)))
         elif self.tree is None and self.policy.gamma and any(num_draft):  # rounds with proposals only
             hit = [(a, d) for a, d in zip(n_acc, num_draft) if d]
             self.policy.update([a for a, _ in hit], [d for _, d in hit])

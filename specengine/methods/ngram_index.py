@@ -11,6 +11,10 @@ distribution), for chains and for trees (methods/token_tree.py's acceptance).
   occurrence (fewer where the history ends first). transformers' prompt lookup
   (`prompt_lookup_num_tokens` = γ, `max_matching_ngram_size` = ngram_max) searches the same
   suffixes and takes the earliest occurrence; the most recent is what an edit copies next.
+- `lookup()`: among the earlier occurrences of that suffix (the most recent MAX_OCCURRENCES),
+  the one whose preceding tokens agree with the history's end the longest (the most recent on a
+  tie), and that match length (capped at MATCH_CAP): what `gamma="auto"` proposes from, and how
+  far it trusts it (ngram_policy.py).
 - `propose_tree(topk, depth, budget)`: the continuations of every earlier occurrence (the
   most recent MAX_OCCURRENCES) merged into a trie, nodes ranked by how many occurrences pass
   through them, then by recency; the kept nodes are closed under ancestors.
@@ -19,7 +23,8 @@ from __future__ import annotations
 
 from ..errors import SpecEngineError
 
-MAX_OCCURRENCES = 64  # a tree merges at most this many (most recent) continuations: bounded host time
+MAX_OCCURRENCES = 64  # a tree merges (a lookup scores) at most this many recent occurrences: bounded host time
+MATCH_CAP = 32  # a lookup's match length is counted up to this many tokens
 
 
 def check_sizes(ngram_max, ngram_min) -> None:
@@ -60,6 +65,21 @@ class NgramIndex:
     def propose(self, gamma: int) -> list[int]:
         _, starts = self.occurrences()
         return self.tokens[starts[-1]: starts[-1] + gamma] if starts else []
+
+    def lookup(self) -> tuple[int, int] | None:
+        """(continuation start, match length) of the best earlier occurrence; None without one."""
+        _, starts = self.occurrences()
+        if not starts:
+            return None
+        toks, last = self.tokens, len(self.tokens) - 1
+        best = None
+        for s in reversed(starts[-MAX_OCCURRENCES:]):  # most recent first: it wins ties
+            m = 0
+            while m < MATCH_CAP and s - 1 - m >= 0 and toks[s - 1 - m] == toks[last - m]:
+                m += 1
+            if best is None or m > best[1]:
+                best = (s, m)
+        return best
 
     def propose_tree(self, topk: int, depth: int, budget: int) -> tuple[list[int], list[int]]:
         """(tokens, parents) of up to `budget` draft nodes in depth-major order, parents as

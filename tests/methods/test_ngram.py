@@ -5,7 +5,8 @@ import random
 import pytest
 
 from specengine import Engine
-from specengine.methods.ngram_index import MAX_OCCURRENCES, NgramIndex
+from specengine.methods.ngram_index import MATCH_CAP, MAX_OCCURRENCES, NgramIndex
+from specengine.methods.ngram_policy import PROBE_EVERY, NgramGammaPolicy, match_bin
 from specengine.errors import SpecEngineError
 from specengine.runtime.step_costs import StepCosts
 
@@ -41,6 +42,37 @@ def test_chain_proposals_equal_the_reference_at_every_length(nmax, nmin, gamma):
                 index.extend(seq[L - 1:L])  # grown token by token, as rounds commit
             assert index.propose(gamma) == reference_propose(seq[:L], gamma, nmax, nmin), (seq[:L], gamma)
         assert NgramIndex(seq, nmax, nmin).propose(gamma) == index.propose(gamma)  # built at once: the same
+
+
+def reference_lookup(tokens, nmax, nmin):
+    """Occurrences of the longest repeated suffix; the one preceded by the longest agreement with
+    the history's end (capped), the latest on a tie: (its continuation start, that length)."""
+    L = len(tokens)
+    for n in range(nmax, nmin - 1, -1):
+        if L < n:
+            continue
+        starts = [s + n for s in range(L - n) if tokens[s:s + n] == tokens[L - n:]][-MAX_OCCURRENCES:]
+        if not starts:
+            continue
+        def agree(s):
+            m = 0
+            while m < MATCH_CAP and m < s and tokens[s - 1 - m] == tokens[L - 1 - m]:
+                m += 1
+            return m
+        return max(((s, agree(s)) for s in reversed(starts)), key=lambda c: c[1])  # max keeps the first: latest
+    return None
+
+
+@pytest.mark.parametrize("nmax,nmin", [(3, 1), (2, 2), (1, 1)])
+def test_lookup_equals_the_reference_at_every_length(nmax, nmin):
+    seqs = list(sequences()) + [[1, 2, 3, 4, 9, 1, 2, 3, 4, 8, 5, 2, 3, 4, 7, 1, 2, 3, 4]]  # the older, longer match wins
+    for seq in seqs:
+        index = NgramIndex(seq[:1], nmax, nmin)
+        for L in range(2, len(seq) + 1):
+            index.extend(seq[L - 1:L])
+            assert index.lookup() == reference_lookup(seq[:L], nmax, nmin), seq[:L]
+    last = NgramIndex(seqs[-1], 3, 1)  # "2 3 4" at 1, 6 and 11: preceded by "1" at 1 and 6, by "5" at 11
+    assert last.lookup() == (9, 4) and last.propose(1) == [7]  # the longer agreement (latest of a tie), not the latest
 
 
 def test_matches_run_to_the_end_of_the_history():
@@ -188,3 +220,37 @@ def test_ngram_leaves_a_loaded_draft_out_and_hybrid_needs_one(tiny_pair, tokeniz
         eng.generate("x", max_new_tokens=2, method="hybrid")
     with pytest.raises(SpecEngineError, match="tree drafting applies to"):
         e.generate("x", max_new_tokens=2, method="hybrid", tree="2x2")
+
+
+def flat(width_cost):
+    return StepCosts(1, 0.0, tuple(width_cost(w) for w in range(1, 20)))
+
+
+def test_gamma_per_match_length_follows_what_each_length_accepted():
+    """Long matches accepted everything, one-token matches nothing: the policy learns them apart,
+    proposes γ max behind a long match and nothing behind a short one (probing it now and then)."""
+    pol = NgramGammaPolicy(gamma_max=8)
+    pol.set_costs(flat(lambda w: 1.0 + 0.1 * (w - 1)))  # a wider verify costs a little more
+    for _ in range(20):
+        got = pol.choose({0: 12, 1: 1})
+        pol.update_rows({0: got[0], 1: 0}, got | {1: got.get(1, 0)})
+    assert match_bin(12) != match_bin(1)
+    assert pol.choose({0: 12})[0] == 8
+    declined = [0 not in pol.choose({0: 1}) for _ in range(2 * PROBE_EVERY)]
+    assert sum(declined) == 2 * PROBE_EVERY - 2  # declined, but probed once every PROBE_EVERY rows
+    pol.set_costs(flat(lambda w: float(w)))  # a verify of w costs w decodes: only a certainty would pay
+    assert pol.choose({0: 12}) == {}
+
+
+def test_gamma_weighs_the_cost_of_width():
+    pol = NgramGammaPolicy(gamma_max=10)
+    for k in range(1, 11):  # acceptance 0.7 at every position, learned
+        pol.seen[0][k], pol.kept[0][k] = 100.0, 70.0
+    pol.set_costs(flat(lambda w: 1.0))
+    assert pol.best(0) == 10  # free width: propose all
+    pol.set_costs(flat(lambda w: 1.0 + 0.5 * (w - 1)))
+    e = pol.expected(0)
+    want = max(range(11), key=lambda g: (1 + e[g]) / (1.0 + 0.5 * g))
+    assert pol.best(0) == want and 0 < want < 10
+    pol.set_costs(flat(lambda w: float(w) ** 2))
+    assert pol.best(0) == 0

@@ -1,0 +1,90 @@
+"""γ for n-gram proposals (`ngram` and `hybrid` with gamma="auto"), per row and round.
+
+A proposal found in the row's own text is right or wrong as a whole far more than a draft
+model's chain is. Inside a span the output copies, the match behind a proposal is long and
+nearly every proposed token is accepted. After a match of one or two tokens, hardly any is.
+AutoGammaPolicy's one running acceptance rate averages the two: it proposes too much where
+the match is weak and too little inside a copied span.
+
+So acceptance is learned per match length: how many tokens before the proposal agree with the
+end of the history (NgramIndex.lookup), binned. Each bin keeps a survival curve,
+q[k] = P(token k accepted | tokens 1..k-1 were), counted from the verified rounds. Position 1
+starts from a prior of 1/2; position k > 1 from position k - 1's estimate (PRIOR_WEIGHT
+pseudo-counts), so a bin whose first tokens are always accepted expects the same further out
+and lengthens its proposals to learn it, where a fixed prior would stop it at the first
+unexplored position.
+A row's γ maximizes its expected committed tokens per second, using the target's measured cost
+per verify width (step_costs.py):
+
+    (1 + sum_{j<=γ} prod_{k<=j} q[k]) / verify_s(γ + 1),  against 1 / verify_s(1) with no proposal.
+
+A bin whose curve says "no proposal" is probed with its best γ >= 1 every PROBE_EVERY rows
+it declines, so that the bin's estimate can change as the text does.
+"""
+from __future__ import annotations
+
+MATCH_BINS = (1, 2, 3, 4, 6, 9, 13, 21)  # lower bounds of the match-length bins
+PRIOR_Q1, PRIOR_WEIGHT = 0.5, 2.0  # position 1's prior, and the pseudo-counts of every prior
+PROBE_EVERY = 8
+
+
+def match_bin(m: int) -> int:
+    """Index of the bin that holds match length m (>= 1)."""
+    return sum(m >= lo for lo in MATCH_BINS[1:])
+
+
+class NgramGammaPolicy:
+    """Per-row γ from each row's match length, the bin's learned acceptance curve and the
+    target's cost per width. Drop-in for the fields NgramDecoding reads of a policy."""
+    name = "auto"
+    needs_costs = True
+
+    def __init__(self, gamma_max: int = 12):
+        self.gamma_max = gamma_max
+        self.gamma = 0  # the widest proposal of the last round (stats)
+        self.seen = [[0.0] * (gamma_max + 1) for _ in MATCH_BINS]  # verified tries of position k, per bin
+        self.kept = [[0.0] * (gamma_max + 1) for _ in MATCH_BINS]  # ... accepted
+        self.declined = [0] * len(MATCH_BINS)
+        self.costs = None
+        self.last_bins: dict[int, int] = {}  # row -> bin of its proposal this round
+
+    def set_costs(self, costs) -> None:
+        self.costs = costs
+
+    def expected(self, b: int) -> list[float]:
+        """e[γ]: expected accepted tokens of a γ-token proposal from bin b, γ = 0..gamma_max."""
+        e, s, q = [0.0], 1.0, PRIOR_Q1
+        for k in range(1, self.gamma_max + 1):
+            q = (self.kept[b][k] + PRIOR_WEIGHT * q) / (self.seen[b][k] + PRIOR_WEIGHT)
+            s *= q
+            e.append(e[-1] + s)
+        return e
+
+    def best(self, b: int, gamma_min: int = 0) -> int:
+        e, c = self.expected(b), self.costs
+        return max(range(gamma_min, self.gamma_max + 1), key=lambda g: (1 + e[g]) / c.verify_s(g + 1))
+
+    def choose(self, matches: dict[int, int]) -> dict[int, int]:
+        """{row: γ} for rows with a match of length m ({row: m}); rows left out propose nothing."""
+        out, self.last_bins = {}, {}
+        for row, m in matches.items():
+            b = match_bin(m)
+            g = self.best(b)
+            if g == 0:
+                self.declined[b] += 1
+                if self.declined[b] % PROBE_EVERY:
+                    continue
+                g = self.best(b, gamma_min=1)
+            out[row], self.last_bins[row] = g, b
+        self.gamma = max(out.values(), default=0)
+        return out
+
+    def update_rows(self, n_acc: dict[int, int], proposed: dict[int, int]) -> None:
+        """Rows' accepted counts of their `proposed` token counts (the round's proposals)."""
+        for row, d in proposed.items():
+            b, a = self.last_bins.get(row), n_acc[row]
+            if b is None or not d:
+                continue
+            for k in range(1, min(a + 1, d) + 1):  # positions 1..a accepted, position a + 1 rejected
+                self.seen[b][k] += 1
+                self.kept[b][k] += k <= a
