@@ -15,9 +15,10 @@ per row, from the occurrence whose preceding tokens match the history's end the 
 and the acceptance learned for matches of that length (ngram_policy.py); γ = 0 proposes
 nothing for that row.
 
-`hybrid` (HybridDecoding, below): with a draft model, a round uses the n-gram proposals when
-every live row has one, and otherwise the draft model drafts a chain as `sd` does (its own γ:
-the call's, or auto from the draft's measured step cost). The draft sits out the n-gram
+`hybrid` (HybridDecoding, below): with a draft model, each round goes to the n-gram proposals
+or to the draft model's chain as `sd` drafts it (its own γ: the call's, or auto from the draft's
+measured step cost). With γ auto, the one the costs and acceptances expect to commit more tokens
+per second (`_draft_wins`); with a fixed γ, the n-gram proposals when every live row has one. The draft sits out the n-gram
 rounds; before it drafts again it reads what it missed in forwards of at most the method's width.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .ngram_policy import NgramGammaPolicy
 from ..errors import SpecEngineError
 from .base import Method, speculative_stats
 from .context import MethodContext
-from .policies import make_policy
+from .policies import expected_tokens, make_policy
 from .state import DecodeState, RoundOutput
 from .steps import PlainStep, chain_round, verify_and_commit, verify_tree_and_commit
 from .token_tree import TokenTree
@@ -105,6 +106,7 @@ class NgramDecoding(Method):
 
     def round(self, state: DecodeState, timer) -> RoundOutput:
         ctx, live = self.ctx, self._live(state)
+        gammas = None
         with timer.phase("draft"):
             if self.tree is not None:
                 shape = self.tree
@@ -117,7 +119,7 @@ class NgramDecoding(Method):
             else:
                 g = self.policy.gamma
                 found = {b: (self.index[b].propose(g), None) for b in live} if g else {}
-        if self.hybrid and not all(found.get(b, ([], []))[0] for b in live):  # a row without a match
+        if self.hybrid and self._draft_wins(found, gammas, live):
             return self._draft_round(state, live, timer)
         if not any(toks for toks, _ in found.values()):
             self.plain_rounds, self.kind = self.plain_rounds + 1, "plain"
@@ -132,6 +134,26 @@ class NgramDecoding(Method):
             out, n_acc = verify_and_commit(ctx, state, drafts, None, num_draft, timer)
             return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1)
         return self._tree_round(state, proposals, timer)
+
+    def _draft_wins(self, found, gammas, live: list[int]) -> bool:
+        """Hybrid: does this round go to the draft model? With γ auto, to whichever the measured
+        costs and the learned acceptances expect to commit more tokens per second: the rows'
+        n-gram proposals (a row without one commits its one token) or the draft's chain, after
+        the draft reads what it missed. A match-length bin with too few tries takes the n-gram
+        round, so that its estimate is learned. With a fixed γ: the draft unless every row matched."""
+        if not gammas or getattr(self.draft_policy, "costs", None) is None:
+            return not all(found.get(b, ([], []))[0] for b in live)
+        pol, dp = self.policy, self.draft_policy
+        if pol.unexplored(gammas):
+            return False
+        c = dp.costs
+        ngram = (pol.round_tokens(gammas) + len(live) - len(gammas)) / c.verify_s(max(gammas.values()) + 1)
+        if dp.gamma == 0:  # the draft's own costs say plain decoding
+            return len(live) / c.verify_s(1) > ngram
+        catch_up = c.draft_s if max(self.gap[b] for b in live) > 2 else 0.0
+        draft = len(live) * expected_tokens(dp.alpha, dp.gamma) / (
+            dp.gamma * c.draft_s + catch_up + c.verify_s(dp.gamma + 1))
+        return draft > ngram
 
     def _tree_round(self, state: DecodeState, proposals, timer) -> RoundOutput:
         """Rows padded to the tree's N nodes with parentless nodes (nobody's child: never tried)."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 MATCH_BINS = (1, 2, 3, 4, 6, 9, 13, 21)  # lower bounds of the match-length bins
 PRIOR_Q1, PRIOR_WEIGHT = 0.5, 2.0  # position 1's prior, and the pseudo-counts of every prior
 PROBE_EVERY = 8
+EXPLORE_TRIES = 4  # hybrid: a bin tried fewer times than this gets its n-gram round whatever the estimate
 
 
 def match_bin(m: int) -> int:
@@ -88,3 +89,13 @@ class NgramGammaPolicy:
             for k in range(1, min(a + 1, d) + 1):  # positions 1..a accepted, position a + 1 rejected
                 self.seen[b][k] += 1
                 self.kept[b][k] += k <= a
+
+    def round_tokens(self, gammas: dict[int, int]) -> float:
+        """Expected committed tokens of the rows in `gammas` (this round's choice) if they verify
+        their proposals: 1 + e[γ] per row, from the bins choose() put them in."""
+        return sum(1.0 + self.expected(self.last_bins[row])[g] for row, g in gammas.items())
+
+    def unexplored(self, gammas: dict[int, int]) -> bool:
+        """Some row's bin has too few verified tries to be trusted against a draft model."""
+        return any(self.seen[self.last_bins[row]][1] < EXPLORE_TRIES for row in gammas)
+

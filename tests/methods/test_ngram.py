@@ -1,10 +1,12 @@
 """N-gram drafting (method "ngram"): the matcher against a plain-Python reference, and the
 method token-exact with `ar` (chains, trees, γ auto, ragged batches, EOS and stop strings)."""
+import dataclasses
 import random
 
 import pytest
 
 from specengine import Engine
+from specengine.methods.ngram import HybridDecoding
 from specengine.methods.ngram_index import MATCH_CAP, MAX_OCCURRENCES, NgramIndex
 from specengine.methods.ngram_policy import PROBE_EVERY, NgramGammaPolicy, match_bin
 from specengine.errors import SpecEngineError
@@ -254,3 +256,51 @@ def test_gamma_weighs_the_cost_of_width():
     assert pol.best(0) == want and 0 < want < 10
     pol.set_costs(flat(lambda w: float(w) ** 2))
     assert pol.best(0) == 0
+
+
+def hybrid_at(ngram_q: float, alpha: float, draft_s: float, width_cost, gap: int = 2):
+    """A hybrid whose n-gram bin 0 accepted ngram_q at every position and whose draft alpha,
+    under the given costs; returns it and its choice of γ for a row with a 1-token match."""
+    m = HybridDecoding(gamma="auto")
+    costs = StepCosts(1, draft_s, tuple(width_cost(w) for w in range(1, 20)))
+    m.policy.set_costs(dataclasses.replace(costs, draft_s=0.0))
+    for k in range(1, m.policy.gamma_max + 1):
+        m.policy.seen[0][k], m.policy.kept[0][k] = 100.0, 100.0 * ngram_q
+    m.draft_policy.accepted, m.draft_policy.rejected = 100.0 * alpha, 100.0 * (1 - alpha)
+    m.draft_policy.set_costs(costs)
+    m.gap = [gap]
+    return m, m.policy.choose({0: 1})
+
+
+def best_rate(q: float, gmax: int, per_token_cost, cost) -> float:
+    """An independent reference: the best tokens/s over γ of a geometric acceptance q."""
+    return max(sum(q ** j for j in range(g + 1)) / (g * per_token_cost + cost(g + 1)) for g in range(gmax + 1))
+
+
+@pytest.mark.parametrize("q,alpha,draft_s,slope", [(0.95, 0.5, 0.3, 0.1), (0.3, 0.9, 0.1, 0.1),
+                                                   (0.6, 0.9, 0.1, 0.3), (0.8, 0.8, 0.5, 0.05),
+                                                   (0.2, 0.2, 0.3, 0.5)])
+def test_hybrid_gives_the_round_to_the_faster_expected_drafter(q, alpha, draft_s, slope):
+    """γ auto: the round goes to whichever of the n-gram proposal and the draft's chain the costs
+    and the learned acceptances expect to commit more tokens per second."""
+    cost = lambda w: 1.0 + slope * (w - 1)  # noqa: E731
+    m, gammas = hybrid_at(q, alpha, draft_s, cost)
+    ngram = best_rate(q, 12, 0.0, cost)
+    draft = max(best_rate(alpha, 8, draft_s, cost), 1.0)  # γ 0: a plain decode
+    if not gammas:  # the n-gram bin itself declines (plain decoding beats it): the draft round decides
+        assert ngram <= 1.0 and m._draft_wins({}, gammas, [0])
+        return
+    assert abs(ngram - draft) > 0.02  # each case has a clear winner
+    assert m._draft_wins({0: ([1], None)}, gammas, [0]) == (draft > ngram)
+
+
+def test_hybrid_explores_an_untried_bin_and_counts_the_draft_catch_up():
+    m, gammas = hybrid_at(0.3, 0.9, 0.1, lambda w: 1.0)
+    assert m._draft_wins({0: ([1], None)}, gammas, [0])
+    m.policy.seen[0][1] = 0.0  # bin 0 untried: its n-gram round comes first
+    assert not m._draft_wins({0: ([1], None)}, gammas, [0])
+    # a close call that the draft wins when it is up to date and loses when it must first catch up
+    m, gammas = hybrid_at(0.5, 0.8, 0.2, lambda w: 1.0 + 0.1 * (w - 1))
+    assert m._draft_wins({0: ([1], None)}, gammas, [0])
+    m.gap = [6]
+    assert not m._draft_wins({0: ([1], None)}, gammas, [0])
