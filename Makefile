@@ -64,7 +64,7 @@ bench-gguf: $(STAMP)
 
 # N-gram drafting on prompts that copy their input (bench/ngram_prompts.py) and on HumanEval:
 # HF generate and its prompt lookup, our ar, n-gram chains and tree, the draft model, the hybrid
-# (6 + 2 prompts x 64 tokens: about 25 minutes on 2 cores, most of it transformers' fp32).
+# (6 + 2 prompts x 128 tokens: about 30 minutes on 2 cores, most of it transformers' fp32).
 bench-ngram: $(STAMP)
 	$(PY) bench/ngram_cpu.py --out bench/results/cpu_ngram.json
 

@@ -313,7 +313,7 @@ MORE_CONFIGS = [
     ("parallelspec[tree=4x4]", dict(method="parallelspec", tree="4x4"), {}),
     ("pearl:4 one stream", dict(method="pearl", gamma=4), {"one_stream": True}),
     ("ngram:auto", dict(method="ngram", gamma="auto"), {}),  # no draft model: proposals from the context
-    ("hybrid:auto", dict(method="hybrid", gamma="auto"), {}),  # n-gram where all rows match, else the draft
+    ("hybrid:auto", dict(method="hybrid", gamma="auto"), {}),  # n-gram or the draft, whichever the costs expect faster
     ("ngram[tree=4x6:16]", dict(method="ngram", tree="4x6:16"), {}),
 ]
 METHOD_CONFIGS = CORE_CONFIGS + MORE_CONFIGS
