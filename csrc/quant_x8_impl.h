@@ -128,6 +128,7 @@ void dot_q4k_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
   const __m256i m4 = _mm256_set1_epi8(0xF);
   for (int64_t i = 0; i < nb; ++i, w += kGroup * kBytes[kQ4_K]) {
     __m256i sc[2], mn[2];
+    prefetch_ahead(w, kGroup * kBytes[kQ4_K]);
     q4k_scales_mins(w, sc, mn);
     __m256i isum[R];
     for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
@@ -165,6 +166,7 @@ void dot_32_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const __m256i m4 = _mm256_set1_epi8(0xF), offs = _mm256_set1_epi16(off);
   for (int64_t i = 0; i < nb; ++i, w += kGroup * kBytes[Q]) {
+    prefetch_ahead(w, kGroup * kBytes[Q]);
     const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
     __m256i lo_sum[R], hi_sum[R];  // values 0..15 and 16..31 (int16 pairs without VNNI: 8 x 31 x 127 fits)
     for (int r = 0; r < R; ++r) lo_sum[r] = hi_sum[r] = _mm256_setzero_si256();
@@ -232,6 +234,7 @@ void dot_q4k_z(const uint8_t* w, int64_t nb, const Act& a, float* out) {
   const __m512i steps = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
   for (int64_t i = 0; i < nb; ++i, w += kGroup * kBytes[kQ4_K]) {
     __m256i sc[2], mn[2];
+    prefetch_ahead(w, kGroup * kBytes[kQ4_K]);
     q4k_scales_mins(w, sc, mn);
     __m512i isum[R];
     for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
@@ -314,6 +317,7 @@ void dot_q6k_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i, w += kGroup * kBytes[kQ6_K]) {
+    prefetch_ahead(w, kGroup * kBytes[kQ6_K]);
     const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
     __m256i words[4];
     for (int k = 0; k < 4; ++k) words[k] = load256(w + 16 + 32 * k);

@@ -14,7 +14,7 @@ from .quant_linear import QuantLinear, _quantext, extension_isa, quant_layers, q
 
 LAYOUT_ROWS = (1, 4)  # a decode and a typical verify: the layout faster over both is kept
 
-KERNEL_VERSION = 6  # bump when csrc/quant_dot_impl.h or quant_x8_impl.h changes its speed: cached timings are then stale
+KERNEL_VERSION = 7  # bump when csrc/quant_dot_impl.h or quant_x8_impl.h changes its speed: cached timings are then stale
 
 
 def groups(model) -> dict[str, list[QuantLinear]]:
