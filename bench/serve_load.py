@@ -35,21 +35,25 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else None
 
 
+async def sse_chunks(client, url, body):
+    """The JSON chunks of one streamed OpenAI response."""
+    async with client.stream("POST", url, json=body, timeout=None) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[6:])
+
+
 async def one(client, url, model, prompt, max_tokens):
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}}
     t0, times, tokens, text = time.perf_counter(), [], 0, ""
-    async with client.stream("POST", url, json=body, timeout=None) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            elif chunk["choices"] and chunk["choices"][0]["text"]:
-                times.append(time.perf_counter())
-                text += chunk["choices"][0]["text"]
+    async for chunk in sse_chunks(client, url, body):
+        if chunk.get("usage"):
+            tokens = chunk["usage"]["completion_tokens"]
+        elif chunk["choices"] and chunk["choices"][0]["text"]:
+            times.append(time.perf_counter())
+            text += chunk["choices"][0]["text"]
     end = time.perf_counter()
     return {"ttft_s": times[0] - t0 if times else None, "latency_s": end - t0, "tokens": tokens,
             "itl_s": (times[-1] - times[0]) / max(tokens - 1, 1) if times else None,

@@ -23,6 +23,7 @@ import httpx
 from tqdm.auto import tqdm
 
 from serve_thread import serving  # a sibling: bench/ is the script's folder
+from serve_load import sse_chunks  # a sibling too
 
 from specengine import Engine
 from specengine.benchmark import environment
@@ -35,17 +36,12 @@ async def turn(client, url, messages, max_tokens):
     body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     t0, first, text, usage = time.perf_counter(), None, "", None
-    async with client.stream("POST", url, json=body, timeout=None) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                first = first or time.perf_counter()
-                text += chunk["choices"][0]["delta"]["content"]
+    async for chunk in sse_chunks(client, url, body):
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+        elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+            first = first or time.perf_counter()
+            text += chunk["choices"][0]["delta"]["content"]
     return {"ttft_s": (first or time.perf_counter()) - t0, "text": text, "prompt_tokens": usage["prompt_tokens"],
             "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]}
 
