@@ -68,6 +68,7 @@ class NgramDecoding(Method):
         self.draft_policy = make_policy("fixed", gamma)  # hybrid: the draft model's chain length
         self.hybrid, self.kind = False, "plain"  # this round: "ngram", "draft" or "plain"
         self.gap: list[int] = []  # hybrid: per row, at most this many committed tokens the draft has not read
+        self.unmatched_run = 0  # consecutive rounds in which no row had a proposal worth verifying
 
     @property
     def max_width(self) -> int:
@@ -81,6 +82,7 @@ class NgramDecoding(Method):
         self.index = [NgramIndex(p, *self.sizes) for p in generation.prompts]
         self.hybrid = self.needs_draft  # `hybrid`: the engine has a draft (checked before the call)
         self.gap = [1] * generation.state.batch  # after prefill the draft holds all but the last token
+        self.unmatched_run = 0
         if self.policy.needs_costs or (self.hybrid and self.draft_policy.needs_costs):
             costs = ctx.step_costs(generation.state, self.max_width, draft=self.hybrid)
             if self.policy.needs_costs:  # n-gram proposals are free: only the target's cost per width
@@ -114,6 +116,7 @@ class NgramDecoding(Method):
             elif self.by_match:
                 found = {b: hit for b in live if (hit := self.index[b].lookup()) is not None}
                 gammas = self.policy.choose({b: m for b, (_, m) in found.items()})
+                self.unmatched_run = 0 if gammas else self.unmatched_run + 1
                 toks = self.index
                 found = {b: (toks[b].tokens[s: s + gammas[b]], None) for b, (s, _) in found.items() if b in gammas}
             else:
@@ -136,24 +139,39 @@ class NgramDecoding(Method):
         return self._tree_round(state, proposals, timer)
 
     def _draft_wins(self, found, gammas, live: list[int]) -> bool:
-        """Hybrid: does this round go to the draft model? With γ auto, to whichever the measured
-        costs and the learned acceptances expect to commit more tokens per second: the rows'
-        n-gram proposals (a row without one commits its one token) or the draft's chain, after
-        the draft reads what it missed. A match-length bin with too few tries takes the n-gram
+        """Hybrid: does this round go to the draft model? With γ auto, the round goes to whichever
+        the measured costs and the learned acceptances expect to commit more tokens per second:
+        the rows' n-gram proposals (a row without one commits its one token), or a plain decode
+        where no row has one, against the draft's chain, counted with the catch-up forwards it
+        needs after the rounds it sat out (spread over the draft rounds expected to follow: one
+        more than the rounds in a row that had no proposal). A match-length bin with too few tries takes its n-gram
         round, so that its estimate is learned. With a fixed γ: the draft unless every row matched."""
-        if not gammas or getattr(self.draft_policy, "costs", None) is None:
+        dp = self.draft_policy
+        if gammas is None or getattr(dp, "costs", None) is None:
             return not all(found.get(b, ([], []))[0] for b in live)
-        pol, dp = self.policy, self.draft_policy
-        if pol.unexplored(gammas):
-            return False
-        c = dp.costs
-        ngram = (pol.round_tokens(gammas) + len(live) - len(gammas)) / c.verify_s(max(gammas.values()) + 1)
-        if dp.gamma == 0:  # the draft's own costs say plain decoding
-            return len(live) / c.verify_s(1) > ngram
-        catch_up = c.draft_s if max(self.gap[b] for b in live) > 2 else 0.0
+        pol, c = self.policy, dp.costs
+        if dp.gamma == 0 or (gammas and pol.unexplored(gammas)):
+            return False  # the draft's own costs say plain decoding (which the n-gram round beats)
+        if gammas:
+            other = (pol.round_tokens(gammas) + len(live) - len(gammas)) / c.verify_s(max(gammas.values()) + 1)
+        else:
+            other = len(live) / c.verify_s(1)
+        # the catch-up is paid once for the draft rounds that follow: as many as the rounds without
+        # any proposal so far (a stretch of new text tends to go on), spread over them
+        catch_up = self._catch_up_s(max(self.gap[b] for b in live) - 2, c) / (1 + self.unmatched_run)
         draft = len(live) * expected_tokens(dp.alpha, dp.gamma) / (
             dp.gamma * c.draft_s + catch_up + c.verify_s(dp.gamma + 1))
-        return draft > ngram
+        return draft > other
+
+    def _catch_up_s(self, behind: int, costs) -> float:
+        """Seconds the draft needs to read what it missed (draft_resync: behind + 1 tokens in
+        forwards of at most the method's width), each forward costed as a draft step scaled by
+        the target's cost curve over widths."""
+        if behind <= 0:
+            return 0.0
+        full, rest = divmod(behind + 1, self.max_width)
+        scale = lambda w: costs.verify_s(w) / costs.verify_s(1)  # noqa: E731
+        return costs.draft_s * (full * scale(self.max_width) + (scale(rest) if rest else 0.0))
 
     def _tree_round(self, state: DecodeState, proposals, timer) -> RoundOutput:
         """Rows padded to the tree's N nodes with parentless nodes (nobody's child: never tried)."""

@@ -287,8 +287,8 @@ def test_hybrid_gives_the_round_to_the_faster_expected_drafter(q, alpha, draft_s
     m, gammas = hybrid_at(q, alpha, draft_s, cost)
     ngram = best_rate(q, 12, 0.0, cost)
     draft = max(best_rate(alpha, 8, draft_s, cost), 1.0)  # γ 0: a plain decode
-    if not gammas:  # the n-gram bin itself declines (plain decoding beats it): the draft round decides
-        assert ngram <= 1.0 and m._draft_wins({}, gammas, [0])
+    if not gammas:  # the n-gram bin itself declines: the draft's chain against a plain decode
+        assert ngram <= 1.0 and m._draft_wins({}, gammas, [0]) == (draft > 1.0)
         return
     assert abs(ngram - draft) > 0.02  # each case has a clear winner
     assert m._draft_wins({0: ([1], None)}, gammas, [0]) == (draft > ngram)
@@ -304,3 +304,22 @@ def test_hybrid_explores_an_untried_bin_and_counts_the_draft_catch_up():
     assert m._draft_wins({0: ([1], None)}, gammas, [0])
     m.gap = [6]
     assert not m._draft_wins({0: ([1], None)}, gammas, [0])
+
+
+def test_hybrid_counts_every_catch_up_forward_and_may_choose_a_plain_decode():
+    """After a long n-gram run the draft reads what it missed in forwards of at most the method's
+    width; each is costed as a draft step scaled by the target's width curve."""
+    cost = lambda w: 1.0 + 0.1 * (w - 1)  # noqa: E731
+    m, _ = hybrid_at(0.5, 0.9, 0.1, cost)
+    W = m.max_width
+    assert m._catch_up_s(0, m.draft_policy.costs) == 0.0
+    for behind in (1, W - 1, W, 3 * W + 4):
+        n = behind + 1
+        want = 0.1 * ((n // W) * cost(W) + (cost(n % W) if n % W else 0.0)) / cost(1)
+        assert m._catch_up_s(behind, m.draft_policy.costs) == pytest.approx(want)
+    # no row has a proposal: the draft's chain wins against a plain decode while it is up to date,
+    # and loses when it must first read three hundred tokens
+    m.gap = [2]
+    assert m._draft_wins({}, {}, [0])
+    m.gap = [302]
+    assert not m._draft_wins({}, {}, [0])
