@@ -2,7 +2,7 @@
 and draft's shapes, each weight cloned past the last-level cache and called in turn, 1 / 5 / 9 rows
 (bench/x8_rows.py times the same kernels from cache). What a verify costs against a decode.
 
-    python bench/stream_rows.py --out bench/results/cpu_stream_rows.json [--ext OTHER_BUILD.so --label before]
+    python bench/stream_rows.py --out bench/results/cpu_stream_rows.json [--ext OTHER_BUILD.so --label before] [--isa avx2]
 
 --ext loads another build of specengine._quantext (e.g. one made at an earlier commit), so two
 builds are compared with the same script.
@@ -39,10 +39,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench/results/cpu_stream_rows.json")
     ap.add_argument("--ext", default=None, help="path of another _quantext build to time")
     ap.add_argument("--label", default="this build")
+    ap.add_argument("--isa", default=None, help="run another instruction-set copy this CPU can (avx2, avx512, ...)")
     ap.add_argument("--bytes", type=float, default=300e6, help="weight bytes streamed per call round")
     ap.add_argument("--reps", type=int, default=4)
     args = ap.parse_args(argv)
     ext = load_ext(args.ext)  # before anything imports the package's own build
+    if args.isa:
+        ext.set_isa(args.isa)
     import gguf_cpu
     from gguf_cpu import EXT_CODES
     from specengine.benchmark import environment, save

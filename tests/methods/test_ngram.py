@@ -323,3 +323,5 @@ def test_hybrid_counts_every_catch_up_forward_and_may_choose_a_plain_decode():
     assert m._draft_wins({}, {}, [0])
     m.gap = [302]
     assert not m._draft_wins({}, {}, [0])
+    m.unmatched_run = 20  # a long stretch without proposals: the catch-up is spread over the rounds to come
+    assert m._draft_wins({}, {}, [0])
