@@ -226,7 +226,7 @@ void dot_32(const uint8_t* w, int64_t nb, const Act& a, float* out) {
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const __m256i m4 = _mm256_set1_epi8(0xF);
   for (int64_t i = 0; i < nb; ++i, w += kBytes[Q]) {
-    if (i % 2 == 0) prefetch_ahead(w, 2 * kBytes[Q]);  // blocks of 18-34 bytes: two a line or so
+    if (i % 2 == 0) prefetch_ahead(w, 2 * kBytes[Q]);  // blocks of 18-34 bytes: one call per two (about a line)
     __m256i v;
     if constexpr (Q == kQ8_0) {
       v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2));

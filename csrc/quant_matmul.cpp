@@ -29,8 +29,9 @@ enum QType : int64_t { kQ4_0 = 0, kQ5_0 = 1, kQ8_0 = 2, kQ4_K = 3, kQ5_K = 4, kQ
 constexpr int64_t kValues[] = {32, 32, 32, 256, 256, 256};
 constexpr int64_t kBytes[] = {18, 22, 34, 144, 176, 210};
 // Software prefetch distance of the weight stream (quant_dot_impl.h's prefetch_ahead): about a DRAM
-// latency's worth of bytes at one core's bandwidth, with room to spare. Not tuned to a machine: 2, 4
-// and 8 KiB gave the same verify-width times within noise on a 2-core EPYC, and none slowed a decode.
+// latency's worth of bytes at one core's bandwidth, with room to spare. Not tuned to a machine: on the
+// interleaved kernels 2, 4 and 8 KiB gave the same verify-width times within noise on a 2-core EPYC
+// (bench/stream_rows.py), and none slowed a decode.
 constexpr int64_t kPrefetchAhead = 4096;
 
 // Activation rows quantized for one weight format: row m's values q[m*K ...], its block scales

@@ -17,9 +17,10 @@ nothing for that row.
 
 `hybrid` (HybridDecoding, below): with a draft model, each round goes to the n-gram proposals
 or to the draft model's chain as `sd` drafts it (its own γ: the call's, or auto from the draft's
-measured step cost). With γ auto, the one the costs and acceptances expect to commit more tokens
-per second (`_draft_wins`); with a fixed γ, the n-gram proposals when every live row has one. The draft sits out the n-gram
-rounds; before it drafts again it reads what it missed in forwards of at most the method's width.
+measured step cost). With γ auto, to the one the costs and acceptances expect to commit more
+tokens per second (`_draft_wins`); with a fixed γ, to the n-gram proposals when every live row
+has one. The draft sits out the n-gram rounds; before it drafts again it reads what it missed
+in forwards of at most the method's width.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from .ngram_policy import NgramGammaPolicy
 from ..errors import SpecEngineError
 from .base import Method, speculative_stats
 from .context import MethodContext
-from .policies import expected_tokens, make_policy
+from .policies import make_policy, round_rate
 from .state import DecodeState, RoundOutput
 from .steps import PlainStep, chain_round, verify_and_commit, verify_tree_and_commit
 from .token_tree import TokenTree
@@ -144,8 +145,9 @@ class NgramDecoding(Method):
         the rows' n-gram proposals (a row without one commits its one token), or a plain decode
         where no row has one, against the draft's chain, counted with the catch-up forwards it
         needs after the rounds it sat out (spread over the draft rounds expected to follow: one
-        more than the rounds in a row that had no proposal). A match-length bin with too few tries takes its n-gram
-        round, so that its estimate is learned. With a fixed γ: the draft unless every row matched."""
+        more than the rounds in a row that had no proposal). A match-length bin with too few
+        tries takes its n-gram round, so that its estimate is learned. With a fixed γ: the draft
+        unless every row matched."""
         dp = self.draft_policy
         if gammas is None or getattr(dp, "costs", None) is None:
             return not all(found.get(b, ([], []))[0] for b in live)
@@ -159,9 +161,7 @@ class NgramDecoding(Method):
         # the catch-up is paid once for the draft rounds that follow: as many as the rounds without
         # any proposal so far (a stretch of new text tends to go on), spread over them
         catch_up = self._catch_up_s(max(self.gap[b] for b in live) - 2, c) / (1 + self.unmatched_run)
-        draft = len(live) * expected_tokens(dp.alpha, dp.gamma) / (
-            dp.gamma * c.draft_s + catch_up + c.verify_s(dp.gamma + 1))
-        return draft > other
+        return len(live) * round_rate(dp.alpha, dp.gamma, c, catch_up) > other
 
     def _catch_up_s(self, behind: int, costs) -> float:
         """Seconds the draft needs to read what it missed (draft_resync: behind + 1 tokens in

@@ -98,4 +98,3 @@ class NgramGammaPolicy:
     def unexplored(self, gammas: dict[int, int]) -> bool:
         """Some row's bin has too few verified tries to be trusted against a draft model."""
         return any(self.seen[self.last_bins[row]][1] < EXPLORE_TRIES for row in gammas)
-

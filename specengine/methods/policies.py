@@ -80,10 +80,11 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return gamma + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
-def round_rate(alpha: float, gamma: int, costs) -> float:
+def round_rate(alpha: float, gamma: int, costs, extra_s: float = 0.0) -> float:
     """Committed tokens per second of a round of γ drafts: E[tokens](α, γ) / (γ·draft +
-    verify(γ+1)); γ = 0 is a plain decode step (one token per target decode)."""
-    return expected_tokens(alpha, gamma) / (gamma * costs.draft_s + costs.verify_s(gamma + 1))
+    verify(γ+1) + extra_s); γ = 0 is a plain decode step (one token per target decode).
+    extra_s: what the round pays besides (hybrid: the draft's catch-up)."""
+    return expected_tokens(alpha, gamma) / (gamma * costs.draft_s + costs.verify_s(gamma + 1) + extra_s)
 
 
 def best_gamma(alpha: float, costs, gamma_max: int, gamma_min: int = 1) -> int:
