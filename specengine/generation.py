@@ -121,6 +121,11 @@ class Generation:
     def _runners(self):
         return [self.engine.target] + ([self.engine.draft] if self.method.needs_draft else [])
 
+    def _prefilled(self, runner) -> bool:
+        """Does the prompt go into this runner's cache now? Not the draft's when the method reads
+        it in itself on first use (hybrid γ auto: a reply carried by n-gram proposals never pays it)."""
+        return runner is self.engine.target or not self.method.defers_draft_prefill
+
     def _prefill(self, prompts) -> DecodeState:
         eng, B, S = self.engine, len(prompts), self.engine.max_seq_len
         dev = eng.device
@@ -137,7 +142,7 @@ class Generation:
                 row.prompt_logprobs = [None]
         for runner in self._runners():  # every cache holds the prompt but its last token
             runner.allocate(B, S)
-            if longest > 1:
+            if longest > 1 and self._prefilled(runner):
                 every = self.want_prompt_logprobs and runner is eng.target
                 logits = runner.prefill(tokens[:, : longest - 1], lens - 1, attn_len=longest - 1,
                                         **({"every": True} if every else {}))
@@ -243,7 +248,7 @@ class Generation:
         admission's one sync) and prefills only the rest. Returns the target positions reused."""
         state, dev = self.state, self.state.tokens.device
         n = len(prompt)
-        runners = self._runners()
+        runners = [r for r in self._runners() if self._prefilled(r)]
         held = [0] * len(runners)
         if reuse > 0 and not prompt_logprobs:  # prompt log-probabilities need every position's logits
             held = torch.stack([r.cache.lens[slot].to(dev) for r in runners]).tolist()

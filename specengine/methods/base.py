@@ -27,6 +27,7 @@ class Method:
     needs_draft = True
     takes_threshold = False
     takes_tree = False
+    defers_draft_prefill = False  # the driver leaves the draft's prompt to the method (hybrid)
 
     def __init__(self, gamma=None, policy=None, threshold=None, tree=None, defaults=None):
         if threshold is not None and not self.takes_threshold:

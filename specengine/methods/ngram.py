@@ -20,7 +20,9 @@ or to the draft model's chain as `sd` drafts it (its own γ: the call's, or auto
 measured step cost). With γ auto, to the one the costs and acceptances expect to commit more
 tokens per second (`_draft_wins`); with a fixed γ, to the n-gram proposals when every live row
 has one. The draft sits out the n-gram rounds; before it drafts again it reads what it missed
-in forwards of at most the method's width.
+in forwards of at most the method's width. With γ auto the draft's prefill waits for the first
+draft round too (one prefill of the row's text then): a reply the n-gram proposals carry never
+pays it, and the choice counts it as that round's catch-up.
 """
 from __future__ import annotations
 
@@ -70,6 +72,14 @@ class NgramDecoding(Method):
         self.hybrid, self.kind = False, "plain"  # this round: "ngram", "draft" or "plain"
         self.gap: list[int] = []  # hybrid: per row, at most this many committed tokens the draft has not read
         self.unmatched_run = 0  # consecutive rounds in which no row had a proposal worth verifying
+        self.primed: list[bool] = []  # hybrid, per row: the draft's cache holds the row's text
+        self.n_host: list[int] = []  # per row: its committed length (prompt + what the syncs read)
+        self.prefill_token_s = 0.0  # the target's measured prefill seconds per prompt token
+        self.primes = 0  # deferred draft prefills run
+
+    @property
+    def defers_draft_prefill(self) -> bool:
+        return self.needs_draft and self.by_match
 
     @property
     def max_width(self) -> int:
@@ -84,6 +94,9 @@ class NgramDecoding(Method):
         self.hybrid = self.needs_draft  # `hybrid`: the engine has a draft (checked before the call)
         self.gap = [1] * generation.state.batch  # after prefill the draft holds all but the last token
         self.unmatched_run = 0
+        self.primed = [not self.defers_draft_prefill] * generation.state.batch
+        self.n_host = [len(p) for p in generation.prompts]
+        self.prefill_token_s = generation.prefill_s / max(sum(len(p) - 1 for p in generation.prompts), 1)
         if self.policy.needs_costs or (self.hybrid and self.draft_policy.needs_costs):
             costs = ctx.step_costs(generation.state, self.max_width, draft=self.hybrid)
             if self.policy.needs_costs:  # n-gram proposals are free: only the target's cost per width
@@ -95,11 +108,14 @@ class NgramDecoding(Method):
         for b in rows:  # the serving core put a new request there (prefilled: the draft 1 behind)
             self.index[b] = NgramIndex(self.generation.prompts[b], *self.sizes)
             self.gap[b] = 1
+            self.primed[b] = not self.defers_draft_prefill
+            self.n_host[b] = len(self.generation.prompts[b])
 
     def see_tokens(self, committed: list[list[int]]) -> None:
         for b, new in enumerate(committed):
             if new and b < len(self.index):
                 self.index[b].extend(new)
+                self.n_host[b] += len(new)
             if b < len(self.gap):  # a draft round leaves the draft at most 2 tokens behind
                 self.gap[b] = 2 if self.kind == "draft" else self.gap[b] + len(new)
 
@@ -160,8 +176,9 @@ class NgramDecoding(Method):
             other = len(live) / c.verify_s(1)
         # the catch-up is paid once for the draft rounds that follow: as many as the rounds without
         # any proposal so far (a stretch of new text tends to go on), spread over them
-        catch_up = self._catch_up_s(max(self.gap[b] for b in live) - 2, c) / (1 + self.unmatched_run)
-        return len(live) * round_rate(dp.alpha, dp.gamma, c, catch_up) > other
+        catch_up = self._catch_up_s(max([self.gap[b] for b in live if self.primed[b]], default=2) - 2, c)
+        catch_up += sum(self._prime_s(self.n_host[b], c) for b in live if not self.primed[b])
+        return len(live) * round_rate(dp.alpha, dp.gamma, c, catch_up / (1 + self.unmatched_run)) > other
 
     def _catch_up_s(self, behind: int, costs) -> float:
         """Seconds the draft needs to read what it missed (draft_resync: behind + 1 tokens in
@@ -172,6 +189,23 @@ class NgramDecoding(Method):
         full, rest = divmod(behind + 1, self.max_width)
         scale = lambda w: costs.verify_s(w) / costs.verify_s(1)  # noqa: E731
         return costs.draft_s * (full * scale(self.max_width) + (scale(rest) if rest else 0.0))
+
+    def _prime_s(self, n: int, costs) -> float:
+        """Seconds of the deferred prefill of a row of n committed tokens (n - 1 of them): the
+        target's measured prefill rate scaled by the draft/target step ratio, and never more than
+        reading them in forwards of the method's width (a prefill is the widest of those)."""
+        per_token = self.prefill_token_s * costs.draft_s / costs.verify_s(1)
+        return min((n - 1) * per_token, self._catch_up_s(n - 2, costs))
+
+    def _prime(self, state: DecodeState, live: list[int]) -> None:
+        """The deferred draft prefill of live rows whose text the draft has not read: all but the
+        row's last committed token, as after a prefill (the chain's own catch-up reads that one)."""
+        for b in live:
+            if not self.primed[b]:
+                n = self.n_host[b]
+                self.ctx.draft.prefill_row(b, state.tokens[b: b + 1, : max(n - 1, 1)], n - 1)
+                self.primed[b], self.gap[b] = True, 1
+                self.primes += 1
 
     def _tree_round(self, state: DecodeState, proposals, timer) -> RoundOutput:
         """Rows padded to the tree's N nodes with parentless nodes (nobody's child: never tried)."""
@@ -197,6 +231,8 @@ class NgramDecoding(Method):
             self.plain_rounds, self.kind = self.plain_rounds + 1, "plain"
             return self.plain(ctx, state, timer)
         self.draft_rounds, self.kind = self.draft_rounds + 1, "draft"
+        with timer.phase("draft"):
+            self._prime(state, live)
         # up to 2 behind the chain's own catch-up reads; more after n-gram rounds it sat out
         return chain_round(ctx, state, self.draft_policy, timer, max(self.gap[b] for b in live) - 2, self.max_width)
 
@@ -215,7 +251,7 @@ class NgramDecoding(Method):
         return {"policy": self.policy.name, "gamma": self.policy.gamma, **self.tree_stats(),
                 "ngram_max": self.sizes[0], "ngram_min": self.sizes[1],
                 "matched_rounds": self.matched_rounds, "plain_rounds": self.plain_rounds,
-                "draft_rounds": self.draft_rounds, "hybrid": self.hybrid,
+                "draft_rounds": self.draft_rounds, "hybrid": self.hybrid, "draft_prefills_deferred": self.primes,
                 # proposed tokens per row and proposing round (n-gram and draft rounds)
                 "gamma_mean": generation.counters.proposed / max(generation.counters.row_rounds - self.plain_rounds, 1),
                 **speculative_stats(generation, generation.timer.totals())}

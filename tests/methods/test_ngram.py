@@ -4,6 +4,7 @@ import dataclasses
 import random
 
 import pytest
+import torch
 
 from specengine import Engine
 from specengine.methods.ngram import HybridDecoding
@@ -213,6 +214,59 @@ def test_hybrid_with_a_draft_model_equals_ar(tiny_pair, tokenizer, ar_out, gamma
     assert sum(s["draft_rounds"] for s in stats) > 0 and sum(s["matched_rounds"] for s in stats) > 0
 
 
+def test_hybrid_auto_prefills_the_draft_only_when_it_drafts(tiny_pair, tokenizer, ar_out):
+    """γ auto defers the draft's prefill to its first chain: a reply the draft never drafts leaves
+    its cache empty; one it does draft reads the row's text once, and the draft's K/V of the prompt
+    then equal those an `sd` call's prefill writes."""
+    e = Engine(tiny_pair[0], tokenizer, tiny_pair[2], max_seq_len=256)
+    e.step_costs = lambda state, width, draft=True: StepCosts(state.batch, draft_s=50.0, target_s=(1.0,) * width)
+    r = e.generate(PROMPTS[0], max_new_tokens=24, method="hybrid", gamma="auto", ignore_eos=True)
+    assert r.token_ids == ar_out[0].token_ids[:24]
+    assert r.stats["draft_rounds"] == r.stats["draft_forwards"] == r.stats["draft_prefills_deferred"] == 0
+    assert e.draft.cache.lens.tolist() == [0]  # nothing was prefilled into it
+    prompt = tokenizer.encode(PROMPTS[1])
+    e.generate(PROMPTS[1], max_new_tokens=1, method="sd", gamma=2, ignore_eos=True)
+    want = e.draft.cache.kv[:, :, 0, : len(prompt) - 1].clone()  # the driver's prefill of the prompt
+    e.step_costs = lambda state, width, draft=True: StepCosts(state.batch, draft_s=0.05, target_s=(1.0,) * width)
+    primes, prefill_row = [], e.draft.prefill_row
+
+    def spy(row, tokens, length, **kw):  # what each deferred prefill read, against the target's length then
+        primes.append((row, tokens[0, :length].tolist(), length, int(e.target.cache.lens[row])))
+        return prefill_row(row, tokens, length, **kw)
+    e.draft.prefill_row = spy
+    out = e.generate(PROMPTS, max_new_tokens=48, method="hybrid", gamma="auto", ignore_eos=True)
+    assert [o.token_ids for o in out] == [a.token_ids for a in ar_out]
+    assert out[0].stats["draft_rounds"] > 0 and out[0].stats["draft_prefills_deferred"] == len(PROMPTS)
+    assert sorted(row for row, *_ in primes) == list(range(len(PROMPTS)))
+    for row, read, length, target_len in primes:  # the row's text but its last token, as a prefill leaves it
+        text = tokenizer.encode(PROMPTS[row]) + ar_out[row].token_ids
+        assert read == text[:length] and length == target_len and length >= len(tokenizer.encode(PROMPTS[row])) - 1
+    got = e.draft.cache.kv[:, :, 1, : len(prompt) - 1]
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+    fixed = e.generate(PROMPTS[0], max_new_tokens=8, method="hybrid", gamma=3, ignore_eos=True)
+    assert fixed.stats["draft_prefills_deferred"] == 0  # a fixed γ drafts wherever a row has no match
+
+
+def test_hybrid_counts_the_deferred_prefill_as_catch_up():
+    """A row whose text the draft has not read costs its prefill: the target's measured prefill
+    rate scaled by the draft/target step ratio, at most the forwards of the method's width. A long
+    prompt keeps the draft out until a stretch without proposals pays for it."""
+    cost = lambda w: 1.0 + 0.1 * (w - 1)  # noqa: E731
+    m, _ = hybrid_at(0.5, 0.9, 0.1, cost)
+    c = m.draft_policy.costs
+    m.prefill_token_s = 0.02
+    for n in (2, 40, 400):
+        assert m._prime_s(n, c) == pytest.approx(min((n - 1) * 0.02 * 0.1, m._catch_up_s(n - 2, c)))
+    m.prefill_token_s = 5.0  # a prefill slower than reading in chunks: the chunks bound it
+    assert m._prime_s(400, c) == pytest.approx(m._catch_up_s(398, c))
+    m.prefill_token_s, m.primed, m.n_host = 0.02, [False], [3000]  # 6 s of draft prefill
+    assert not m._draft_wins({}, {}, [0])
+    m.n_host = [20]
+    assert m._draft_wins({}, {}, [0])
+    m.n_host, m.unmatched_run = [3000], 200
+    assert m._draft_wins({}, {}, [0])
+
+
 def test_ngram_leaves_a_loaded_draft_out_and_hybrid_needs_one(tiny_pair, tokenizer, eng):
     e = Engine(tiny_pair[0], tokenizer, tiny_pair[2], max_seq_len=256)
     for gamma in (4, "auto"):  # auto times the target alone: the draft's cache holds nothing
@@ -268,7 +322,7 @@ def hybrid_at(ngram_q: float, alpha: float, draft_s: float, width_cost, gap: int
         m.policy.seen[0][k], m.policy.kept[0][k] = 100.0, 100.0 * ngram_q
     m.draft_policy.accepted, m.draft_policy.rejected = 100.0 * alpha, 100.0 * (1 - alpha)
     m.draft_policy.set_costs(costs)
-    m.gap = [gap]
+    m.gap, m.primed, m.n_host = [gap], [True], [100]  # the draft read the row's text (100 tokens) but the last
     return m, m.policy.choose({0: 1})
 
 
