@@ -2,11 +2,13 @@
 method token-exact with `ar` (chains, trees, γ auto, ragged batches, EOS and stop strings)."""
 import dataclasses
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from specengine import Engine
+from specengine.methods.context import MethodContext
 from specengine.methods.ngram import HybridDecoding
 from specengine.methods.ngram_index import MATCH_CAP, MAX_OCCURRENCES, NgramIndex
 from specengine.methods.ngram_policy import PROBE_EVERY, NgramGammaPolicy, match_bin
@@ -265,6 +267,15 @@ def test_hybrid_counts_the_deferred_prefill_as_catch_up():
     assert m._draft_wins({}, {}, [0])
     m.n_host, m.unmatched_run = [3000], 200
     assert m._draft_wins({}, {}, [0])
+    # once read in, the row is as after a prefill: the draft holds all but its last token
+    calls = []
+    m.ctx = MethodContext(target=None, draft=SimpleNamespace(prefill_row=lambda *a: calls.append(a)), device=None)
+    m.gap, m.n_host = [40], [12]
+    m._prime(SimpleNamespace(tokens=torch.arange(20)[None]), [0])
+    assert m.primed == [True] and m.gap == [1] and m.primes == 1
+    assert [(r, t.tolist(), n) for r, t, n in calls] == [(0, [list(range(11))], 11)]
+    m._prime(SimpleNamespace(tokens=torch.arange(20)[None]), [0])
+    assert len(calls) == 1  # once
 
 
 def test_ngram_leaves_a_loaded_draft_out_and_hybrid_needs_one(tiny_pair, tokenizer, eng):
