@@ -40,6 +40,8 @@ from .state import DecodeState, RoundOutput
 from .steps import PlainStep, chain_round, verify_and_commit, verify_tree_and_commit
 from .token_tree import TokenTree
 
+MIN_TIMED_PREFILL = 16  # prompt tokens below which the driver's prefill time is mostly overhead, not a rate
+
 
 def to_device(rows: list[list[int]], device) -> torch.Tensor:
     """Equal-length host lists as one int64 tensor on the device: one copy, without blocking."""
@@ -74,7 +76,7 @@ class NgramDecoding(Method):
         self.unmatched_run = 0  # consecutive rounds in which no row had a proposal worth verifying
         self.primed: list[bool] = []  # hybrid, per row: the draft's cache holds the row's text
         self.n_host: list[int] = []  # per row: its committed length (prompt + what the syncs read)
-        self.prefill_token_s = 0.0  # the target's measured prefill seconds per prompt token
+        self.prefill_token_s: float | None = None  # the target's measured prefill seconds per prompt token
         self.primes = 0  # deferred draft prefills run
 
     @property
@@ -96,7 +98,8 @@ class NgramDecoding(Method):
         self.unmatched_run = 0
         self.primed = [not self.defers_draft_prefill] * generation.state.batch
         self.n_host = [len(p) for p in generation.prompts]
-        self.prefill_token_s = generation.prefill_s / max(sum(len(p) - 1 for p in generation.prompts), 1)
+        prefilled = sum(len(p) - 1 for p in generation.prompts)  # the serving core's placeholders: none
+        self.prefill_token_s = generation.prefill_s / prefilled if prefilled >= MIN_TIMED_PREFILL else None
         if self.policy.needs_costs or (self.hybrid and self.draft_policy.needs_costs):
             costs = ctx.step_costs(generation.state, self.max_width, draft=self.hybrid)
             if self.policy.needs_costs:  # n-gram proposals are free: only the target's cost per width
@@ -193,9 +196,12 @@ class NgramDecoding(Method):
     def _prime_s(self, n: int, costs) -> float:
         """Seconds of the deferred prefill of a row of n committed tokens (n - 1 of them): the
         target's measured prefill rate scaled by the draft/target step ratio, and never more than
-        reading them in forwards of the method's width (a prefill is the widest of those)."""
-        per_token = self.prefill_token_s * costs.draft_s / costs.verify_s(1)
-        return min((n - 1) * per_token, self._catch_up_s(n - 2, costs))
+        reading them in forwards of the method's width (a prefill is the widest of those), which is
+        the estimate where no prefill was timed (the serving core admits rows one by one)."""
+        chunks = self._catch_up_s(n - 2, costs)
+        if self.prefill_token_s is None:
+            return chunks
+        return min((n - 1) * self.prefill_token_s * costs.draft_s / costs.verify_s(1), chunks)
 
     def _prime(self, state: DecodeState, live: list[int]) -> None:
         """The deferred draft prefill of live rows whose text the draft has not read: all but the

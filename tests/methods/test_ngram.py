@@ -261,6 +261,8 @@ def test_hybrid_counts_the_deferred_prefill_as_catch_up():
         assert m._prime_s(n, c) == pytest.approx(min((n - 1) * 0.02 * 0.1, m._catch_up_s(n - 2, c)))
     m.prefill_token_s = 5.0  # a prefill slower than reading in chunks: the chunks bound it
     assert m._prime_s(400, c) == pytest.approx(m._catch_up_s(398, c))
+    m.prefill_token_s = None  # no prefill timed (the serving core's rows): the chunks
+    assert m._prime_s(40, c) == pytest.approx(m._catch_up_s(38, c))
     m.prefill_token_s, m.primed, m.n_host = 0.02, [False], [3000]  # 6 s of draft prefill
     assert not m._draft_wins({}, {}, [0])
     m.n_host = [20]

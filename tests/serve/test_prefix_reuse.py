@@ -4,6 +4,7 @@ its tokens are those of a cold, standalone generation."""
 import pytest
 
 from specengine import Engine
+from specengine.runtime.step_costs import StepCosts
 from specengine.serve import EngineCore, RequestParams
 
 OPENERS = ["def add(a, b):\n", "x = [1, 2", "for i in range(3", "import os\n"]
@@ -48,19 +49,30 @@ def run_conversations(core, tokenizer, turns: int, max_new: list[int], sampling:
 
 
 @pytest.mark.parametrize("method,sampling", [("ar", {}), ("sd", {}), ("pearl", {}), ("ngram", {}), ("hybrid", {}),
+                                             ("hybrid:auto", {}),
                                              ("sd", dict(temperature=0.8, top_k=30))])
 def test_concurrent_multi_turn_conversations_reuse_their_rows_and_keep_cold_tokens(engines, tokenizer, method,
                                                                                    sampling):
     """Three conversations over two rows (so a row is taken from another, too): every turn gets
     the tokens of a cold standalone generation with its seed, and turns that came back to their
-    row reused all of the previous turn's prompt and answer (the row held them)."""
+    row reused all of the previous turn's prompt and answer (the row held them). hybrid:auto
+    (costs where the draft pays) reads each admitted row into the draft on its first draft round;
+    it is greedy only, since its rounds are chosen for the whole batch (sampled, it keeps the
+    target's distribution, not a cold run's samples)."""
     eng, ref = engines
-    core = EngineCore(eng, max_batch=2, method=method, gamma=3)
+    method, _, gamma = method.partition(":")
+    gamma = gamma or 3
+    if gamma == "auto":
+        for e in (eng, ref):
+            e.step_costs = lambda state, width, draft=True: StepCosts(state.batch, 0.05, (1.0,) * width)
+    core = EngineCore(eng, max_batch=2, method=method, gamma=gamma)
     results = run_conversations(core, tokenizer, turns=3, max_new=[7, 12, 5], sampling=sampling)
     assert len(results) == 9
+    if gamma == "auto":  # admitted rows were read into the draft when it first drafted them
+        assert core.gen.method.primes >= 3 and core.gen.method.draft_rounds > 0
     reused = 0
     for (c, t), (prompt, out, seed) in sorted(results.items()):
-        cold = ref.generate(prompt, max_new_tokens=len(out.token_ids), method=method, gamma=3, ignore_eos=True,
+        cold = ref.generate(prompt, max_new_tokens=len(out.token_ids), method=method, gamma=gamma, ignore_eos=True,
                             seed=seed, **sampling)
         assert out.token_ids == cold.token_ids, (method, c, t)
         assert out.cached_tokens < len(prompt)  # the last prompt token is always fed anew
