@@ -49,19 +49,20 @@ def graphed(runner):
     return getattr(runner, "graphed", lambda name, fn, *args: fn(*args))
 
 
-def catch_up_feed(tokens: torch.Tensor, seen: torch.Tensor, upto: torch.Tensor):
-    """The draft's 2-token catch-up feed, from the token buffer [B,S], the draft's length [B]
-    and the length to reach [B]: (tokens at its length and the next one [B,2] (clamped inside
-    the buffer), which of their logits continues the chain [B] (the last unseen token: 1 or 2
-    are unseen)). Pure tensor ops: the whole-chain graph runs it inside its replay."""
+def catch_up_feed(tokens: torch.Tensor, seen: torch.Tensor, upto: torch.Tensor, width: int = 2):
+    """The draft's catch-up feed, from the token buffer [B,S], the draft's length [B] and the
+    length to reach [B]: (the `width` tokens from its length on [B,width] (clamped inside the
+    buffer), which of their logits continues the chain [B] (the last unseen token: 1..width are
+    unseen; usually 1 or 2)). Pure tensor ops: the whole-chain graph runs it inside its replay."""
     seen = seen.to(torch.int64)
-    return tokens.gather(1, buffer_positions(seen, 2, tokens.shape[1])), (upto - 1 - seen).clamp(0, 1)
+    return tokens.gather(1, buffer_positions(seen, width, tokens.shape[1])), (upto - 1 - seen).clamp(0, width - 1)
 
 
-def draft_catch_up(draft, state: DecodeState, upto: torch.Tensor, return_hidden: bool = False):
-    """Feed the draft the tokens of state.tokens[:, :upto] it has not seen (1 or 2 per row);
-    returns the logits after the last one [B,V] (and its final hidden state [B,H])."""
-    tok2, which = catch_up_feed(state.tokens, draft.cache.lens, upto)
+def draft_catch_up(draft, state: DecodeState, upto: torch.Tensor, return_hidden: bool = False, width: int = 2):
+    """Feed the draft the tokens of state.tokens[:, :upto] it has not seen (1..width per row, in
+    one forward of `width`); returns the logits after the last one [B,V] (and its final hidden
+    state [B,H]). Positions it writes past a row's upto - 1 are scratch."""
+    tok2, which = catch_up_feed(state.tokens, draft.cache.lens, upto, width)
     out = draft.verify(tok2, attn_len=state.attn_len, return_hidden=return_hidden)
     draft.cache.set_lens(upto)
     rows = torch.arange(state.batch, device=which.device)
@@ -83,6 +84,32 @@ def draft_resync(draft, state: DecodeState, behind: int, width: int | None = Non
     tokens = state.tokens.gather(1, state.positions(draft.cache.lens.to(torch.int64), left))
     draft.verify(tokens, attn_len=state.attn_len)
     draft.cache.set_lens(state.n - 1)
+
+
+def read_missed(draft, state: DecodeState, behind: int, width: int | None = None) -> int:
+    """Before a chain, a draft up to behind + 2 tokens short of n: reads all but what the chain's
+    first forward can take (at most `width` tokens a row: the KV headroom; None: no limit) and
+    returns that forward's width. With whole-chain CUDA graphs (2 tokens) draft_resync reads it
+    all first."""
+    if behind <= 0:
+        return 2
+    if getattr(draft, "chain_graphs", lambda: None)() is not None:
+        draft_resync(draft, state, behind, width)
+        return 2
+    fold = behind if width is None else max(min(behind, width - 2), 0)
+    draft_read(draft, state, behind - fold, width or behind)
+    return fold + 2
+
+
+def draft_read(draft, state: DecodeState, count: int, width: int) -> None:
+    """Feed the draft `count` of its unseen tokens per row, in forwards of at most `width`; a row
+    never moves past n - 1 (positions written beyond are scratch)."""
+    while count > 0:
+        w = min(count, width)
+        seen = draft.cache.lens.to(torch.int64)
+        draft.verify(state.tokens.gather(1, state.positions(seen, w)), attn_len=state.attn_len)
+        draft.cache.set_lens(torch.minimum(seen + w, state.n - 1))
+        count -= w
 
 
 class PlainStep:
@@ -114,21 +141,23 @@ class PlainStep:
         return RoundOutput(out, n_acc, zeros, one, target_forwards=1)
 
 
-def draft_chain(ctx: MethodContext, state: DecodeState, gamma: int, upto: torch.Tensor | None = None, policy=None):
+def draft_chain(ctx: MethodContext, state: DecodeState, gamma: int, upto: torch.Tensor | None = None, policy=None,
+                feed: int = 2):
     """Up to γ draft tokens per row [B,γ'] continuing state.tokens[:, :upto] (default: the
     committed tokens), their q [B,γ',V] (None if greedy) and the draft's confidences [B,γ'].
     A policy that wants hidden states (specdec++) sees each step's and may end the loop
-    early (γ' < γ) once every row has stopped."""
+    early (γ' < γ) once every row has stopped. feed: the first step's width (every row at most
+    that many tokens short of upto; more than 2 after rounds the draft sat out, eagerly)."""
     draft, observe = ctx.draft, policy is not None and policy.wants_hidden
     upto = state.n if upto is None else upto
-    chain = None if observe else getattr(draft, "chain_graphs", lambda: None)()
+    chain = None if observe or feed != 2 else getattr(draft, "chain_graphs", lambda: None)()
     if chain is not None:  # the whole chain as one CUDA graph replay (runtime/chain_graphs.py)
         out = chain.run(state, ctx.sample_draft, catch_up_feed, gamma, draft.cache.lens, upto)
         if out is not None:
             return out
     if observe:
         policy.begin_round(state.batch, state.tokens.device)
-    out = draft_catch_up(draft, state, upto, return_hidden=observe)
+    out = draft_catch_up(draft, state, upto, return_hidden=observe, width=feed)
     toks, qs, confs = [], [], []
     for j in range(gamma):
         if j:
@@ -146,14 +175,16 @@ def draft_chain(ctx: MethodContext, state: DecodeState, gamma: int, upto: torch.
 def chain_round(ctx: MethodContext, state: DecodeState, policy, timer, behind: int = 0,
                 width: int | None = None) -> RoundOutput:
     """One round of the draft model's chain (`sd`'s, and `hybrid`'s draft rounds): the draft
-    reads what it missed (`behind` > 0: draft_resync), drafts policy.gamma tokens (a policy may
-    stop early or cut rows short), the target verifies and commits. The draft saw d1..d_{γ-1}:
-    its cache is valid up to start + min(n_acc, γ-1), never past the new n - 1."""
+    reads what it missed (`behind` > 0: up to behind + 2 short), drafts policy.gamma tokens (a
+    policy may stop early or cut rows short), the target verifies and commits. What it missed
+    goes into the chain's first forward, which reads every row's unseen tokens at once (at most
+    `width`, the method's KV headroom: the rest first, in forwards of `width`); with whole-chain
+    CUDA graphs, which take the usual 2, draft_resync reads it first. The draft saw
+    d1..d_{γ-1}: its cache is valid up to start + min(n_acc, γ-1), never past the new n - 1."""
     start = state.n.clone()
     with timer.phase("draft"):
-        if behind > 0:
-            draft_resync(ctx.draft, state, behind, width)
-        drafts, q, conf = draft_chain(ctx, state, policy.gamma, policy=policy)
+        feed = read_missed(ctx.draft, state, behind, width)
+        drafts, q, conf = draft_chain(ctx, state, policy.gamma, policy=policy, feed=feed)
         num_draft = policy.num_draft(conf)
     gamma = drafts.shape[1]  # a policy may have ended the loop early
     out, n_acc = verify_and_commit(ctx, state, drafts, q, num_draft, timer)

@@ -161,6 +161,39 @@ def test_sd_that_falls_back_to_plain_rounds_is_lossless(tiny_pair, tokenizer, mo
         assert s["predicted_tokens_per_s"] > 0 and "prediction_error" in s
 
 
+@pytest.mark.parametrize("behind,width", [(1, None), (5, None), (16, None), (16, 5), (9, 4), (3, 13), (7, 2)])
+def test_the_chain_first_forward_reads_what_the_draft_missed(tiny_pair, behind, width):
+    """A draft behind+1 or behind+2 short of n reads what it missed in the chain's first forward
+    (read_missed: the rest first where the KV headroom `width` is short): its logits after token
+    n-1 and its K/V are those of a draft that prefilled tokens[:n-1] and decoded token n-1."""
+    from specengine.methods.sampling import SamplingParams
+    from specengine.methods.state import DecodeState
+    from specengine.methods.steps import draft_catch_up, read_missed
+    from specengine.runtime.runner import ModelRunner
+
+    draft = ModelRunner(tiny_pair[2], cuda_graphs=False)
+    g = torch.Generator().manual_seed(100 + behind)
+    tokens = torch.randint(4, draft.config.vocab_size, (2, 64), generator=g)
+    n = torch.tensor([30, 31]) + behind  # the draft holds 29 tokens of each: behind+1 and behind+2 short
+    draft.allocate(2, 64)
+    draft.prefill(tokens[:, :29], torch.tensor([29, 29]))
+    state = DecodeState(tokens, n, torch.ones(2, dtype=torch.bool), SamplingParams(), torch.zeros(2),
+                        torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), attn_len=64)
+    feed = read_missed(draft, state, behind, width)
+    assert feed <= (width or feed) and (width is not None or feed == behind + 2)  # one forward when it fits
+    logits = draft_catch_up(draft, state, n, width=feed)
+    assert draft.cache.lens.tolist() == n.tolist()
+    ref = ModelRunner(tiny_pair[2], cuda_graphs=False)
+    for b in range(2):
+        m = int(n[b]) - 1
+        ref.allocate(1, 64)
+        ref.prefill(tokens[b:b + 1, :m], torch.tensor([m]))
+        want = ref.decode(tokens[b:b + 1, m], attn_len=64)
+        torch.testing.assert_close(logits[b:b + 1], want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(draft.cache.kv[:, :, b, :m + 1], ref.cache.kv[:, :, 0, :m + 1], atol=1e-5,
+                                   rtol=1e-5)
+
+
 @pytest.mark.parametrize("behind,width", [(1, None), (5, None), (16, None), (16, 5), (9, 4)])
 def test_draft_resync_gives_the_cache_of_a_draft_that_saw_every_token(tiny_pair, behind, width):
     """After `behind` plain rounds a row's draft is behind+1 or behind+2 tokens short of n-1;
