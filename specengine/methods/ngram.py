@@ -184,12 +184,19 @@ class NgramDecoding(Method):
         return len(live) * round_rate(dp.alpha, dp.gamma, c, catch_up / (1 + self.unmatched_run)) > other
 
     def _catch_up_s(self, behind: int, costs) -> float:
-        """Seconds the draft needs to read what it missed (draft_resync: behind + 1 tokens in
-        forwards of at most the method's width), each forward costed as a draft step scaled by
-        the target's cost curve over widths."""
+        """Seconds the draft's chain pays for what the draft missed (steps.read_missed): its first
+        forward widens from 2 to behind + 2 tokens, at most the method's width, and the rest is
+        read before it (`_read_s`). Forwards are costed as a draft step scaled by the target's
+        cost curve over widths."""
         if behind <= 0:
             return 0.0
-        full, rest = divmod(behind + 1, self.max_width)
+        fold = min(behind, self.max_width - 2)
+        widen = costs.verify_s(fold + 2) - costs.verify_s(2)
+        return self._read_s(behind - fold, costs) + costs.draft_s * widen / costs.verify_s(1)
+
+    def _read_s(self, tokens: int, costs) -> float:
+        """Seconds of draft forwards that read `tokens` tokens, at most the method's width each."""
+        full, rest = divmod(max(tokens, 0), self.max_width)
         scale = lambda w: costs.verify_s(w) / costs.verify_s(1)  # noqa: E731
         return costs.draft_s * (full * scale(self.max_width) + (scale(rest) if rest else 0.0))
 
@@ -198,7 +205,7 @@ class NgramDecoding(Method):
         target's measured prefill rate scaled by the draft/target step ratio, and never more than
         reading them in forwards of the method's width (a prefill is the widest of those), which is
         the estimate where no prefill was timed (the serving core admits rows one by one)."""
-        chunks = self._catch_up_s(n - 2, costs)
+        chunks = self._read_s(n - 1, costs)
         if self.prefill_token_s is None:
             return chunks
         return min((n - 1) * self.prefill_token_s * costs.draft_s / costs.verify_s(1), chunks)

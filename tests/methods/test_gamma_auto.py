@@ -173,18 +173,20 @@ def test_the_chain_first_forward_reads_what_the_draft_missed(tiny_pair, behind, 
 
     draft = ModelRunner(tiny_pair[2], cuda_graphs=False)
     g = torch.Generator().manual_seed(100 + behind)
-    tokens = torch.randint(4, draft.config.vocab_size, (2, 64), generator=g)
-    n = torch.tensor([30, 31]) + behind  # the draft holds 29 tokens of each: behind+1 and behind+2 short
-    draft.allocate(2, 64)
-    draft.prefill(tokens[:, :29], torch.tensor([29, 29]))
-    state = DecodeState(tokens, n, torch.ones(2, dtype=torch.bool), SamplingParams(), torch.zeros(2),
-                        torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), attn_len=64)
+    tokens = torch.randint(4, draft.config.vocab_size, (3, 64), generator=g)
+    # the draft holds 29 tokens of rows 0 and 1 (behind+1 and behind+2 short) and all but the last
+    # of row 2 (hybrid's per-row bound can exceed what a row missed)
+    n = torch.tensor([30, 31, 30]) + behind
+    draft.allocate(3, 64)
+    draft.prefill(tokens[:, : 29 + behind], torch.tensor([29, 29, 29 + behind]))
+    state = DecodeState(tokens, n, torch.ones(3, dtype=torch.bool), SamplingParams(), torch.zeros(3),
+                        torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64), attn_len=64)
     feed = read_missed(draft, state, behind, width)
     assert feed <= (width or feed) and (width is not None or feed == behind + 2)  # one forward when it fits
     logits = draft_catch_up(draft, state, n, width=feed)
     assert draft.cache.lens.tolist() == n.tolist()
     ref = ModelRunner(tiny_pair[2], cuda_graphs=False)
-    for b in range(2):
+    for b in range(3):
         m = int(n[b]) - 1
         ref.allocate(1, 64)
         ref.prefill(tokens[b:b + 1, :m], torch.tensor([m]))

@@ -257,12 +257,14 @@ def test_hybrid_counts_the_deferred_prefill_as_catch_up():
     m, _ = hybrid_at(0.5, 0.9, 0.1, cost)
     c = m.draft_policy.costs
     m.prefill_token_s = 0.02
+    W = m.max_width
+    chunks = lambda k: 0.1 * ((k // W) * cost(W) + (cost(k % W) if k % W else 0.0)) / cost(1)  # noqa: E731
     for n in (2, 40, 400):
-        assert m._prime_s(n, c) == pytest.approx(min((n - 1) * 0.02 * 0.1, m._catch_up_s(n - 2, c)))
+        assert m._prime_s(n, c) == pytest.approx(min((n - 1) * 0.02 * 0.1, chunks(n - 1)))
     m.prefill_token_s = 5.0  # a prefill slower than reading in chunks: the chunks bound it
-    assert m._prime_s(400, c) == pytest.approx(m._catch_up_s(398, c))
+    assert m._prime_s(400, c) == pytest.approx(chunks(399))
     m.prefill_token_s = None  # no prefill timed (the serving core's rows): the chunks
-    assert m._prime_s(40, c) == pytest.approx(m._catch_up_s(38, c))
+    assert m._prime_s(40, c) == pytest.approx(chunks(39))
     m.prefill_token_s, m.primed, m.n_host = 0.02, [False], [3000]  # 6 s of draft prefill
     assert not m._draft_wins({}, {}, [0])
     m.n_host = [20]
@@ -369,20 +371,22 @@ def test_hybrid_explores_an_untried_bin_and_counts_the_draft_catch_up():
     # a close call that the draft wins when it is up to date and loses when it must first catch up
     m, gammas = hybrid_at(0.5, 0.8, 0.2, lambda w: 1.0 + 0.1 * (w - 1))
     assert m._draft_wins({0: ([1], None)}, gammas, [0])
-    m.gap = [6]
+    m.gap = [30]
     assert not m._draft_wins({0: ([1], None)}, gammas, [0])
 
 
 def test_hybrid_counts_every_catch_up_forward_and_may_choose_a_plain_decode():
-    """After a long n-gram run the draft reads what it missed in forwards of at most the method's
-    width; each is costed as a draft step scaled by the target's width curve."""
+    """After a long n-gram run the draft reads what it missed in its chain's first forward (up to
+    the method's width) and, past that, in forwards of at most the width before it; each forward
+    is costed as a draft step scaled by the target's width curve, the first beyond its usual 2."""
     cost = lambda w: 1.0 + 0.1 * (w - 1)  # noqa: E731
     m, _ = hybrid_at(0.5, 0.9, 0.1, cost)
     W = m.max_width
     assert m._catch_up_s(0, m.draft_policy.costs) == 0.0
-    for behind in (1, W - 1, W, 3 * W + 4):
-        n = behind + 1
-        want = 0.1 * ((n // W) * cost(W) + (cost(n % W) if n % W else 0.0)) / cost(1)
+    for behind, before, first in ((1, 0, 3), (W - 2, 0, W), (W - 1, 1, W), (3 * W + 4, 2 * W + 6, W)):
+        # `before` tokens read ahead (full forwards of W, then the rest), then a first forward of `first`
+        ahead = (before // W) * cost(W) + (cost(before % W) if before % W else 0.0)
+        want = 0.1 * (ahead + cost(first) - cost(2)) / cost(1)
         assert m._catch_up_s(behind, m.draft_policy.costs) == pytest.approx(want)
     # no row has a proposal: the draft's chain wins against a plain decode while it is up to date,
     # and loses when it must first read three hundred tokens
