@@ -181,9 +181,15 @@ def test_the_chain_first_forward_reads_what_the_draft_missed(tiny_pair, behind, 
     draft.prefill(tokens[:, : 29 + behind], torch.tensor([29, 29, 29 + behind]))
     state = DecodeState(tokens, n, torch.ones(3, dtype=torch.bool), SamplingParams(), torch.zeros(3),
                         torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64), attn_len=64)
+    forwards, verify = [], draft.verify
+    draft.verify = lambda tokens, **kw: (forwards.append(tokens.shape[1]), verify(tokens, **kw))[1]
     feed = read_missed(draft, state, behind, width)
-    assert feed <= (width or feed) and (width is not None or feed == behind + 2)  # one forward when it fits
     logits = draft_catch_up(draft, state, n, width=feed)
+    draft.verify = verify
+    if width is None or behind + 2 <= width:  # one forward where the headroom allows, else full ones first
+        assert forwards == [behind + 2]
+    else:
+        assert forwards[-1] == width and all(f <= width for f in forwards) and sum(forwards) == behind + 2
     assert draft.cache.lens.tolist() == n.tolist()
     ref = ModelRunner(tiny_pair[2], cuda_graphs=False)
     for b in range(3):
