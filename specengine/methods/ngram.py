@@ -180,7 +180,7 @@ class NgramDecoding(Method):
         # the catch-up is paid once for the draft rounds that follow: as many as the rounds without
         # any proposal so far (a stretch of new text tends to go on), spread over them
         catch_up = self._catch_up_s(max([self.gap[b] for b in live if self.primed[b]], default=2) - 2, c)
-        catch_up += sum(self._prime_s(self.n_host[b], c) for b in live if not self.primed[b])
+        catch_up += self._prime_s([self.n_host[b] for b in live if not self.primed[b]], c)
         return len(live) * round_rate(dp.alpha, dp.gamma, c, catch_up / (1 + self.unmatched_run)) > other
 
     def _catch_up_s(self, behind: int, costs) -> float:
@@ -200,23 +200,37 @@ class NgramDecoding(Method):
         scale = lambda w: costs.verify_s(w) / costs.verify_s(1)  # noqa: E731
         return costs.draft_s * (full * scale(self.max_width) + (scale(rest) if rest else 0.0))
 
-    def _prime_s(self, n: int, costs) -> float:
-        """Seconds of the deferred prefill of a row of n committed tokens (n - 1 of them): the
-        target's measured prefill rate scaled by the draft/target step ratio, and never more than
-        reading them in forwards of the method's width (a prefill is the widest of those), which is
-        the estimate where no prefill was timed (the serving core admits rows one by one)."""
-        chunks = self._read_s(n - 1, costs)
+    def _prime_s(self, lengths: list[int], costs) -> float:
+        """Seconds of the deferred prefill of rows of these committed lengths (all but the last
+        token of each): the target's measured prefill rate scaled by the draft/target step ratio,
+        and never more than reading them in forwards of the method's width over the batch (a
+        prefill is the widest of those), which is the estimate where no prefill was timed (the
+        serving core admits rows one by one)."""
+        if not lengths:
+            return 0.0
+        chunks = self._read_s(max(lengths) - 1, costs)
         if self.prefill_token_s is None:
             return chunks
-        return min((n - 1) * self.prefill_token_s * costs.draft_s / costs.verify_s(1), chunks)
+        tokens = sum(n - 1 for n in lengths)
+        return min(tokens * self.prefill_token_s * costs.draft_s / costs.verify_s(1), chunks)
 
     def _prime(self, state: DecodeState, live: list[int]) -> None:
         """The deferred draft prefill of live rows whose text the draft has not read: all but the
-        row's last committed token, as after a prefill (the chain's own catch-up reads that one)."""
+        row's last committed token, as after a prefill (the chain's own catch-up reads that one).
+        One batched prefill when no row of the round's view was read yet (a generate call), else
+        row by row (the serving core's rows come and go)."""
+        draft, rows = self.ctx.draft, range(state.batch)
+        if not any(self.primed[b] for b in rows):
+            longest = max(self.n_host[b] for b in rows)  # finished rows' frozen text comes along
+            draft.prefill(state.tokens[:, : max(longest - 1, 1)], state.n - 1, attn_len=max(longest - 1, 1))
+            for b in rows:
+                self.primed[b], self.gap[b] = True, 1
+            self.primes += len(live)
+            return
         for b in live:
             if not self.primed[b]:
                 n = self.n_host[b]
-                self.ctx.draft.prefill_row(b, state.tokens[b: b + 1, : max(n - 1, 1)], n - 1)
+                draft.prefill_row(b, state.tokens[b: b + 1, : max(n - 1, 1)], n - 1)
                 self.primed[b], self.gap[b] = True, 1
                 self.primes += 1
 

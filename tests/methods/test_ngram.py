@@ -230,13 +230,15 @@ def test_hybrid_auto_prefills_the_draft_only_when_it_drafts(tiny_pair, tokenizer
     e.generate(PROMPTS[1], max_new_tokens=1, method="sd", gamma=2, ignore_eos=True)
     want = e.draft.cache.kv[:, :, 0, : len(prompt) - 1].clone()  # the driver's prefill of the prompt
     e.step_costs = lambda state, width, draft=True: StepCosts(state.batch, draft_s=0.05, target_s=(1.0,) * width)
-    primes, prefill_row = [], e.draft.prefill_row
+    primes, prefill = [], e.draft.prefill
 
-    def spy(row, tokens, length, **kw):  # what each deferred prefill read, against the target's length then
-        primes.append((row, tokens[0, :length].tolist(), length, int(e.target.cache.lens[row])))
-        return prefill_row(row, tokens, length, **kw)
-    e.draft.prefill_row = spy
+    def spy(tokens, lens, **kw):  # what each row's deferred prefill read, against the target's length then
+        for row, length in enumerate(lens.tolist()):
+            primes.append((row, tokens[row, :length].tolist(), length, int(e.target.cache.lens[row])))
+        return prefill(tokens, lens, **kw)
+    e.draft.prefill = spy
     out = e.generate(PROMPTS, max_new_tokens=48, method="hybrid", gamma="auto", ignore_eos=True)
+    e.draft.prefill = prefill
     assert [o.token_ids for o in out] == [a.token_ids for a in ar_out]
     assert out[0].stats["draft_rounds"] > 0 and out[0].stats["draft_prefills_deferred"] == len(PROMPTS)
     assert sorted(row for row, *_ in primes) == list(range(len(PROMPTS)))
@@ -260,11 +262,14 @@ def test_hybrid_counts_the_deferred_prefill_as_catch_up():
     W = m.max_width
     chunks = lambda k: 0.1 * ((k // W) * cost(W) + (cost(k % W) if k % W else 0.0)) / cost(1)  # noqa: E731
     for n in (2, 40, 400):
-        assert m._prime_s(n, c) == pytest.approx(min((n - 1) * 0.02 * 0.1, chunks(n - 1)))
+        assert m._prime_s([n], c) == pytest.approx(min((n - 1) * 0.02 * 0.1, chunks(n - 1)))
+    # rows: every row's tokens at the prefill rate, or forwards over the batch as wide as the longest
+    assert m._prime_s([40, 400, 3], c) == pytest.approx(min(440 * 0.02 * 0.1, chunks(399)))
+    assert m._prime_s([], c) == 0.0
     m.prefill_token_s = 5.0  # a prefill slower than reading in chunks: the chunks bound it
-    assert m._prime_s(400, c) == pytest.approx(chunks(399))
+    assert m._prime_s([400], c) == pytest.approx(chunks(399))
     m.prefill_token_s = None  # no prefill timed (the serving core's rows): the chunks
-    assert m._prime_s(40, c) == pytest.approx(chunks(39))
+    assert m._prime_s([40], c) == pytest.approx(chunks(39))
     m.prefill_token_s, m.primed, m.n_host = 0.02, [False], [3000]  # 6 s of draft prefill
     assert not m._draft_wins({}, {}, [0])
     m.n_host = [20]
@@ -272,14 +277,24 @@ def test_hybrid_counts_the_deferred_prefill_as_catch_up():
     m.n_host, m.unmatched_run = [3000], 200
     assert m._draft_wins({}, {}, [0])
     # once read in, the row is as after a prefill: the draft holds all but its last token
+    # (a generate call's rows, none read yet: one batched prefill; the serving core's: row by row)
     calls = []
-    m.ctx = MethodContext(target=None, draft=SimpleNamespace(prefill_row=lambda *a: calls.append(a)), device=None)
+    draft = SimpleNamespace(prefill_row=lambda *a: calls.append(("row",) + a),
+                            prefill=lambda tokens, lens, **kw: calls.append(("all", tokens, lens)))
+    m.ctx = MethodContext(target=None, draft=draft, device=None)
     m.gap, m.n_host = [40], [12]
-    m._prime(SimpleNamespace(tokens=torch.arange(20)[None]), [0])
+    state = SimpleNamespace(tokens=torch.arange(20)[None], n=torch.tensor([12]), batch=1)
+    m._prime(state, [0])
     assert m.primed == [True] and m.gap == [1] and m.primes == 1
-    assert [(r, t.tolist(), n) for r, t, n in calls] == [(0, [list(range(11))], 11)]
-    m._prime(SimpleNamespace(tokens=torch.arange(20)[None]), [0])
+    assert [(k, t.tolist(), n.tolist()) for k, t, n in calls] == [("all", [list(range(11))], [11])]
+    m._prime(state, [0])
     assert len(calls) == 1  # once
+    calls.clear()
+    m.primed, m.gap, m.n_host = [True, False, False], [2, 9, 9], [30, 12, 5]
+    state = SimpleNamespace(tokens=torch.arange(60).view(3, 20), n=torch.tensor([30, 12, 5]), batch=3)
+    m._prime(state, [0, 1])  # row 2 finished: left as it is
+    assert [(k, r, t.tolist(), n) for k, r, t, n in calls] == [("row", 1, [list(range(20, 31))], 11)]
+    assert m.primed == [True, True, False] and m.gap == [2, 1, 9]
 
 
 def test_ngram_leaves_a_loaded_draft_out_and_hybrid_needs_one(tiny_pair, tokenizer, eng):

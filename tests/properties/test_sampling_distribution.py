@@ -43,7 +43,7 @@ def small_vocab(tmp_path_factory, tokenizer):
         eng = Engine(target, tokenizer, None if pure else draft, max_seq_len=max_seq_len,
                      parallel_drafter=None if pure else drafter)
         if costs:
-            eng.step_costs = lambda state, width: COSTS[costs]
+            eng.step_costs = lambda state, width, draft=True: COSTS[costs]
         return eng
     return hf, engine
 
@@ -70,6 +70,8 @@ CASES = [  # (id, generate kwargs): every method, policy and drafting shape that
     ("ngram-tree", dict(method="ngram", tree="2x2", temperature=0.8, top_k=6, pure=True)),
     # with the draft model: its chains where a row has no match (round 1), n-gram rounds where all match
     ("hybrid", dict(method="hybrid", gamma=2, temperature=1.0)),
+    # γ auto where the draft pays: round 1 has no match, so the draft's deferred prefill runs, then its chain
+    ("hybrid-auto", dict(method="hybrid", gamma="auto", temperature=1.0, rows=30_000, costs="pays")),
 ]
 
 
@@ -90,6 +92,8 @@ def test_two_token_joint_matches_target(small_vocab, kw):
         assert stats["plain_rounds"] == stats["rounds"] and stats["proposed_drafts"] == 0
     elif kw["method"] != "ar":
         assert 0 < stats["acceptance_rate"] < 1  # both accept and reject paths ran
+    if kw["method"] == "hybrid" and kw["gamma"] == "auto":
+        assert stats["draft_rounds"] > 0 and stats["draft_prefills_deferred"] == rows
 
 
 def accept_everything(monkeypatch, eng):
