@@ -131,8 +131,10 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8,
     temperature > 0: every provider of ours samples with the same seed (tokens then agree
     only where the methods draw the same numbers; speeds and acceptance are what compare).
 
-    Why long: one loop runs every provider (ours and HF's) prompt by prompt, side by side,
-    so that their ratios come from one run; the report is assembled right there."""
+    Why long: one loop runs every provider (ours and HF's) prompt by prompt, side by side
+    (every provider on a prompt before the next prompt, so that a machine whose speed drifts
+    during the run weighs on every provider alike), so that their ratios come from one run;
+    the report is assembled right there."""
     specs = [(p, *parse_provider(p)) for p in providers]
     if any(name == "hf-assisted" for _, name, *_ in specs) and draft_path is None:
         raise SpecEngineError("hf-assisted needs a draft model")
@@ -141,16 +143,20 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8,
     label, prompts = prompts or ("HumanEval[:%d]" % n_prompts, [p["prompt"] for p in humaneval(n_prompts)])
     hf = _HFRunner(engine, target_path, draft_path) if any(n in HF_PROVIDERS for _, n, *_ in specs) else None
     ids = [engine.encode(p)[0][0] for p in prompts]
-    rows, outputs_of = {}, {}
-    for spec, name, gamma, policy, threshold, tree in specs:
-        per_prompt, outputs = [], []
-        run = _provider_fn(engine, hf, name, gamma, policy, threshold, temperature, seed, tree)
+    runs = {spec: _provider_fn(engine, hf, name, gamma, policy, threshold, temperature, seed, tree)
+            for spec, name, gamma, policy, threshold, tree in specs}
+    for run in runs.values():
         run(ids[0], 4)  # warm-up: first-call allocations and library start-up
-        for p in tqdm(ids, desc=spec, leave=False):
+    timed = {spec: [] for spec in runs}
+    for p in tqdm(ids, desc=label, leave=False):
+        for spec, run in runs.items():
             t = time.perf_counter()
             toks, stats = run(p, max_new_tokens)
-            per_prompt.append((time.perf_counter() - t, len(toks), stats))
-            outputs.append(toks)
+            timed[spec].append((time.perf_counter() - t, toks, stats))
+    rows, outputs_of = {}, {}
+    for spec, name, gamma, policy, threshold, tree in specs:
+        per_prompt = [(w, len(toks), stats) for w, toks, stats in timed[spec]]
+        outputs = [toks for _, toks, _ in timed[spec]]
         wall = sum(w for w, _, _ in per_prompt)
         new = sum(n for _, n, _ in per_prompt)
         row = {"provider": spec, "new_tokens": new, "wall_time_s": wall, "tokens_per_s": new / wall}

@@ -59,3 +59,18 @@ def test_report_records_machine_bound_and_tokens(tiny_pair, tokenizer, monkeypat
     assert "machine:" in table and "threads" in table and "matvec bound" in table and "% of the bound" in table
     assert "batch-invariant mode off" in table and "exactly ar's tokens" in table
     json.dumps(report)  # serializable as written by `specengine bench --out`
+
+
+def test_providers_run_side_by_side_prompt_by_prompt(tiny_pair, tokenizer, monkeypatch):
+    """Every provider runs a prompt before any runs the next (after one warm-up each), so that a
+    machine's drift during the run weighs on every provider alike."""
+    monkeypatch.setattr(benchmark, "humaneval", lambda n: [{"prompt": p} for p in ["def f(x):", "abc ab", "x = 1"][:n]])
+    calls, real = [], benchmark._provider_fn
+
+    def recording(engine, hf, name, *rest):
+        run = real(engine, hf, name, *rest)
+        return lambda ids, n: (calls.append((name, n)), run(ids, n))[1]
+    monkeypatch.setattr(benchmark, "_provider_fn", recording)
+    eng = Engine(tiny_pair[0], tokenizer, max_seq_len=128)
+    run_benchmark(eng, ["ar", "ngram:auto"], n_prompts=3, max_new_tokens=6, baseline="ar")
+    assert calls == [("ar", 4), ("ngram", 4)] + [("ar", 6), ("ngram", 6)] * 3
