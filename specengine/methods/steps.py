@@ -76,12 +76,10 @@ def draft_resync(draft, state: DecodeState, behind: int, width: int | None = Non
     (the method's KV headroom). Positions it writes past a row's n-1 are scratch: the lengths
     set afterwards drop them."""
     left = behind + 1
-    while left > (width or left):  # all but the last forward: each row moves on by `width`, at most to n-1
-        seen = draft.cache.lens.to(torch.int64)
-        draft.verify(state.tokens.gather(1, state.positions(seen, width)), attn_len=state.attn_len)
-        draft.cache.set_lens(torch.minimum(seen + width, state.n - 1))
-        left -= width
-    tokens = state.tokens.gather(1, state.positions(draft.cache.lens.to(torch.int64), left))
+    step = width or left
+    last = left - step * ((left - 1) // step)  # the last forward's width, 1..step
+    draft_read(draft, state, left - last, step)  # all but the last forward, each row at most to n-1
+    tokens = state.tokens.gather(1, state.positions(draft.cache.lens.to(torch.int64), last))
     draft.verify(tokens, attn_len=state.attn_len)
     draft.cache.set_lens(state.n - 1)
 
