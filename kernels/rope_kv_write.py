@@ -14,6 +14,9 @@ Contract: rope_kv_write(qkv[B,T,(Hq+2Hkv)*D], cos[B,T,D], sin[B,T,D], wpos[B,T] 
 k_cache[B,S,Hkv,D], v_cache, Hq, Hkv, qk_norm=None) -> q[B,T,Hq,D] rotated; k rotated and v
 stored in place. qk_norm = (q weight [D], k weight [D], eps): each q and k head is RMS-normed
 first (Qwen3, Gemma 3; transformers' roundings, as add_rms_norm's), in the same launch.
+A slot that several tokens of a row write (only a row that overran the buffer, whose clamped
+writes the high-water check turns into an error) holds, element by element, one of those
+tokens' values: the programs race, in no set order on a GPU (index_put_ promises none either).
 """
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,9 @@ def test_the_first_command_returns_each_part_as_it_ends(tmp_path):
     assert {r["model"] for r in result["ar"]} == {"qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"}
     assert [r["pair"] for r in result["spec"]][0] == "random 7b/0.5b"  # the pair the goals name, first
     assert "sd:auto" in (out / "gpu_e2e_first_cpu.summary.txt").read_text()
-    assert (out / "check_cpu.xml").exists() and (out / "e2e-first.log").exists()
+    with tarfile.open(out / "gpu_check_logs.tar") as logs:  # logs and junit files: one file of the 8 a run returns
+        assert {"check.log", "check_cpu.xml", "e2e-first.log"} <= set(logs.getnames())
+    assert len([f for f in out.rglob("*") if f.is_file()]) <= 8
     assert json.loads((out / "environment.json").read_text())["device"] == "cpu"
 
 
@@ -58,6 +61,7 @@ def test_the_second_command_runs_every_part_and_keeps_the_exactness_promises(tmp
     assert [line.split(":")[0] for line in summary] == ["environment", "gpu-tests", "e2e-second", "kernels", "suite",
                                                          "suite-interpreter"]
     assert all("rc=0" in line for line in summary)
+    assert len([f for f in out.rglob("*") if f.is_file()]) <= 8  # what one device command returns
     result = json.loads((out / "gpu_e2e_second_cpu.json").read_text())
     assert "errors" not in result
     assert result["done"] == ["methods", "peers", "allaccept", "invariant", "ar-variants", "compile"]
