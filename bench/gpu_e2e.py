@@ -148,8 +148,10 @@ def run(eng, batch, ctx, profile=False, **kw) -> dict:
         prof = None
         if profile:
             kinds = torch.profiler.ProfilerActivity
-            activity = kinds.CUDA if S.device == "cuda" else kinds.CPU
-            prof = torch.profiler.profile(activities=[activity])
+            # on CUDA the host's side too: where a round's idle time goes (the first H100 run saw
+            # ~1 ms of it per round at every model size)
+            activities = [kinds.CPU, kinds.CUDA] if S.device == "cuda" else [kinds.CPU]
+            prof = torch.profiler.profile(activities=activities)
             prof.__enter__()
         for _ in gen.rounds():
             pass
@@ -165,7 +167,7 @@ def run(eng, batch, ctx, profile=False, **kw) -> dict:
                target_s=phases.get("target", 0.0), token_ids=[r.ids for r in gen.rows])
     out["round_s"] = wall / max(out["rounds"], 1)
     if prof is not None:
-        out.update(gpu_busy(prof, out["rounds"]))
+        out.update(gpu_busy(prof, out["rounds"]), **host_time(prof, out["rounds"]))
     return out
 
 
@@ -195,6 +197,21 @@ def gpu_busy(prof, rounds: int) -> dict:
     return dict(gpu_busy_s_per_round=busy / 1e9 / max(rounds, 1), sampling_s_per_round=sampling / 1e9 / max(rounds, 1),
                 gpu_kernels=kernels, gpu_copies=len(spans) - kernels,
                 top_kernels_s_per_round={k[:120]: v / 1e9 / max(rounds, 1) for k, v in top})
+
+
+def host_time(prof, rounds: int) -> dict:
+    """The host's ops per round by self time (the profiler's own cost inflates them: a ranking,
+    not a timing), and their sum."""
+    ops = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    top = sorted(ops, key=lambda e: -e.self_cpu_time_total)[:15]
+    n = max(rounds, 1)
+    return dict(host_self_s_per_round=sum(e.self_cpu_time_total for e in ops) / 1e6 / n,
+                top_host_ops_s_per_round={e.key[:120]: e.self_cpu_time_total / 1e6 / n for e in top},
+                host_op_calls_per_round=sum(e.count for e in ops) / n)
+
+
+def host_fields(profiled: dict) -> dict:
+    return {k: profiled[k] for k in ("host_self_s_per_round", "top_host_ops_s_per_round", "host_op_calls_per_round")}
 
 
 def is_copy(name: str) -> bool:
@@ -334,7 +351,7 @@ def spec_section(rows: list, target, draft, label: str, configs=CORE_CONFIGS) ->
     ar = run(eng, 1, ctx, method="ar")
     ar_prof = run(eng, 1, ctx, method="ar", profile=True)
     ar.update(gpu_busy_s_per_round=ar_prof["gpu_busy_s_per_round"], sampling_s_per_round=ar_prof["sampling_s_per_round"],
-              top_kernels_s_per_round=ar_prof["top_kernels_s_per_round"])
+              top_kernels_s_per_round=ar_prof["top_kernels_s_per_round"], **host_fields(ar_prof))
     ref = ar.pop("token_ids")
     ar_row = dict(ar, pair=label, provider="ar", tokens=ref[0])
     ar_row["engine_overhead"] = 1 - ar_row["gpu_busy_s_per_round"] / ar_row["round_s"]
@@ -351,7 +368,7 @@ def spec_section(rows: list, target, draft, label: str, configs=CORE_CONFIGS) ->
         r["config_s"] = time.perf_counter() - t0  # warm-up, timed run and profiled run together
         r.update(gpu_busy_s_per_round=p["gpu_busy_s_per_round"], sampling_s_per_round=p["sampling_s_per_round"],
                  gpu_kernels_per_round=p["gpu_kernels"] / max(p["rounds"], 1),
-                 top_kernels_s_per_round=p["top_kernels_s_per_round"])
+                 top_kernels_s_per_round=p["top_kernels_s_per_round"], **host_fields(p))
         r["engine_overhead"] = 1 - r["gpu_busy_s_per_round"] / r["round_s"]
         r["draft_s_per_round"] = r["draft_s"] / max(r["rounds"], 1)
         r["verify_s_per_round"] = r["target_s"] / max(r["rounds"], 1)
@@ -509,7 +526,9 @@ def summary(result: dict) -> str:
         if r["provider"] != "ar":
             lines.append(f"{r['pair']:28s} {r['provider']:22s} {r['tokens_per_s']:8.1f} tok/s  "
                          f"{r['speedup_vs_ar']:.2f}x ar  tau {r['tokens_per_target_forward']:.2f}  "
-                         f"same {r['same_tokens_as_ar']}")
+                         f"same {r['same_tokens_as_ar']}  round {r['round_s'] * 1e3:.2f} ms, GPU busy "
+                         f"{r.get('gpu_busy_s_per_round', float('nan')) * 1e3:.2f}, host ops (profiled) "
+                         f"{r.get('host_self_s_per_round', float('nan')) * 1e3:.2f}")
     for r in result["projected"]:
         lines.append(f"PROJECTED {r['pair']} {r['provider']}: {r['projected_tokens_per_s']:.1f} tok/s "
                      f"x ar {r['projected_x_ar'] or 0:.2f}")
