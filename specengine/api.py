@@ -18,7 +18,9 @@ from .models.cpu_matmul import optimize, unpack
 from .models.loading import load_tokenizer, resolve
 from .models.quant_plan import choose_layouts
 from .models.tokenizer_check import check_tokenizers
+from .models.subset_head import set_head_vocab
 from .models.vocab import pad_vocab
+from .drafting.frequent_vocab import frequent_ids
 from .pair import load_pair
 from .runtime.cross_device import CrossDeviceDraft
 from .runtime.runner import ModelRunner
@@ -54,10 +56,16 @@ class Engine:
             raise SpecEngineError("draft and target must be separate model objects (each owns its KV cache)")
         if draft is not None:  # a draft over a prefix of a padded target vocabulary is padded to it, in place
             pad_vocab(draft, target.config.vocab_size)
+            set_head_vocab(draft, None if cfg.draft_vocab is None else  # FR-Spec: the head over frequent ids
+                           frequent_ids(tokenizer, cfg.draft_vocab, draft.config.vocab_size))
+        elif cfg.draft_vocab is not None:
+            raise SpecEngineError("draft_vocab cuts a draft model's LM head; this engine has no draft model",
+                                  "draft_vocab")
         self.tokenizer, self.max_seq_len = tokenizer, cfg.max_seq_len
         self.target = ModelRunner(target, cfg.kernels, cfg.cuda_graphs, cfg.max_batch)
         self.device = self.target.device
         self.draft = None
+        self._draft_head = None if draft is None else draft.lm_head  # this engine's (draft_vocab), see _start
         if draft is not None:
             runner = ModelRunner(draft, cfg.kernels, cfg.cuda_graphs, cfg.max_batch)
             self.draft = runner if runner.device == self.device else CrossDeviceDraft(runner, self.device)
@@ -308,12 +316,21 @@ class Engine:
         """The prompts, their new tokens and the method's speculation headroom fit the KV buffer."""
         check_capacity(prompts, max_new_tokens, self.max_seq_len, headroom(method, self.target))
 
+    def _own_draft_head(self) -> None:
+        """Engines built on one draft model may cut its head differently (draft_vocab): a call
+        puts this engine's head back, and drops graphs the draft captured with another."""
+        model = getattr(self.draft, "model", None)
+        if model is not None and model.lm_head is not self._draft_head:
+            model.lm_head = self._draft_head
+            self.draft.drop_graphs()
+
     def _start(self, prompt, params: RequestParams | None = None, **options) -> tuple[Generation, bool]:
         request = (params or RequestParams()).replace(**options)
         spec = LogprobSpec.parse(request.logprobs, request.logprobs_mode)
         m = request.method_options()
         chosen = self.new_method(m["method"], m["gamma"], m["policy"], m["threshold"], m["tree"])
         self._say_better_dtypes(chosen.name)
+        self._own_draft_head()
         sampling, stops = request.validate()
         prompts, batched = self.encode(prompt)
         self.check_capacity(prompts, request.max_new_tokens, chosen)

@@ -135,7 +135,7 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8,
     (every provider on a prompt before the next prompt, so that a machine whose speed drifts
     during the run weighs on every provider alike), so that their ratios come from one run;
     the report is assembled right there."""
-    specs = [(p, *parse_provider(p)) for p in providers]
+    specs = [(p, *parse_provider(split_vocab(p)[0])) for p in providers]
     if any(name == "hf-assisted" for _, name, *_ in specs) and draft_path is None:
         raise SpecEngineError("hf-assisted needs a draft model")
     if temperature and any(name in HF_PROVIDERS for _, name, *_ in specs):
@@ -143,7 +143,9 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8,
     label, prompts = prompts or ("HumanEval[:%d]" % n_prompts, [p["prompt"] for p in humaneval(n_prompts)])
     hf = _HFRunner(engine, target_path, draft_path) if any(n in HF_PROVIDERS for _, n, *_ in specs) else None
     ids = [engine.encode(p)[0][0] for p in prompts]
-    runs = {spec: _provider_fn(engine, hf, name, gamma, policy, threshold, temperature, seed, tree)
+    siblings = {}  # draft_vocab -> an engine on the same models with the draft's head cut
+    runs = {spec: _provider_fn(_with_draft_vocab(engine, split_vocab(spec)[1], siblings), hf, name, gamma, policy,
+                               threshold, temperature, seed, tree)
             for spec, name, gamma, policy, threshold, tree in specs}
     for run in runs.values():
         run(ids[0], 4)  # warm-up: first-call allocations and library start-up
@@ -223,6 +225,29 @@ def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
     return {"same_tokens_as_reference": not firsts,
             "exact_match_rate": 1 - len(firsts) / max(len(reference), 1),
             "first_divergence": min(firsts) if firsts else None}
+
+
+def split_vocab(spec: str) -> tuple[str, int | None]:
+    """`sd:auto/vocab=32768` -> ("sd:auto", 32768): the provider on an engine whose draft head
+    keeps the 32768 most frequent ids (draft_vocab); no suffix -> (spec, None)."""
+    base, sep, k = spec.partition("/vocab=")
+    if sep and not k.isdigit():
+        raise SpecEngineError(f"bad provider {spec!r}: /vocab= takes a number of token ids, e.g. sd:auto/vocab=32768")
+    return base, int(k) if sep else None
+
+
+def _with_draft_vocab(engine, size: int | None, siblings: dict):
+    """engine, or (made once per size) an engine on the same models with draft_vocab=size."""
+    if size is None:
+        return engine
+    if engine.draft is None:
+        raise SpecEngineError("a /vocab= provider needs a draft model")
+    if size not in siblings:
+        from .api import Engine
+
+        siblings[size] = Engine(engine.target.model, engine.tokenizer, engine.draft.model,
+                                engine.config.replace(draft_vocab=size))
+    return siblings[size]
 
 
 def _provider_fn(engine, hf, name, gamma, policy, threshold, temperature, seed, tree=None):
