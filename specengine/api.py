@@ -76,7 +76,6 @@ class Engine:
         self._step_costs = {}  # batch -> StepCosts, measured on first need (sd gamma="auto", pearl)
         self._side_stream = None
         self.dtype_choice, self._dtype_notes = None, set()  # from_pretrained sets the choice (dtype "auto")
-        self._learned: dict = {}  # what methods learn about acceptance, kept across calls (MethodContext.learned)
         self.set_cpu_matmul(cfg.cpu_matmul)
         self.set_batch_invariant(cfg.batch_invariant, cfg.invariant_width)  # probes the kernels the plan chose
         self.eos_ids = self._eos_ids()
@@ -238,7 +237,7 @@ class Engine:
         step-cost cache, head, drafter and side stream (resolved lazily, on first use)."""
         return MethodContext(self.target, self.draft, self.device, self.ops, step_costs=self.step_costs,
                              acceptance_head=self.acceptance_head, parallel_drafter=self.parallel_drafter,
-                             side_stream=self.side_stream, learned=self._learned)
+                             side_stream=self.side_stream)
 
     # ------------------------------------------------------------------ helpers
     def _say_better_dtypes(self, method: str) -> None:

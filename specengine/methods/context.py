@@ -12,14 +12,11 @@ needs one never pays for it, and a missing one is an error of that call only):
 - `step_costs(state, max_width)`: measured draft step and target forward costs, cached per
   batch size (runtime/step_costs.py);
 - `acceptance_head(mode)`, `parallel_drafter()`: SpecDec++'s head, ParallelSpec's drafter;
-- `side_stream()`: the second CUDA stream PEARL drafts on (None off CUDA);
-- `learned`: a dict the engine keeps across its generations, where a method may keep what it
-  learned about acceptance (the n-gram policy's curves per match length). Choices made from it
-  change speed only, never the tokens a greedy call returns.
+- `side_stream()`: the second CUDA stream PEARL drafts on (None off CUDA).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -44,7 +41,6 @@ class MethodContext:
     acceptance_head: Callable = _missing("acceptance head")
     parallel_drafter: Callable = _missing("parallel drafter")
     side_stream: Callable = lambda: None  # noqa: E731 - no second stream unless on CUDA
-    learned: dict = field(default_factory=dict)  # the engine's, across its calls (a stand-in: this call's)
 
     def sample_draft(self, logits, params, seed, offset, pos: int):
         """One draft token per row (methods/sampling.py `sample_draft`, on this table's sampler)."""

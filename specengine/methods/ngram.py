@@ -104,8 +104,6 @@ class NgramDecoding(Method):
             costs = ctx.step_costs(generation.state, self.max_width, draft=self.hybrid)
             if self.policy.needs_costs:  # n-gram proposals are free: only the target's cost per width
                 self.policy.set_costs(dataclasses.replace(costs, draft_s=0.0))
-        if self.by_match:  # acceptance per match length, as the engine's earlier calls learned it
-            self.policy.carry_over(ctx.learned)
             if self.hybrid and self.draft_policy.needs_costs:
                 self.draft_policy.set_costs(costs)
 

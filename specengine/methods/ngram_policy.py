@@ -20,13 +20,6 @@ per verify width (step_costs.py):
 
 A bin whose curve says "no proposal" is probed with its best γ >= 1 every PROBE_EVERY rows
 it declines, so that the bin's estimate can change as the text does.
-
-The curves outlive a call (`carry_over`): an engine keeps them between its generations, so a
-reply does not start from the prior in every bin. Learned within one 128-token reply, the
-long-match bins are seen a few times only, and a copied span was verified 2 or 3 tokens at a
-time though every token of it was accepted. At a call's start each bin keeps at most
-CARRY_TRIES tries of weight (its counts scaled down together), so the new text's own rounds
-soon outweigh the old ones.
 """
 from __future__ import annotations
 
@@ -34,7 +27,6 @@ MATCH_BINS = (1, 2, 3, 4, 6, 9, 13, 21)  # lower bounds of the match-length bins
 PRIOR_Q1, PRIOR_WEIGHT = 0.5, 2.0  # position 1's prior, and the pseudo-counts of every prior
 PROBE_EVERY = 8
 EXPLORE_TRIES = 4  # hybrid: a bin tried fewer times than this gets its n-gram round whatever the estimate
-CARRY_TRIES = 16.0  # a bin's weight carried into the next call, in tries of its first position
 
 
 def match_bin(m: int) -> int:
@@ -59,20 +51,6 @@ class NgramGammaPolicy:
 
     def set_costs(self, costs) -> None:
         self.costs = costs
-
-    def carry_over(self, store: dict) -> None:
-        """Continue the curves kept in `store` (an engine's, across its calls) and keep this
-        call's there: the counts are shared lists, so every update lands in the store. Each
-        bin's counts are first scaled to at most CARRY_TRIES tries of position 1."""
-        key = ("ngram survival curves", self.gamma_max)
-        if key not in store:
-            store[key] = (self.seen, self.kept)
-            return
-        self.seen, self.kept = store[key]
-        for seen, kept in zip(self.seen, self.kept):
-            f = min(1.0, CARRY_TRIES / seen[1]) if seen[1] else 1.0
-            seen[:] = [x * f for x in seen]
-            kept[:] = [x * f for x in kept]
 
     def expected(self, b: int) -> list[float]:
         """e[γ]: expected accepted tokens of a γ-token proposal from bin b, γ = 0..gamma_max."""

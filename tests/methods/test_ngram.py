@@ -11,7 +11,7 @@ from specengine import Engine
 from specengine.methods.context import MethodContext
 from specengine.methods.ngram import HybridDecoding
 from specengine.methods.ngram_index import MATCH_CAP, MAX_OCCURRENCES, NgramIndex
-from specengine.methods.ngram_policy import CARRY_TRIES, PROBE_EVERY, NgramGammaPolicy, match_bin
+from specengine.methods.ngram_policy import PROBE_EVERY, NgramGammaPolicy, match_bin
 from specengine.errors import SpecEngineError
 from specengine.runtime.step_costs import StepCosts
 
@@ -326,47 +326,6 @@ def test_gamma_per_match_length_follows_what_each_length_accepted():
     assert sum(declined) == 2 * PROBE_EVERY - 2  # declined, but probed once every PROBE_EVERY rows
     pol.set_costs(flat(lambda w: float(w)))  # a verify of w costs w decodes: only a certainty would pay
     assert pol.choose({0: 12}) == {}
-
-
-def test_curves_carry_over_between_calls_scaled_to_a_bounded_weight():
-    """A second policy on the same store starts from the first's curves (each bin's counts
-    scaled to CARRY_TRIES tries of position 1, the ratios kept), and its updates land there."""
-    store, pol = {}, NgramGammaPolicy(gamma_max=8)
-    pol.set_costs(flat(lambda w: 1.0 + 0.1 * (w - 1)))
-    pol.carry_over(store)
-    for _ in range(40):  # a long match accepts everything
-        got = pol.choose({0: 12})
-        pol.update_rows({0: got[0]}, got)
-    b = match_bin(12)
-    tries, kept3 = pol.seen[b][1], pol.kept[b][3] / pol.seen[b][3]
-    assert tries == 40 and kept3 == 1.0
-    fresh = NgramGammaPolicy(gamma_max=8)
-    fresh.set_costs(pol.costs)
-    first_cold = fresh.choose({0: 12})[0]
-    nxt = NgramGammaPolicy(gamma_max=8)
-    nxt.set_costs(pol.costs)
-    nxt.carry_over(store)
-    assert nxt.seen[b][1] == CARRY_TRIES and nxt.kept[b][3] / nxt.seen[b][3] == kept3
-    assert nxt.choose({0: 12})[0] == 8 > first_cold  # the learned bin proposes γ max from the start
-    nxt.update_rows({0: 0}, {0: 8})  # a rejection now: it is in the store for the next call
-    assert store[next(iter(store))][0][b][1] == CARRY_TRIES + 1
-    other = NgramGammaPolicy(gamma_max=6)  # another γ max keeps curves of its own
-    other.carry_over(store)
-    assert other.seen[b][1] == 0 and len(store) == 2
-
-
-def test_an_engine_keeps_the_curves_and_greedy_is_unchanged(tiny_pair, tokenizer, ar_out):
-    """The engine's second call starts from its first's curves; greedy output equals `ar`
-    whatever the curves choose."""
-    e = Engine(tiny_pair[0], tokenizer, max_seq_len=256)
-    first = e.generate(PROMPTS, max_new_tokens=48, method="ngram", gamma="auto", ignore_eos=True)
-    (seen, _), = e._learned.values()
-    tries = [row[1] for row in seen]
-    assert sum(tries) > 0
-    second = e.generate(PROMPTS, max_new_tokens=48, method="ngram", gamma="auto", ignore_eos=True)
-    assert [r.token_ids for r in first] == [r.token_ids for r in second] == [r.token_ids for r in ar_out]
-    (again, _), = e._learned.values()
-    assert sum(row[1] for row in again) > sum(min(t, CARRY_TRIES) for t in tries)  # scaled, then added to
 
 
 def test_gamma_weighs_the_cost_of_width():
