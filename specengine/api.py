@@ -20,7 +20,7 @@ from .models.quant_plan import choose_layouts
 from .models.tokenizer_check import check_tokenizers
 from .models.subset_head import set_head_vocab
 from .models.vocab import pad_vocab
-from .drafting.frequent_vocab import frequent_ids
+from .drafting.frequent_vocab import draft_head_ids
 from .pair import load_pair
 from .runtime.cross_device import CrossDeviceDraft
 from .runtime.runner import ModelRunner
@@ -56,9 +56,8 @@ class Engine:
             raise SpecEngineError("draft and target must be separate model objects (each owns its KV cache)")
         if draft is not None:  # a draft over a prefix of a padded target vocabulary is padded to it, in place
             pad_vocab(draft, target.config.vocab_size)
-            set_head_vocab(draft, None if cfg.draft_vocab is None else  # FR-Spec: the head over frequent ids
-                           frequent_ids(tokenizer, cfg.draft_vocab, draft.config.vocab_size))
-        elif cfg.draft_vocab is not None:
+            set_head_vocab(draft, draft_head_ids(cfg.draft_vocab, tokenizer, draft.config.vocab_size))  # FR-Spec
+        elif cfg.draft_vocab not in ("auto", 0):
             raise SpecEngineError("draft_vocab cuts a draft model's LM head; this engine has no draft model",
                                   "draft_vocab")
         self.tokenizer, self.max_seq_len = tokenizer, cfg.max_seq_len

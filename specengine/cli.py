@@ -214,6 +214,7 @@ def _trainer(args, what: str):
     if args.draft is None:
         raise SpecEngineError(f"{what} needs --draft")
     args.policy, args.acceptance_head, args.parallel_drafter = "fixed", None, None  # forwards only
+    args.draft_vocab = 0  # training reads the draft's full LM head
     packages = tuple(p.strip() for p in args.packages.split(",") if p.strip())
     return _load(args), packages, "specengine " + " ".join(sys.argv[1:])
 

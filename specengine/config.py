@@ -75,9 +75,11 @@ class EngineConfig:
     ngram_max: int = option(3, "ngram: the longest suffix matched against the row's own text (transformers' "
                             "max_matching_ngram_size)")
     ngram_min: int = option(1, "ngram: the shortest suffix that counts as a match")
-    draft_vocab: int | None = option(None, "the draft's LM head over only this many of the most frequent tokens "
-                                     "(FR-Spec: a cheaper draft step; outputs unchanged, the draft just never "
-                                     "proposes the rest; e.g. 32768)", type=int)
+    draft_vocab: int | str = option(
+        "auto", "the draft's LM head over only this many of the most frequent tokens (FR-Spec: a cheaper draft "
+        "step; outputs unchanged, the draft just never proposes the rest): auto (65536 where a shipped frequency "
+        "table fits the tokenizer and that halves the head or more), 0 (the full head), or a number",
+        type=lambda t: t if t == "auto" else int(t))
     # loading: read by Engine.from_pretrained (an Engine built from loaded models ignores them)
     device: str = option("auto", "auto (CUDA when available) | cpu | cuda | cuda:N")
     dtype: object = option("auto", "auto (bf16 on CUDA; on CPU fp32 or bf16, whichever measures faster) | "
@@ -104,8 +106,8 @@ class EngineConfig:
             raise SpecEngineError(f"unknown dtype {self.dtype!r}; choose from auto, {', '.join(DTYPES)}", "dtype")
         make_policy(self.policy, self.gamma, threshold=self.threshold)  # the draft-length options, early
         check_ngram_sizes(self.ngram_max, self.ngram_min)
-        if self.draft_vocab is not None:
-            _positive_int("draft_vocab", self.draft_vocab, 1)
+        if self.draft_vocab != "auto":
+            _positive_int("draft_vocab", self.draft_vocab, 0)
 
     def replace(self, **options) -> "EngineConfig":
         """This config with `options` changed (validated); unknown names are refused."""

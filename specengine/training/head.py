@@ -151,6 +151,10 @@ def prepare_data(engine, recipe, out_path, work_dir, what: str):
     chunks, the source files used, as dicts for the report)."""
     if engine.draft is None:
         raise SpecEngineError(f"{what} needs a draft model")
+    from ..models.subset_head import SubsetHead
+    if isinstance(engine.draft.model.lm_head, SubsetHead):  # its -inf logits would be the targets of a loss
+        raise SpecEngineError(f"{what} needs the draft's full LM head: build the engine with draft_vocab=0",
+                              "draft_vocab")
     out_path = Path(out_path)
     work = Path(work_dir) if work_dir else out_path.with_suffix(".work")
     train_c, val_c, used = make_chunks(python_corpus(recipe.packages, recipe.val_fraction), engine.tokenizer, recipe)

@@ -9,7 +9,7 @@ from helpers.exact import N, PROMPT, V, exact_joint
 
 from specengine import Engine, SpecEngineError
 from specengine.drafting import frequent_vocab
-from specengine.drafting.frequent_vocab import build_table, frequent_ids, read_table
+from specengine.drafting.frequent_vocab import build_table, draft_head_ids, fitting_table, frequent_ids, read_table
 from specengine.models.decoder import Linear
 from specengine.models.quant_linear import QuantLinear
 from specengine.models.subset_head import SubsetHead, set_head_vocab
@@ -153,7 +153,8 @@ def test_bad_settings_are_refused(tiny_pair, tokenizer, tiny_table, tmp_path, mo
     with pytest.raises(SpecEngineError, match="between 1 and"):
         Engine(target, tokenizer, draft, draft_vocab=10_000)
     with pytest.raises(SpecEngineError, match="draft_vocab must be an integer"):
-        Engine(target, tokenizer, draft, draft_vocab=0)
+        Engine(target, tokenizer, draft, draft_vocab=-1)
+    Engine(target, tokenizer, draft_vocab=0)  # "no cut" needs no draft
     other = type("Other", (), {"convert_ids_to_tokens": lambda self, ids: [f"t{i}" for i in ids]})()
     with pytest.raises(SpecEngineError, match="no frequency table ships for this tokenizer"):
         frequent_ids(other, 8, VOCAB)
@@ -161,3 +162,36 @@ def test_bad_settings_are_refused(tiny_pair, tokenizer, tiny_table, tmp_path, mo
         frequent_ids(other, 8, VOCAB, table=tiny_table[0])
     set_head_vocab(draft, None)
     assert not isinstance(draft.lm_head, SubsetHead)
+
+
+def test_auto_cuts_where_a_table_fits_and_halves_the_head(tiny_pair, tokenizer, tiny_table, monkeypatch):
+    """draft_vocab "auto" (the default): AUTO ids where a shipped table fits the tokenizer and
+    the draft's vocabulary is at least twice that; else the full head. 0: never."""
+    other = type("Other", (), {"convert_ids_to_tokens": lambda self, ids: [f"t{i}" for i in ids],
+                               "__len__": lambda self: 10**6})()
+    assert fitting_table(tokenizer) == tiny_table[0] and fitting_table(other) is None
+    monkeypatch.setattr(frequent_vocab, "AUTO", 12)
+    assert draft_head_ids("auto", tokenizer, VOCAB).tolist() == frequent_ids(tokenizer, 12, VOCAB).tolist()
+    assert draft_head_ids("auto", tokenizer, 23) is None  # would not halve the head
+    assert draft_head_ids("auto", other, VOCAB) is None  # no table fits: no cut, no error
+    assert draft_head_ids(0, tokenizer, VOCAB) is None
+    target, _, draft = tiny_pair
+    try:
+        Engine(target, tokenizer, draft, max_seq_len=64)
+        assert isinstance(draft.lm_head, SubsetHead) and len(draft.lm_head.ids) == 12
+        Engine(target, tokenizer, draft, max_seq_len=64, draft_vocab=0)
+        assert not isinstance(draft.lm_head, SubsetHead)
+    finally:
+        set_head_vocab(draft, None)
+
+
+def test_training_refuses_a_cut_head(tiny_pair, tokenizer, tiny_table, tmp_path):
+    from specengine.training.head import HeadRecipe, prepare_data
+
+    target, _, draft = tiny_pair
+    try:
+        eng = Engine(target, tokenizer, draft, max_seq_len=64, draft_vocab=12)
+        with pytest.raises(SpecEngineError, match="full LM head.*draft_vocab=0"):
+            prepare_data(eng, HeadRecipe(), tmp_path / "head.safetensors", tmp_path, "train-head")
+    finally:
+        set_head_vocab(draft, None)
