@@ -29,3 +29,16 @@ def exact_joint(hf, temperature: float, top_k: int = 0, top_p: float = 1.0) -> t
     kw = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     p1 = next_probs(hf, PROMPT, **kw)
     return torch.stack([p1[a] * next_probs(hf, PROMPT + [a], **kw) for a in range(V)]).flatten()
+
+
+def assert_sd_keeps_the_joint(eng, exact: torch.Tensor) -> None:
+    """sd γ 2 samples two tokens after N copies of PROMPT: their empirical joint is within the
+    total-variation bound of `exact`, and some drafts were accepted, some rejected."""
+    from helpers.distribution_bounds import total_variation_bound
+
+    out = eng.generate([PROMPT] * N, max_new_tokens=2, seed=7, ignore_eos=True, method="sd", gamma=2,
+                       temperature=1.0)
+    pairs = torch.tensor([r.token_ids for r in out])
+    emp = torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V).double() / N
+    assert 0.5 * (emp - exact.double()).abs().sum() <= total_variation_bound(V * V, N)
+    assert 0 < out[0].stats["acceptance_rate"] < 1
