@@ -62,7 +62,10 @@ def read_table(path) -> torch.Tensor:
 
 
 def fitting_table(tokenizer) -> Path | None:
-    """The shipped table whose ids name this tokenizer's tokens, if any."""
+    """The shipped table whose ids name this tokenizer's tokens, if any (none for a stand-in
+    that cannot name tokens)."""
+    if not hasattr(tokenizer, "convert_ids_to_tokens"):
+        return None
     for path in sorted(SHIPPED.glob("*.safetensors")):
         meta = read_metadata(path, "frequency table")
         if _too_small(tokenizer, meta):

@@ -168,6 +168,7 @@ def test_auto_cuts_where_a_table_fits_and_halves_the_head(tiny_pair, tokenizer, 
     assert draft_head_ids("auto", tokenizer, VOCAB).tolist() == frequent_ids(tokenizer, 12, VOCAB).tolist()
     assert draft_head_ids("auto", tokenizer, 23) is None  # would not halve the head
     assert draft_head_ids("auto", other, VOCAB) is None  # no table fits: no cut, no error
+    assert draft_head_ids("auto", object(), VOCAB) is None  # a stand-in that names no tokens (benchmarks)
     assert draft_head_ids(0, tokenizer, VOCAB) is None
     target, _, draft = tiny_pair
     try:
