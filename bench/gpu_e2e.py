@@ -335,8 +335,19 @@ MORE_CONFIGS = [(f"sd:{g}", dict(method="sd", gamma=g), {}) for g in (2, 4, 6)] 
     ("ngram:auto", dict(method="ngram", gamma="auto"), {}),  # no draft model: proposals from the context
     ("hybrid:auto", dict(method="hybrid", gamma="auto"), {}),  # n-gram or the draft, whichever the costs expect faster
     ("ngram[tree=4x6:16]", dict(method="ngram", tree="4x6:16"), {}),
+    # the draft's LM head over the shipped table's 65,536 most frequent ids (draft_vocab "auto" on
+    # the real pair; the random models' stand-in tokenizer matches no table, so it is set here)
+    ("sd:auto cut head", dict(method="sd", gamma="auto"), {"draft_vocab": 65536}),
 ]
 METHOD_CONFIGS = CORE_CONFIGS + MORE_CONFIGS
+
+
+def cut_ids(size: int, vocab: int) -> torch.Tensor:
+    """The shipped frequency table's `size` most frequent ids below `vocab` (smoke: tiny vocabularies)."""
+    from specengine.drafting.frequent_vocab import SHIPPED, read_table
+
+    ids = read_table(SHIPPED / "qwen2.5.safetensors")
+    return ids[ids < vocab][:min(size, vocab // 2)].sort().values
 
 
 def spec_section(rows: list, target, draft, label: str, configs=CORE_CONFIGS) -> None:
@@ -361,6 +372,8 @@ def spec_section(rows: list, target, draft, label: str, configs=CORE_CONFIGS) ->
         one_stream = opts.get("one_stream") and S.device == "cuda"  # a CPU runs them one after the other anyway
         if one_stream:
             eng.side_stream = lambda: torch.cuda.current_stream(eng.device)  # draft and target serialized
+        if "draft_vocab" in opts:
+            eng.set_draft_head(cut_ids(opts["draft_vocab"], eng.draft.config.vocab_size))
         t0 = time.perf_counter()
         run(eng, 1, ctx, **kw)  # warm-up: graph captures, Triton compiles and autotuning
         r = run(eng, 1, ctx, **kw)
@@ -377,6 +390,8 @@ def spec_section(rows: list, target, draft, label: str, configs=CORE_CONFIGS) ->
         rows.append(dict(r, pair=label, provider=provider))
         if one_stream:
             del eng.side_stream
+        if "draft_vocab" in opts:
+            eng.set_draft_head(None)
         print(f"{label} {provider:22s}: {r['tokens_per_s']:7.1f} tok/s ({r['speedup_vs_ar']:.2f}x ar)  round "
               f"{r['round_s'] * 1e3:6.2f} ms  draft {r['draft_s_per_round'] * 1e3:5.2f}  verify "
               f"{r['verify_s_per_round'] * 1e3:5.2f}  sampling {r['sampling_s_per_round'] * 1e3:5.2f}  overhead "

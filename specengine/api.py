@@ -314,6 +314,15 @@ class Engine:
         """The prompts, their new tokens and the method's speculation headroom fit the KV buffer."""
         check_capacity(prompts, max_new_tokens, self.max_seq_len, headroom(method, self.target))
 
+    def set_draft_head(self, ids: torch.Tensor | None) -> None:
+        """The draft's LM head over `ids` only (None: its full head): `draft_vocab` with ids of
+        one's own (a benchmark on random weights has no tokenizer to match a table)."""
+        if self.draft is None:
+            raise SpecEngineError("set_draft_head needs a draft model", "draft_vocab")
+        set_head_vocab(self.draft.model, ids)
+        self._draft_head = self.draft.model.lm_head
+        self.draft.drop_graphs()
+
     def _own_draft_head(self) -> None:
         """Engines built on one draft model may cut its head differently (draft_vocab): a call
         puts this engine's head back, and drops graphs the draft captured with another."""

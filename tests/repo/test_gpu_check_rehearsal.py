@@ -69,7 +69,7 @@ def test_the_second_command_runs_every_part_and_keeps_the_exactness_promises(tmp
     assert {r["pair"] for r in spec} == {"random 1.5b/0.5b", "random 7b/0.5b", "all-accept 1.5b/1.5b copy"}
     assert all(r["same_tokens_as_ar"] for r in spec if r["provider"] != "ar")  # lossless, every method
     allaccept = {r["provider"] for r in spec if r["pair"].startswith("all-accept")}
-    assert allaccept == {"ar"} | set(result["method_providers"]) and len(allaccept) == 17
+    assert allaccept == {"ar"} | set(result["method_providers"]) and len(allaccept) == 18
     # the all-accept copy accepts every draft: each sd:γ round commits γ+1 tokens (S.new = 6)
     sd2 = next(r for r in spec if r["pair"].startswith("all-accept") and r["provider"] == "sd:2")
     assert sd2["acceptance_rate"] == 1.0 and sd2["tokens_per_target_forward"] == 3.0

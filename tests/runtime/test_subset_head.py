@@ -190,3 +190,23 @@ def test_training_refuses_a_cut_head(tiny_pair, tokenizer, tiny_table, tmp_path)
             prepare_data(eng, HeadRecipe(), tmp_path / "head.safetensors", tmp_path, "train-head")
     finally:
         set_head_vocab(draft, None)
+
+
+def test_set_draft_head_takes_ids_of_ones_own(tiny_pair, tokenizer):
+    """Engine.set_draft_head: a cut from given ids (no table needed), kept by later calls;
+    greedy still equals ar; None gives the full head back; no draft is refused."""
+    target, _, draft = tiny_pair
+    eng = Engine(target, tokenizer, draft, max_seq_len=128, draft_vocab=0)
+    try:
+        ar = eng.generate(PROMPTS, max_new_tokens=16, method="ar", ignore_eos=True)
+        eng.set_draft_head(torch.arange(0, VOCAB, 3))
+        out = eng.generate(PROMPTS, max_new_tokens=16, method="sd", gamma=3, ignore_eos=True)
+        assert isinstance(draft.lm_head, SubsetHead) and len(draft.lm_head.ids) == len(range(0, VOCAB, 3))
+        assert [r.token_ids for r in out] == [r.token_ids for r in ar]
+        eng.set_draft_head(None)
+        eng.generate(PROMPTS[0], max_new_tokens=2, method="sd", gamma=2)
+        assert not isinstance(draft.lm_head, SubsetHead)
+        with pytest.raises(SpecEngineError, match="needs a draft model"):
+            Engine(target, tokenizer).set_draft_head(None)
+    finally:
+        set_head_vocab(draft, None)
