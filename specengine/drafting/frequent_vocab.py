@@ -61,17 +61,18 @@ def read_table(path) -> torch.Tensor:
     return load_file(str(path))["ids"].to(torch.int64)
 
 
-def fitting_table(tokenizer) -> Path | None:
-    """The shipped table whose ids name this tokenizer's tokens, if any (none for a stand-in
-    that cannot name tokens)."""
+def fitting_table(tokenizer) -> tuple[Path, torch.Tensor] | None:
+    """(path, ranked ids) of the shipped table whose ids name this tokenizer's tokens, if any
+    (none for a stand-in that cannot name tokens)."""
     if not hasattr(tokenizer, "convert_ids_to_tokens"):
         return None
     for path in sorted(SHIPPED.glob("*.safetensors")):
         meta = read_metadata(path, "frequency table")
         if _too_small(tokenizer, meta):
             continue
-        if meta.get("tokens_sha256") == tokens_sha256(tokenizer, read_table(path).tolist()):
-            return path
+        ids = read_table(path)
+        if meta.get("tokens_sha256") == tokens_sha256(tokenizer, ids.tolist()):
+            return path, ids
     return None
 
 
@@ -88,35 +89,38 @@ def draft_head_ids(setting, tokenizer, vocab_size: int) -> torch.Tensor | None:
     if setting == 0 or (setting == "auto" and vocab_size < 2 * AUTO):
         return None
     if setting == "auto":
-        return frequent_ids(tokenizer, AUTO, vocab_size) if fitting_table(tokenizer) is not None else None
+        found = fitting_table(tokenizer)
+        return None if found is None else _kept(*found, AUTO, vocab_size)
     return frequent_ids(tokenizer, setting, vocab_size)
 
 
 def frequent_ids(tokenizer, size: int, vocab_size: int, table=None) -> torch.Tensor:
     """The `size` most frequent ids (sorted by id) from `table` (a file) or the shipped table
     that fits `tokenizer`; every id below `vocab_size`."""
-    paths = [Path(table)] if table is not None else sorted(SHIPPED.glob("*.safetensors"))
-    for path in paths:
-        meta = read_metadata(path, "frequency table")
-        if table is None and _too_small(tokenizer, meta):
-            continue
-        ids = read_table(path)
-        if meta.get("tokens_sha256") != tokens_sha256(tokenizer, ids.tolist()):
-            if table is not None:
-                raise SpecEngineError(f"the frequency table {path} was counted with another tokenizer "
-                                      "(its ids name other tokens)", "draft_vocab")
-            continue
-        if not 1 <= size <= len(ids):
-            raise SpecEngineError(f"draft_vocab must be between 1 and {len(ids)} (the ids {path.name} ranks), "
-                                  f"got {size}", "draft_vocab")
-        kept = ids[:size]
-        if int(kept.max()) >= vocab_size:
-            raise SpecEngineError(f"the frequency table {path.name} ranks ids past the draft's vocabulary "
-                                  f"({vocab_size})", "draft_vocab")
-        return kept.sort().values
-    raise SpecEngineError("draft_vocab: no frequency table ships for this tokenizer; count one with "
-                          "`python -m specengine.drafting.frequent_vocab --tokenizer <model> --out <file>`",
-                          "draft_vocab")
+    if table is None:
+        found = fitting_table(tokenizer)
+        if found is None:
+            raise SpecEngineError("draft_vocab: no frequency table ships for this tokenizer; count one with "
+                                  "`python -m specengine.drafting.frequent_vocab --tokenizer <model> --out <file>`",
+                                  "draft_vocab")
+        return _kept(*found, size, vocab_size)
+    path, ids = Path(table), read_table(table)
+    if read_metadata(path, "frequency table").get("tokens_sha256") != tokens_sha256(tokenizer, ids.tolist()):
+        raise SpecEngineError(f"the frequency table {path} was counted with another tokenizer "
+                              "(its ids name other tokens)", "draft_vocab")
+    return _kept(path, ids, size, vocab_size)
+
+
+def _kept(path: Path, ids: torch.Tensor, size: int, vocab_size: int) -> torch.Tensor:
+    """The table's first `size` ids, sorted; each below `vocab_size`."""
+    if not 1 <= size <= len(ids):
+        raise SpecEngineError(f"draft_vocab must be between 1 and {len(ids)} (the ids {path.name} ranks), "
+                              f"got {size}", "draft_vocab")
+    kept = ids[:size]
+    if int(kept.max()) >= vocab_size:
+        raise SpecEngineError(f"the frequency table {path.name} ranks ids past the draft's vocabulary "
+                              f"({vocab_size})", "draft_vocab")
+    return kept.sort().values
 
 
 def count(tokenizer, files: list[Path], progress: bool = True) -> tuple[collections.Counter, int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.utils import skip_init
 
 from .cpu_matmul import unpack_layer
 from .decoder import Linear
@@ -45,8 +46,9 @@ def _rows(head: nn.Module, ids: torch.Tensor) -> nn.Module:
         small.pack(any(n is not None for n in head.packed))  # held as the full head was
         return small
     unpack_layer(head)  # planned by an earlier engine (oneDNN-packed): plain weights again
-    small = Linear(head.in_features, len(ids), bias=head.bias is not None)
-    small = small.to(device=head.weight.device, dtype=head.weight.dtype)
+    # skip_init: no random initialisation of weights that are replaced at once
+    small = skip_init(Linear, head.in_features, len(ids), bias=head.bias is not None,
+                      device=head.weight.device, dtype=head.weight.dtype)
     small.weight = nn.Parameter(head.weight.data[ids].clone(), requires_grad=False)
     if head.bias is not None:
         small.bias = nn.Parameter(head.bias.data[ids].clone(), requires_grad=False)

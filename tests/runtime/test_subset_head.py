@@ -163,7 +163,7 @@ def test_auto_cuts_where_a_table_fits_and_halves_the_head(tiny_pair, tokenizer, 
     the draft's vocabulary is at least twice that; else the full head. 0: never."""
     other = type("Other", (), {"convert_ids_to_tokens": lambda self, ids: [f"t{i}" for i in ids],
                                "__len__": lambda self: 10**6})()
-    assert fitting_table(tokenizer) == tiny_table[0] and fitting_table(other) is None
+    assert fitting_table(tokenizer)[0] == tiny_table[0] and fitting_table(other) is None
     monkeypatch.setattr(frequent_vocab, "AUTO", 12)
     assert draft_head_ids("auto", tokenizer, VOCAB).tolist() == frequent_ids(tokenizer, 12, VOCAB).tolist()
     assert draft_head_ids("auto", tokenizer, 23) is None  # would not halve the head
