@@ -74,6 +74,9 @@ class Engine:
         self._drafter = None
         self._step_costs = {}  # batch -> StepCosts, measured on first need (sd gamma="auto", pearl)
         self._side_stream = None
+        # `ar` launches each round before reading the last (docs/design.md, "Overlapped rounds");
+        # only a GPU runs ahead of the host, so elsewhere it would only cost a discarded round
+        self.overlap_rounds = self.device.type == "cuda"
         self.dtype_choice, self._dtype_notes = None, set()  # from_pretrained sets the choice (dtype "auto")
         self.set_cpu_matmul(cfg.cpu_matmul)
         self.set_batch_invariant(cfg.batch_invariant, cfg.invariant_width)  # probes the kernels the plan chose
@@ -343,7 +346,7 @@ class Engine:
         self.check_capacity(prompts, request.max_new_tokens, chosen)
         eos = set() if request.ignore_eos else self.eos_ids
         return Generation(self, prompts, sampling, request.max_new_tokens, chosen, eos, stops, spec,
-                          bool(request.prompt_logprobs)), batched
+                          bool(request.prompt_logprobs), overlap=self.overlap_rounds), batched
 
     @torch.inference_mode()
     def generate(self, prompt, params: RequestParams | None = None, **options):

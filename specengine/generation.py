@@ -94,13 +94,28 @@ class Counters:
         return [a / r for a, r in zip(self.accepted_at, self.reached) if r]
 
 
+@dataclass
+class _Launched:
+    """A round queued on the device, not yet read: its outputs and the host's copy of them."""
+    out: object  # the method's RoundOutput (device tensors)
+    lp_shape: tuple | None  # [B,W,F] of its log-probabilities, when read
+    marks: int  # high-water marks at the payload's end
+    payload: torch.Tensor  # what the sync reads (pinned host memory once `ready`)
+    ready: object = None  # a CUDA event: the payload's copy has landed
+
+
 class Generation:
     """One generate call over a batch of token-id prompts; iterate `rounds()` to drive it."""
 
     def __init__(self, engine, prompts: list[list[int]], params: SamplingParams, max_new_tokens: int,
                  method: Method, stop_ids: set[int], stop_strings: list[str], logprobs: LogprobSpec | None = None,
-                 prompt_logprobs: bool = False):
+                 prompt_logprobs: bool = False, overlap: bool = False):
         self.engine, self.params, self.method = engine, params, method
+        # launch round k+1 before reading round k: only for methods whose rounds commit one
+        # token per live row and read nothing the host learns from the last one (ar); not in
+        # the serving core, which admits new requests into rows between rounds
+        self.overlap = overlap and method.one_token_rounds
+        self._pending: _Launched | None = None
         self.logprobs, self.want_prompt_logprobs = logprobs, prompt_logprobs
         self.track_text = bool(stop_strings)  # stream() turns it on too
         self.prompts = [list(p) for p in prompts]  # per row (admit replaces one): n-gram drafting reads them
@@ -175,10 +190,26 @@ class Generation:
         return sum(len(r.ids) for r in self.rows)
 
     def step(self) -> list[list[int]]:
-        """One round for every active row; the ids each row kept (one host sync)."""
+        """One round for every active row; the ids each row kept (one host sync). With `overlap`
+        the next round is launched before this one is read, so the device never waits for the
+        host's reading and bookkeeping (docs/design.md, "Overlapped rounds")."""
         t0 = time.perf_counter()
+        pending = self._pending or self._launch(ahead=0)
+        self._pending = self._launch(ahead=1) if self.overlap and self._more_after_pending() else None
+        kept = self._read(pending)
+        self.decode_s += time.perf_counter() - t0
+        return kept
+
+    def _more_after_pending(self) -> bool:
+        """Will some row still want tokens after the round in flight (one token per live row)?
+        EOS and stop strings cannot be foreseen: a row they finish costs one discarded round."""
+        return any(r.finish_reason is None and len(r.ids) + 1 < r.max_new for r in self.rows)
+
+    def _launch(self, ahead: int) -> _Launched:
+        """Queue one round on the device and the copy of what the host reads of it. ahead: rounds
+        in flight before this one (each commits one token per live row: `one_token_rounds`)."""
         live = [b for b, r in enumerate(self.rows) if r.finish_reason is None]
-        longest = max(self.rows[b].prompt_len + len(self.rows[b].ids) for b in live)
+        longest = max(self.rows[b].prompt_len + len(self.rows[b].ids) for b in live) + ahead
         self.state.attn_len = attn_bound(longest + headroom(self.method, self.engine.target), self.engine.max_seq_len)
         with self._first_rows(live[-1] + 1) as (state, target, draft):
             state.round_logprobs = None
@@ -188,29 +219,41 @@ class Generation:
             if out.draft_lens is not None:
                 draft.cache.set_lens(out.draft_lens)
             marks = torch.stack([r.cache.high_water.to(state.tokens.device) for r in self._runners()])
-        B, width = out.tokens.shape
         bits = [] if lp is None else [lp.flatten().view(torch.int32).to(torch.int64)]
-        host = torch.cat([out.tokens.flatten(), out.n_acc.to(torch.int64), out.num_draft.to(torch.int64),
-                          out.n_committed.to(torch.int64), *bits, marks]).tolist()  # the round's one sync
-        high_water = max(host[-len(marks):])
+        payload = torch.cat([out.tokens.flatten(), out.n_acc.to(torch.int64), out.num_draft.to(torch.int64),
+                             out.n_committed.to(torch.int64), *bits, marks])
+        ready = None
+        if self.overlap and payload.is_cuda:  # into pinned memory without waiting; read after the next launch
+            host = torch.empty(payload.shape, dtype=payload.dtype, pin_memory=True)
+            host.copy_(payload, non_blocking=True)
+            ready, payload = torch.cuda.Event(), host
+            ready.record()
+        return _Launched(out, None if lp is None else lp.shape, len(marks), payload, ready)
+
+    def _read(self, r: _Launched) -> list[list[int]]:
+        """The round's one sync: what it committed and the caches' high-water marks; then booking."""
+        if r.ready is not None:
+            r.ready.synchronize()
+        out, host = r.out, r.payload.tolist()
+        high_water = max(host[-r.marks:])
         if high_water > self.engine.max_seq_len:
             raise SpecEngineError(
                 f"internal error: a {self.method.name} round wrote past the KV cache ({high_water} "
                 f"> max_seq_len={self.engine.max_seq_len}); the capacity check missed it, please report this")
+        B, width = out.tokens.shape
         toks = host[: B * width]
         n_acc, num_draft, n_new = (host[B * width + i * B: B * width + (i + 1) * B] for i in range(3))
         pad = len(self.rows) - B  # rows past the last live one sat this round out
         committed = [toks[b * width: b * width + n_new[b]] for b in range(B)] + [[]] * pad
         kept = self._book(out, committed, n_acc + [0] * pad, num_draft + [0] * pad)
-        if lp is not None:
-            F = lp.shape[2]
+        if r.lp_shape is not None:
+            F = r.lp_shape[2]
             at = B * width + 3 * B
-            values = np.array(host[at: at + lp.numel()], dtype=np.int64).astype(np.int32).view(np.float32)
+            values = np.array(host[at: at + B * width * F], dtype=np.int64).astype(np.int32).view(np.float32)
             values = values.reshape(B, width, F).tolist()
             for b, ids in enumerate(kept[:B]):
                 if self.rows[b].logprobs is not None:  # the serving core's rows ask one by one
                     self.rows[b].logprobs.extend(entries(v, t, self.logprobs) for v, t in zip(values[b], ids))
-        self.decode_s += time.perf_counter() - t0
         return kept
 
     @contextmanager
@@ -246,6 +289,9 @@ class Generation:
         reuse: the row's previous occupant and this prompt share their first `reuse` tokens, so
         each cache keeps what K/V of them it still validly holds (its length, read here: the
         admission's one sync) and prefills only the rest. Returns the target positions reused."""
+        if self._pending is not None:
+            raise SpecEngineError("internal error: admit() while a round is in flight (overlap is for generate "
+                                  "and stream calls, not the serving core)")
         state, dev = self.state, self.state.tokens.device
         n = len(prompt)
         runners = [r for r in self._runners() if self._prefilled(r)]

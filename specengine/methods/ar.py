@@ -13,6 +13,7 @@ from .steps import PlainStep
 class AutoRegressive(Method):
     name = "ar"
     needs_draft = False
+    one_token_rounds = True
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)

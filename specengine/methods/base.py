@@ -28,6 +28,9 @@ class Method:
     takes_threshold = False
     takes_tree = False
     defers_draft_prefill = False  # the driver leaves the draft's prompt to the method (hybrid)
+    # every round commits exactly one token per live row and uses nothing the host reads of the
+    # previous round, so the driver may launch the next round before reading this one (ar)
+    one_token_rounds = False
 
     def __init__(self, gamma=None, policy=None, threshold=None, tree=None, defaults=None):
         if threshold is not None and not self.takes_threshold:

@@ -1,0 +1,94 @@
+"""Overlapped rounds (docs/design.md, "Overlapped rounds"): `ar` launches round k+1 before the
+host reads round k. Forced on here (a GPU engine's default; the logic is the same on a CPU):
+tokens against transformers' greedy loop and against the plain driver, EOS / stop strings /
+length inside the overlap, and how many rounds were launched."""
+import pytest
+import torch
+
+from specengine import Engine
+from specengine.methods.ar import AutoRegressive
+
+PROMPTS = [[5, 9, 2, 7], [3, 1, 4, 1, 5, 9, 2, 6, 5], [8, 8]]
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_dir, torch_dtype=torch.float32).eval()
+
+
+def engine(tiny_pair, tokenizer, overlap: bool) -> Engine:
+    eng = Engine(tiny_pair[0], tokenizer, max_seq_len=96, max_batch=4)
+    eng.overlap_rounds = overlap
+    return eng
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """How many `ar` rounds were launched (a list, appended per round)."""
+    seen = []
+    real = AutoRegressive.round
+
+    def counted(self, state, timer):
+        seen.append(1)
+        return real(self, state, timer)
+
+    monkeypatch.setattr(AutoRegressive, "round", counted)
+    return seen
+
+
+def test_overlapped_ar_is_transformers_greedy_on_ragged_rows(tiny_pair, tokenizer, hf):
+    out = engine(tiny_pair, tokenizer, True).generate(PROMPTS, max_new_tokens=14, ignore_eos=True, method="ar")
+    for p, r in zip(PROMPTS, out):
+        x = torch.tensor([p])
+        ref = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=14, pad_token_id=0)
+        assert r.token_ids == ref[0, len(p):].tolist()
+
+
+def test_the_next_round_is_launched_before_this_one_is_read(tiny_pair, tokenizer, launches):
+    gen, _ = engine(tiny_pair, tokenizer, True)._start(PROMPTS, max_new_tokens=6, ignore_eos=True, method="ar")
+    gen.step()
+    assert len(launches) == 2 and gen._pending is not None
+    for _ in gen.rounds():
+        pass
+    assert len(launches) == 6  # the length limit is foreseen: no round past the last is launched
+    gen, _ = engine(tiny_pair, tokenizer, False)._start(PROMPTS, max_new_tokens=6, ignore_eos=True, method="ar")
+    gen.step()
+    assert len(launches) == 7 and gen._pending is None
+
+
+def test_eos_stop_strings_and_sampling_inside_the_overlap(tiny_pair, tokenizer, launches):
+    plain, ahead = engine(tiny_pair, tokenizer, False), engine(tiny_pair, tokenizer, True)
+    ref = plain.generate(PROMPTS, max_new_tokens=12, ignore_eos=True, method="ar")
+    eos = ref[0].token_ids[4]
+    at = ref[0].token_ids.index(eos)
+    for eng in (plain, ahead):
+        eng.eos_ids = {eos}
+    del launches[:]
+    a, b = (e.generate(PROMPTS, max_new_tokens=12, method="ar") for e in (plain, ahead))
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    assert [r.finish_reason for r in a] == [r.finish_reason for r in b] and a[0].finish_reason == "eos"
+    assert a[0].token_ids == ref[0].token_ids[: at + 1]
+    del launches[:]
+    a, b = (e.generate(PROMPTS[0], max_new_tokens=12, method="ar") for e in (plain, ahead))
+    assert a.token_ids == b.token_ids == ref[0].token_ids[: at + 1]
+    assert len(launches) == 2 * (at + 1) + 1  # EOS is not foreseen: the overlap launched one round more
+    stop = tokenizer.decode(ref[1].token_ids[3:5])
+    kw = dict(max_new_tokens=12, ignore_eos=True, method="ar", stop=[stop])
+    a, b = plain.generate(PROMPTS[1], **kw), ahead.generate(PROMPTS[1], **kw)
+    assert (a.text, a.token_ids, a.finish_reason) == (b.text, b.token_ids, b.finish_reason) and a.finish_reason == "stop"
+    kw = dict(max_new_tokens=10, ignore_eos=True, method="ar", temperature=0.9, top_k=20, seed=3, logprobs=2)
+    a, b = plain.generate(PROMPTS, **kw), ahead.generate(PROMPTS, **kw)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    assert [[e.logprob for e in r.logprobs] for r in a] == [[e.logprob for e in r.logprobs] for r in b]
+
+
+def test_only_ar_overlaps_and_only_a_gpu_engine_by_default(tiny_pair, tokenizer):
+    eng = Engine(tiny_pair[0], tokenizer, draft=tiny_pair[2], max_seq_len=96)
+    assert eng.overlap_rounds is False  # a CPU runs no ahead of the host
+    eng.overlap_rounds = True
+    gen, _ = eng._start([5, 9, 2], max_new_tokens=4, method="sd", gamma=2)
+    assert gen.overlap is False  # a speculative round's host reads decide the next
+    gen, _ = eng._start([5, 9, 2], max_new_tokens=4, method="ar")
+    assert gen.overlap is True
