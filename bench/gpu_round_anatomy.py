@@ -5,7 +5,9 @@ CUDA graphs, timed side by side in one process:
   replay      target.decode alone, N times, one sync at the end: the graph's own time
   device      the method's round + cache lengths, N times, one sync at the end: every launch
               of a round but none of the host's reading and bookkeeping
-  round       Generation.step, N times: what a user gets (one host sync per round)
+  round       Generation.step, N times: what a user gets (one host sync per round), with the
+              rounds overlapped (round k+1 launched before round k is read: a GPU engine's
+              default) and without
 and, with the profiler, the host's ops per round and a Chrome trace of a few rounds (gzip), so
 the gap between one round's sync and the next graph launch can be read off.
 `--method sd` measures the 7B/0.5B pair's `sd` γ auto the same way (round and trace only).
@@ -38,10 +40,11 @@ def timed(fn, n: int) -> float:
     return (time.perf_counter() - t) / n
 
 
-def anatomy(eng, label: str, out: Path, rounds: int, method: str, **kw) -> dict:
+def anatomy(eng, label: str, out: Path, rounds: int, method: str, overlap: bool = False, **kw) -> dict:
     kw = dict(method=method, max_new_tokens=rounds * 8 + 16, ignore_eos=True, **kw)
     prompt = E.prompts(1, E.S.spec_ctx)
-    row = dict(label=label, method=method)
+    eng.overlap_rounds = overlap
+    row = dict(label=label, method=method, overlap=overlap)
     with torch.inference_mode():
         for _ in range(2):  # warm-up: captures, autotuning
             gen, _ = eng._start(prompt, **kw)
@@ -50,7 +53,7 @@ def anatomy(eng, label: str, out: Path, rounds: int, method: str, **kw) -> dict:
         gen, _ = eng._start(prompt, **kw)
         gen.step()
         row["round_s"] = timed(gen.step, rounds)
-        if method == "ar":
+        if method == "ar" and not overlap:
             st, tgt = gen.state, eng.target
 
             def device_round():
@@ -100,7 +103,15 @@ def main(argv=None) -> int:
         eng = Engine(model, E.NoTokenizer(), draft if model is not draft else None, max_seq_len=E.S.max_seq,
                      max_batch=1, **E.PINNED, batch_invariant=False)
         eng.set_cuda_graphs(True, capture=E.S.capture)
+        same = []
+        for overlap in (False, True):  # the overlapped driver against the plain one, on this device
+            eng.overlap_rounds = overlap
+            same.append(eng.generate(E.prompts(2, 40), max_new_tokens=24, ignore_eos=True, method="ar"))
+        tokens = [[r.token_ids for r in out] for out in same]
+        result.setdefault("overlap_same_tokens", {})[name] = tokens[0] == tokens[1]
+        print(f"{name}: overlapped ar gives the plain driver's tokens: {tokens[0] == tokens[1]}", flush=True)
         result["rows"].append(anatomy(eng, f"ar {name}", out, args.rounds, "ar"))
+        result["rows"].append(anatomy(eng, f"ar {name} overlapped", out, args.rounds, "ar", overlap=True))
         if model is not draft:
             result["rows"].append(anatomy(eng, f"sd:auto {name}/0.5b", out, args.rounds // 2, "sd", gamma="auto"))
         (out / "anatomy.json").write_text(json.dumps(result, indent=1))
