@@ -1,0 +1,59 @@
+"""Where a method's first call goes (graph captures, Triton autotuning, step-cost probes): the
+first and second generate of one method on a random pair, timed, the first under cProfile.
+The H100 runs of 77df1d5 and e560fac never reached `pearl` inside their limits (> 150 s on the
+7B pair), so this names the functions that take the time.
+python bench/gpu_first_call.py --method pearl [--target qwen2.5-1.5b] [--smoke]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+
+import torch
+
+import gpu_e2e as E
+from specengine import Engine
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--method", default="pearl")
+    ap.add_argument("--target", default="qwen2.5-1.5b", choices=sorted(E.SHAPES))
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script")
+    args = ap.parse_args(argv)
+    E.S = E.SMOKE if args.smoke else E.Setup()
+    if E.S.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_first_call: needs a CUDA device (--smoke checks the script on a CPU)", file=sys.stderr)
+        return 2
+    t = time.perf_counter()
+    target, draft = E.random_model(args.target, 0), E.random_model("qwen2.5-0.5b", 1)
+    eng = Engine(target, E.NoTokenizer(), draft, max_seq_len=E.S.max_seq, max_batch=1, **E.PINNED,
+                 batch_invariant=False)
+    eng.set_cuda_graphs(True, capture=E.S.capture)
+    print(f"models and engine: {time.perf_counter() - t:.1f} s", flush=True)
+    prompt = E.prompts(1, E.S.spec_ctx)[0]
+    kw = dict(method=args.method, max_new_tokens=E.S.new, ignore_eos=True)
+    prof = cProfile.Profile()
+    for i in range(2):
+        t = time.perf_counter()
+        if i == 0:
+            prof.enable()
+        with torch.inference_mode():
+            out = eng.generate(prompt, **kw)
+        E.sync()
+        if i == 0:
+            prof.disable()
+        print(f"{args.method} call {i + 1}: {time.perf_counter() - t:.1f} s, {len(out.token_ids)} tokens", flush=True)
+        if i == 0:
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
+            print(text.getvalue(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
