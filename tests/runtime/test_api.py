@@ -75,7 +75,7 @@ def test_seeded_sampling_is_reproducible(engine, method):
 
 
 def test_acceptance_by_position():
-    from specengine.generation import Counters
+    from specengine.counters import Counters
 
     c = Counters()
     for n_acc, num_draft in [(0, 3), (3, 3), (1, 3), (1, 1)]:  # rounds: reject d1; all; d1 only; one draft, taken
