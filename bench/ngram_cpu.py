@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ngram_bound import copy_bound
 from ngram_prompts import COPY_PROMPTS
 
 from specengine import Engine
@@ -45,6 +46,15 @@ def goals(copy: dict, code: dict, key: str = "tokens_per_s") -> dict:
     return out
 
 
+def bound(report: dict) -> dict:
+    """The n-gram τ bound of the set (bench/ngram_bound.py) from its `ar` tokens, and the
+    whole-call ratio it allows with `ar`'s measured prefill share."""
+    ar = next(r for r in report["results"] if r["provider"] == "ar")
+    decode_s = ar["new_tokens"] / ar["decode_tokens_per_s"]
+    return copy_bound(report["prompt_ids"], report["reference_outputs"],
+                      prefill_fraction=1 - decode_s / ar["wall_time_s"])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results/cpu_ngram.json")
@@ -62,6 +72,12 @@ def main(argv=None) -> int:
     code = run_benchmark(eng, providers, n_prompts=args.humaneval, max_new_tokens=args.max_new_tokens, **common)
     report = {"benchmark": "ngram_cpu", "command": " ".join(["python"] + sys.argv), "copy": copy,
               "humaneval": code, "copy_prompt_kinds": [k for k, _ in COPY_PROMPTS]}
+    if "ar" in providers and copy["exact_match_reference"] == "ar":
+        report["ngram_bound"] = {"copy": bound(copy), "humaneval": bound(code)}
+        for name, b in report["ngram_bound"].items():
+            print(f"n-gram bound, {name}: tau {b['tau_most_recent']:.2f} (most recent) / "
+                  f"{b['tau_best_occurrence']:.2f} (best occurrence, known answer); with free verifies "
+                  f"at most {b['ratio_bound_best_occurrence']:.2f}x ar", flush=True)
     if set(PROVIDERS) <= set(providers):
         report["goals"], report["goals_decode_only"] = goals(copy, code), goals(copy, code, "decode_tokens_per_s")
     for name, rep in (("input-grounded", copy), ("HumanEval", code)):
