@@ -27,8 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,6 +72,10 @@ class Setup:
     compile_backend: str = "inductor"  # of the torch.compile providers (ours and HF's)
     dtype: torch.dtype = torch.bfloat16  # smoke: fp32, where "same tokens as ar" must hold against HF too
     capture: object = None  # CUDA graph capture; smoke: a stand-in that replays by calling (graph paths run)
+    # one method config of the spec/methods sections (warm-up, timed and profiled runs): past it the
+    # config is recorded in `config_timeouts` and the section goes on. PEARL's warm-up took > 150 s
+    # on the 7B pair in both H100 runs (77df1d5, 644f525), so the 1.5B pair never ran.
+    config_limit_s: float = float(os.environ.get("GPU_CONFIG_LIMIT_S", 75))
 
 
 def replaying_capture(fn, pool, device):
@@ -342,6 +348,29 @@ MORE_CONFIGS = [(f"sd:{g}", dict(method="sd", gamma=g), {}) for g in (2, 4, 6)] 
 METHOD_CONFIGS = CORE_CONFIGS + MORE_CONFIGS
 
 
+TIMEOUTS: list[dict] = []  # method configs stopped by S.config_limit_s (main puts them in the JSON)
+
+
+class ConfigTimeout(Exception):
+    pass
+
+
+@contextmanager
+def time_limit(seconds: float):
+    """Raise ConfigTimeout in this (the main) thread after `seconds` (SIGALRM): a config stuck in
+    Python-level work (captures, autotuning, probes) gives its minutes back to the next ones."""
+    def alarm(signum, frame):
+        raise ConfigTimeout(f"exceeded its {seconds:.0f} s limit")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def cut_ids(size: int, vocab: int) -> torch.Tensor:
     """The shipped frequency table's `size` most frequent ids below `vocab` (smoke: tiny vocabularies)."""
     from specengine.drafting.frequent_vocab import SHIPPED, read_table
@@ -350,14 +379,19 @@ def cut_ids(size: int, vocab: int) -> torch.Tensor:
     return ids[ids < vocab][:min(size, vocab // 2)].sort().values
 
 
+def fresh_engine(target, draft) -> Engine:
+    eng = Engine(target, NoTokenizer(), draft, max_seq_len=S.max_seq, max_batch=max(S.batches), **PINNED,
+                 batch_invariant=False, **random_extras(draft))
+    eng.set_cuda_graphs(True, capture=S.capture)
+    return eng
+
+
 def spec_section(rows: list, target, draft, label: str, configs=CORE_CONFIGS) -> None:
     """Every method (sd γ 2-6 and auto, whole-chain vs per-step draft graphs, specdec++,
     parallelspec, the best trees, pearl ± its second stream): round wall, GPU busy time,
     engine overhead = 1 − busy / round wall, draft / verify split."""
     ctx = S.spec_ctx
-    eng = Engine(target, NoTokenizer(), draft, max_seq_len=S.max_seq, max_batch=max(S.batches), **PINNED, batch_invariant=False,
-                 **random_extras(draft))
-    eng.set_cuda_graphs(True, capture=S.capture)
+    eng = fresh_engine(target, draft)
     run(eng, 1, ctx, method="ar")
     ar = run(eng, 1, ctx, method="ar")
     ar_prof = run(eng, 1, ctx, method="ar", profile=True)
@@ -374,10 +408,24 @@ def spec_section(rows: list, target, draft, label: str, configs=CORE_CONFIGS) ->
             eng.side_stream = lambda: torch.cuda.current_stream(eng.device)  # draft and target serialized
         if "draft_vocab" in opts:
             eng.set_draft_head(cut_ids(opts["draft_vocab"], eng.draft.config.vocab_size))
-        t0 = time.perf_counter()
-        run(eng, 1, ctx, **kw)  # warm-up: graph captures, Triton compiles and autotuning
-        r = run(eng, 1, ctx, **kw)
-        p = run(eng, 1, ctx, profile=True, **kw)
+        t0, used = time.perf_counter(), eng
+        try:
+            with time_limit(S.config_limit_s):
+                if S.device == "cpu" and os.environ.get("GPU_SMOKE_STALL_CONFIG") == provider:
+                    time.sleep(3600)  # rehearse a config that never finishes its warm-up
+                run(eng, 1, ctx, **kw)  # warm-up: graph captures, Triton compiles and autotuning
+                r = run(eng, 1, ctx, **kw)
+                p = run(eng, 1, ctx, profile=True, **kw)
+        except ConfigTimeout as e:
+            TIMEOUTS.append(dict(pair=label, provider=provider, error=str(e)))
+            print(f"{label} {provider:22s}: {e}; a fresh engine for the rest", flush=True)
+            eng = fresh_engine(target, draft)  # a run cut mid-capture leaves the engine in no known state
+            continue
+        finally:  # on the engine the config ran on (a timeout replaced `eng`)
+            if one_stream:
+                del used.side_stream
+            if "draft_vocab" in opts:
+                used.set_draft_head(None)
         r["config_s"] = time.perf_counter() - t0  # warm-up, timed run and profiled run together
         r.update(gpu_busy_s_per_round=p["gpu_busy_s_per_round"], sampling_s_per_round=p["sampling_s_per_round"],
                  gpu_kernels_per_round=p["gpu_kernels"] / max(p["rounds"], 1),
@@ -388,10 +436,6 @@ def spec_section(rows: list, target, draft, label: str, configs=CORE_CONFIGS) ->
         r["same_tokens_as_ar"] = r.pop("token_ids") == ref
         r["speedup_vs_ar"] = r["tokens_per_s"] / ar["tokens_per_s"]
         rows.append(dict(r, pair=label, provider=provider))
-        if one_stream:
-            del eng.side_stream
-        if "draft_vocab" in opts:
-            eng.set_draft_head(None)
         print(f"{label} {provider:22s}: {r['tokens_per_s']:7.1f} tok/s ({r['speedup_vs_ar']:.2f}x ar)  round "
               f"{r['round_s'] * 1e3:6.2f} ms  draft {r['draft_s_per_round'] * 1e3:5.2f}  verify "
               f"{r['verify_s_per_round'] * 1e3:5.2f}  sampling {r['sampling_s_per_round'] * 1e3:5.2f}  overhead "
@@ -548,6 +592,8 @@ def summary(result: dict) -> str:
         lines.append(f"PROJECTED {r['pair']} {r['provider']}: {r['projected_tokens_per_s']:.1f} tok/s "
                      f"x ar {r['projected_x_ar'] or 0:.2f}")
     lines.append("seconds per section: " + ", ".join(f"{k} {v:.0f}" for k, v in result.get("section_s", {}).items()))
+    for t in result.get("config_timeouts", []):
+        lines.append(f"STOPPED {t['pair']} {t['provider']}: {t['error']}")
     for key, err in result.get("errors", {}).items():
         lines.append(f"ERROR in {key}: {err[:300]}")
     return "\n".join(lines) + "\n"
@@ -583,6 +629,7 @@ def main(argv=None) -> int:
               "ar": [], "spec": [], "peers": [], "projected": [], "invariant": [], "section_s": {}}
 
     def save():
+        result["config_timeouts"] = TIMEOUTS
         Path(args.out).write_text(json.dumps(result, indent=1))
         Path(args.out).with_suffix(".summary.txt").write_text(summary(result))
 
@@ -644,7 +691,5 @@ def pair_sections(sections: set, result: dict, guarded, small: bool) -> None:
 
 
 if __name__ == "__main__":
-    import signal
-
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` -> save what was measured
     sys.exit(main())

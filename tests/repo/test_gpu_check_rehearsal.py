@@ -118,3 +118,20 @@ def test_the_round_anatomy_and_first_call_scripts_run(tmp_path):
     proc = subprocess.run([sys.executable, "gpu_first_call.py", "--smoke", "--method", "pearl"],
                           cwd=ROOT / "bench", capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "pearl call 2:" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_a_method_config_past_its_limit_gives_the_next_pair_its_time(tmp_path):
+    """PEARL's warm-up outlasted two H100 runs' parts; a config now stops at its own limit, is
+    recorded, and the section goes on with a fresh engine (here every pearl config stalls)."""
+    out = tmp_path / "spec.json"
+    env = dict(os.environ, GPU_SMOKE_STALL_CONFIG="pearl:auto", GPU_CONFIG_LIMIT_S="10")
+    proc = subprocess.run([sys.executable, "gpu_e2e.py", "--smoke", "--only", "spec", "--out", str(out)],
+                          cwd=ROOT / "bench", env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [(t["pair"], t["provider"]) for t in result["config_timeouts"]] == [
+        ("random 7b/0.5b", "pearl:auto"), ("random 1.5b/0.5b", "pearl:auto")]
+    done = {(r["pair"], r["provider"]) for r in result["spec"]}
+    assert {("random 1.5b/0.5b", "sd:auto"), ("random 1.5b/0.5b", "sd:3")} <= done and result["done"] == ["spec"]
+    assert all(r["same_tokens_as_ar"] for r in result["spec"] if r["provider"] != "ar")
+    assert "STOPPED random 7b/0.5b pearl:auto" in out.with_suffix(".summary.txt").read_text()
