@@ -348,6 +348,19 @@ MORE_CONFIGS = [(f"sd:{g}", dict(method="sd", gamma=g), {}) for g in (2, 4, 6)] 
 METHOD_CONFIGS = CORE_CONFIGS + MORE_CONFIGS
 
 
+class RowLog(list):
+    """A result list that saves the JSON at every row: both H100 runs lost their `spec` rows
+    (printed, never saved) when the part's limit killed the process past its SIGTERM grace."""
+
+    def __init__(self, save):
+        super().__init__()
+        self._save = save
+
+    def append(self, row) -> None:
+        super().append(row)
+        self._save()
+
+
 TIMEOUTS: list[dict] = []  # method configs stopped by S.config_limit_s (main puts them in the JSON)
 
 
@@ -411,7 +424,7 @@ def spec_section(rows: list, target, draft, label: str, configs=CORE_CONFIGS) ->
         t0, used = time.perf_counter(), eng
         try:
             with time_limit(S.config_limit_s):
-                if S.device == "cpu" and os.environ.get("GPU_SMOKE_STALL_CONFIG") == provider:
+                if S.device == "cpu" and os.environ.get("GPU_SMOKE_STALL_CONFIG") in (provider, f"{label} {provider}"):
                     time.sleep(3600)  # rehearse a config that never finishes its warm-up
                 run(eng, 1, ctx, **kw)  # warm-up: graph captures, Triton compiles and autotuning
                 r = run(eng, 1, ctx, **kw)
@@ -632,6 +645,9 @@ def main(argv=None) -> int:
         result["config_timeouts"] = TIMEOUTS
         Path(args.out).write_text(json.dumps(result, indent=1))
         Path(args.out).with_suffix(".summary.txt").write_text(summary(result))
+
+    for key in set(KEYS.values()):  # every row on disk as it lands: a part killed mid-section keeps it
+        result[key] = RowLog(save)
 
     def guarded(section, fn):
         t0 = time.perf_counter()

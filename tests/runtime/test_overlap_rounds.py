@@ -92,3 +92,22 @@ def test_only_ar_overlaps_and_only_a_gpu_engine_by_default(tiny_pair, tokenizer)
     assert gen.overlap is False  # a speculative round's host reads decide the next
     gen, _ = eng._start([5, 9, 2], max_new_tokens=4, method="ar")
     assert gen.overlap is True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_overlapped_rounds_give_the_plain_drivers_tokens(tiny_dir):
+    """On a GPU the read-out really is asynchronous (pinned copy, event): graphs on, ragged
+    rows, EOS inside the overlap, against the same engine with the overlap off."""
+    eng = Engine.from_pretrained(str(tiny_dir), device="cuda", max_seq_len=512, max_batch=4)
+    assert eng.overlap_rounds is True
+    prompts = ["def add(a, b):\n", "x = [1", "for i in range(10):"]
+    ahead = eng.generate(prompts, max_new_tokens=40, method="ar", ignore_eos=True)
+    eng.overlap_rounds = False
+    plain = eng.generate(prompts, max_new_tokens=40, method="ar", ignore_eos=True)
+    assert [r.token_ids for r in ahead] == [r.token_ids for r in plain]
+    eng.eos_ids = {plain[0].token_ids[7]}
+    plain = eng.generate(prompts, max_new_tokens=40, method="ar")
+    eng.overlap_rounds = True
+    ahead = eng.generate(prompts, max_new_tokens=40, method="ar")
+    assert [(r.token_ids, r.finish_reason) for r in ahead] == [(r.token_ids, r.finish_reason) for r in plain]
