@@ -16,7 +16,6 @@ import time
 import torch
 
 import gpu_e2e as E
-from specengine import Engine
 
 
 def main(argv=None) -> int:
@@ -31,9 +30,7 @@ def main(argv=None) -> int:
         return 2
     t = time.perf_counter()
     target, draft = E.random_model(args.target, 0), E.random_model("qwen2.5-0.5b", 1)
-    eng = Engine(target, E.NoTokenizer(), draft, max_seq_len=E.S.max_seq, max_batch=1, **E.PINNED,
-                 batch_invariant=False)
-    eng.set_cuda_graphs(True, capture=E.S.capture)
+    eng = E.fresh_engine(target, draft)  # the engine gpu_e2e's spec section runs (and PEARL stalled in)
     print(f"models and engine: {time.perf_counter() - t:.1f} s", flush=True)
     prompt = E.prompts(1, E.S.spec_ctx)[0]
     kw = dict(method=args.method, max_new_tokens=E.S.new, ignore_eos=True)
