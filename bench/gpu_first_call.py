@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import faulthandler
 import io
 import pstats
+import signal
 import sys
 import time
 
@@ -23,6 +25,10 @@ def main(argv=None) -> int:
     ap.add_argument("--method", default="pearl")
     ap.add_argument("--target", default="qwen2.5-1.5b", choices=sorted(E.SHAPES))
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script")
+    ap.add_argument("--limit", type=int, default=120,
+                    help="seconds for the first call: past it the profile so far is printed and the script exits")
+    ap.add_argument("--stacks-every", type=float, default=20.0,
+                    help="dump every thread's stack this often during the first call (shows a stall even inside C)")
     args = ap.parse_args(argv)
     E.S = E.SMOKE if args.smoke else E.Setup()
     if E.S.device == "cuda" and not torch.cuda.is_available():
@@ -38,18 +44,42 @@ def main(argv=None) -> int:
     for i in range(2):
         t = time.perf_counter()
         if i == 0:
+            faulthandler.dump_traceback_later(args.stacks_every, repeat=True)
+            signal.signal(signal.SIGALRM, _past_limit)
+            signal.alarm(args.limit)
             prof.enable()
-        with torch.inference_mode():
-            out = eng.generate(prompt, **kw)
-        E.sync()
+        try:
+            with torch.inference_mode():
+                out = eng.generate(prompt, **kw)
+            E.sync()
+        except PastLimit:
+            prof.disable()
+            print(f"{args.method} call 1: past its limit of {args.limit} s; the profile so far:", flush=True)
+            _print_profile(prof)
+            return 3
         if i == 0:
             prof.disable()
+            signal.alarm(0)
+            faulthandler.cancel_dump_traceback_later()
         print(f"{args.method} call {i + 1}: {time.perf_counter() - t:.1f} s, {len(out.token_ids)} tokens", flush=True)
         if i == 0:
-            text = io.StringIO()
-            pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
-            print(text.getvalue(), flush=True)
+            _print_profile(prof)
     return 0
+
+
+class PastLimit(Exception):
+    pass
+
+
+def _past_limit(signum, frame):
+    raise PastLimit
+
+
+def _print_profile(prof) -> None:
+    for order in ("cumulative", "tottime"):
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats(order).print_stats(40)
+        print(text.getvalue(), flush=True)
 
 
 if __name__ == "__main__":
