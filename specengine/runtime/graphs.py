@@ -72,10 +72,25 @@ def len_bucket(length: int, max_len: int, smallest: int = 256) -> int:
     return next((b for b in len_buckets(max_len, smallest) if b >= length), max_len)
 
 
+_CAPTURE_STREAMS: dict = {}  # (device, pool) -> the stream that pool's graphs are captured on
+
+
+def capture_stream(pool, device: torch.device) -> torch.cuda.Stream:
+    """The capture stream of one memory pool (one per model runner, chain or graphed-call set).
+    torch keys the cuBLAS workspace a captured GEMM embeds by the capture stream, so graphs
+    captured on one shared stream share one workspace. PEARL replays the draft's graphs beside
+    the target's on a second stream: with a shared workspace their split-K GEMMs hung on an
+    H200 (bench/gpu_pearl_probe.py). One stream per pool gives each its own workspace."""
+    key = (torch.device(device), pool)
+    if key not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[key] = torch.cuda.Stream(device)
+    return _CAPTURE_STREAMS[key]
+
+
 def cuda_capture(fn, pool, device: torch.device):
     """Capture fn() into a CUDA graph on `device` (warm-up on a side stream first, as torch
     requires: allocations, lazy initialization and Triton autotuning happen there, never
-    inside the capture)."""
+    inside the capture), on its pool's own capture stream."""
     with torch.cuda.device(device):
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
@@ -84,7 +99,7 @@ def cuda_capture(fn, pool, device: torch.device):
                 fn()
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.graph(graph, pool=pool, stream=capture_stream(pool, device)):
             fn()
     return graph
 
