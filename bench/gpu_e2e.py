@@ -73,8 +73,8 @@ class Setup:
     dtype: torch.dtype = torch.bfloat16  # smoke: fp32, where "same tokens as ar" must hold against HF too
     capture: object = None  # CUDA graph capture; smoke: a stand-in that replays by calling (graph paths run)
     # one method config of the spec/methods sections (warm-up, timed and profiled runs): past it the
-    # config is recorded in `config_timeouts` and the section goes on. PEARL's warm-up took > 150 s
-    # on the 7B pair in both H100 runs (77df1d5, 644f525), so the 1.5B pair never ran.
+    # config is recorded in `config_timeouts` and the section goes on (PEARL's first call hung
+    # in both H100 runs, 77df1d5 and 644f525, until 14fc5bf, so the 1.5B pair never ran).
     config_limit_s: float = float(os.environ.get("GPU_CONFIG_LIMIT_S", 75))
 
 

@@ -1,7 +1,8 @@
 """Where a method's first call goes (graph captures, Triton autotuning, step-cost probes): the
 first and second generate of one method on a random pair, timed, the first under cProfile.
-The H100 runs of 77df1d5 and e560fac never reached `pearl` inside their limits (> 150 s on the
-7B pair), so this names the functions that take the time.
+The H100 runs of 77df1d5 and e560fac never got past `pearl` inside their limits; on an H200
+(b286a30) this script's stack dumps showed the host waiting in the round's sync: a device hang,
+fixed in 14fc5bf (docs/design.md, "Model runner and CUDA graphs").
 python bench/gpu_first_call.py --method pearl [--target qwen2.5-1.5b] [--smoke]
 """
 from __future__ import annotations

@@ -118,6 +118,11 @@ def test_the_round_anatomy_and_first_call_scripts_run(tmp_path):
     proc = subprocess.run([sys.executable, "gpu_first_call.py", "--smoke", "--method", "pearl"],
                           cwd=ROOT / "bench", capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "pearl call 2:" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for variant in ("concurrent", "serial", "eager"):  # the probe that found PEARL's hang (14fc5bf)
+        proc = subprocess.run([sys.executable, "gpu_pearl_probe.py", "--smoke", "--new", "4", "--variant", variant],
+                              cwd=ROOT / "bench", capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0 and "round 4:" in proc.stdout and "call 2 done: 4 tokens" in proc.stdout, \
+            proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 def test_a_method_config_past_its_limit_gives_the_next_pair_its_time(tmp_path):
