@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hybrid_bound import hybrid_bound
 from ngram_bound import copy_bound
 from ngram_prompts import COPY_PROMPTS
 
@@ -80,6 +81,18 @@ def main(argv=None) -> int:
                   f"at most {b['ratio_bound_best_occurrence']:.2f}x ar", flush=True)
     if set(PROVIDERS) <= set(providers):
         report["goals"], report["goals_decode_only"] = goals(copy, code), goals(copy, code, "decode_tokens_per_s")
+    costs = eng.measured_step_costs.get(1)  # the draft's step and the target's per width, as hybrid measured them
+    if "ar" in providers and copy["exact_match_reference"] == "ar" and costs is not None and costs.draft_s > 0:
+        report["hybrid_bound"] = oracle = {name: hybrid_bound(eng, rep["prompt_ids"], rep["reference_outputs"], costs)
+                                           for name, rep in (("copy", copy), ("humaneval", code))}
+        mixed = {k: sum(oracle[s]["tokens_per_s"][k] for s in oracle) for k in ("ngram", "sd", "hybrid")}
+        oracle["hybrid_vs_best_of_oracles_mixed_set"] = mixed["hybrid"] / max(mixed["ngram"], mixed["sd"])
+        if set(PROVIDERS) <= set(providers):
+            measured = max(rate(copy, p) + rate(code, p) for p in ("ngram:auto", "sd:auto"))
+            oracle["oracle_hybrid_vs_measured_best_of_mixed_set"] = mixed["hybrid"] / measured
+        print("oracle tokens/s (bench/hybrid_bound.py):", {s: {k: round(v, 1) for k, v in oracle[s]["tokens_per_s"].items()}
+                                                            for s in ("copy", "humaneval")},
+              {k: round(v, 3) for k, v in oracle.items() if k.endswith("mixed_set")}, flush=True)
     for name, rep in (("input-grounded", copy), ("HumanEval", code)):
         print(name, {r["provider"]: round(r["tokens_per_s"], 2) for r in rep["results"]}, flush=True)
     for name in ("goals", "goals_decode_only") if "goals" in report else ():

@@ -175,6 +175,12 @@ class Engine:
                                                               max_width)
         return have
 
+    @property
+    def measured_step_costs(self) -> dict:
+        """The step costs measured so far ({batch: StepCosts}; n-gram's target-only ones under
+        (batch, "target")): what γ "auto" and pearl chose by, for benchmarks to reuse."""
+        return dict(self._step_costs)
+
     def warmup(self, batch: int = 1) -> dict:
         """Pay one-time costs now rather than in the first timed call (which does it otherwise):
         allocate the KV buffers and capture the CUDA graphs of every bucket (Triton autotuning

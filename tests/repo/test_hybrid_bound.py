@@ -16,6 +16,8 @@ def test_agreements_worked_by_hand():
     # at 0 the history ends with "6", which occurs nowhere earlier; at 1 it ends with "1" (at 0),
     # whose continuation 2 3 4 5 6 agrees with the rest up to the 9
     assert ngram_agreements([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6, 9])[:3] == [0, 5, 4]
+    # "7" occurs twice, followed by 1 (older) and 2 (most recent): the older agrees with 1 5
+    assert ngram_agreements([7, 1, 5, 7, 2, 8, 7], [1, 5, 9])[0] == 2
     # pred[j]: the draft's token after the first j + 1 tokens; the prompt is 2 long
     pred = [0, 7, 8, 5, 9, 9]  # after the prompt: 7 (right), 8 (right), 5 (wrong: 4), 9 (right)
     assert draft_runs(pred, 2, [7, 8, 4, 9]) == [2, 1, 0, 1]
