@@ -17,6 +17,7 @@ import sys
 
 from hybrid_bound import hybrid_bound
 from ngram_bound import copy_bound
+from ngram_policy_bound import ladder_of
 from ngram_prompts import COPY_PROMPTS
 
 from specengine import Engine
@@ -90,6 +91,11 @@ def main(argv=None) -> int:
         if set(PROVIDERS) <= set(providers):
             measured = max(rate(copy, p) + rate(code, p) for p in ("ngram:auto", "sd:auto"))
             oracle["oracle_hybrid_vs_measured_best_of_mixed_set"] = mixed["hybrid"] / measured
+        report["ngram_policy_ladder"] = {name: ladder_of(rep, list(costs.target_s))
+                                         for name, rep in (("copy", copy), ("humaneval", code))}
+        print("n-gram decode x ar, oracle to shipped (bench/ngram_policy_bound.py):",
+              {s: {k: round(v, 2) for k, v in report["ngram_policy_ladder"][s]["decode_x_ar"].items()}
+               for s in ("copy", "humaneval")}, flush=True)
         print("oracle tokens/s (bench/hybrid_bound.py):", {s: {k: round(v, 1) for k, v in oracle[s]["tokens_per_s"].items()}
                                                             for s in ("copy", "humaneval")},
               {k: round(v, 3) for k, v in oracle.items() if k.endswith("mixed_set")}, flush=True)
