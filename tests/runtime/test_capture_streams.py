@@ -74,6 +74,9 @@ def test_cuda_pearl_concurrent_graph_rounds_finish_with_ar_tokens():
     class NoTokenizer:
         eos_token_id, chat_template = None, None
 
+        def decode(self, ids, **kw):
+            return ""
+
     eng = Engine(model(1536, 8960, 12, 2, 0), NoTokenizer(), model(896, 4864, 14, 2, 1), max_seq_len=1024,
                  max_batch=1, batch_invariant=False)
     eng.set_cuda_graphs(True)
