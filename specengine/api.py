@@ -177,8 +177,7 @@ class Engine:
 
     @property
     def measured_step_costs(self) -> dict:
-        """The step costs measured so far ({batch: StepCosts}; n-gram's target-only ones under
-        (batch, "target")): what γ "auto" and pearl chose by, for benchmarks to reuse."""
+        """{batch (or (batch, "target")): StepCosts} measured so far: what γ "auto" chose by."""
         return dict(self._step_costs)
 
     def warmup(self, batch: int = 1) -> dict:
