@@ -23,6 +23,7 @@ from .models.vocab import pad_vocab
 from .drafting.frequent_vocab import draft_head_ids
 from .pair import load_pair
 from .runtime.cross_device import CrossDeviceDraft
+from .runtime.graphs import dedicated_stream
 from .runtime.runner import ModelRunner
 from .request import RequestParams
 from .runtime.step_costs import measure_step_costs
@@ -58,8 +59,7 @@ class Engine:
             pad_vocab(draft, target.config.vocab_size)
             set_head_vocab(draft, draft_head_ids(cfg.draft_vocab, tokenizer, draft.config.vocab_size))  # FR-Spec
         elif cfg.draft_vocab not in ("auto", 0):
-            raise SpecEngineError("draft_vocab cuts a draft model's LM head; this engine has no draft model",
-                                  "draft_vocab")
+            raise SpecEngineError("draft_vocab cuts a draft model's LM head; this engine has none", "draft_vocab")
         self.tokenizer, self.max_seq_len = tokenizer, cfg.max_seq_len
         self.target = ModelRunner(target, cfg.kernels, cfg.cuda_graphs, cfg.max_batch)
         self.device = self.target.device
@@ -227,9 +227,9 @@ class Engine:
             yield getattr(self.draft, "runner", self.draft)
 
     def side_stream(self):
-        """The second CUDA stream PEARL runs the draft on (None off CUDA)."""
+        """The second CUDA stream PEARL runs the draft on (None off CUDA): no capture stream."""
         if self.device.type == "cuda" and self._side_stream is None:
-            self._side_stream = torch.cuda.Stream(self.device)
+            self._side_stream = dedicated_stream(self.device)
         return self._side_stream
 
     def new_method(self, method=None, gamma=None, policy=None, threshold=None, tree=None) -> Method:

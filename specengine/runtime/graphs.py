@@ -73,6 +73,22 @@ def len_bucket(length: int, max_len: int, smallest: int = 256) -> int:
 
 
 _CAPTURE_STREAMS: dict = {}  # (device, pool) -> the stream that pool's graphs are captured on
+_RESERVED: dict = {}  # device -> raw handles of the streams held as capture or side streams
+
+
+def dedicated_stream(device) -> torch.cuda.Stream:
+    """A stream no other capture or side stream of this process uses. torch.cuda.Stream()
+    hands out a pool of streams round robin (32 a priority), so two calls far enough apart
+    return the same stream. Draws until the handle is free, the high-priority pool second;
+    past both (more than 64 held) the last stream drawn is shared."""
+    taken = _RESERVED.setdefault(torch.device(device), set())
+    for priority in (0, -1):
+        for _ in range(33):
+            stream = torch.cuda.Stream(device, priority=priority)
+            if stream.cuda_stream not in taken:
+                taken.add(stream.cuda_stream)
+                return stream
+    return stream
 
 
 def capture_stream(pool, device: torch.device) -> torch.cuda.Stream:
@@ -80,10 +96,11 @@ def capture_stream(pool, device: torch.device) -> torch.cuda.Stream:
     torch keys the cuBLAS workspace a captured GEMM embeds by the capture stream, so graphs
     captured on one shared stream share one workspace. PEARL replays the draft's graphs beside
     the target's on a second stream: with a shared workspace their split-K GEMMs hung on an
-    H200 (bench/gpu_pearl_probe.py). One stream per pool gives each its own workspace."""
+    H200 (bench/gpu_pearl_probe.py). One stream per pool gives each its own workspace, and
+    that stream is never PEARL's side stream (`dedicated_stream`)."""
     key = (torch.device(device), pool)
     if key not in _CAPTURE_STREAMS:
-        _CAPTURE_STREAMS[key] = torch.cuda.Stream(device)
+        _CAPTURE_STREAMS[key] = dedicated_stream(device)
     return _CAPTURE_STREAMS[key]
 
 

@@ -14,11 +14,13 @@ from specengine.runtime import graphs
 
 
 class FakeStream:
-    made = 0
+    """torch.cuda.Stream's pool: POOL streams a priority, handed out round robin."""
+    POOL, made = 4, 0
 
-    def __init__(self, device=None):
+    def __init__(self, device=None, priority=0):
         FakeStream.made += 1
         self.id = FakeStream.made
+        self.cuda_stream = (priority, FakeStream.made % FakeStream.POOL)  # the raw handle repeats
 
     def wait_stream(self, other):
         pass
@@ -33,6 +35,7 @@ def test_each_pool_captures_on_its_own_stream(monkeypatch):
         yield
 
     monkeypatch.setattr(graphs, "_CAPTURE_STREAMS", {})
+    monkeypatch.setattr(graphs, "_RESERVED", {})
     cuda = torch.cuda
     for name, value in [("Stream", FakeStream), ("current_stream", lambda device=None: FakeStream()),
                         ("stream", lambda s: contextlib.nullcontext()), ("device", lambda d: contextlib.nullcontext()),
@@ -46,7 +49,11 @@ def test_each_pool_captures_on_its_own_stream(monkeypatch):
     for pool, stream in captures:
         assert stream is not None, "a capture on torch's shared default capture stream"
         assert stream_of.setdefault(pool, stream) is stream  # a pool keeps its stream
-    assert len({s.id for s in stream_of.values()}) == 3  # and no two pools share one
+    # and no two pools share one, though every capture's warm-up draws a stream from the same
+    # round-robin pool in between (a stream object is new, its raw handle may not be)
+    assert len({s.cuda_stream for s in stream_of.values()}) == 3
+    side = graphs.dedicated_stream("cuda:0")  # PEARL's side stream: none of theirs either
+    assert side.cuda_stream not in {s.cuda_stream for s in stream_of.values()}
 
 
 @pytest.mark.gpu
