@@ -59,7 +59,7 @@ class Engine:
             pad_vocab(draft, target.config.vocab_size)
             set_head_vocab(draft, draft_head_ids(cfg.draft_vocab, tokenizer, draft.config.vocab_size))  # FR-Spec
         elif cfg.draft_vocab not in ("auto", 0):
-            raise SpecEngineError("draft_vocab cuts a draft model's LM head; this engine has none", "draft_vocab")
+            raise SpecEngineError("draft_vocab cuts a draft model's LM head; there is no draft model", "draft_vocab")
         self.tokenizer, self.max_seq_len = tokenizer, cfg.max_seq_len
         self.target = ModelRunner(target, cfg.kernels, cfg.cuda_graphs, cfg.max_batch)
         self.device = self.target.device
