@@ -17,12 +17,11 @@ target's prefill + the rounds [+ the draft's prefill]), all timed here.
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
 from ngram_bound import agreement
 from specengine.methods.ngram_index import MAX_OCCURRENCES, NgramIndex
+from specengine.timing import best_seconds
 
 
 def ngram_agreements(prompt: list[int], output: list[int], ngram_max: int = 3) -> list[int]:
@@ -73,16 +72,12 @@ def draft_predictions(eng, ids: list[int]) -> list[int]:
 
 
 def prefill_seconds(runner, max_seq_len: int, prompt: list[int], repeats: int = 2) -> float:
-    """Best of `repeats` wall times of the runner's prefill of the prompt."""
-    best = float("inf")
+    """Best of `repeats` wall times of the runner's prefill of the prompt (a fresh cache each)."""
+    x = torch.tensor([prompt], device=runner.device)
+    lens = torch.tensor([len(prompt)], device=runner.device)
     with torch.inference_mode():
-        for _ in range(repeats):
-            runner.allocate(1, max_seq_len)
-            x = torch.tensor([prompt], device=runner.device)
-            t = time.perf_counter()
-            runner.prefill(x, torch.tensor([len(prompt)], device=runner.device), attn_len=len(prompt))
-            best = min(best, time.perf_counter() - t)
-    return best
+        return best_seconds(lambda: runner.prefill(x, lens, attn_len=len(prompt)), repeats, runner.device,
+                            setup=lambda: runner.allocate(1, max_seq_len))
 
 
 def hybrid_bound(eng, prompts: list[list[int]], outputs: list[list[int]], costs, gamma_max: int = 12) -> dict:

@@ -30,14 +30,19 @@ from specengine.methods.ngram_policy import NgramGammaPolicy, match_bin
 from specengine.runtime.step_costs import StepCosts
 
 
-def lookup_agreements(prompt: list[int], output: list[int]) -> list[int]:
-    """a[i]: the agreement with output[i:] of the continuation NgramIndex.lookup() picks."""
-    index, out = NgramIndex(prompt, 3, 1), []
+def lookup_hits(prompt: list[int], output: list[int]):
+    """At every position i of the reply: (match length, agreement with output[i:]) of the
+    continuation NgramIndex.lookup() picks, or None where no suffix occurs earlier."""
+    index = NgramIndex(prompt, 3, 1)
     for i in range(len(output)):
         hit = index.lookup()
-        out.append(agreement(index.tokens[hit[0]: hit[0] + len(output) - i], output[i:]) if hit else 0)
+        yield None if hit is None else (hit[1], agreement(index.tokens[hit[0]: hit[0] + len(output) - i], output[i:]))
         index.extend(output[i: i + 1])
-    return out
+
+
+def lookup_agreements(prompt: list[int], output: list[int]) -> list[int]:
+    """a[i]: the agreement with output[i:] of the continuation NgramIndex.lookup() picks."""
+    return [hit[1] if hit else 0 for hit in lookup_hits(prompt, output)]
 
 
 def match_curves(prompts, outputs, gamma_max: int) -> dict[int, list[float]]:
@@ -45,16 +50,11 @@ def match_curves(prompts, outputs, gamma_max: int) -> dict[int, list[float]]:
     occurrence, over every position of the set."""
     ge, total = defaultdict(lambda: [0] * (gamma_max + 1)), defaultdict(int)
     for prompt, output in zip(prompts, outputs):
-        index = NgramIndex(prompt, 3, 1)
-        for i in range(len(output)):
-            hit = index.lookup()
-            if hit is not None:
-                b = match_bin(hit[1])
-                a = agreement(index.tokens[hit[0]: hit[0] + gamma_max], output[i:])
-                total[b] += 1
-                for k in range(1, a + 1):
-                    ge[b][k] += 1
-            index.extend(output[i: i + 1])
+        for hit in filter(None, lookup_hits(prompt, output)):
+            b = match_bin(hit[0])
+            total[b] += 1
+            for k in range(1, min(hit[1], gamma_max) + 1):
+                ge[b][k] += 1
     curves = {}
     for b, n in total.items():
         e = [0.0]
