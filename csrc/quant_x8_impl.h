@@ -260,6 +260,52 @@ void dot_q4k_z(const uint8_t* w, int64_t nb, const Act& a, float* out) {
   }
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
 }
+
+// Q6_K on 512-bit vectors, as dot_q4k_z: each load pairs two steps t, t + 1 (their bytes are 96 apart,
+// so two 256-bit halves), vpermd puts row r's in lanes 2r, 2r + 1, and one 8-byte broadcast feeds both
+// steps. A vpdpbusd from zero sums 4 products per lane (|sum| <= 4 x 63 x 127 < 2^15), so two k's pack
+// to int16 exactly and one vpdpwssd applies both sub-blocks' signed scales. Per row and super-block:
+// 32 vpdpbusd and 16 vpdpwssd, against dot_q6k_x8's 64 vpdpbusd and 16 scale folds (vpmulld), with a
+// third of the accumulator registers, so a chunk holds kMaxRows rows. Same integer sums, same result.
+inline __m512i pair_steps(const uint8_t* p) {  // the 32 bytes at p (step t) and at p + 96 (step t + 1)
+  const __m512i steps = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  return _mm512_permutexvar_epi32(steps, _mm512_inserti64x4(_mm512_castsi256_si512(load256(p)), load256(p + 96), 1));
+}
+
+inline __m256i scale_pair(const __m256i* words, int g) {  // lane r: row r's signed scale g as an int16 pair
+  return _mm256_srai_epi16(pick(words[g / 4], 0x00800080u | (g % 4) << 24 | (g % 4) << 8), 8);
+}
+
+template <int R>
+inline void q6k_z_super_block(const uint8_t* w, int64_t i, const Act& a, const __m256i* words, __m256i* rows) {
+  const __m512i m4 = _mm512_set1_epi8(0xF), three = _mm512_set1_epi8(3), hi2 = _mm512_set1_epi8(0x30);
+  __m512i isum[R];
+  for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+  for (int h = 0; h < 2; ++h) {
+    for (int tt = 0; tt < 4; ++tt) {  // steps t = 2tt, 2tt + 1: values 128h + 32k + 8tt + 0..7, sub-block 8h + 2k + tt / 2
+      const uint8_t* vb = w + 144 + 96 * (8 * h + 2 * tt);
+      const __m512i l0 = pair_steps(vb), l1 = pair_steps(vb + 32), hb = pair_steps(vb + 64);
+      const __m512i v0 = _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_slli_epi16(_mm512_and_si512(hb, three), 4));
+      const __m512i v1 = _mm512_or_si512(_mm512_and_si512(l1, m4),
+                                         _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2), three), 4));
+      const __m512i v2 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(hb, hi2));
+      const __m512i v3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
+                                         _mm512_and_si512(_mm512_srli_epi16(hb, 2), hi2));
+      const int g = 8 * h + tt / 2;
+      const __m512i s01 = packed_scales(scale_pair(words, g), scale_pair(words, g + 2));
+      const __m512i s23 = packed_scales(scale_pair(words, g + 4), scale_pair(words, g + 6));
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = a.qr(r) + 256 * i + 128 * h + 8 * tt;
+        const __m512i zero = _mm512_setzero_si512();
+        const __m512i p0 = _mm512_dpbusd_epi32(zero, v0, bcast8(x)), p1 = _mm512_dpbusd_epi32(zero, v1, bcast8(x + 32));
+        const __m512i p2 = _mm512_dpbusd_epi32(zero, v2, bcast8(x + 64)), p3 = _mm512_dpbusd_epi32(zero, v3, bcast8(x + 96));
+        isum[r] = _mm512_dpwssd_epi32(isum[r], _mm512_packs_epi32(p0, p1), s01);
+        isum[r] = _mm512_dpwssd_epi32(isum[r], _mm512_packs_epi32(p2, p3), s23);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) rows[r] = rows_of(isum[r]);
+}
 #endif
 
 // Q6_K values 128h + 32k + 4t + 0..3 of eight rows (0..63) from their low-nibble and high-bit bytes.
@@ -322,11 +368,15 @@ void dot_q6k_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
     __m256i words[4];
     for (int k = 0; k < 4; ++k) words[k] = load256(w + 16 + 32 * k);
     __m256i isum[R];
+#ifdef SE_VNNI
+    q6k_z_super_block<R>(w, i, a, words, isum);
+#else
     for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       q6_half<R>(w, h, 0, i, a, words, isum);
       q6_half<R>(w, h, 1, i, a, words, isum);
     }
+#endif
     __m256i spair[8];  // the values are q - 32: subtract 32 * sum_g sc_g * (sum of x over group g)
     for (int j = 0; j < 8; ++j) spair[j] = pair_s(words[j / 2], 2 * (j % 2));
     for (int r = 0; r < R; ++r) {
@@ -371,8 +421,13 @@ void dot_group(const uint8_t* w, int64_t nb, const Act& a, float* out, uint8_t* 
 // chunks (likely AVX-512's 32 vector registers running out). Measured from cache on the 2-core EPYC
 // VM, times one row: 8 rows 7.2x in one chunk -> 5.0x as 4 + 4, 9 rows 9.9x as 8 + 1 -> 5.5x as
 // 5 + 4; 6 rows stayed ~4x (bench/x8_rows.py; the "before" figures by the same loop at 6c5d246).
+#ifdef SE_VNNI
+template <int Q>
+constexpr int64_t kX8Rows = kMaxRows;  // the 512-bit Q6_K loop keeps one accumulator per row
+#else
 template <int Q>
 constexpr int64_t kX8Rows = Q == kQ6_K && kMaxRows > 5 ? 5 : kMaxRows;
+#endif
 
 // y [M, N] for groups begin..end of an interleaved weight (row 8g + l of group g), chunks of up to
 // kX8Rows activation rows per group. `rows`: scratch of 8 rows of the file's layout (baseline only).
