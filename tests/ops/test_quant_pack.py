@@ -90,6 +90,26 @@ def test_interleaved_kernel_equals_the_reference_within_fp32_rounding(ext, qtype
 
 
 @pytest.mark.parametrize("qtype", PACKED)
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_interleaved_kernel_is_exact_at_the_largest_integer_sums(ext, qtype, sign):
+    """Every value at its format's maximum, the signed Q6_K scales at +127 / -128 and activations
+    that quantize to +-127 throughout: the integer sums the SIMD loops pack into int16 (4 products
+    of 63 x 127) and accumulate are at their largest, and must still be the reference's exactly."""
+    from ops.test_quant_matmul import SCALES
+    w = torch.full((19, 512 // FORMATS[qtype][0], FORMATS[qtype][1]), 0xFF, dtype=torch.uint8)
+    for at in SCALES[qtype]:
+        w[..., at:at + 2] = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8)
+    if qtype == "Q6_K":
+        w[..., 192:208:2], w[..., 193:208:2] = 0x7F, 0x80
+    w = w.reshape(19, -1).contiguous()
+    x = torch.full((9, 512), sign)
+    x[:, 256:] *= torch.tensor([1.0, -1.0]).repeat(128)  # the second super-block with mixed signs
+    scale = float((x.abs() @ dequantize_ref(w, qtype).abs().T).max())
+    got = ext.quant_matmul_x8(x, pack_x8(w, qtype), EXT_CODES[qtype], 19)
+    torch.testing.assert_close(got, quant_matmul_q8_ref(x, w, qtype), rtol=0, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize("qtype", PACKED)
 def test_interleaved_rows_do_not_depend_on_their_neighbours(ext, qtype):
     w = pack_x8(random_blocks(qtype, 21, 512, seed=3), qtype)
     x = torch.randn(13, 512, generator=torch.Generator().manual_seed(4))
