@@ -60,6 +60,7 @@ struct AttnArgs {
   int64_t qs[3], ks[3], vs[3], os[3];  // strides of dims 0..2 (the last dim is contiguous)
   int64_t tree_bs;  // 0 when the mask is shared by every row
   float scale;
+  bool plain;  // the scalar loops even where a vectorized copy exists (tests compare the two)
 };
 
 namespace baseline {
@@ -287,6 +288,12 @@ torch::Tensor dense_matmul(const torch::Tensor& x, const torch::Tensor& w) {
   return y;
 }
 
+// Whether row_attention runs its scalar loops only (a test switch: the vectorized ones must equal them).
+bool& plain_attention() {
+  static bool plain = false;
+  return plain;
+}
+
 // Batch-invariant verification attention (row_attention_impl.h): q [B, Q, Hq, D], k / v [B, L, Hkv, D]
 // (views of the cache: any strides but a contiguous last dim), lens [B] int32, tree [B|1, Q, Q] bool or
 // None; fp32 or bf16, all one dtype.
@@ -321,7 +328,7 @@ torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k, cons
              B, Q, Hq, k.size(2), D, L,
              {q.stride(0), q.stride(1), q.stride(2)}, {k.stride(0), k.stride(1), k.stride(2)},
              {v.stride(0), v.stride(1), v.stride(2)}, {out.stride(0), out.stride(1), out.stride(2)},
-             tm.defined() && tm.size(0) > 1 ? Q * Q : 0, float(scale)};
+             tm.defined() && tm.size(0) > 1 ? Q * Q : 0, float(scale), plain_attention()};
   const bool bf16 = q.scalar_type() == at::kBFloat16;
   const auto fn = kernels().attention;
   at::parallel_for(0, B * Q * Hq, 1, [&](int64_t begin, int64_t end) {
@@ -349,6 +356,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "[B, L, Hkv, D] up to lens[b] + (chain or tree), from window[b, i] when given -> [B, Q, Hq, D]",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lens"), py::arg("tree"), py::arg("scale"),
         py::arg("window") = py::none());
+  m.def("set_plain_attention", [](bool plain) { plain_attention() = plain; },
+        "row_attention with its scalar loops only (tests compare them with the vectorized ones)");
   m.def("isa", &isa_name, "the instruction set the kernels run with here (CPUID)");
   m.def("isas", &isas, "every instruction set this CPU can run the kernels with, widest first");
   m.def("set_isa", &set_isa, "run the kernels with another instruction set this CPU supports (tests)");

@@ -20,6 +20,105 @@ inline float dot_fixed(const float* __restrict q, const T* __restrict k, int64_t
   return s;
 }
 
+// ---- The same arithmetic, vectorized for head dims of 16 * ND (64, 128, 256): bit for bit the loops
+// of attention_rows below. A key's 16 lane sums are added in lane order, as dot_fixed does, for 16
+// keys at once: their 16 x 16 partial sums transposed in registers (four stages of two-source
+// shuffles), then 15 vector adds. The query and the output row stay in registers.
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+template <typename T>
+inline v16 load16(const T* p) {
+  float f[16];
+  for (int j = 0; j < 16; ++j) f[j] = float(p[j]);
+  v16 v;
+  std::memcpy(&v, f, sizeof(v));
+  return v;
+}
+
+// Stage w of the transpose swaps the off-diagonal w x w blocks of every 2w x 2w block.
+template <int w>
+inline void transpose_stage(v16* a) {
+  v16i lo, hi;
+  for (int c = 0; c < 16; ++c) {
+    lo[c] = (c & w) ? 16 + c - w : c;
+    hi[c] = (c & w) ? 16 + c : c + w;
+  }
+  for (int r = 0; r < 16; ++r)
+    if (!(r & w)) {
+      const v16 x = a[r], y = a[r + w];
+      a[r] = __builtin_shuffle(x, y, lo);
+      a[r + w] = __builtin_shuffle(x, y, hi);
+    }
+}
+
+// p[0..16) = dot_fixed(q, k_j) for the 16 keys at k, k + stride, ...
+template <int ND, typename T>
+inline void dots16(const v16* q, const T* k, int64_t stride, float* p) {
+  v16 acc[16];  // unrolled: GCC 12 otherwise runs each key's FMAs as one dependent chain through memory
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) acc[j] = v16{};
+#pragma GCC unroll 16
+  for (int c = 0; c < ND; ++c)
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) acc[j] += q[c] * load16(k + j * stride + 16 * c);
+  transpose_stage<8>(acc);
+  transpose_stage<4>(acc);
+  transpose_stage<2>(acc);
+  transpose_stage<1>(acc);
+  v16 s = v16{} + acc[0];
+  for (int j = 1; j < 16; ++j) s += acc[j];
+  std::memcpy(p, &s, sizeof(s));
+}
+
+template <int ND, typename T>
+void attention_rows_v(const AttnArgs& a, int64_t begin, int64_t end, float* p) {
+  const T *Q = static_cast<const T*>(a.q), *K = static_cast<const T*>(a.k), *V = static_cast<const T*>(a.v);
+  T* O = static_cast<T*>(a.out);
+  const int64_t G = a.Hq / a.Hkv;
+  for (int64_t r = begin; r < end; ++r) {
+    const int64_t b = r / (a.Q * a.Hq), i = r / a.Hq % a.Q, h = r % a.Hq, kh = h / G;
+    const int64_t n0 = a.lens[b], stop = std::min<int64_t>(a.L, n0 + a.Q);
+    const int64_t lo = a.window ? std::max<int64_t>(0, a.window[b * a.Q + i]) : 0;
+    const T* q = Q + b * a.qs[0] + i * a.qs[1] + h * a.qs[2];
+    float qf[16 * ND];
+    for (int64_t l = 0; l < 16 * ND; ++l) qf[l] = float(q[l]) * a.scale;
+    v16 qv[ND];
+    for (int c = 0; c < ND; ++c) std::memcpy(&qv[c], qf + 16 * c, sizeof(v16));
+    const bool* tm = a.tree ? a.tree + b * a.tree_bs + i * a.Q : nullptr;
+    const T* kb = K + b * a.ks[0] + kh * a.ks[2];
+    int64_t s = lo;
+    for (; s + 16 <= stop; s += 16) dots16<ND>(qv, kb + s * a.ks[1], a.ks[1], p + s);
+    for (; s < stop; ++s) p[s] = dot_fixed(qf, kb + s * a.ks[1], 16 * ND);
+    int64_t n = 0;
+    float m = -INFINITY;
+    for (s = lo; s < stop; ++s) {
+      const int64_t j = s - n0;
+      if (j >= 0 && (tm ? !tm[j] : j > i)) {
+        p[s] = -INFINITY;
+        continue;
+      }
+      m = std::max(m, p[s]);
+      ++n;
+    }
+    v16 acc[ND];
+    for (int c = 0; c < ND; ++c) acc[c] = v16{};
+    float sum = 0.0f;
+    const T* vb = V + b * a.vs[0] + kh * a.vs[2];
+    for (s = lo; s < stop && n > 0; ++s) {
+      if (p[s] == -INFINITY) continue;
+      const float e = std::exp(p[s] - m);
+      sum += e;
+#pragma GCC unroll 16
+      for (int c = 0; c < ND; ++c) acc[c] += e * load16(vb + s * a.vs[1] + 16 * c);
+    }
+    T* o = O + b * a.os[0] + i * a.os[1] + h * a.os[2];
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    float out[16 * ND];
+    for (int c = 0; c < ND; ++c) std::memcpy(out + 16 * c, &acc[c], sizeof(v16));
+    for (int64_t l = 0; l < 16 * ND; ++l) o[l] = T(out[l] * inv);
+  }
+}
+
 // Query rows begin..end of the flattened (b, i, h) grid; `p`: scratch of L floats, `acc`: D floats.
 template <typename T>
 void attention_rows(const AttnArgs& a, int64_t begin, int64_t end, float* p, float* acc, float* qf) {
@@ -62,6 +161,15 @@ void attention_rows(const AttnArgs& a, int64_t begin, int64_t end, float* p, flo
 
 inline void row_attention(bool bf16, const AttnArgs& a, int64_t begin, int64_t end, float* p, float* acc,
                           float* qf) {
+  if (!a.plain && (a.D == 64 || a.D == 128 || a.D == 256)) {
+    const auto run = [&](auto t) {
+      using T = decltype(t);
+      if (a.D == 64) attention_rows_v<4, T>(a, begin, end, p);
+      else if (a.D == 128) attention_rows_v<8, T>(a, begin, end, p);
+      else attention_rows_v<16, T>(a, begin, end, p);
+    };
+    return bf16 ? run(c10::BFloat16()) : run(float());
+  }
   if (bf16)
     attention_rows<c10::BFloat16>(a, begin, end, p, acc, qf);
   else

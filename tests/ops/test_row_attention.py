@@ -52,6 +52,27 @@ def test_cache_views_and_a_shared_tree_mask():
                                verify_attention_ref(q, k.contiguous(), v.contiguous(), lens, tm), rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tree", [False, True])
+def test_the_vectorized_loops_give_the_scalar_loops_bits(isa, D, dtype, tree):
+    """Head dims 64 / 128 / 256 take loops that sum 16 keys' lanes at once (a transpose in registers):
+    the same float operations in the same order as the scalar loops, so the same bits. Ragged key
+    counts (not multiples of 16) and sliding-window starts put blocks at every offset."""
+    ext = row_attention._EXT
+    q, k, v, lens = rand_case(2, 5, 6, 2, D, 83, seed=D, dtype=dtype)
+    tm = random_tree(2, 5, seed=D) if tree else None
+    window = torch.randint(0, 40, (2, 5), generator=torch.Generator().manual_seed(D)) if tree else None
+    fast = verify_attention_rows(q, k, v, lens, tm, window=window)
+    ext.set_plain_attention(True)
+    try:
+        plain = verify_attention_rows(q, k, v, lens, tm, window=window)
+    finally:
+        ext.set_plain_attention(False)
+    assert torch.equal(fast.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                       plain.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+
+
 def test_a_querys_bits_depend_neither_on_the_other_queries_nor_the_read_length(isa):
     """Decoding token j alone (lens = n + j, Q = 1) and verifying it at position j of a chain
     (lens = n, Q = W), over any prefix of the cache that holds it: the same bits."""
