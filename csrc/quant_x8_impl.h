@@ -369,14 +369,17 @@ void dot_q6k_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
     for (int k = 0; k < 4; ++k) words[k] = load256(w + 16 + 32 * k);
     __m256i isum[R];
 #ifdef SE_VNNI
-    q6k_z_super_block<R>(w, i, a, words, isum);
-#else
-    for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
-    for (int h = 0; h < 2; ++h) {
-      q6_half<R>(w, h, 0, i, a, words, isum);
-      q6_half<R>(w, h, 1, i, a, words, isum);
-    }
+    if constexpr (R > 1) {  // one row: the 256-bit loop, whose weight-side work is smaller (decode is memory-bound)
+      q6k_z_super_block<R>(w, i, a, words, isum);
+    } else
 #endif
+    {
+      for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        q6_half<R>(w, h, 0, i, a, words, isum);
+        q6_half<R>(w, h, 1, i, a, words, isum);
+      }
+    }
     __m256i spair[8];  // the values are q - 32: subtract 32 * sum_g sc_g * (sum of x over group g)
     for (int j = 0; j < 8; ++j) spair[j] = pair_s(words[j / 2], 2 * (j % 2));
     for (int r = 0; r < R; ++r) {
