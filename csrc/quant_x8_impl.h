@@ -420,13 +420,12 @@ void dot_group(const uint8_t* w, int64_t nb, const Act& a, float* out, uint8_t* 
 }
 #endif
 
-// Rows per chunk: Q6_K's dot over more than 5 rows in one chunk costs far more than two smaller
-// chunks (likely AVX-512's 32 vector registers running out). Measured from cache on the 2-core EPYC
-// VM, times one row: 8 rows 7.2x in one chunk -> 5.0x as 4 + 4, 9 rows 9.9x as 8 + 1 -> 5.5x as
-// 5 + 4; 6 rows stayed ~4x (bench/x8_rows.py; the "before" figures by the same loop at 6c5d246).
+// Rows per chunk: the 256-bit Q6_K loop keeps four sums per row (q6_half) and runs out of AVX-512's
+// 32 vector registers past 5 rows: 8 rows cost 7.2x one row in one chunk, 5.0x as 4 + 4 (2-core EPYC
+// VM, bench/x8_rows.py at 6c5d246). The 512-bit VNNI loop keeps one per row, so 8 fit.
 #ifdef SE_VNNI
 template <int Q>
-constexpr int64_t kX8Rows = kMaxRows;  // the 512-bit Q6_K loop keeps one accumulator per row
+constexpr int64_t kX8Rows = kMaxRows;
 #else
 template <int Q>
 constexpr int64_t kX8Rows = Q == kQ6_K && kMaxRows > 5 ? 5 : kMaxRows;
