@@ -33,13 +33,22 @@ class StepCosts:
         return t[-1] + slope * (width - len(t))
 
 
-def time_forward(runner, state, width: int, repeats: int = 2) -> float:
-    """Best of `repeats` wall times of one forward of `width` tokens per row."""
+def forward_call(runner, state, width: int):
+    """One forward of `width` tokens per row on the state's cache, as a call to time."""
     tokens = state.tokens.gather(1, state.positions(state.n - 1, width))
-    return best_seconds(lambda: runner.verify(tokens, attn_len=state.attn_len), repeats, tokens.device)
+    return lambda: runner.verify(tokens, attn_len=state.attn_len), tokens.device
 
 
-def measure_step_costs(target, draft, state, max_width: int, repeats: int = 2) -> StepCosts:
-    """draft None (n-gram drafting): proposing is free, draft_s = 0."""
-    return StepCosts(state.batch, time_forward(draft, state, 1, repeats) if draft is not None else 0.0,
-                     tuple(time_forward(target, state, w, repeats) for w in range(1, max_width + 1)))
+def measure_step_costs(target, draft, state, max_width: int, repeats: int = 3) -> StepCosts:
+    """Each cost is the best of `repeats` times, taken in rounds over every width and the draft
+    step rather than width by width: a machine whose speed drifts (a shared VM: 20-30% within
+    minutes) then moves all of them alike, and their ratios, which γ is chosen by, hold.
+    draft None (n-gram drafting): proposing is free, draft_s = 0."""
+    calls = {w: forward_call(target, state, w) for w in range(1, max_width + 1)}
+    if draft is not None:
+        calls[0] = forward_call(draft, state, 1)
+    best = dict.fromkeys(calls, float("inf"))
+    for _ in range(repeats):
+        for key, (fn, device) in calls.items():
+            best[key] = best_seconds(fn, 1, device, best=best[key])
+    return StepCosts(state.batch, best.get(0, 0.0), tuple(best[w] for w in range(1, max_width + 1)))

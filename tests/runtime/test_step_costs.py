@@ -1,0 +1,54 @@
+"""measure_step_costs times every width (and the draft step) in rounds, so a machine whose speed
+drifts during the measurement still gives the ratios between widths that γ "auto" is chosen by."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specengine import timing
+from specengine.runtime.step_costs import measure_step_costs
+
+
+class Clock:
+    """A fake perf_counter: a forward of w tokens takes w units (the draft's 0.25), times the
+    machine's speed, which is 1.5x slower for the first `slow_calls` forwards."""
+
+    def __init__(self, slow_calls: int):
+        self.now, self.calls, self.slow_calls = 0.0, 0, slow_calls
+
+    def __call__(self):
+        return self.now
+
+    def forward(self, units: float) -> None:
+        self.now += units * (1.5 if self.calls < self.slow_calls else 1.0)
+        self.calls += 1
+
+
+class Runner:
+    def __init__(self, clock, unit: float):
+        self.clock, self.unit = clock, unit
+
+    def verify(self, tokens, attn_len):
+        self.clock.forward(self.unit * tokens.shape[1])
+
+
+def state():
+    return SimpleNamespace(batch=1, n=20, attn_len=20, tokens=torch.zeros(1, 32, dtype=torch.int64),
+                           positions=lambda start, width: torch.arange(start, start + width)[None])
+
+
+@pytest.mark.parametrize("slow_calls", [0, 7, 13])
+def test_a_drift_during_the_measurement_leaves_the_width_ratios_true(monkeypatch, slow_calls):
+    clock = Clock(slow_calls)
+    monkeypatch.setattr(timing.time, "perf_counter", clock)
+    costs = measure_step_costs(Runner(clock, 1.0), Runner(clock, 0.25), state(), max_width=9)
+    # one round over the 9 widths and the draft is 10 calls: the slow ones all fall in the first two
+    assert [costs.verify_s(w) / costs.verify_s(1) for w in range(1, 10)] == pytest.approx(list(range(1, 10)))
+    assert costs.cost_ratio == pytest.approx(0.25)
+
+
+def test_without_a_draft_the_step_is_free(monkeypatch):
+    clock = Clock(0)
+    monkeypatch.setattr(timing.time, "perf_counter", clock)
+    costs = measure_step_costs(Runner(clock, 1.0), None, state(), max_width=3)
+    assert costs.draft_s == 0.0 and costs.target_s == pytest.approx((1.0, 2.0, 3.0))
