@@ -17,7 +17,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-import time
 
 ROWS = range(1, 17)
 WIDTHS = range(1, 14)
@@ -34,20 +33,10 @@ def load_extension(path: str) -> None:
     sys.modules["specengine._quantext"] = module
 
 
-def best_ms(fn, reps: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best * 1e3
-
-
 def child(reps: int) -> dict:
     import torch
 
-    from gguf_cpu import EXT_CODES, K, N, blocks
+    from gguf_cpu import EXT_CODES, K, N, best_ms, blocks
     from ngram_prompts import COPY_PROMPTS
     from specengine import Engine
     from specengine.kernels.quant_pack import pack_x8

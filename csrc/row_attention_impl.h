@@ -20,6 +20,34 @@ inline float dot_fixed(const float* __restrict q, const T* __restrict k, int64_t
   return s;
 }
 
+// Query row r of the flattened (b, i, h) grid: the positions it reads (lo..stop, its sliding window's
+// start first), which of them its chain or tree mask hides, and where its K, V and output rows are.
+template <typename T>
+struct QueryRow {
+  int64_t i, n0, stop, lo;
+  const T *q, *k, *v;  // the query; the first K and V rows of its KV head (a position's: + s * stride)
+  T* o;
+  const bool* tm;
+
+  QueryRow(const AttnArgs& a, int64_t r) {
+    const int64_t b = r / (a.Q * a.Hq), h = r % a.Hq, kh = h / (a.Hq / a.Hkv);
+    i = r / a.Hq % a.Q;
+    n0 = a.lens[b];
+    stop = std::min<int64_t>(a.L, n0 + a.Q);
+    lo = a.window ? std::max<int64_t>(0, a.window[b * a.Q + i]) : 0;
+    q = static_cast<const T*>(a.q) + b * a.qs[0] + i * a.qs[1] + h * a.qs[2];
+    k = static_cast<const T*>(a.k) + b * a.ks[0] + kh * a.ks[2];
+    v = static_cast<const T*>(a.v) + b * a.vs[0] + kh * a.vs[2];
+    o = static_cast<T*>(a.out) + b * a.os[0] + i * a.os[1] + h * a.os[2];
+    tm = a.tree ? a.tree + b * a.tree_bs + i * a.Q : nullptr;
+  }
+
+  bool hidden(int64_t s) const {  // s - n0 >= 0: one of the new tokens
+    const int64_t j = s - n0;
+    return j >= 0 && (tm ? !tm[j] : j > i);
+  }
+};
+
 // ---- The same arithmetic, vectorized for head dims of 16 * ND (64, 128, 256): bit for bit the loops
 // of attention_rows below. A key's 16 lane sums are added in lane order, as dot_fixed does, for 16
 // keys at once: their 16 x 16 partial sums transposed in registers (four stages of two-source
@@ -72,28 +100,19 @@ inline void dots16(const v16* q, const T* k, int64_t stride, float* p) {
 
 template <int ND, typename T>
 void attention_rows_v(const AttnArgs& a, int64_t begin, int64_t end, float* p) {
-  const T *Q = static_cast<const T*>(a.q), *K = static_cast<const T*>(a.k), *V = static_cast<const T*>(a.v);
-  T* O = static_cast<T*>(a.out);
-  const int64_t G = a.Hq / a.Hkv;
   for (int64_t r = begin; r < end; ++r) {
-    const int64_t b = r / (a.Q * a.Hq), i = r / a.Hq % a.Q, h = r % a.Hq, kh = h / G;
-    const int64_t n0 = a.lens[b], stop = std::min<int64_t>(a.L, n0 + a.Q);
-    const int64_t lo = a.window ? std::max<int64_t>(0, a.window[b * a.Q + i]) : 0;
-    const T* q = Q + b * a.qs[0] + i * a.qs[1] + h * a.qs[2];
+    const QueryRow<T> row(a, r);
     float qf[16 * ND];
-    for (int64_t l = 0; l < 16 * ND; ++l) qf[l] = float(q[l]) * a.scale;
+    for (int64_t l = 0; l < 16 * ND; ++l) qf[l] = float(row.q[l]) * a.scale;
     v16 qv[ND];
     for (int c = 0; c < ND; ++c) std::memcpy(&qv[c], qf + 16 * c, sizeof(v16));
-    const bool* tm = a.tree ? a.tree + b * a.tree_bs + i * a.Q : nullptr;
-    const T* kb = K + b * a.ks[0] + kh * a.ks[2];
-    int64_t s = lo;
-    for (; s + 16 <= stop; s += 16) dots16<ND>(qv, kb + s * a.ks[1], a.ks[1], p + s);
-    for (; s < stop; ++s) p[s] = dot_fixed(qf, kb + s * a.ks[1], 16 * ND);
+    int64_t s = row.lo;
+    for (; s + 16 <= row.stop; s += 16) dots16<ND>(qv, row.k + s * a.ks[1], a.ks[1], p + s);
+    for (; s < row.stop; ++s) p[s] = dot_fixed(qf, row.k + s * a.ks[1], 16 * ND);
     int64_t n = 0;
     float m = -INFINITY;
-    for (s = lo; s < stop; ++s) {
-      const int64_t j = s - n0;
-      if (j >= 0 && (tm ? !tm[j] : j > i)) {
+    for (s = row.lo; s < row.stop; ++s) {
+      if (row.hidden(s)) {
         p[s] = -INFINITY;
         continue;
       }
@@ -103,59 +122,48 @@ void attention_rows_v(const AttnArgs& a, int64_t begin, int64_t end, float* p) {
     v16 acc[ND];
     for (int c = 0; c < ND; ++c) acc[c] = v16{};
     float sum = 0.0f;
-    const T* vb = V + b * a.vs[0] + kh * a.vs[2];
-    for (s = lo; s < stop && n > 0; ++s) {
+    for (s = row.lo; s < row.stop && n > 0; ++s) {
       if (p[s] == -INFINITY) continue;
       const float e = std::exp(p[s] - m);
       sum += e;
 #pragma GCC unroll 16
-      for (int c = 0; c < ND; ++c) acc[c] += e * load16(vb + s * a.vs[1] + 16 * c);
+      for (int c = 0; c < ND; ++c) acc[c] += e * load16(row.v + s * a.vs[1] + 16 * c);
     }
-    T* o = O + b * a.os[0] + i * a.os[1] + h * a.os[2];
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     float out[16 * ND];
     for (int c = 0; c < ND; ++c) std::memcpy(out + 16 * c, &acc[c], sizeof(v16));
-    for (int64_t l = 0; l < 16 * ND; ++l) o[l] = T(out[l] * inv);
+    for (int64_t l = 0; l < 16 * ND; ++l) row.o[l] = T(out[l] * inv);
   }
 }
 
 // Query rows begin..end of the flattened (b, i, h) grid; `p`: scratch of L floats, `acc`: D floats.
 template <typename T>
 void attention_rows(const AttnArgs& a, int64_t begin, int64_t end, float* p, float* acc, float* qf) {
-  const T *Q = static_cast<const T*>(a.q), *K = static_cast<const T*>(a.k), *V = static_cast<const T*>(a.v);
-  T* O = static_cast<T*>(a.out);
-  const int64_t G = a.Hq / a.Hkv;
   for (int64_t r = begin; r < end; ++r) {
-    const int64_t b = r / (a.Q * a.Hq), i = r / a.Hq % a.Q, h = r % a.Hq, kh = h / G;
-    const int64_t n0 = a.lens[b], stop = std::min<int64_t>(a.L, n0 + a.Q);
-    const int64_t lo = a.window ? std::max<int64_t>(0, a.window[b * a.Q + i]) : 0;  // a sliding window's start
-    const T* q = Q + b * a.qs[0] + i * a.qs[1] + h * a.qs[2];
-    for (int64_t l = 0; l < a.D; ++l) qf[l] = float(q[l]) * a.scale;
-    const bool* tm = a.tree ? a.tree + b * a.tree_bs + i * a.Q : nullptr;
+    const QueryRow<T> row(a, r);
+    for (int64_t l = 0; l < a.D; ++l) qf[l] = float(row.q[l]) * a.scale;
     int64_t n = 0;  // visible positions, in order: their scores in p[0..n)
     float m = -INFINITY;
-    for (int64_t s = lo; s < stop; ++s) {
-      const int64_t j = s - n0;  // >= 0: one of the new tokens
-      if (j >= 0 && (tm ? !tm[j] : j > i)) {
+    for (int64_t s = row.lo; s < row.stop; ++s) {
+      if (row.hidden(s)) {
         p[s] = -INFINITY;
         continue;
       }
-      p[s] = dot_fixed(qf, K + b * a.ks[0] + s * a.ks[1] + kh * a.ks[2], a.D);
+      p[s] = dot_fixed(qf, row.k + s * a.ks[1], a.D);
       m = std::max(m, p[s]);
       ++n;
     }
     for (int64_t l = 0; l < a.D; ++l) acc[l] = 0.0f;
     float sum = 0.0f;
-    for (int64_t s = lo; s < stop && n > 0; ++s) {
+    for (int64_t s = row.lo; s < row.stop && n > 0; ++s) {
       if (p[s] == -INFINITY) continue;
       const float e = std::exp(p[s] - m);
       sum += e;
-      const T* v = V + b * a.vs[0] + s * a.vs[1] + kh * a.vs[2];
+      const T* v = row.v + s * a.vs[1];
       for (int64_t l = 0; l < a.D; ++l) acc[l] += e * float(v[l]);
     }
-    T* o = O + b * a.os[0] + i * a.os[1] + h * a.os[2];
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    for (int64_t l = 0; l < a.D; ++l) o[l] = T(acc[l] * inv);
+    for (int64_t l = 0; l < a.D; ++l) row.o[l] = T(acc[l] * inv);
   }
 }
 
