@@ -59,10 +59,10 @@ inline __m256i pick(__m256i words, uint32_t pattern) {
   return _mm256_shuffle_epi8(words, _mm256_add_epi8(_mm256_set1_epi32(int(pattern)), lane));
 }
 
-// Byte j of each lane twice, as an int16 pair (unsigned), or from two bytes j, j + 1 (signed).
+// Byte j of each lane twice, as an int16 pair (unsigned), or bytes j, j2 (signed; j2 = j + 1 unless given).
 inline __m256i pair_u(__m256i words, int j) { return pick(words, 0x80008000u | (j << 16) | j); }
-inline __m256i pair_s(__m256i words, int j) {
-  return _mm256_srai_epi16(pick(words, 0x00800080u | ((j + 1) << 24) | (j << 8)), 8);
+inline __m256i pair_s(__m256i words, int j, int j2 = -1) {
+  return _mm256_srai_epi16(pick(words, 0x00800080u | ((j2 < 0 ? j + 1 : j2) << 24) | (j << 8)), 8);
 }
 
 // p + the 4-product sums of unsigned weights v (<= 63) and signed activations x, per lane: int32 lanes
@@ -84,8 +84,7 @@ inline __m256i fold(__m256i isum, __m256i p, __m256i words, int j) {
                            : pick(words, 0x80808000u | j);
   return _mm256_add_epi32(isum, _mm256_mullo_epi32(p, s));
 #else
-  const __m256i s = Signed ? _mm256_srai_epi16(pick(words, 0x00800080u | (j << 24) | (j << 8)), 8)
-                           : pair_u(words, j);
+  const __m256i s = Signed ? pair_s(words, j, j) : pair_u(words, j);
   return madd_add(isum, p, s);
 #endif
 }
@@ -273,7 +272,7 @@ inline __m512i pair_steps(const uint8_t* p) {  // the 32 bytes at p (step t) and
 }
 
 inline __m256i scale_pair(const __m256i* words, int g) {  // lane r: row r's signed scale g as an int16 pair
-  return _mm256_srai_epi16(pick(words[g / 4], 0x00800080u | (g % 4) << 24 | (g % 4) << 8), 8);
+  return pair_s(words[g / 4], g % 4, g % 4);
 }
 
 template <int R>
