@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 .PHONY: gpu-check install demo test test-fast bench bench-gguf bench-ngram bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
 
-$(STAMP): pyproject.toml setup.py csrc/compact_kv.cpp csrc/compact_kv_cuda.cu csrc/compact_kv.h csrc/quant_matmul.cpp csrc/quant_matmul_impl.h csrc/quant_dot_impl.h csrc/quant_x8_impl.h csrc/row_attention_impl.h csrc/fused_ops_cpu.cpp csrc/decode_stack.cpp csrc/cpu_ops.h
+$(STAMP): pyproject.toml setup.py csrc/compact_kv.cpp csrc/compact_kv_cuda.cu csrc/compact_kv.h csrc/quant_matmul.cpp csrc/quant_matmul_impl.h csrc/quant_dot_impl.h csrc/quant_x8_impl.h csrc/row_attention_impl.h csrc/silu_impl.h csrc/fused_ops_cpu.cpp csrc/decode_stack.cpp csrc/cpu_ops.h
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
@@ -64,7 +64,8 @@ bench-gguf: $(STAMP)
 
 # N-gram drafting on prompts that copy their input (bench/ngram_prompts.py) and on HumanEval:
 # HF generate and its prompt lookup, our ar, n-gram chains and tree, the draft model, the hybrid
-# (6 + 2 prompts x 128 tokens: about 30 minutes on 2 cores, most of it transformers' fp32).
+# Whole replies (each provider stops at EOS, up to 512 tokens; `--fixed-length` for 128 tokens, EOS
+# ignored): about 40 minutes on 2 cores, most of it transformers' fp32.
 bench-ngram: $(STAMP)
 	$(PY) bench/ngram_cpu.py --out bench/results/cpu_ngram.json
 

@@ -5,10 +5,14 @@ Two prompt sets, every provider side by side on each: prompts that copy their in
 passage) and the HumanEval prompts, where little is copied. Providers: transformers `generate`
 and its prompt lookup (`prompt_lookup_num_tokens=10`, fp32 float weights), our `ar`, n-gram
 chains (γ 10 as transformers, and auto), an n-gram tree, the draft model (`sd` γ auto) and the
-hybrid. Greedy, EOS ignored; ours in the engine's default setting (weights and dtype "auto").
+hybrid. Greedy; ours in the engine's default setting (weights and dtype "auto").
 Ratios (the issue's goals) come from the same run.
 
-    python bench/ngram_cpu.py --out bench/results/cpu_ngram.json [--max-new-tokens 128 --humaneval 2]
+Whole replies by default: every provider stops at EOS (up to 512 new tokens), as a user's edit
+or answer does. `--fixed-length` is the earlier protocol: exactly 128 tokens, EOS ignored, which
+cuts an edit short and times what the model writes after its reply ends.
+
+    python bench/ngram_cpu.py --out bench/results/cpu_ngram.json [--fixed-length] [--humaneval 2]
 """
 from __future__ import annotations
 
@@ -60,20 +64,25 @@ def bound(report: dict) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results/cpu_ngram.json")
-    ap.add_argument("--max-new-tokens", type=int, default=128,
-                    help="new tokens a prompt (an edit's answer is the whole function: 64 cut most short)")
+    ap.add_argument("--fixed-length", action="store_true",
+                    help="exactly --max-new-tokens a prompt (default 128), EOS ignored: the earlier protocol")
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help="at most this many new tokens a prompt (default 512 whole replies, 128 --fixed-length)")
     ap.add_argument("--humaneval", type=int, default=2, help="HumanEval prompts in the second set")
     ap.add_argument("--providers", default=",".join(PROVIDERS),
                     help="a subset for a quick look (the goals need every default provider)")
     args = ap.parse_args(argv)
     providers = args.providers.split(",")
+    max_new = args.max_new_tokens or (128 if args.fixed_length else 512)
     eng = Engine.from_pretrained(DEFAULT_TARGET, draft=DEFAULT_DRAFT, max_seq_len=2048)
-    common = dict(target_path=resolve(DEFAULT_TARGET), draft_path=resolve(DEFAULT_DRAFT), baseline="ar")
-    copy = run_benchmark(eng, providers, max_new_tokens=args.max_new_tokens,
-                         prompts=("input-grounded (bench/ngram_prompts.py)", [p for _, p in COPY_PROMPTS]), **common)
-    code = run_benchmark(eng, providers, n_prompts=args.humaneval, max_new_tokens=args.max_new_tokens, **common)
+    common = dict(target_path=resolve(DEFAULT_TARGET), draft_path=resolve(DEFAULT_DRAFT), baseline="ar",
+                  max_new_tokens=max_new, stop_at_eos=not args.fixed_length)
+    copy = run_benchmark(eng, providers, **common,
+                         prompts=("input-grounded (bench/ngram_prompts.py)", [p for _, p in COPY_PROMPTS]))
+    code = run_benchmark(eng, providers, n_prompts=args.humaneval, **common)
     report = {"benchmark": "ngram_cpu", "command": " ".join(["python"] + sys.argv), "copy": copy,
-              "humaneval": code, "copy_prompt_kinds": [k for k, _ in COPY_PROMPTS]}
+              "humaneval": code, "copy_prompt_kinds": [k for k, _ in COPY_PROMPTS],
+              "protocol": "fixed length, EOS ignored" if args.fixed_length else "whole replies (stop at EOS)"}
     if "ar" in providers and copy["exact_match_reference"] == "ar":
         report["ngram_bound"] = {"copy": bound(copy), "humaneval": bound(code)}
         for name, b in report["ngram_bound"].items():

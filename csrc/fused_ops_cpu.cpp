@@ -76,6 +76,10 @@ torch::Tensor silu_and_mul_cpu(const torch::Tensor& gu) {
               "gate_up must be a contiguous [rows, 2 * I] tensor (gate | up)");
   const int64_t R = gu.size(0), I = gu.size(1) / 2;
   auto out = torch::empty({R, I}, gu.options());
+  if (gu.scalar_type() == at::kFloat) {  // 16 lanes at a time, with our own exp (silu_impl.h)
+    silu_mul_f32_rows(gu.data_ptr<float>(), out.data_ptr<float>(), R, I);
+    return out;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gu.scalar_type(), "silu_and_mul_cpu", [&] {
     const scalar_t* g = gu.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();

@@ -68,6 +68,7 @@ namespace baseline {
 #include "quant_dot_impl.h"
 #include "quant_x8_impl.h"
 #include "row_attention_impl.h"
+#include "silu_impl.h"
 }  // namespace baseline
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -79,6 +80,7 @@ namespace avx2 {
 #include "quant_dot_impl.h"
 #include "quant_x8_impl.h"
 #include "row_attention_impl.h"
+#include "silu_impl.h"
 }  // namespace avx2
 #pragma GCC pop_options
 #pragma GCC push_options
@@ -89,6 +91,7 @@ namespace avx512 {
 #include "quant_dot_impl.h"
 #include "quant_x8_impl.h"
 #include "row_attention_impl.h"
+#include "silu_impl.h"
 }  // namespace avx512
 #pragma GCC pop_options
 #pragma GCC push_options
@@ -101,6 +104,7 @@ namespace avx512vnni {  // the same integer sums, with vpdpbusd / vpdpwssd fusin
 #include "quant_dot_impl.h"
 #include "quant_x8_impl.h"
 #include "row_attention_impl.h"
+#include "silu_impl.h"
 #undef SE_VNNI
 #undef SE_WIDE
 #undef SE_AVX2
@@ -119,6 +123,7 @@ struct Kernels {
   void (*dequantize)(int64_t, const uint8_t*, int64_t, float*);
   void (*dense)(bool, const float*, int64_t, int64_t, const void*, float*, int64_t, int64_t, int64_t, float*);
   void (*attention)(bool, const AttnArgs&, int64_t, int64_t, float*, float*, float*);
+  void (*silu_mul)(const float*, const float*, float*, int64_t);
 };
 
 // Every copy this CPU runs, widest first (CPUID): never a per-machine constant.
@@ -129,16 +134,16 @@ std::vector<Kernels> runnable() {
                       __builtin_cpu_supports("avx512vl");
   if (avx512 && __builtin_cpu_supports("avx512vnni"))
     out.push_back({"avx512vnni", avx512vnni::quantize_rows, avx512vnni::matmul_int, avx512vnni::matmul_x8, avx512vnni::dequantize,
-                   avx512vnni::dense_matmul, avx512vnni::row_attention});
+                   avx512vnni::dense_matmul, avx512vnni::row_attention, avx512vnni::silu_mul});
   if (avx512)
     out.push_back({"avx512", avx512::quantize_rows, avx512::matmul_int, avx512::matmul_x8, avx512::dequantize, avx512::dense_matmul,
-                   avx512::row_attention});
+                   avx512::row_attention, avx512::silu_mul});
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
     out.push_back({"avx2", avx2::quantize_rows, avx2::matmul_int, avx2::matmul_x8, avx2::dequantize, avx2::dense_matmul,
-                   avx2::row_attention});
+                   avx2::row_attention, avx2::silu_mul});
 #endif
   out.push_back({"baseline", baseline::quantize_rows, baseline::matmul_int, baseline::matmul_x8, baseline::dequantize,
-                 baseline::dense_matmul, baseline::row_attention});
+                 baseline::dense_matmul, baseline::row_attention, baseline::silu_mul});
   return out;
 }
 
@@ -197,10 +202,18 @@ QuantizedRows quantize_rows_for(const Kernels& k, const torch::Tensor& x, int64_
   QuantizedRows r{torch::empty({M, K}, x.options().dtype(torch::kInt8)), torch::empty({M, K / block}, x.options()),
                   torch::empty({M, K / 16}, x.options().dtype(torch::kInt16)),
                   torch::empty({M, K / 32}, x.options().dtype(torch::kInt16)), {}};
-  k.quantize(x.data_ptr<float>(), M, K, block, r.q.data_ptr<int8_t>(), r.d.data_ptr<float>(), r.bs.data_ptr<int16_t>());
-  const int16_t* bs = r.bs.data_ptr<int16_t>();
+  const float* xp = x.data_ptr<float>();
+  int8_t* q = r.q.data_ptr<int8_t>();
+  float* d = r.d.data_ptr<float>();
+  int16_t* bs = r.bs.data_ptr<int16_t>();
   int16_t* b32 = r.b32.data_ptr<int16_t>();
-  for (int64_t g = 0; g < M * K / 32; ++g) b32[g] = int16_t(bs[2 * g] + bs[2 * g + 1]);  // |sum| <= 32 x 127
+  // Every block is quantized on its own and the rows lie end to end, so the M * K / block blocks are
+  // one flat range that threads split (a verify's rows would otherwise wait on one thread).
+  at::parallel_for(0, M * K / block, std::max<int64_t>(1, 2048 / block), [&](int64_t u0, int64_t u1) {
+    k.quantize(xp + u0 * block, 1, (u1 - u0) * block, block, q + u0 * block, d + u0, bs + u0 * block / 16);
+    for (int64_t g = u0 * block / 32; g < u1 * block / 32; ++g)
+      b32[g] = int16_t(bs[2 * g] + bs[2 * g + 1]);  // |sum| <= 32 x 127
+  });
   r.act = Act{r.q.data_ptr<int8_t>(), r.d.data_ptr<float>(), bs, b32, K, block};
   return r;
 }
@@ -336,6 +349,19 @@ torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k, cons
     fn(bf16, a, begin, end, scratch.data(), scratch.data() + L, scratch.data() + L + D);
   });
   return out;
+}
+
+// silu(gate) * up for fp32 gu [R, 2I] = [gate | up] rows -> out [R, I] (fused_ops_cpu.cpp's fp32 case):
+// split over threads by spans of one row; a value's bits depend on nothing but its gate and up.
+void silu_mul_f32_rows(const float* gu, float* out, int64_t R, int64_t I) {
+  const auto fn = kernels().silu_mul;
+  at::parallel_for(0, R * I, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end;) {
+      const int64_t r = k / I, i = k % I, n = std::min(end - k, I - i);
+      fn(gu + r * 2 * I + i, gu + r * 2 * I + I + i, out + k, n);
+      k += n;
+    }
+  });
 }
 
 // Also a dispatcher op (torch.ops.specengine.row_attention), as the fused step's ops are: tracing

@@ -4,7 +4,8 @@ two halves of the last dim. One launch; a program per (row, column tile).
 Roundings follow transformers' MLP (`act_fn(gate) * up` in the model dtype): silu is
 computed in fp32 and rounded to the dtype, then multiplied by u and rounded again.
 `silu_and_mul_ref` below is the spec; `silu_and_mul_cpu` is the compiled CPU op
-(csrc/fused_ops_cpu.cpp) with the same roundings.
+(csrc/fused_ops_cpu.cpp) with the same roundings. In fp32 the CPU op computes exp its own way
+(csrc/silu_impl.h, 16 lanes at a time): `silu_lanes_ref` is that op's spec, bit for bit.
 """
 from __future__ import annotations
 
@@ -21,6 +22,31 @@ def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for [gate | up] on the last dim, in the input dtype (transformers' MLP)."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def exp_lanes_ref(a: torch.Tensor) -> torch.Tensor:
+    """fp32 exp as csrc/silu_impl.h computes it, one IEEE operation at a time (torch's elementwise
+    fp32 ops on CPU round each result, as the compiled lanes do): Cody-Waite reduction to 2^n e^r with
+    ln 2 in two parts, Cephes' degree-6 polynomial, 2^n from the exponent bits. a > 88.37 -> +inf;
+    a < -87.3 is clamped (1 + exp(a) is 1 there)."""
+    f = lambda v: torch.tensor(v, dtype=torch.float32)  # noqa: E731  (constants rounded to fp32 once)
+    over = a > 88.37
+    a = a.clamp(max=88.37).clamp(min=-87.3)
+    n = (a * f(1.44269504088896341) + f(12582912.0)) - f(12582912.0)
+    r = a - n * f(0.693359375)
+    r = r - n * f(-2.12194440e-4)
+    p = torch.full_like(a, 1.9875691500e-4)
+    for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+        p = p * r + f(c)
+    e = p * (r * r) + r + f(1.0)
+    scale = ((n.to(torch.int32) + 127) << 23).view(torch.float32)
+    return torch.where(over, torch.inf, e * scale)
+
+
+def silu_lanes_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """The fp32 CPU op's spec, bit for bit: x / (1 + exp(-x)) * u with exp as exp_lanes_ref."""
+    x, u = gate_up.float().chunk(2, dim=-1)
+    return x / (1.0 + exp_lanes_ref(-x)) * u
 
 
 @triton.jit

@@ -111,23 +111,25 @@ class _HFRunner:
         self.draft = AutoModelForCausalLM.from_pretrained(draft_path, **kw).to(engine.device).eval() \
             if draft_path else None
         for m in (self.target, self.draft):
-            if m is not None:  # generate exactly max_new_tokens, like ignore_eos=True on our side
+            if m is not None:  # EOS comes per call: none (ignore_eos on our side) or the engine's set
                 m.generation_config.eos_token_id = None
 
     @torch.inference_mode()
-    def generate(self, ids: list[int], max_new_tokens: int, provider: str) -> list[int]:
+    def generate(self, ids: list[int], max_new_tokens: int, provider: str, eos: list[int] | None = None) -> list[int]:
         x = torch.tensor([ids], device=self.target.device)
         kw = {"hf": {}, "hf-assisted": dict(assistant_model=self.draft),
               "hf-lookup": dict(prompt_lookup_num_tokens=10)}[provider]
-        out = self.target.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+        out = self.target.generate(x, attention_mask=torch.ones_like(x), do_sample=False, eos_token_id=eos,
                                    max_new_tokens=max_new_tokens, pad_token_id=0, **kw)
         return out[0, len(ids):].tolist()
 
 
 def run_benchmark(engine, providers: list[str], n_prompts: int = 8,
                   max_new_tokens: int = RequestParams.max_new_tokens, target_path=None, draft_path=None, baseline: str | None = None, temperature: float = 0.0,
-                  seed: int = 0, prompts: tuple[str, list[str]] | None = None) -> dict:
+                  seed: int = 0, prompts: tuple[str, list[str]] | None = None, stop_at_eos: bool = False) -> dict:
     """prompts: (a label, the prompt texts) in place of HumanEval[:n_prompts].
+    stop_at_eos: every provider stops at the engine's EOS ids (whole replies, as a user gets them);
+    by default each generates exactly max_new_tokens.
     temperature > 0: every provider of ours samples with the same seed (tokens then agree
     only where the methods draw the same numbers; speeds and acceptance are what compare).
 
@@ -145,7 +147,7 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8,
     ids = [engine.encode(p)[0][0] for p in prompts]
     siblings = {}  # draft_vocab -> an engine on the same models with the draft's head cut
     runs = {spec: _provider_fn(_with_draft_vocab(engine, split_vocab(spec)[1], siblings), hf, name, gamma, policy,
-                               threshold, temperature, seed, tree)
+                               threshold, temperature, seed, tree, stop_at_eos)
             for spec, name, gamma, policy, threshold, tree in specs}
     for run in runs.values():
         run(ids[0], 4)  # warm-up: first-call allocations and library start-up
@@ -196,6 +198,7 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8,
     for row in rows.values():
         row["speedup"] = row["tokens_per_s"] / rows[base]["tokens_per_s"]
     report = {"benchmark": "e2e", "baseline": base, "n_prompts": len(ids), "max_new_tokens": max_new_tokens,
+              "stop_at_eos": stop_at_eos,
               "prompts": label, "greedy": not temperature, "temperature": temperature,
               "seed": seed,
               "dtype": str(engine.target.dtype).removeprefix("torch."),
@@ -252,15 +255,16 @@ def _with_draft_vocab(engine, size: int | None, siblings: dict):
     return siblings[size]
 
 
-def _provider_fn(engine, hf, name, gamma, policy, threshold, temperature, seed, tree=None):
+def _provider_fn(engine, hf, name, gamma, policy, threshold, temperature, seed, tree=None, stop_at_eos=False):
     if name in HF_PROVIDERS:
-        return lambda ids, n: (hf.generate(ids, n, name), None)
+        eos = sorted(engine.eos_ids) if stop_at_eos else None
+        return lambda ids, n: (hf.generate(ids, n, name, eos), None)
 
     def ours(ids, n):
         r = engine.generate(ids, max_new_tokens=n, method=name, gamma=gamma, temperature=temperature, seed=seed,
                             policy=(policy or "fixed") if name == "sd" and tree is None else policy,
                             threshold=threshold, tree=tree,
-                            ignore_eos=True)
+                            ignore_eos=not stop_at_eos)
         return r.token_ids, r.stats
     return ours
 

@@ -120,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--n-prompts", type=int, default=8)
     b.add_argument("--baseline", default=None, help="provider the speedups are relative to (default: first)")
     _request_args(b, ("max_new_tokens", "temperature", "seed"), temperature="> 0: our providers sample (same seed)")
+    b.add_argument("--stop-at-eos", action="store_true",
+                   help="every provider stops at EOS (whole replies); default: exactly --max-new-tokens each")
     b.add_argument("--out", default=None, help="write the JSON report here")
 
     from .training.head import HeadRecipe
@@ -201,7 +203,7 @@ def cmd_bench(args):
                            target_path=resolve(args.target),
                            draft_path=resolve(args.draft) if args.draft not in (None, "ngram") else None,
                            baseline=args.baseline,
-                           temperature=args.temperature, seed=args.seed)
+                           temperature=args.temperature, seed=args.seed, stop_at_eos=args.stop_at_eos)
     print(format_table(report))
     if args.out:
         print(f"wrote {save(report, args.out)}")

@@ -12,7 +12,7 @@ from specengine.kernels import cpu_ext
 from specengine.kernels.add_rms_norm import add_rms_norm_cpu, add_rms_norm_ref
 from specengine.kernels.ops import CPU_OPS, resolve
 from specengine.kernels.rope_kv_write import rope_kv_write_cpu, rope_kv_write_ref
-from specengine.kernels.silu_and_mul import silu_and_mul_cpu, silu_and_mul_ref
+from specengine.kernels.silu_and_mul import exp_lanes_ref, silu_and_mul_cpu, silu_and_mul_ref, silu_lanes_ref
 
 if cpu_ext.EXT is None:  # CI builds it; a strict run fails on this skip
     pytest.skip("the compiled extension is not built", allow_module_level=True)
@@ -56,6 +56,30 @@ def test_silu_and_mul_matches_the_reference(dtype, rows, inter):
     out = silu_and_mul_cpu(gu)
     assert out.dtype == dtype
     torch.testing.assert_close(out, silu_and_mul_ref(gu), **TOL[dtype])
+
+
+@pytest.mark.parametrize("rows,inter", [(1, 16), (3, 37), (5, 8960), (2, 1)])
+def test_fp32_silu_lanes_are_their_spec_bit_for_bit_on_every_copy(ext, rows, inter):
+    """fp32 runs csrc/silu_impl.h: every instruction-set copy, every tail length and the special
+    values give exactly silu_lanes_ref's bits (the op's spec, one torch op per step)."""
+    gu = rand(rows, 2 * inter, seed=9, scale=8.0)
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 88.5, -88.5, -88.37, 87.4, -87.4, 0.0, -0.0,
+                            1e-30, -1e-30, 100.0, -100.0, 20.0, -20.0])
+    gu[0, :min(16, inter)] = special[:inter]
+    out, ref = silu_and_mul_cpu(gu), silu_lanes_ref(gu)
+    assert torch.equal(out.isnan(), ref.isnan())
+    assert torch.equal(out.nan_to_num(), ref.nan_to_num()) and torch.equal(out.signbit(), ref.signbit())
+
+
+def test_the_lanes_exp_is_exp_within_three_ulp():
+    """The spec itself against float64 exp over the range where SiLU needs it (and +inf past it)."""
+    import numpy as np
+
+    a = torch.cat([torch.linspace(-87.3, 88.37, 400_001), torch.randn(20_000) * 3])
+    got, true = exp_lanes_ref(a).double(), torch.exp(a.double())
+    ulp = torch.from_numpy(np.spacing(true.float().numpy())).double()
+    assert ((got - true).abs() / ulp).max() < 3
+    assert torch.isinf(exp_lanes_ref(torch.tensor([88.4, 1e30]))).all()
 
 
 def test_silu_and_mul_takes_a_batch_and_refuses_an_odd_width():

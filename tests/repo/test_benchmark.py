@@ -74,3 +74,21 @@ def test_providers_run_side_by_side_prompt_by_prompt(tiny_pair, tokenizer, monke
     eng = Engine(tiny_pair[0], tokenizer, max_seq_len=128)
     run_benchmark(eng, ["ar", "ngram:auto"], n_prompts=3, max_new_tokens=6, baseline="ar")
     assert calls == [("ar", 4), ("ngram", 4)] + [("ar", 6), ("ngram", 6)] * 3
+
+
+def test_stop_at_eos_ends_every_provider_at_the_engines_eos(tiny_dir, tiny_pair, tokenizer, monkeypatch):
+    """Whole replies: ours and transformers' generate stop at the same EOS token (kept), and
+    without the flag each provider generates exactly max_new_tokens."""
+    monkeypatch.setattr(benchmark, "humaneval", lambda n: [{"prompt": "def f(x):"}])
+    eng = Engine(tiny_pair[0], tokenizer, max_seq_len=128)
+    full = eng.generate("def f(x):", max_new_tokens=12, ignore_eos=True).token_ids
+    cut = next(i for i in range(2, 12) if full[i] not in full[:i])  # a token first seen at i
+    eng.eos_ids = {full[cut]}
+    providers = ["ar", "ngram:auto", "hf"]
+    kw = dict(n_prompts=1, max_new_tokens=12, target_path=tiny_dir, baseline="ar")
+    stopped = run_benchmark(eng, providers, stop_at_eos=True, **kw)
+    assert stopped["stop_at_eos"] and stopped["reference_outputs"] == [full[:cut + 1]]
+    assert all(r["new_tokens"] == cut + 1 and r["same_tokens_as_reference"] for r in stopped["results"])
+    fixed = run_benchmark(eng, providers, **kw)
+    assert fixed["reference_outputs"] == [full]
+    assert all(r["new_tokens"] == 12 and r["same_tokens_as_reference"] for r in fixed["results"])
