@@ -88,3 +88,16 @@ def test_acceptance_by_position_of_a_draft_equal_to_the_target(engine):
     r = engine.generate("ab", max_new_tokens=12, ignore_eos=True, method="sd", gamma=3)
     assert r.stats["acceptance_by_position"] == [1.0, 1.0, 1.0]  # the draft is the target: nothing rejected
     assert sum(r.stats["accepted_by_position"]) == r.stats["accepted_drafts"]
+
+
+def test_end_of_generation_tokens_count_as_eos(tiny_pair):
+    """A GGUF names one eos id; the tokenizer's other end tokens (Qwen's <|endoftext|> after its
+    <|im_end|>) end a reply too, as transformers' generation_config and llama.cpp have them."""
+    from conftest import make_tokenizer
+
+    tok = make_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|fim_pad|>"]})
+    eng = Engine(tiny_pair[0], tok, max_seq_len=64)
+    ends = {tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
+    assert ends | {tok.eos_token_id} <= eng.eos_ids
+    assert tok.convert_tokens_to_ids("<|fim_pad|>") not in eng.eos_ids  # a special token, not an end
