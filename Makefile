@@ -65,7 +65,7 @@ bench-gguf: $(STAMP)
 # N-gram drafting on prompts that copy their input (bench/ngram_prompts.py) and on HumanEval:
 # HF generate and its prompt lookup, our ar, n-gram chains and tree, the draft model, the hybrid
 # Whole replies (each provider stops at EOS, up to 512 tokens; `--fixed-length` for 128 tokens, EOS
-# ignored): about 40 minutes on 2 cores, most of it transformers' fp32.
+# ignored): 25-30 minutes on 2 cores, most of it transformers' fp32.
 bench-ngram: $(STAMP)
 	$(PY) bench/ngram_cpu.py --out bench/results/cpu_ngram.json
 
