@@ -8,6 +8,7 @@ from typing import Iterator
 import torch
 
 from .config import EngineConfig
+from .eos import eos_ids
 from .errors import SpecEngineError
 from .generation import Generation, check_capacity, headroom
 from .methods import METHODS, Method
@@ -27,12 +28,6 @@ from .runtime.graphs import dedicated_stream
 from .runtime.runner import ModelRunner
 from .request import RequestParams
 from .runtime.step_costs import measure_step_costs
-
-
-# Special tokens that end a generation, by their text (llama.cpp's end-of-generation set, roughly):
-# counted as EOS wherever the tokenizer has one of them as an added token.
-END_OF_GENERATION = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<end_of_turn>",
-                     "<|end|>", "<EOT>")
 
 
 @dataclass
@@ -271,18 +266,7 @@ class Engine:
             raise SpecEngineError(f"method {method!r} needs a draft model (pass draft=...)", "method")
 
     def _eos_ids(self) -> set[int]:
-        """The tokenizer's and the config's EOS ids, and every special token that ends a generation by
-        its text (END_OF_GENERATION): a GGUF names one eos id (Qwen's <|im_end|>), yet a reply that
-        reaches <|endoftext|> is over, and transformers stops there too (generation_config.json)."""
-        ids = set()
-        for src in (self.tokenizer.eos_token_id, getattr(self.target.config.hf_config, "eos_token_id", None)):
-            if isinstance(src, int):
-                ids.add(src)
-            elif isinstance(src, (list, tuple)):
-                ids.update(int(i) for i in src)
-        added = getattr(self.tokenizer, "added_tokens_encoder", None) or {}
-        ids.update(added[t] for t in END_OF_GENERATION if t in added)
-        return ids
+        return eos_ids(self.tokenizer, self.target.config.hf_config)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
