@@ -9,8 +9,8 @@
 // to kMaxRows activation rows; every row takes the same operations whatever the chunk holds, so a row's
 // result never depends on its neighbours (batch-invariant).
 
-// Row x [K] -> q [K] (round to nearest even, |q| <= 127), d [K/block], bs [K/16]. The torch reference
-// does the same float operations (amax / 127, 127 / amax, x * that, rounded).
+// x [K] (a row, or any run of whole blocks) -> q [K] (round to nearest even, |q| <= 127), d [K/block],
+// bs [K/16]. The torch reference does the same float operations (amax / 127, 127 / amax, x * that, rounded).
 inline void quantize_row(const float* __restrict x, int64_t K, int64_t block, int8_t* __restrict q,
                          float* __restrict d, int16_t* __restrict bs) {
   for (int64_t b = 0; b < K / block; ++b) {
@@ -355,9 +355,4 @@ inline void matmul_int(int64_t qtype, const Act& a, int64_t M, const uint8_t* w,
     case kQ5_K: return matmul_q8<kQ5_K>(a, M, w, row_bytes, y, N, begin, end);
     default: return matmul_q8<kQ6_K>(a, M, w, row_bytes, y, N, begin, end);
   }
-}
-
-inline void quantize_rows(const float* x, int64_t M, int64_t K, int64_t block, int8_t* q, float* d, int16_t* bs) {
-  for (int64_t m = 0; m < M; ++m)
-    quantize_row(x + m * K, K, block, q + m * K, d + m * (K / block), bs + m * (K / 16));
 }

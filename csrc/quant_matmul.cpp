@@ -117,7 +117,7 @@ namespace avx512vnni {  // the same integer sums, with vpdpbusd / vpdpwssd fusin
 // One instruction set's copy of the hot loops.
 struct Kernels {
   const char* isa;
-  void (*quantize)(const float*, int64_t, int64_t, int64_t, int8_t*, float*, int16_t*);
+  void (*quantize)(const float*, int64_t, int64_t, int8_t*, float*, int16_t*);  // quantize_row
   void (*matmul)(int64_t, const Act&, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t);
   void (*matmul_x8)(int64_t, const Act&, int64_t, const uint8_t*, float*, int64_t, int64_t, int64_t, uint8_t*);
   void (*dequantize)(int64_t, const uint8_t*, int64_t, float*);
@@ -133,16 +133,16 @@ std::vector<Kernels> runnable() {
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl");
   if (avx512 && __builtin_cpu_supports("avx512vnni"))
-    out.push_back({"avx512vnni", avx512vnni::quantize_rows, avx512vnni::matmul_int, avx512vnni::matmul_x8, avx512vnni::dequantize,
+    out.push_back({"avx512vnni", avx512vnni::quantize_row, avx512vnni::matmul_int, avx512vnni::matmul_x8, avx512vnni::dequantize,
                    avx512vnni::dense_matmul, avx512vnni::row_attention, avx512vnni::silu_mul});
   if (avx512)
-    out.push_back({"avx512", avx512::quantize_rows, avx512::matmul_int, avx512::matmul_x8, avx512::dequantize, avx512::dense_matmul,
+    out.push_back({"avx512", avx512::quantize_row, avx512::matmul_int, avx512::matmul_x8, avx512::dequantize, avx512::dense_matmul,
                    avx512::row_attention, avx512::silu_mul});
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    out.push_back({"avx2", avx2::quantize_rows, avx2::matmul_int, avx2::matmul_x8, avx2::dequantize, avx2::dense_matmul,
+    out.push_back({"avx2", avx2::quantize_row, avx2::matmul_int, avx2::matmul_x8, avx2::dequantize, avx2::dense_matmul,
                    avx2::row_attention, avx2::silu_mul});
 #endif
-  out.push_back({"baseline", baseline::quantize_rows, baseline::matmul_int, baseline::matmul_x8, baseline::dequantize,
+  out.push_back({"baseline", baseline::quantize_row, baseline::matmul_int, baseline::matmul_x8, baseline::dequantize,
                  baseline::dense_matmul, baseline::row_attention, baseline::silu_mul});
   return out;
 }
@@ -210,7 +210,7 @@ QuantizedRows quantize_rows_for(const Kernels& k, const torch::Tensor& x, int64_
   // Every block is quantized on its own and the rows lie end to end, so the M * K / block blocks are
   // one flat range that threads split (a verify's rows would otherwise wait on one thread).
   at::parallel_for(0, M * K / block, std::max<int64_t>(1, 2048 / block), [&](int64_t u0, int64_t u1) {
-    k.quantize(xp + u0 * block, 1, (u1 - u0) * block, block, q + u0 * block, d + u0, bs + u0 * block / 16);
+    k.quantize(xp + u0 * block, (u1 - u0) * block, block, q + u0 * block, d + u0, bs + u0 * block / 16);
     for (int64_t g = u0 * block / 32; g < u1 * block / 32; ++g)
       b32[g] = int16_t(bs[2 * g] + bs[2 * g + 1]);  // |sum| <= 32 x 127
   });

@@ -81,7 +81,7 @@ class Engine:
         self.dtype_choice, self._dtype_notes = None, set()  # from_pretrained sets the choice (dtype "auto")
         self.set_cpu_matmul(cfg.cpu_matmul)
         self.set_batch_invariant(cfg.batch_invariant, cfg.invariant_width)  # probes the kernels the plan chose
-        self.eos_ids = self._eos_ids()
+        self.eos_ids = eos_ids(self.tokenizer, self.target.config.hf_config)
 
     @classmethod
     def from_pretrained(cls, target: str, draft: str | None = None, config: EngineConfig | None = None,
@@ -264,9 +264,6 @@ class Engine:
             raise SpecEngineError(f"unknown method {method!r}; choose from {', '.join(METHODS)}", "method")
         if METHODS[method].needs_draft and self.draft is None:
             raise SpecEngineError(f"method {method!r} needs a draft model (pass draft=...)", "method")
-
-    def _eos_ids(self) -> set[int]:
-        return eos_ids(self.tokenizer, self.target.config.hf_config)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
