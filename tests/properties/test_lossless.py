@@ -65,7 +65,7 @@ def test_eos_stops_each_row_at_its_own_place(engines):
     eng = engines["perturbed"]
     full = eng.generate(PROMPTS, max_new_tokens=30, method="ar", ignore_eos=True)
     stop_tok = full[0].token_ids[7]  # make a token that appears mid-way act as EOS
-    eng.eos_ids = {stop_tok}
+    saved, eng.eos_ids = eng.eos_ids, {stop_tok}
     try:
         for method in ("ar", "sd"):
             out = eng.generate(PROMPTS, max_new_tokens=30, method=method, gamma=4)
@@ -74,4 +74,4 @@ def test_eos_stops_each_row_at_its_own_place(engines):
                 assert o.token_ids == f.token_ids[:cut]
                 assert o.finish_reason == ("eos" if stop_tok in f.token_ids else "length")
     finally:
-        eng.eos_ids = eng._eos_ids()
+        eng.eos_ids = saved
