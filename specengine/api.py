@@ -74,6 +74,7 @@ class Engine:
         self._heads = {}  # mode -> AcceptanceHead, loaded on first use
         self._drafter = None
         self._step_costs = {}  # batch -> StepCosts, measured on first need (sd gamma="auto", pearl)
+        self._acceptance = {}  # decoding mode -> the draft's acceptance rate the last call learned (γ auto)
         self._side_stream = None
         # `ar` launches each round before reading the last (docs/design.md, "Overlapped rounds");
         # only a GPU runs ahead of the host, so elsewhere it would only cost a discarded round
@@ -245,7 +246,7 @@ class Engine:
         step-cost cache, head, drafter and side stream (resolved lazily, on first use)."""
         return MethodContext(self.target, self.draft, self.device, self.ops, step_costs=self.step_costs,
                              acceptance_head=self.acceptance_head, parallel_drafter=self.parallel_drafter,
-                             side_stream=self.side_stream)
+                             side_stream=self.side_stream, acceptance=self._acceptance)
 
     # ------------------------------------------------------------------ helpers
     def _say_better_dtypes(self, method: str) -> None:

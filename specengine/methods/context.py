@@ -12,11 +12,13 @@ needs one never pays for it, and a missing one is an error of that call only):
 - `step_costs(state, max_width)`: measured draft step and target forward costs, cached per
   batch size (runtime/step_costs.py);
 - `acceptance_head(mode)`, `parallel_drafter()`: SpecDec++'s head, ParallelSpec's drafter;
-- `side_stream()`: the second CUDA stream PEARL drafts on (None off CUDA).
+- `side_stream()`: the second CUDA stream PEARL drafts on (None off CUDA);
+- `acceptance`: the draft's acceptance rate per decoding mode that the engine's earlier calls
+  learned (γ auto starts from it rather than from a prior; `acceptance_key`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -41,6 +43,11 @@ class MethodContext:
     acceptance_head: Callable = _missing("acceptance head")
     parallel_drafter: Callable = _missing("parallel drafter")
     side_stream: Callable = lambda: None  # noqa: E731 - no second stream unless on CUDA
+    acceptance: dict = field(default_factory=dict)
+
+    @staticmethod
+    def acceptance_key(generation) -> str:
+        return "greedy" if generation.state.params.greedy else "sampled"
 
     def sample_draft(self, logits, params, seed, offset, pos: int):
         """One draft token per row (methods/sampling.py `sample_draft`, on this table's sampler)."""

@@ -35,12 +35,16 @@ from .ngram_policy import NgramGammaPolicy
 from ..errors import SpecEngineError
 from .base import Method, speculative_stats
 from .context import MethodContext
-from .policies import make_policy, round_rate
+from .policies import expected_tokens, make_policy
 from .state import DecodeState, RoundOutput
 from .steps import PlainStep, chain_round, verify_and_commit, verify_tree_and_commit
 from .token_tree import TokenTree
 
 MIN_TIMED_PREFILL = 16  # prompt tokens below which the driver's prefill time is mostly overhead, not a rate
+# hybrid, draft prefill deferred: the reply is expected to write this many times what it has so far
+# (bench/hybrid_policy_replay.py on the benchmark's prompts: 1x 1.00, 2x 1.016, 4x 1.021, 8x 0.974
+# of the better single source; 4x primed a short reply that lost by it)
+PRIME_HORIZON = 2.0
 
 
 def to_device(rows: list[list[int]], device) -> torch.Tensor:
@@ -73,7 +77,10 @@ class NgramDecoding(Method):
         self.draft_policy = make_policy("fixed", gamma)  # hybrid: the draft model's chain length
         self.hybrid, self.kind = False, "plain"  # this round: "ngram", "draft" or "plain"
         self.gap: list[int] = []  # hybrid: per row, at most this many committed tokens the draft has not read
-        self.unmatched_run = 0  # consecutive rounds in which no row had a proposal worth verifying
+        self.key = "greedy"  # hybrid: the decoding mode the engine keeps the draft's acceptance under
+        self.saved = 0.0  # hybrid: seconds the draft's chains would have saved so far while its prefill waits
+        self.start: list[int] = []  # per row: its prompt length
+        self.limit: list[int] = []  # per row: the committed length at which it stops (prompt + max_new)
         self.primed: list[bool] = []  # hybrid, per row: the draft's cache holds the row's text
         self.n_host: list[int] = []  # per row: its committed length (prompt + what the syncs read)
         self.prefill_token_s: float | None = None  # the target's measured prefill seconds per prompt token
@@ -95,9 +102,11 @@ class NgramDecoding(Method):
         self.index = [NgramIndex(p, *self.sizes) for p in generation.prompts]
         self.hybrid = self.needs_draft  # `hybrid`: the engine has a draft (checked before the call)
         self.gap = [1] * generation.state.batch  # after prefill the draft holds all but the last token
-        self.unmatched_run = 0
+        self.saved = 0.0
         self.primed = [not self.defers_draft_prefill] * generation.state.batch
         self.n_host = [len(p) for p in generation.prompts]
+        self.start = list(self.n_host)
+        self.limit = [n + row.max_new for n, row in zip(self.start, generation.rows)]
         prefilled = sum(len(p) - 1 for p in generation.prompts)  # the serving core's placeholders: none
         self.prefill_token_s = generation.prefill_s / prefilled if prefilled >= MIN_TIMED_PREFILL else None
         if self.policy.needs_costs or (self.hybrid and self.draft_policy.needs_costs):
@@ -105,6 +114,8 @@ class NgramDecoding(Method):
             if self.policy.needs_costs:  # n-gram proposals are free: only the target's cost per width
                 self.policy.set_costs(dataclasses.replace(costs, draft_s=0.0))
             if self.hybrid and self.draft_policy.needs_costs:
+                self.key = ctx.acceptance_key(generation)
+                self.draft_policy.recall(ctx.acceptance, self.key)
                 self.draft_policy.set_costs(costs)
 
     def reset_rows(self, rows: list[int]) -> None:
@@ -112,7 +123,8 @@ class NgramDecoding(Method):
             self.index[b] = NgramIndex(self.generation.prompts[b], *self.sizes)
             self.gap[b] = 1
             self.primed[b] = not self.defers_draft_prefill
-            self.n_host[b] = len(self.generation.prompts[b])
+            self.n_host[b] = self.start[b] = len(self.generation.prompts[b])
+            self.limit[b] = self.start[b] + self.generation.rows[b].max_new
 
     def see_tokens(self, committed: list[list[int]]) -> None:
         for b, new in enumerate(committed):
@@ -126,28 +138,37 @@ class NgramDecoding(Method):
         rows = self.generation.rows
         return [b for b in range(state.batch) if rows[b].finish_reason is None]
 
+    def plan(self, live: list[int]) -> tuple[str, dict]:
+        """This round's kind ("ngram", "draft" or "plain") and the live rows' proposals
+        {row: (tokens, parents or None)}. Host-only: the indexes and the policies' estimates
+        (bench/hybrid_policy_replay.py replays it without the models)."""
+        gammas = None
+        if self.tree is not None:
+            shape = self.tree
+            found = {b: self.index[b].propose_tree(shape.topk, shape.depth, shape.nodes) for b in live}
+        elif self.by_match:
+            found = {b: hit for b in live if (hit := self.index[b].lookup()) is not None}
+            gammas = self.policy.choose({b: m for b, (_, m) in found.items()})
+            toks = self.index
+            found = {b: (toks[b].tokens[s: s + gammas[b]], None) for b, (s, _) in found.items() if b in gammas}
+        else:
+            g = self.policy.gamma
+            found = {b: (self.index[b].propose(g), None) for b in live} if g else {}
+        if self.hybrid and self._draft_wins(found, gammas, live):
+            # a draft whose own costs say a chain loses here: a plain decode (the draft falls behind)
+            return ("draft" if self.draft_policy.gamma else "plain"), {}
+        return ("ngram" if any(toks for toks, _ in found.values()) else "plain"), found
+
     def round(self, state: DecodeState, timer) -> RoundOutput:
         ctx, live = self.ctx, self._live(state)
-        gammas = None
         with timer.phase("draft"):
-            if self.tree is not None:
-                shape = self.tree
-                found = {b: self.index[b].propose_tree(shape.topk, shape.depth, shape.nodes) for b in live}
-            elif self.by_match:
-                found = {b: hit for b in live if (hit := self.index[b].lookup()) is not None}
-                gammas = self.policy.choose({b: m for b, (_, m) in found.items()})
-                self.unmatched_run = 0 if gammas else self.unmatched_run + 1
-                toks = self.index
-                found = {b: (toks[b].tokens[s: s + gammas[b]], None) for b, (s, _) in found.items() if b in gammas}
-            else:
-                g = self.policy.gamma
-                found = {b: (self.index[b].propose(g), None) for b in live} if g else {}
-        if self.hybrid and self._draft_wins(found, gammas, live):
+            self.kind, found = self.plan(live)
+        if self.kind == "draft":
             return self._draft_round(state, live, timer)
-        if not any(toks for toks, _ in found.values()):
-            self.plain_rounds, self.kind = self.plain_rounds + 1, "plain"
+        if self.kind == "plain":
+            self.plain_rounds += 1
             return self.plain(ctx, state, timer)
-        self.matched_rounds, self.kind = self.matched_rounds + 1, "ngram"
+        self.matched_rounds += 1
         proposals = [found.get(b, ([], [])) for b in range(state.batch)]
         dev = state.tokens.device
         if self.tree is None:  # [drafts padded to the widest, then the row's count]: one copy
@@ -159,29 +180,40 @@ class NgramDecoding(Method):
         return self._tree_round(state, proposals, timer)
 
     def _draft_wins(self, found, gammas, live: list[int]) -> bool:
-        """Hybrid: does this round go to the draft model? With γ auto, the round goes to whichever
-        the measured costs and the learned acceptances expect to commit more tokens per second:
-        the rows' n-gram proposals (a row without one commits its one token), or a plain decode
-        where no row has one, against the draft's chain, counted with the catch-up forwards it
-        needs after the rounds it sat out (spread over the draft rounds expected to follow: one
-        more than the rounds in a row that had no proposal). A match-length bin with too few
-        tries takes its n-gram round, so that its estimate is learned. With a fixed γ: the draft
-        unless every row matched."""
+        """Hybrid: does this round go to the draft model? With γ auto, to whichever of the rows'
+        n-gram proposals (a row without one commits its one token; no row with one: a plain
+        decode) and the draft's chain the measured costs and learned acceptances expect to commit
+        more tokens per second, each charged what it adds:
+        - an n-gram or plain round, while the draft is in use, the draft's later reading of the
+          tokens it commits (`_read_s` per token: what the catch-up will cost);
+        - the draft's chain nothing more: the catch-up of earlier rounds was charged to them.
+        While the draft has not read the rows' text (its prefill deferred), its chain would first
+        pay that prefill once (`_prime_s`). It does so when the time the draft would have saved
+        so far, projected over what the reply may still write (as long again as so far, at most
+        its limit), exceeds the prefill. A match-length bin with too few tries takes its n-gram
+        round, so that its estimate is learned. With a fixed γ: the draft unless every row matched."""
         dp = self.draft_policy
         if gammas is None or getattr(dp, "costs", None) is None:
             return not all(found.get(b, ([], []))[0] for b in live)
         pol, c = self.policy, dp.costs
         if dp.gamma == 0 or (gammas and pol.unexplored(gammas)):
             return False  # the draft's own costs say plain decoding (which the n-gram round beats)
-        if gammas:
-            other = (pol.round_tokens(gammas) + len(live) - len(gammas)) / c.verify_s(max(gammas.values()) + 1)
-        else:
-            other = len(live) / c.verify_s(1)
-        # the catch-up is paid once for the draft rounds that follow: as many as the rounds without
-        # any proposal so far (a stretch of new text tends to go on), spread over them
-        catch_up = self._catch_up_s(max([self.gap[b] for b in live if self.primed[b]], default=2) - 2, c)
-        catch_up += self._prime_s([self.n_host[b] for b in live if not self.primed[b]], c)
-        return len(live) * round_rate(dp.alpha, dp.gamma, c, catch_up / (1 + self.unmatched_run)) > other
+        tokens = (pol.round_tokens(gammas) if gammas else 0.0) + len(live) - len(gammas)
+        seconds = c.verify_s(max(gammas.values(), default=0) + 1)
+        primed = all(self.primed[b] for b in live)
+        if primed:
+            seconds += tokens * self._read_s(self.max_width, c) / self.max_width
+        draft = len(live) * expected_tokens(dp.alpha, dp.gamma) / (dp.gamma * c.draft_s + c.verify_s(dp.gamma + 1))
+        if primed:
+            return draft > tokens / seconds
+        if draft <= tokens / seconds:
+            return False
+        if self.key not in self.ctx.acceptance:
+            return True  # this engine has never seen the draft's acceptance: learn it (one prefill)
+        self.saved += seconds - tokens / draft  # what this round would have saved with the draft
+        out = sum(self.n_host[b] - self.start[b] for b in live)
+        ahead = sum(min(PRIME_HORIZON * (self.n_host[b] - self.start[b]), self.limit[b] - self.n_host[b]) for b in live)
+        return self.saved * ahead / max(out, 1) > self._prime_s([self.n_host[b] for b in live if not self.primed[b]], c)
 
     def _catch_up_s(self, behind: int, costs) -> float:
         """Seconds the draft's chain pays for what the draft missed (steps.read_missed): its first
@@ -253,19 +285,18 @@ class NgramDecoding(Method):
 
     def _draft_round(self, state: DecodeState, live: list[int], timer) -> RoundOutput:
         """Hybrid: the draft model's chain (sd's round), after reading what it missed."""
-        ctx = self.ctx
-        if self.draft_policy.gamma == 0:  # its costs say a draft chain loses here: a plain decode, the draft falls behind
-            self.plain_rounds, self.kind = self.plain_rounds + 1, "plain"
-            return self.plain(ctx, state, timer)
-        self.draft_rounds, self.kind = self.draft_rounds + 1, "draft"
+        self.draft_rounds += 1
         with timer.phase("draft"):
             self._prime(state, live)
         # up to 2 behind the chain's own catch-up reads; more after n-gram rounds it sat out
-        return chain_round(ctx, state, self.draft_policy, timer, max(self.gap[b] for b in live) - 2, self.max_width)
+        return chain_round(self.ctx, state, self.draft_policy, timer, max(self.gap[b] for b in live) - 2,
+                           self.max_width)
 
     def after_round(self, n_acc, num_draft) -> None:
         if self.kind == "draft":
             self.draft_policy.update(n_acc, num_draft)
+            if self.draft_policy.needs_costs:
+                self.draft_policy.remember(self.ctx.acceptance, self.key)
         elif self.by_match:
             self.policy.update_rows(dict(enumerate(n_acc)), dict(enumerate(num_draft)))
         elif self.tree is None and self.policy.gamma and any(num_draft):  # rounds with proposals only

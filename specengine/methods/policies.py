@@ -127,6 +127,17 @@ class AutoGammaPolicy(FixedPolicy):
     def alpha(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
+    def recall(self, store: dict, key: str) -> None:
+        """Start from the acceptance rate the engine's earlier calls learned for this pair and
+        decoding mode (`store[key]`), at the prior's weight, instead of the prior's rate."""
+        alpha, weight = store.get(key), self.accepted + self.rejected
+        if alpha is not None:
+            self.accepted, self.rejected = alpha * weight, (1 - alpha) * weight
+
+    def remember(self, store: dict, key: str) -> None:
+        """Leave the current rate for the engine's next call (a plain round leaves it as it was)."""
+        store[key] = self.alpha
+
     def set_costs(self, costs) -> None:
         self.costs = costs
         self._choose()

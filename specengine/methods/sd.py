@@ -51,7 +51,9 @@ class SpeculativeDecoding(Method):
             mode = "greedy" if generation.state.params.greedy else "sampled"
             # reading a flag per draft step is free only without an asynchronous device queue
             self.policy.attach(ctx.acceptance_head(mode), early_exit=ctx.device.type == "cpu")
-        if self.policy.needs_costs:  # gamma="auto": γ from measured step costs
+        if self.policy.needs_costs:  # gamma="auto": γ from measured step costs and the last call's acceptance
+            self.key = ctx.acceptance_key(generation)
+            self.policy.recall(ctx.acceptance, self.key)
             self.policy.set_costs(ctx.step_costs(generation.state, self.max_width))
 
     def round(self, state: DecodeState, timer) -> RoundOutput:
@@ -72,6 +74,8 @@ class SpeculativeDecoding(Method):
     def after_round(self, n_acc, num_draft) -> None:
         if self.tree is None:
             self.policy.update(n_acc, num_draft)
+        if self.policy.needs_costs:
+            self.policy.remember(self.ctx.acceptance, self.key)
 
     def prediction(self, generation) -> dict:
         """γ auto: the cost model's tokens/s for the rounds it chose beside the measured decode

@@ -1,0 +1,191 @@
+"""`hybrid:auto`'s round choices replayed without the models: the method's own host-side code
+(NgramDecoding.plan, see_tokens, after_round and its policies) driven by the target's greedy
+reply, the draft's teacher-forced predictions and this machine's measured costs. Beside it,
+`ngram:auto` and `sd:auto` replayed the same way, so that a change to the hybrid's choice can be
+judged on a whole prompt set in seconds, before a benchmark run confirms it (issue 39's hybrid
+goal; bench/hybrid_bound.py is the oracle above all three).
+
+Greedy rounds are exact to replay: an n-gram round commits its proposal's agreement with the
+reply plus one token; a draft chain of γ from position i commits min(γ, run[i]) + 1, run[i]
+being how far the draft's argmax agrees with the reply from i on (hybrid_bound.draft_runs).
+Seconds: the target's measured width costs and draft step; the draft's catch-up as the method
+costs it (`_catch_up_s`); its deferred prefill at the measured prompt prefill's rate per token.
+
+    python bench/hybrid_policy_replay.py --data replay.json   # collected once with the real pair
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from types import SimpleNamespace
+
+from hybrid_bound import draft_predictions, draft_runs, prefill_seconds
+from ngram_bound import agreement
+from specengine.methods.ngram import HybridDecoding, NgramDecoding
+from specengine.methods.ngram_index import NgramIndex
+from specengine.methods.policies import AutoGammaPolicy
+from specengine.runtime.step_costs import StepCosts
+
+
+def replay(method_cls, row: dict, costs: StepCosts, store: dict | None = None) -> tuple[float, dict]:
+    """Seconds of one reply by `ngram:auto` (NgramDecoding) or `hybrid:auto` (HybridDecoding),
+    prefills included, and its round counts. store: the engine's acceptance memory (greedy)."""
+    prompt, output = row["prompt"], row["output"]
+    run = draft_runs(row["pred"], len(prompt), output)
+    m = method_cls(gamma="auto")
+    m.ctx, m.key = SimpleNamespace(acceptance={} if store is None else store), "greedy"
+    m.index, m.hybrid = [NgramIndex(prompt, *m.sizes)], m.needs_draft
+    m.gap, m.primed, m.n_host, m.start = [1], [False], [len(prompt)], [len(prompt)]
+    m.limit = [len(prompt) + row.get("max_new", 512)]
+    m.prefill_token_s = row["pre_t"] / max(len(prompt) - 1, 1)
+    m.policy.set_costs(dataclasses.replace(costs, draft_s=0.0))
+    if m.hybrid:
+        m.draft_policy.recall(m.ctx.acceptance, m.key)
+        m.draft_policy.set_costs(costs)
+    d_rate = row["pre_d"] / len(prompt)  # the draft's prefill seconds per token
+    t, i, kinds = row["pre_t"], 0, {"ngram": 0, "draft": 0, "plain": 0}
+    while i < len(output):
+        m.kind, found = m.plan([0])
+        kinds[m.kind] += 1
+        if m.kind == "draft":
+            if not m.primed[0]:
+                t += d_rate * (m.n_host[0] - 1)
+                m.primed[0], m.gap[0] = True, 1
+            g = m.draft_policy.gamma
+            t += m._catch_up_s(m.gap[0] - 2, costs) + g * costs.draft_s + costs.verify_s(g + 1)
+            a, d = min(g, run[i]), g
+        elif m.kind == "ngram":
+            toks = found[0][0]
+            t += costs.verify_s(len(toks) + 1)
+            a, d = agreement(toks, output[i:]), len(toks)
+        else:
+            t += costs.verify_s(1)
+            a, d = 0, 0
+        new = output[i: i + a + 1]
+        m.see_tokens([new])
+        m.after_round([a], [d])
+        i += len(new)
+    return t, kinds
+
+
+def replay_sd(row: dict, costs: StepCosts, store: dict | None = None) -> float:
+    """Seconds of one reply by `sd:auto` (AutoGammaPolicy's γ per round), prefills included."""
+    prompt, output = row["prompt"], row["output"]
+    run, pol, store = draft_runs(row["pred"], len(prompt), output), AutoGammaPolicy(), {} if store is None else store
+    pol.recall(store, "greedy")
+    pol.set_costs(costs)
+    t, i = row["pre_t"] + row["pre_d"], 0
+    while i < len(output):
+        g = pol.gamma
+        a = min(g, run[i])
+        t += g * costs.draft_s + costs.verify_s(g + 1)
+        pol.update([a], [g])
+        pol.remember(store, "greedy")
+        i += a + 1
+    return t
+
+
+def choice_bound(row: dict, costs: StepCosts) -> float:
+    """Seconds of one reply by a hybrid that knows each round's outcome but proposes as the
+    shipped policies do: every round, the n-gram proposal NgramGammaPolicy gives, the draft chain
+    of AutoGammaPolicy's γ or a plain decode, whichever commits faster (the n-gram's tokens charged
+    the draft's later reading); the draft prefilled at the start, or never where that is faster."""
+    prompt, output = row["prompt"], row["output"]
+    run = draft_runs(row["pred"], len(prompt), output)
+    m = HybridDecoding(gamma="auto")
+    m.index = [NgramIndex(prompt, *m.sizes)]
+    m.policy.set_costs(dataclasses.replace(costs, draft_s=0.0))
+    m.draft_policy.set_costs(costs)
+    per_token = m._read_s(m.max_width, costs) / m.max_width
+    t, i, gap = row["pre_t"] + row["pre_d"], 0, 1
+    while i < len(output):
+        hit = m.index[0].lookup()
+        gammas = m.policy.choose({0: hit[1]}) if hit else {}
+        toks = m.index[0].tokens[hit[0]: hit[0] + gammas[0]] if gammas else []
+        a_ng, s_ng = agreement(toks, output[i:]), costs.verify_s(len(toks) + 1)
+        g = m.draft_policy.gamma
+        a_d = min(g, run[i])
+        s_d = m._catch_up_s(gap - 2, costs) + g * costs.draft_s + costs.verify_s(g + 1)
+        if g and (a_d + 1) / s_d > (a_ng + 1) / (s_ng + per_token * (a_ng + 1)):
+            t, a, gap = t + s_d, a_d, 2
+            m.draft_policy.update([a], [g])
+        else:
+            t, a, gap = t + s_ng, a_ng, gap + a_ng + 1
+            if toks:
+                m.policy.update_rows({0: a}, {0: len(toks)})
+        m.index[0].extend(output[i: i + a + 1])
+        i += a + 1
+    return min(t, replay(NgramDecoding, row, costs)[0])
+
+
+def replay_set(rows: list[dict], costs: StepCosts, shared: bool = True) -> dict:
+    """Tokens/s of ar, ngram, sd and hybrid over one prompt set, and the hybrid's round kinds.
+    In the benchmark's order: per prompt, every provider on one engine, `sd` before `hybrid`;
+    shared: they share the engine's acceptance memory (else each call starts from the prior)."""
+    n = sum(len(r["output"]) for r in rows)
+    seconds = {"ar": sum(r["pre_t"] + len(r["output"]) * costs.verify_s(1) for r in rows),
+               "ngram": sum(replay(NgramDecoding, r, costs)[0] for r in rows), "sd": 0.0, "hybrid": 0.0,
+               "hybrid_choice_bound": sum(choice_bound(r, costs) for r in rows)}
+    kinds, store = [], {}
+    for r in rows:
+        seconds["sd"] += replay_sd(r, costs, store if shared else None)
+        s, k = replay(HybridDecoding, r, costs, store if shared else None)
+        seconds["hybrid"] += s
+        kinds.append(k)
+    return {"tokens_per_s": {k: n / s for k, s in seconds.items()}, "hybrid_rounds": kinds}
+
+
+def collect(eng, report: dict) -> dict:
+    """What a replay needs, per prompt of both sets of a bench/ngram_cpu.py report: the prompt,
+    the reference reply, the draft's predictions, both prefill times; and the measured costs."""
+    costs = eng.measured_step_costs[1]
+    sets = {}
+    for name in ("copy", "humaneval"):
+        rep = report[name]
+        sets[name] = [{"prompt": p, "output": o, "pred": draft_predictions(eng, p + o),
+                       "pre_t": prefill_seconds(eng.target, eng.max_seq_len, p),
+                       "pre_d": prefill_seconds(eng.draft, eng.max_seq_len, p)}
+                      for p, o in zip(rep["prompt_ids"], rep["reference_outputs"])]
+    return {"draft_s": costs.draft_s, "verify_s": list(costs.target_s), "sets": sets}
+
+
+def replay_all(data: dict, shared: bool = True) -> dict:
+    costs = StepCosts(1, data["draft_s"], tuple(data["verify_s"]))
+    out = {name: replay_set(rows, costs, shared) for name, rows in data["sets"].items()}
+    mixed = {k: sum(out[s]["tokens_per_s"][k] for s in data["sets"])
+             for k in ("ngram", "sd", "hybrid", "hybrid_choice_bound")}
+    best = max(mixed["ngram"], mixed["sd"])
+    out["hybrid_vs_best_of_mixed_set"] = mixed["hybrid"] / best
+    out["choice_bound_vs_best_of_mixed_set"] = mixed["hybrid_choice_bound"] / best
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", required=True, help="replay data (JSON); collected first if it does not exist")
+    ap.add_argument("--report", default="bench/results/cpu_ngram.json", help="whose prompts and replies to collect")
+    args = ap.parse_args(argv)
+    try:
+        with open(args.data) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        from specengine import Engine
+        from specengine.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
+        eng = Engine.from_pretrained(DEFAULT_TARGET, draft=DEFAULT_DRAFT, max_seq_len=2048)
+        eng.generate("def f(x):", method="hybrid", gamma="auto", max_new_tokens=4)  # measures the step costs
+        with open(args.report) as f:
+            data = collect(eng, json.load(f))
+        with open(args.data, "w") as f:
+            json.dump(data, f)
+    out = replay_all(data)
+    for name in data["sets"]:
+        print(name, {k: round(v, 1) for k, v in out[name]["tokens_per_s"].items()}, out[name]["hybrid_rounds"])
+    print("hybrid vs best of (ngram, sd), mixed set:", round(out["hybrid_vs_best_of_mixed_set"], 3),
+          "| knowing each round's outcome:", round(out["choice_bound_vs_best_of_mixed_set"], 3))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
