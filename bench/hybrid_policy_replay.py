@@ -8,10 +8,11 @@ goal; bench/hybrid_bound.py is the oracle above all three).
 Greedy rounds are exact to replay: an n-gram round commits its proposal's agreement with the
 reply plus one token; a draft chain of γ from position i commits min(γ, run[i]) + 1, run[i]
 being how far the draft's argmax agrees with the reply from i on (hybrid_bound.draft_runs).
-Seconds: the target's measured width costs and draft step; the draft's catch-up as the method
-costs it (`_catch_up_s`); its deferred prefill at the measured prompt prefill's rate per token.
+Seconds: the target's measured width costs and draft step; the draft's catch-up as its chain
+reads it (`catch_up_s`); its deferred prefill at the measured prompt prefill's rate per token.
 
-    python bench/hybrid_policy_replay.py --data replay.json   # collected once with the real pair
+    python bench/hybrid_policy_replay.py --data bench/results/hybrid_replay_data.json \
+        --out bench/results/cpu_hybrid_replay.json   # the data is collected first where the file is missing
 """
 from __future__ import annotations
 
@@ -27,6 +28,18 @@ from specengine.methods.ngram import HybridDecoding, NgramDecoding
 from specengine.methods.ngram_index import NgramIndex
 from specengine.methods.policies import AutoGammaPolicy
 from specengine.runtime.step_costs import StepCosts
+
+
+def catch_up_s(m, behind: int, costs: StepCosts) -> float:
+    """Seconds the draft's chain pays for what it missed (steps.read_missed): its first forward
+    widens from 2 to behind + 2 tokens, at most the method's width, and the rest is read before
+    it in forwards of the width (the method's `_read_s`), each a draft step scaled by the
+    target's cost curve over widths."""
+    if behind <= 0:
+        return 0.0
+    fold = min(behind, m.max_width - 2)
+    widen = costs.verify_s(fold + 2) - costs.verify_s(2)
+    return m._read_s(behind - fold, costs) + costs.draft_s * widen / costs.verify_s(1)
 
 
 def replay(method_cls, row: dict, costs: StepCosts, store: dict | None = None) -> tuple[float, dict]:
@@ -54,7 +67,7 @@ def replay(method_cls, row: dict, costs: StepCosts, store: dict | None = None) -
                 t += d_rate * (m.n_host[0] - 1)
                 m.primed[0], m.gap[0] = True, 1
             g = m.draft_policy.gamma
-            t += m._catch_up_s(m.gap[0] - 2, costs) + g * costs.draft_s + costs.verify_s(g + 1)
+            t += catch_up_s(m, m.gap[0] - 2, costs) + g * costs.draft_s + costs.verify_s(g + 1)
             a, d = min(g, run[i]), g
         elif m.kind == "ngram":
             toks = found[0][0]
@@ -107,7 +120,7 @@ def choice_bound(row: dict, costs: StepCosts) -> float:
         a_ng, s_ng = agreement(toks, output[i:]), costs.verify_s(len(toks) + 1)
         g = m.draft_policy.gamma
         a_d = min(g, run[i])
-        s_d = m._catch_up_s(gap - 2, costs) + g * costs.draft_s + costs.verify_s(g + 1)
+        s_d = catch_up_s(m, gap - 2, costs) + g * costs.draft_s + costs.verify_s(g + 1)
         if g and (a_d + 1) / s_d > (a_ng + 1) / (s_ng + per_token * (a_ng + 1)):
             t, a, gap = t + s_d, a_d, 2
             m.draft_policy.update([a], [g])
@@ -166,6 +179,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True, help="replay data (JSON); collected first if it does not exist")
     ap.add_argument("--report", default="bench/results/cpu_ngram.json", help="whose prompts and replies to collect")
+    ap.add_argument("--out", help="write the replay's figures here (JSON)")
     args = ap.parse_args(argv)
     try:
         with open(args.data) as f:
@@ -182,6 +196,10 @@ def main(argv=None) -> int:
     out = replay_all(data)
     for name in data["sets"]:
         print(name, {k: round(v, 1) for k, v in out[name]["tokens_per_s"].items()}, out[name]["hybrid_rounds"])
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"benchmark": "hybrid_policy_replay", "command": " ".join(["python"] + sys.argv),
+                       "data": args.data, **out}, f, indent=2)
     print("hybrid vs best of (ngram, sd), mixed set:", round(out["hybrid_vs_best_of_mixed_set"], 3),
           "| knowing each round's outcome:", round(out["choice_bound_vs_best_of_mixed_set"], 3))
     return 0

@@ -17,12 +17,14 @@ nothing for that row.
 
 `hybrid` (HybridDecoding, below): with a draft model, each round goes to the n-gram proposals
 or to the draft model's chain as `sd` drafts it (its own γ: the call's, or auto from the draft's
-measured step cost). With γ auto, to the one the costs and acceptances expect to commit more
-tokens per second (`_draft_wins`); with a fixed γ, to the n-gram proposals when every live row
-has one. The draft sits out the n-gram rounds; before it drafts again it reads what it missed
-in forwards of at most the method's width. With γ auto the draft's prefill waits for the first
-draft round too (one prefill of the row's text then): a reply the n-gram proposals carry never
-pays it, and the choice counts it as that round's catch-up.
+measured step cost and the acceptance the engine's last call learned). With γ auto, to the one
+the costs and acceptances expect to commit more tokens per second (`_draft_wins`), an n-gram
+round charged the draft's later reading of its tokens; with a fixed γ, to the n-gram proposals
+when every live row has one. The draft sits out the n-gram rounds; before it drafts again it
+reads what it missed in forwards of at most the method's width. With γ auto the draft's prefill
+is deferred (one prefill of the row's text, at its first chain) until the time its chains would
+have saved, projected over the rest of the reply, pays for it: a reply the n-gram proposals
+carry never pays it.
 """
 from __future__ import annotations
 
@@ -214,17 +216,6 @@ class NgramDecoding(Method):
         out = sum(self.n_host[b] - self.start[b] for b in live)
         ahead = sum(min(PRIME_HORIZON * (self.n_host[b] - self.start[b]), self.limit[b] - self.n_host[b]) for b in live)
         return self.saved * ahead / max(out, 1) > self._prime_s([self.n_host[b] for b in live if not self.primed[b]], c)
-
-    def _catch_up_s(self, behind: int, costs) -> float:
-        """Seconds the draft's chain pays for what the draft missed (steps.read_missed): its first
-        forward widens from 2 to behind + 2 tokens, at most the method's width, and the rest is
-        read before it (`_read_s`). Forwards are costed as a draft step scaled by the target's
-        cost curve over widths."""
-        if behind <= 0:
-            return 0.0
-        fold = min(behind, self.max_width - 2)
-        widen = costs.verify_s(fold + 2) - costs.verify_s(2)
-        return self._read_s(behind - fold, costs) + costs.draft_s * widen / costs.verify_s(1)
 
     def _read_s(self, tokens: int, costs) -> float:
         """Seconds of draft forwards that read `tokens` tokens, at most the method's width each."""

@@ -251,10 +251,9 @@ def test_hybrid_auto_prefills_the_draft_only_when_it_drafts(tiny_pair, tokenizer
     assert fixed.stats["draft_prefills_deferred"] == 0  # a fixed γ drafts wherever a row has no match
 
 
-def test_hybrid_counts_the_deferred_prefill_as_catch_up():
+def test_hybrid_costs_the_deferred_prefill_and_reads_the_row_once():
     """A row whose text the draft has not read costs its prefill: the target's measured prefill
-    rate scaled by the draft/target step ratio, at most the forwards of the method's width. A long
-    prompt keeps the draft out until a stretch without proposals pays for it."""
+    rate scaled by the draft/target step ratio, at most the forwards of the method's width."""
     cost = lambda w: 1.0 + 0.1 * (w - 1)  # noqa: E731
     m, _ = hybrid_at(0.5, 0.9, 0.1, cost)
     c = m.draft_policy.costs
@@ -270,19 +269,13 @@ def test_hybrid_counts_the_deferred_prefill_as_catch_up():
     assert m._prime_s([400], c) == pytest.approx(chunks(399))
     m.prefill_token_s = None  # no prefill timed (the serving core's rows): the chunks
     assert m._prime_s([40], c) == pytest.approx(chunks(39))
-    m.prefill_token_s, m.primed, m.n_host = 0.02, [False], [3000]  # 6 s of draft prefill
-    assert not m._draft_wins({}, {}, [0])
-    m.n_host = [20]
-    assert m._draft_wins({}, {}, [0])
-    m.n_host, m.unmatched_run = [3000], 200
-    assert m._draft_wins({}, {}, [0])
     # once read in, the row is as after a prefill: the draft holds all but its last token
     # (a generate call's rows, none read yet: one batched prefill; the serving core's: row by row)
     calls = []
     draft = SimpleNamespace(prefill_row=lambda *a: calls.append(("row",) + a),
                             prefill=lambda tokens, lens, **kw: calls.append(("all", tokens, lens)))
     m.ctx = MethodContext(target=None, draft=draft, device=None)
-    m.gap, m.n_host = [40], [12]
+    m.gap, m.n_host, m.primed = [40], [12], [False]
     state = SimpleNamespace(tokens=torch.arange(20)[None], n=torch.tensor([12]), batch=1)
     m._prime(state, [0])
     assert m.primed == [True] and m.gap == [1] and m.primes == 1
@@ -378,36 +371,96 @@ def test_hybrid_gives_the_round_to_the_faster_expected_drafter(q, alpha, draft_s
     assert m._draft_wins({0: ([1], None)}, gammas, [0]) == (draft > ngram)
 
 
-def test_hybrid_explores_an_untried_bin_and_counts_the_draft_catch_up():
-    m, gammas = hybrid_at(0.3, 0.9, 0.1, lambda w: 1.0)
+def test_hybrid_explores_an_untried_bin_and_charges_ngram_rounds_the_draft_reading():
+    """While the draft is in use, an n-gram round is charged what the draft will pay to read the
+    tokens it commits: one forward of the method's width W costs a draft step scaled by the
+    target's width curve, so each token draft_s * cost(W) / cost(1) / W. Some close call between
+    an n-gram bin and the draft must flip on that charge, and every call must follow it."""
+    cost = lambda w: 1.0 + 0.1 * (w - 1)  # noqa: E731
+    m, gammas = hybrid_at(0.3, 0.9, 0.1, cost)
     assert m._draft_wins({0: ([1], None)}, gammas, [0])
     m.policy.seen[0][1] = 0.0  # bin 0 untried: its n-gram round comes first
     assert not m._draft_wins({0: ([1], None)}, gammas, [0])
-    # a close call that the draft wins when it is up to date and loses when it must first catch up
-    m, gammas = hybrid_at(0.5, 0.8, 0.2, lambda w: 1.0 + 0.1 * (w - 1))
-    assert m._draft_wins({0: ([1], None)}, gammas, [0])
-    m.gap = [30]
-    assert not m._draft_wins({0: ([1], None)}, gammas, [0])
+    W, flipped = None, 0
+    for q in [i / 40 for i in range(1, 40)]:
+        m, gammas = hybrid_at(q, 0.8, 0.2, cost)
+        if not gammas:
+            continue
+        W, g = m.max_width, gammas[0]
+        tokens = 1 + sum(q ** j for j in range(1, g + 1))  # the bin's curve: q at every position
+        gd = m.draft_policy.gamma
+        draft = sum(0.8 ** j for j in range(gd + 1)) / (gd * 0.2 + cost(gd + 1))
+        taxed = tokens / (cost(g + 1) + tokens * 0.2 * cost(W) / cost(1) / W)
+        assert m._draft_wins({0: ([1] * g, None)}, gammas, [0]) == (draft > taxed), q
+        flipped += taxed < draft < tokens / cost(g + 1)
+    assert W is not None and flipped  # the charge decided at least one round
 
 
-def test_hybrid_counts_every_catch_up_forward_and_may_choose_a_plain_decode():
-    """After a long n-gram run the draft reads what it missed in its chain's first forward (up to
-    the method's width) and, past that, in forwards of at most the width before it; each forward
-    is costed as a draft step scaled by the target's width curve, the first beyond its usual 2."""
+def test_hybrid_prefills_the_draft_once_the_projected_saving_pays_for_it():
+    """Draft prefill deferred (γ auto): an engine that never measured the draft's acceptance
+    tries the draft at the first round it would win, to learn it. Once it knows, each round adds
+    what the draft's chain would have saved; the prefill waits until that saving, projected over
+    what the reply may still write (PRIME_HORIZON times what it has written, at most its limit),
+    exceeds the prefill."""
+    from specengine.methods.ngram import PRIME_HORIZON
+
     cost = lambda w: 1.0 + 0.1 * (w - 1)  # noqa: E731
     m, _ = hybrid_at(0.5, 0.9, 0.1, cost)
-    W = m.max_width
-    assert m._catch_up_s(0, m.draft_policy.costs) == 0.0
-    for behind, before, first in ((1, 0, 3), (W - 2, 0, W), (W - 1, 1, W), (3 * W + 4, 2 * W + 6, W)):
-        # `before` tokens read ahead (full forwards of W, then the rest), then a first forward of `first`
-        ahead = (before // W) * cost(W) + (cost(before % W) if before % W else 0.0)
-        want = 0.1 * (ahead + cost(first) - cost(2)) / cost(1)
-        assert m._catch_up_s(behind, m.draft_policy.costs) == pytest.approx(want)
-    # no row has a proposal: the draft's chain wins against a plain decode while it is up to date,
-    # and loses when it must first read three hundred tokens
-    m.gap = [2]
-    assert m._draft_wins({}, {}, [0])
-    m.gap = [302]
-    assert not m._draft_wins({}, {}, [0])
-    m.unmatched_run = 20  # a long stretch without proposals: the catch-up is spread over the rounds to come
-    assert m._draft_wins({}, {}, [0])
+    m.ctx = MethodContext(target=None, draft=None, device=None)
+    m.prefill_token_s, m.primed, m.start, m.n_host, m.limit = 0.2, [False], [3000], [3000], [3000 + 512]
+    assert m._draft_wins({}, {}, [0])  # the acceptance unknown to the engine: tried at once
+    m.ctx.acceptance[m.key] = 0.9
+    gd = m.draft_policy.gamma
+    saving = cost(1) - (gd * 0.1 + cost(gd + 1)) / sum(0.9 ** j for j in range(gd + 1))  # per plain round
+    assert saving > 0
+    prime = m._prime_s  # checked against the prefill rate above
+
+    def first_round(limit):
+        m.saved, m.n_host, m.limit = 0.0, [3000], [3000 + limit]
+        for k in range(1, limit):
+            if m._draft_wins({}, {}, [0]):
+                return k
+            m.n_host = [3000 + k]  # the plain round committed one token
+        return None
+
+    def want(limit):
+        for k in range(1, limit):
+            out = k - 1
+            if k * saving * min(PRIME_HORIZON * out, limit - out) / max(out, 1) > prime([3000 + out], m.draft_policy.costs):
+                return k
+        return None
+
+    assert first_round(512) == want(512) and 10 < want(512) < 512
+    assert first_round(60) == want(60) is None  # a reply near its limit: too little ahead to pay it back
+
+
+def test_the_draft_acceptance_carries_to_the_engine_next_call(tiny_pair, tokenizer):
+    """γ auto starts from the draft acceptance the engine's last call learned for the decoding
+    mode (sd and hybrid alike), at the prior's weight; a fresh engine starts from the prior."""
+    from specengine.methods.policies import AutoGammaPolicy
+
+    pol = AutoGammaPolicy()
+    weight = pol.accepted + pol.rejected
+    pol.recall({"greedy": 0.93}, "greedy")
+    assert pol.alpha == pytest.approx(0.93) and pol.accepted + pol.rejected == pytest.approx(weight)
+    pol.recall({}, "greedy")
+    assert pol.alpha == pytest.approx(0.93)  # nothing remembered: unchanged
+    e = Engine(tiny_pair[0], tokenizer, tiny_pair[2], max_seq_len=256)
+    e.step_costs = lambda state, width, draft=True: StepCosts(state.batch, draft_s=0.05, target_s=(1.0,) * width)
+    starts = []
+    recall = AutoGammaPolicy.recall
+
+    def spy(self, store, key):
+        recall(self, store, key)
+        starts.append((key, self.alpha))
+    AutoGammaPolicy.recall = spy
+    try:
+        e.generate(PROMPTS[0], max_new_tokens=24, method="sd", gamma="auto", ignore_eos=True)
+        learned = e._acceptance["greedy"]
+        e.generate(PROMPTS[1], max_new_tokens=24, method="hybrid", gamma="auto", ignore_eos=True)
+        e.generate(PROMPTS[1], max_new_tokens=8, method="sd", gamma="auto", temperature=0.8, seed=1)
+    finally:
+        AutoGammaPolicy.recall = recall
+    assert starts[0] == ("greedy", pytest.approx(AutoGammaPolicy().alpha))  # a fresh engine: the prior
+    assert starts[1] == ("greedy", pytest.approx(learned)) and learned != pytest.approx(AutoGammaPolicy().alpha)
+    assert starts[2] == ("sampled", pytest.approx(AutoGammaPolicy().alpha))  # another mode: its own
