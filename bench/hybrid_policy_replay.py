@@ -3,7 +3,9 @@
 reply, the draft's teacher-forced predictions and this machine's measured costs. Beside it,
 `ngram:auto` and `sd:auto` replayed the same way, so that a change to the hybrid's choice can be
 judged on a whole prompt set in seconds, before a benchmark run confirms it (issue 39's hybrid
-goal; bench/hybrid_bound.py is the oracle above all three).
+goal; bench/hybrid_bound.py is the oracle above all three). Two rungs above the shipped hybrid:
+the same choices told per reply whether the draft's prefill pays (at the start, or never), and
+`choice_bound`, which also knows each round's outcome.
 
 Greedy rounds are exact to replay: an n-gram round commits its proposal's agreement with the
 reply plus one token; a draft chain of γ from position i commits min(γ, run[i]) + 1, run[i]
@@ -42,9 +44,11 @@ def catch_up_s(m, behind: int, costs: StepCosts) -> float:
     return m._read_s(behind - fold, costs) + costs.draft_s * widen / costs.verify_s(1)
 
 
-def replay(method_cls, row: dict, costs: StepCosts, store: dict | None = None) -> tuple[float, dict]:
+def replay(method_cls, row: dict, costs: StepCosts, store: dict | None = None,
+           primed: bool = False) -> tuple[float, dict]:
     """Seconds of one reply by `ngram:auto` (NgramDecoding) or `hybrid:auto` (HybridDecoding),
-    prefills included, and its round counts. store: the engine's acceptance memory (greedy)."""
+    prefills included, and its round counts. store: the engine's acceptance memory (greedy);
+    primed: the draft prefilled with the prompt, as `sd` does, instead of deferred."""
     prompt, output = row["prompt"], row["output"]
     run = draft_runs(row["pred"], len(prompt), output)
     m = method_cls(gamma="auto")
@@ -59,6 +63,8 @@ def replay(method_cls, row: dict, costs: StepCosts, store: dict | None = None) -
         m.draft_policy.set_costs(costs)
     d_rate = row["pre_d"] / len(prompt)  # the draft's prefill seconds per token
     t, i, kinds = row["pre_t"], 0, {"ngram": 0, "draft": 0, "plain": 0}
+    if primed:
+        t, m.primed = t + row["pre_d"], [True]
     while i < len(output):
         m.kind, found = m.plan([0])
         kinds[m.kind] += 1
@@ -140,13 +146,16 @@ def replay_set(rows: list[dict], costs: StepCosts, shared: bool = True) -> dict:
     n = sum(len(r["output"]) for r in rows)
     seconds = {"ar": sum(r["pre_t"] + len(r["output"]) * costs.verify_s(1) for r in rows),
                "ngram": sum(replay(NgramDecoding, r, costs)[0] for r in rows), "sd": 0.0, "hybrid": 0.0,
-               "hybrid_choice_bound": sum(choice_bound(r, costs) for r in rows)}
+               "hybrid_told_when_to_prefill": 0.0, "hybrid_choice_bound": sum(choice_bound(r, costs) for r in rows)}
     kinds, store = [], {}
     for r in rows:
         seconds["sd"] += replay_sd(r, costs, store if shared else None)
         s, k = replay(HybridDecoding, r, costs, store if shared else None)
         seconds["hybrid"] += s
         kinds.append(k)
+        # the same choices, told per reply whether the draft's prefill pays: at the start, or never
+        seconds["hybrid_told_when_to_prefill"] += min(replay(HybridDecoding, r, costs, dict(store), primed=True)[0],
+                                                      replay(NgramDecoding, r, costs)[0])
     return {"tokens_per_s": {k: n / s for k, s in seconds.items()}, "hybrid_rounds": kinds}
 
 
@@ -168,9 +177,10 @@ def replay_all(data: dict, shared: bool = True) -> dict:
     costs = StepCosts(1, data["draft_s"], tuple(data["verify_s"]))
     out = {name: replay_set(rows, costs, shared) for name, rows in data["sets"].items()}
     mixed = {k: sum(out[s]["tokens_per_s"][k] for s in data["sets"])
-             for k in ("ngram", "sd", "hybrid", "hybrid_choice_bound")}
+             for k in ("ngram", "sd", "hybrid", "hybrid_told_when_to_prefill", "hybrid_choice_bound")}
     best = max(mixed["ngram"], mixed["sd"])
     out["hybrid_vs_best_of_mixed_set"] = mixed["hybrid"] / best
+    out["told_when_to_prefill_vs_best_of_mixed_set"] = mixed["hybrid_told_when_to_prefill"] / best
     out["choice_bound_vs_best_of_mixed_set"] = mixed["hybrid_choice_bound"] / best
     return out
 
@@ -201,6 +211,7 @@ def main(argv=None) -> int:
             json.dump({"benchmark": "hybrid_policy_replay", "command": " ".join(["python"] + sys.argv),
                        "data": args.data, **out}, f, indent=2)
     print("hybrid vs best of (ngram, sd), mixed set:", round(out["hybrid_vs_best_of_mixed_set"], 3),
+          "| told when to prefill:", round(out["told_when_to_prefill_vs_best_of_mixed_set"], 3),
           "| knowing each round's outcome:", round(out["choice_bound_vs_best_of_mixed_set"], 3))
     return 0
 

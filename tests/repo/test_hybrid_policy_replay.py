@@ -79,5 +79,6 @@ def test_the_hybrid_replay_commits_every_token_and_the_bound_includes_ngram():
         assert t >= row["pre_t"] and sum(kinds.values()) >= 1
         assert choice_bound(row, COSTS) <= replay(NgramDecoding, row, COSTS)[0] + 1e-9
     out = replay_all({"draft_s": COSTS.draft_s, "verify_s": list(VERIFY), "sets": {"a": rows[:2], "b": rows[2:]}})
-    assert set(out["a"]["tokens_per_s"]) == {"ar", "ngram", "sd", "hybrid", "hybrid_choice_bound"}
+    assert set(out["a"]["tokens_per_s"]) == {"ar", "ngram", "sd", "hybrid", "hybrid_told_when_to_prefill",
+                                            "hybrid_choice_bound"}
     assert out["choice_bound_vs_best_of_mixed_set"] > 0 and out["hybrid_vs_best_of_mixed_set"] > 0
