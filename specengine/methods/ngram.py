@@ -156,9 +156,8 @@ class NgramDecoding(Method):
         else:
             g = self.policy.gamma
             found = {b: (self.index[b].propose(g), None) for b in live} if g else {}
-        if self.hybrid and self._draft_wins(found, gammas, live):
-            # a draft whose own costs say a chain loses here: a plain decode (the draft falls behind)
-            return ("draft" if self.draft_policy.gamma else "plain"), {}
+        if self.hybrid and self._draft_wins(found, gammas, live):  # never with γ auto at 0
+            return "draft", {}
         return ("ngram" if any(toks for toks, _ in found.values()) else "plain"), found
 
     def round(self, state: DecodeState, timer) -> RoundOutput:
@@ -191,8 +190,8 @@ class NgramDecoding(Method):
         - the draft's chain nothing more: the catch-up of earlier rounds was charged to them.
         While the draft has not read the rows' text (its prefill deferred), its chain would first
         pay that prefill once (`_prime_s`). It does so when the time the draft would have saved
-        so far, projected over what the reply may still write (as long again as so far, at most
-        its limit), exceeds the prefill. A match-length bin with too few tries takes its n-gram
+        so far, projected over what the reply may still write (PRIME_HORIZON times what it has
+        written, at most its limit), exceeds the prefill. A match-length bin with too few tries takes its n-gram
         round, so that its estimate is learned. With a fixed γ: the draft unless every row matched."""
         dp = self.draft_policy
         if gammas is None or getattr(dp, "costs", None) is None:
