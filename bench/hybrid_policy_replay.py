@@ -159,18 +159,26 @@ def replay_set(rows: list[dict], costs: StepCosts, shared: bool = True) -> dict:
     return {"tokens_per_s": {k: n / s for k, s in seconds.items()}, "hybrid_rounds": kinds}
 
 
-def collect(eng, report: dict) -> dict:
+def collect(eng, report: dict, names=("copy", "humaneval")) -> dict:
     """What a replay needs, per prompt of both sets of a bench/ngram_cpu.py report: the prompt,
     the reference reply, the draft's predictions, both prefill times; and the measured costs."""
     costs = eng.measured_step_costs[1]
     sets = {}
-    for name in ("copy", "humaneval"):
+    for name in names:
         rep = report[name]
         sets[name] = [{"prompt": p, "output": o, "pred": draft_predictions(eng, p + o),
                        "pre_t": prefill_seconds(eng.target, eng.max_seq_len, p),
                        "pre_d": prefill_seconds(eng.draft, eng.max_seq_len, p)}
                       for p, o in zip(rep["prompt_ids"], rep["reference_outputs"])]
     return {"draft_s": costs.draft_s, "verify_s": list(costs.target_s), "sets": sets}
+
+
+def collect_prompts(eng, prompts: list, name: str) -> dict:
+    """Replay data for prompts of our own: `ar`'s whole replies (up to 512 tokens, stopping at
+    EOS), then what `collect` reads."""
+    ids = [eng.encode(p)[0][0] for p in prompts]
+    outputs = [eng.generate(i, max_new_tokens=512, method="ar").token_ids for i in ids]
+    return collect(eng, {name: {"prompt_ids": ids, "reference_outputs": outputs}}, names=(name,))
 
 
 def replay_all(data: dict, shared: bool = True) -> dict:
@@ -190,6 +198,8 @@ def main(argv=None) -> int:
     ap.add_argument("--data", required=True, help="replay data (JSON); collected first if it does not exist")
     ap.add_argument("--report", default="bench/results/cpu_ngram.json", help="whose prompts and replies to collect")
     ap.add_argument("--out", help="write the replay's figures here (JSON)")
+    ap.add_argument("--tuning", action="store_true",
+                    help="collect from bench/hybrid_tuning_prompts.py instead of the report's prompts")
     args = ap.parse_args(argv)
     try:
         with open(args.data) as f:
@@ -199,8 +209,12 @@ def main(argv=None) -> int:
         from specengine.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
         eng = Engine.from_pretrained(DEFAULT_TARGET, draft=DEFAULT_DRAFT, max_seq_len=2048)
         eng.generate("def f(x):", method="hybrid", gamma="auto", max_new_tokens=4)  # measures the step costs
-        with open(args.report) as f:
-            data = collect(eng, json.load(f))
+        if args.tuning:
+            from hybrid_tuning_prompts import TUNING_PROMPTS
+            data = collect_prompts(eng, TUNING_PROMPTS, "tuning")
+        else:
+            with open(args.report) as f:
+                data = collect(eng, json.load(f))
         with open(args.data, "w") as f:
             json.dump(data, f)
     out = replay_all(data)
