@@ -43,11 +43,11 @@ from .steps import PlainStep, chain_round, verify_and_commit, verify_tree_and_co
 from .token_tree import TokenTree
 
 MIN_TIMED_PREFILL = 16  # prompt tokens below which the driver's prefill time is mostly overhead, not a rate
-# hybrid, draft prefill deferred: the reply is expected to write PRIME_HORIZON times what it has
-# so far, and at least PRIME_FLOOR more tokens (at most its limit). Chosen on prompts kept apart
-# from the benchmark's (bench/hybrid_tuning_prompts.py, replayed: horizon 1/2/3 with floor 32:
-# 1.088/1.098/1.099 the better single source; floor 0/16/32/64 at horizon 2: 1.076/1.076/1.098/1.098)
-PRIME_HORIZON, PRIME_FLOOR = 2.0, 32
+# hybrid, draft prefill deferred: the reply is expected to write this many times what it has so far
+# (bench/hybrid_policy_replay.py, the better single source: on the benchmark's prompts 1x 1.00,
+# 2x 1.016, 4x 1.021, 8x 0.974; on prompts kept apart, bench/hybrid_tuning_prompts.py, 1x 1.005,
+# 2x 1.076, 3x 1.092; measured, interleaved A/B: 2x 1.011, and 2x with a floor of 32 tokens 0.975)
+PRIME_HORIZON = 2.0
 
 
 def to_device(rows: list[list[int]], device) -> torch.Tensor:
@@ -192,7 +192,7 @@ class NgramDecoding(Method):
         While the draft has not read the rows' text (its prefill deferred), its chain would first
         pay that prefill once (`_prime_s`). It does so when the time the draft would have saved
         so far, projected over what the reply may still write (PRIME_HORIZON times what it has
-        written and at least PRIME_FLOOR tokens, at most its limit), exceeds the prefill. A match-length bin with too few tries takes its n-gram
+        written, at most its limit), exceeds the prefill. A match-length bin with too few tries takes its n-gram
         round, so that its estimate is learned. With a fixed γ: the draft unless every row matched."""
         dp = self.draft_policy
         if gammas is None or getattr(dp, "costs", None) is None:
@@ -214,8 +214,7 @@ class NgramDecoding(Method):
             return True  # this engine has never seen the draft's acceptance: learn it (one prefill)
         self.saved += seconds - tokens / draft  # what this round would have saved with the draft
         out = sum(self.n_host[b] - self.start[b] for b in live)
-        ahead = sum(min(max(PRIME_HORIZON * (self.n_host[b] - self.start[b]), PRIME_FLOOR), self.limit[b] - self.n_host[b])
-                    for b in live)
+        ahead = sum(min(PRIME_HORIZON * (self.n_host[b] - self.start[b]), self.limit[b] - self.n_host[b]) for b in live)
         return self.saved * ahead / max(out, 1) > self._prime_s([self.n_host[b] for b in live if not self.primed[b]], c)
 
     def _read_s(self, tokens: int, costs) -> float:
