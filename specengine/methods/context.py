@@ -14,7 +14,7 @@ needs one never pays for it, and a missing one is an error of that call only):
 - `acceptance_head(mode)`, `parallel_drafter()`: SpecDec++'s head, ParallelSpec's drafter;
 - `side_stream()`: the second CUDA stream PEARL drafts on (None off CUDA);
 - `acceptance`: the draft's acceptance rate per decoding mode that the engine's earlier calls
-  learned (γ auto starts from it rather than from a prior; `acceptance_key`).
+  learned (γ auto starts from it rather than from a prior), keyed by `decoding_mode`.
 """
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ class MethodContext:
     acceptance: dict = field(default_factory=dict)
 
     @staticmethod
-    def acceptance_key(generation) -> str:
+    def decoding_mode(generation) -> str:
+        """"greedy" or "sampled": what SpecDec++'s head and the acceptance memory are kept per."""
         return "greedy" if generation.state.params.greedy else "sampled"
 
     def sample_draft(self, logits, params, seed, offset, pos: int):

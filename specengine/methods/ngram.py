@@ -117,7 +117,7 @@ class NgramDecoding(Method):
             if self.policy.needs_costs:  # n-gram proposals are free: only the target's cost per width
                 self.policy.set_costs(dataclasses.replace(costs, draft_s=0.0))
             if self.hybrid and self.draft_policy.needs_costs:
-                self.key = ctx.acceptance_key(generation)
+                self.key = ctx.decoding_mode(generation)
                 self.draft_policy.recall(ctx.acceptance, self.key)
                 self.draft_policy.set_costs(costs)
 
@@ -192,8 +192,9 @@ class NgramDecoding(Method):
         While the draft has not read the rows' text (its prefill deferred), its chain would first
         pay that prefill once (`_prime_s`). It does so when the time the draft would have saved
         so far, projected over what the reply may still write (PRIME_HORIZON times what it has
-        written, at most its limit), exceeds the prefill. A match-length bin with too few tries takes its n-gram
-        round, so that its estimate is learned. With a fixed γ: the draft unless every row matched."""
+        written, at most its limit), exceeds the prefill. A match-length bin with too few tries
+        takes its n-gram round, so that its estimate is learned. With a fixed γ: the draft unless
+        every row matched."""
         dp = self.draft_policy
         if gammas is None or getattr(dp, "costs", None) is None:
             return not all(found.get(b, ([], []))[0] for b in live)
@@ -202,20 +203,18 @@ class NgramDecoding(Method):
             return False  # the draft's own costs say plain decoding (which the n-gram round beats)
         tokens = (pol.round_tokens(gammas) if gammas else 0.0) + len(live) - len(gammas)
         seconds = c.verify_s(max(gammas.values(), default=0) + 1)
-        primed = all(self.primed[b] for b in live)
-        if primed:
-            seconds += tokens * self._read_s(self.max_width, c) / self.max_width
         draft = len(live) * expected_tokens(dp.alpha, dp.gamma) / (dp.gamma * c.draft_s + c.verify_s(dp.gamma + 1))
-        if primed:
-            return draft > tokens / seconds
+        if all(self.primed[b] for b in live):
+            return draft > tokens / (seconds + tokens * self._read_s(self.max_width, c) / self.max_width)
         if draft <= tokens / seconds:
             return False
         if self.key not in self.ctx.acceptance:
             return True  # this engine has never seen the draft's acceptance: learn it (one prefill)
         self.saved += seconds - tokens / draft  # what this round would have saved with the draft
-        out = sum(self.n_host[b] - self.start[b] for b in live)
-        ahead = sum(min(PRIME_HORIZON * (self.n_host[b] - self.start[b]), self.limit[b] - self.n_host[b]) for b in live)
-        return self.saved * ahead / max(out, 1) > self._prime_s([self.n_host[b] for b in live if not self.primed[b]], c)
+        written = [self.n_host[b] - self.start[b] for b in live]
+        ahead = sum(min(PRIME_HORIZON * w, self.limit[b] - self.n_host[b]) for w, b in zip(written, live))
+        prime = self._prime_s([self.n_host[b] for b in live if not self.primed[b]], c)
+        return self.saved * ahead / max(sum(written), 1) > prime
 
     def _read_s(self, tokens: int, costs) -> float:
         """Seconds of draft forwards that read `tokens` tokens, at most the method's width each."""
