@@ -26,6 +26,7 @@ from types import SimpleNamespace
 
 from hybrid_bound import draft_predictions, draft_runs, prefill_seconds
 from ngram_bound import agreement
+from specengine.benchmark import environment
 from specengine.methods.ngram import HybridDecoding, NgramDecoding
 from specengine.methods.ngram_index import NgramIndex
 from specengine.methods.policies import AutoGammaPolicy
@@ -223,7 +224,8 @@ def main(argv=None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"benchmark": "hybrid_policy_replay", "command": " ".join(["python"] + sys.argv),
-                       "data": args.data, **out}, f, indent=2)
+                       "environment": environment(), "data": args.data, "data_note": data.get("note"), **out},
+                      f, indent=2)
     print("hybrid vs best of (ngram, sd), mixed set:", round(out["hybrid_vs_best_of_mixed_set"], 3),
           "| told when to prefill:", round(out["told_when_to_prefill_vs_best_of_mixed_set"], 3),
           "| knowing each round's outcome:", round(out["choice_bound_vs_best_of_mixed_set"], 3))
