@@ -18,10 +18,18 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace {
 
@@ -105,6 +113,7 @@ namespace avx512vnni {  // the same integer sums, with vpdpbusd / vpdpwssd fusin
 #include "quant_x8_impl.h"
 #include "row_attention_impl.h"
 #include "silu_impl.h"
+#include "quant_amx_impl.h"
 #undef SE_VNNI
 #undef SE_WIDE
 #undef SE_AVX2
@@ -126,15 +135,49 @@ struct Kernels {
   void (*silu_mul)(const float*, const float*, float*, int64_t);
 };
 
+// AMX-INT8 in CPUID, and Linux lets this process use tile data (ARCH_REQ_XCOMP_PERM: the tiles' 8 KiB of
+// state are opt-in per process; a VM can also withhold them). Asked once.
+bool amx_usable() {
+#if defined(SPECENGINE_X86) && defined(__linux__)
+  static const bool ok = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+#ifdef SPECENGINE_X86
+Kernels vnni_kernels() {
+  return {"avx512vnni", avx512vnni::quantize_row, avx512vnni::matmul_int, avx512vnni::matmul_x8, avx512vnni::dequantize,
+          avx512vnni::dense_matmul, avx512vnni::row_attention, avx512vnni::silu_mul};
+}
+
+Kernels amx_kernels() {
+  Kernels k = vnni_kernels();
+  k.isa = "avx512amx";
+  k.matmul_x8 = avx512vnni::matmul_x8_amx;
+  return k;
+}
+
+bool amx_faster();
+#endif
+
 // Every copy this CPU runs, widest first (CPUID): never a per-machine constant.
 std::vector<Kernels> runnable() {
   std::vector<Kernels> out;
 #ifdef SPECENGINE_X86
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl");
-  if (avx512 && __builtin_cpu_supports("avx512vnni"))
-    out.push_back({"avx512vnni", avx512vnni::quantize_row, avx512vnni::matmul_int, avx512vnni::matmul_x8, avx512vnni::dequantize,
-                   avx512vnni::dense_matmul, avx512vnni::row_attention, avx512vnni::silu_mul});
+  if (avx512 && __builtin_cpu_supports("avx512vnni")) {
+    out.push_back(vnni_kernels());
+    // the tile copy first only where it measured faster; it gives the same bits either way
+    if (amx_usable()) out.insert(amx_faster() ? out.begin() : out.end(), amx_kernels());
+  }
   if (avx512)
     out.push_back({"avx512", avx512::quantize_row, avx512::matmul_int, avx512::matmul_x8, avx512::dequantize, avx512::dense_matmul,
                    avx512::row_attention, avx512::silu_mul});
@@ -217,6 +260,35 @@ QuantizedRows quantize_rows_for(const Kernels& k, const torch::Tensor& x, int64_
   r.act = Act{r.q.data_ptr<int8_t>(), r.d.data_ptr<float>(), bs, b32, K, block};
   return r;
 }
+
+#ifdef SPECENGINE_X86
+// Does the tile loop beat the vector loop on this machine? Timed once, one thread, best of 3 each, at a
+// prefill width (32 rows, two tile chunks) on a synthetic Q4_K weight small enough to stay in cache:
+// what differs between the two is compute. Never a per-machine constant.
+bool amx_faster() {
+  static const bool faster = [] {
+    constexpr int64_t N = 256, K = 2048, M = 32, G = N / 8, nb = K / 256;
+    auto w = torch::randint(0, 256, {G, nb * kBytes[kQ4_K] * avx512vnni::kGroup}, torch::dtype(torch::kUInt8));
+    uint8_t* p = w.data_ptr<uint8_t>();
+    const uint16_t half = 0x1400;  // every d and dmin a small finite fp16 (random bytes could be inf / NaN)
+    for (int64_t b = 0; b < G * nb; ++b)
+      for (int r = 0; r < 2 * avx512vnni::kGroup; ++r) std::memcpy(p + b * avx512vnni::kGroup * kBytes[kQ4_K] + 2 * r, &half, 2);
+    const QuantizedRows xq = quantize_rows_for(vnni_kernels(), torch::randn({M, K}), kValues[kQ4_K]);
+    auto y = torch::empty({M, N});
+    auto best = [&](auto fn) {
+      double s = 1e30;
+      for (int t = 0; t < 3; ++t) {
+        const auto t0 = std::chrono::steady_clock::now();
+        fn(kQ4_K, xq.act, M, p, y.data_ptr<float>(), N, 0, G, nullptr);
+        s = std::min(s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      return s;
+    };
+    return best(avx512vnni::matmul_x8_amx) < best(avx512vnni::matmul_x8);
+  }();
+  return faster;
+}
+#endif
 
 }  // namespace
 

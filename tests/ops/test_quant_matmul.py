@@ -48,7 +48,7 @@ def test_bad_shapes_and_formats_are_refused():
 
 def test_the_kernel_is_built_here():
     """CI builds it (make install); without it the quantized layers fall back to the reference."""
-    assert quant_linear.extension_isa() in ("avx512vnni", "avx512", "avx2", "baseline")
+    assert quant_linear.extension_isa() in ("avx512amx", "avx512vnni", "avx512", "avx2", "baseline")
 
 
 def test_every_copy_the_cpu_runs_is_offered():

@@ -56,15 +56,17 @@ def test_the_q5_0_layout_keeps_high_bits_whole_and_steps_of_value_bytes():
 
 
 def test_the_simd_copies_of_the_interleaved_kernel_agree_bit_for_bit():
-    """AVX2, AVX-512 and the 512-bit VNNI loops (csrc/quant_x8_impl.h) form the same integer sums and
-    take the same float steps, so a machine's choice among them never changes a token. The plain C++
-    copy follows dot_rows' float order instead (checked against the reference above)."""
+    """AVX2, AVX-512, the 512-bit VNNI loops (csrc/quant_x8_impl.h) and, where the CPU has AMX, the
+    tile loop (csrc/quant_amx_impl.h: Q4_K's full 16-row chunks, here rows 0-31, the rest vector)
+    form the same integer sums and take the same float steps, so a machine's choice among them never
+    changes a token. The plain C++ copy follows dot_rows' float order instead (checked against the
+    reference above)."""
     ext = quant_linear._quantext
     simd = [i for i in ext.isas() if i != "baseline"]  # one copy on an AVX2-only CPU: nothing to compare
     widest = ext.isa()
     try:
         for qtype in PACKED:
-            w, x = pack_x8(random_blocks(qtype, 37, 768, seed=1), qtype), torch.randn(9, 768)
+            w, x = pack_x8(random_blocks(qtype, 37, 768, seed=1), qtype), torch.randn(35, 768)
             outs = []
             for isa in simd:
                 ext.set_isa(isa)
