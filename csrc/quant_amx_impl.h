@@ -1,15 +1,17 @@
 // The interleaved Q4_K kernel (quant_x8_impl.h) on AMX tiles, for CPUs with AMX-INT8 (Sapphire Rapids
-// and later). Included inside namespace avx512vnni, after quant_x8_impl.h, whose helpers it reuses.
+// and later), at prefill widths. Included inside namespace avx512vnni, after quant_x8_impl.h, whose
+// helpers it reuses.
 //
-// Why: on those CPUs the vector loop is compute-bound past one activation row (a 17920 x 1536 Q4_K
-// product cost 3.7x one row at 8 rows, 13x at 16: 2-core Xeon VM, bench/x8_rows.py), so a verify
-// of k tokens costs nearly k decodes and speculation has little to win. One tile multiply
-// (TDPBSUD) forms the 16 x R x 32 products of a sub-block for 16 weight rows and R activation rows.
+// Why: at hundreds of rows the vector loop is compute-bound, and a prefill was 20-38% of `ar`'s time
+// on a 2-core Xeon VM. One tile multiply (TDPBSUD) forms the 16 x 16 x 32 products of a sub-block for
+// 16 weight rows and 16 activation rows. Q4_K scales every 32 values, so each multiply's sums must be
+// stored and scaled before the next: that store dominates (bench/amx_tiles_probe.cpp), and fewer than
+// 16 rows lose to the vector loop. So only full 16-row chunks come here (bench/README.md, "AMX").
 //
 // Exactness: a tile's int32 sums are the vector loop's products summed exactly; each sub-block's
 // sums are scaled by its 6-bit scale as integers (vpmulld), and the super-block's float step is
-// q4k_accumulate itself. So every output equals dot_q4k_z's bit for bit, at every row count: the
-// choice of this copy never changes a token, and a row's result never depends on its neighbours.
+// q4k_accumulate itself. So every output equals dot_q4k_z's bit for bit: which loop a row takes
+// never changes a token, and a row's result never depends on its neighbours.
 //
 // Tiles: A = activations [R rows][32 int8] of one sub-block, loaded straight from the quantized rows
 // (stride K); B = the 16 weight rows' 4-bit values as [8][16 x 4] uint8 (the VNNI layout: row t
