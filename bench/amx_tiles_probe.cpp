@@ -55,20 +55,29 @@ inline __m512i load2(const uint8_t* g0, const uint8_t* g1, int off) {  // two gr
   return _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
 }
 
-// sum over super-blocks and rows of (r + 1) x row r's integer sums: one checksum per weight-row lane
-template <bool STORE>
-void per_sub_block(Shape s, const uint8_t* w, const int8_t* x, int32_t* sink) {
-  configure({R, R, R, R, 8, 8, 0, 0}, {64, 64, 32, 32, 64, 64, 0, 0});
-  alignas(64) uint8_t lo[512], hi[512];
-  alignas(64) int32_t clo[R * 16], chi[R * 16], sc[8][16];
-  const __m512i m4 = _mm512_set1_epi8(0xF);
-  __m512i total = _mm512_setzero_si512();
+// f(i, g0, g1, sc) for super-block i of every pair of groups g0, g1, with their sub-blocks' scales sc[j][n]
+template <typename F>
+void each_super_block(Shape s, const uint8_t* w, F f) {
+  alignas(64) int32_t sc[8][16];
   for (int g = 0; g < s.N / 8; g += 2)
     for (int i = 0; i < s.nb(); ++i) {
       const uint8_t* g0 = w + g * s.group_bytes() + i * 1152;
       const uint8_t* g1 = g0 + s.group_bytes();
       for (int j = 0; j < 8; ++j)
         for (int n = 0; n < 16; ++n) sc[j][n] = scale(g0, g1, n, j);
+      f(i, g0, g1, sc);
+    }
+}
+
+// sum over super-blocks and rows of (r + 1) x row r's integer sums: one checksum per weight-row lane
+template <bool STORE>
+void per_sub_block(Shape s, const uint8_t* w, const int8_t* x, int32_t* sink) {
+  configure({R, R, R, R, 8, 8, 0, 0}, {64, 64, 32, 32, 64, 64, 0, 0});
+  alignas(64) uint8_t lo[512], hi[512];
+  alignas(64) int32_t clo[R * 16], chi[R * 16];
+  const __m512i m4 = _mm512_set1_epi8(0xF);
+  __m512i total = _mm512_setzero_si512();
+  each_super_block(s, w, [&](int i, const uint8_t* g0, const uint8_t* g1, const int32_t (&sc)[8][16]) {
       __m512i isum[R];
       for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
       for (int c = 0; c < 4; ++c) {
@@ -98,7 +107,7 @@ void per_sub_block(Shape s, const uint8_t* w, const int8_t* x, int32_t* sink) {
         }
       }
       for (int r = 0; r < R; ++r) total = _mm512_add_epi32(total, _mm512_mullo_epi32(isum[r], _mm512_set1_epi32(r + 1)));
-    }
+  });
   _mm512_storeu_si512(sink, total);
   _tile_release();
 }
@@ -108,15 +117,10 @@ inline __m512i pair16(__m512i v) { return _mm512_or_si512(v, _mm512_slli_epi32(v
 void scales_in_bytes(Shape s, const uint8_t* w, const int8_t* x, int32_t* sink) {
   configure({R, R, R, 0, 16, 16, 0, 0}, {64, 64, 64, 0, 64, 64, 0, 0});
   alignas(64) uint8_t bl[1024], bh[1024];
-  alignas(64) int32_t cl[R * 16], ch[R * 16], sc[8][16];
+  alignas(64) int32_t cl[R * 16], ch[R * 16];
   const __m512i m4 = _mm512_set1_epi8(0xF), low4 = _mm512_set1_epi32(15);
   __m512i total = _mm512_setzero_si512();
-  for (int g = 0; g < s.N / 8; g += 2)
-    for (int i = 0; i < s.nb(); ++i) {
-      const uint8_t* g0 = w + g * s.group_bytes() + i * 1152;
-      const uint8_t* g1 = g0 + s.group_bytes();
-      for (int j = 0; j < 8; ++j)
-        for (int n = 0; n < 16; ++n) sc[j][n] = scale(g0, g1, n, j);
+  each_super_block(s, w, [&](int i, const uint8_t* g0, const uint8_t* g1, const int32_t (&sc)[8][16]) {
       _tile_zero(0);
       _tile_zero(1);
       for (int c = 0; c < 4; ++c) {
@@ -149,7 +153,7 @@ void scales_in_bytes(Shape s, const uint8_t* w, const int8_t* x, int32_t* sink) 
         const __m512i v = _mm512_add_epi32(_mm512_load_si512(cl + 16 * r), _mm512_slli_epi32(_mm512_load_si512(ch + 16 * r), 4));
         total = _mm512_add_epi32(total, _mm512_mullo_epi32(v, _mm512_set1_epi32(r + 1)));
       }
-    }
+  });
   _mm512_storeu_si512(sink, total);
   _tile_release();
 }
