@@ -14,14 +14,16 @@
 // float step is q4k_accumulate itself. So every output equals dot_q4k_z's bit for bit: which loop a
 // row takes never changes a token, and a row's result never depends on its neighbours.
 //
-// Tiles: A = activations [R rows][64 int8] of a chunk, loaded straight from the quantized rows (stride
+// Tiles: A = activations [16 rows][64 int8] of a chunk, loaded straight from the quantized rows (stride
 // K); B = the 16 weight rows' bytes as [16][16 x 4] (the VNNI layout: row t holds values 4t..4t+3 of
 // each weight row), which is what two interleaved groups' 32-byte steps already are, side by side,
-// once the nibbles are split; C = [R][16] int32.
+// once the nibbles are split; C = [16][16] int32.
 
 #ifdef SE_VNNI
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8")
+
+constexpr int kAmxRows = 16;  // a tile's rows: activation rows per chunk
 
 struct AmxTileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
@@ -36,12 +38,10 @@ struct AmxTileConfig {
 inline void amx_memory_barrier() { asm volatile("" ::: "memory"); }
 
 // Tile registers: 0, 1 the super-block's sums against the low / high parts of the scales; 2 a chunk's
-// activations (R rows x 64 values); 4, 5 its weights times those parts. Set per thread (tile state is
-// per thread) for R activation rows.
-inline void amx_configure(int R) {
+// activations (16 rows x 64 values); 4, 5 its weights times those parts. Tile state is per thread.
+inline void amx_configure() {
   AmxTileConfig c;
-  for (int t : {0, 1, 2}) c.rows[t] = R, c.colsb[t] = 64;
-  for (int t : {4, 5}) c.rows[t] = 16, c.colsb[t] = 64;
+  for (int t : {0, 1, 2, 4, 5}) c.rows[t] = kAmxRows, c.colsb[t] = 64;
   // not _tile_loadconfig: GCC 12's declares an 8-byte operand, and the stores of rows and colsb die
   asm volatile("ldtilecfg %0" : : "m"(c));
 }
@@ -57,15 +57,15 @@ inline __m512i amx_scales16(const __m256i* sc0, const __m256i* sc1, int j) {
 // v (an int32 lane per weight row, < 2^16) in both int16 halves of its lane: a vpmullw factor.
 inline __m512i amx_pair16(__m512i v) { return _mm512_or_si512(v, _mm512_slli_epi32(v, 16)); }
 
-// R activation rows times groups w0 and w1 (16 Q4_K weight rows; w1 null: w0 alone) -> out [R][16].
+// 16 activation rows times groups w0 and w1 (16 Q4_K weight rows; w1 null: w0 alone) -> out [16][16].
 //
 // A sub-block's scale s (6 bits) is split as s = l + 16 h (l < 16, h < 4), and the weights' 4-bit
 // values q are multiplied by each part inside their bytes (q l <= 225, q h <= 45: one vpmullw per 32
 // bytes, no byte carries into the next). Then the scales ride in the B tiles, a super-block's 256
 // values accumulate in two tiles, and its sums leave them once: sum_j s_j dot_j = L + 16 H, the
 // vector loop's integer exactly.
-template <int R>
-void dot_q4k_amx(const uint8_t* w0, const uint8_t* w1, int64_t nb, const Act& a, float* out) {
+inline void dot_q4k_amx(const uint8_t* w0, const uint8_t* w1, int64_t nb, const Act& a, float* out) {
+  constexpr int R = kAmxRows;
   alignas(64) uint8_t bl[16 * 64], bh[16 * 64];
   alignas(64) int32_t cl[R * 16], ch[R * 16];
   __m256 acc0[R], acc1[R];
@@ -129,18 +129,16 @@ void dot_q4k_amx(const uint8_t* w0, const uint8_t* w1, int64_t nb, const Act& a,
   }
 }
 
-constexpr int64_t kAmxRows = 16;  // a tile's rows
-
-template <int R>
-void q4k_amx_rows(const Act& a, const uint8_t* w, float* y, int64_t N, int64_t begin, int64_t end) {
+// y [16, N] for groups begin..end: pairs of groups, the bytes of each built per super-block (in L1).
+// A variant that built a pair's bytes once for all of a call's chunks was slower (bench/README.md, "AMX").
+inline void q4k_amx_rows(const Act& a, const uint8_t* w, float* y, int64_t N, int64_t begin, int64_t end) {
   const int64_t nb = a.K / kValues[kQ4_K], group_bytes = nb * kBytes[kQ4_K] * kGroup;
-  float out[R * 16];
-  amx_configure(R);
+  float out[kAmxRows * 16];
   for (int64_t g = begin; g < end; g += 2) {
     const bool pair = g + 1 < end;
-    dot_q4k_amx<R>(w + g * group_bytes, pair ? w + (g + 1) * group_bytes : nullptr, nb, a, out);
+    dot_q4k_amx(w + g * group_bytes, pair ? w + (g + 1) * group_bytes : nullptr, nb, a, out);
     const int64_t lanes = std::min<int64_t>(pair ? 2 * kGroup : kGroup, N - kGroup * g);
-    for (int64_t r = 0; r < R; ++r)
+    for (int64_t r = 0; r < kAmxRows; ++r)
       for (int64_t l = 0; l < lanes; ++l) y[r * N + kGroup * g + l] = out[16 * r + l];
   }
 }
@@ -150,7 +148,8 @@ void q4k_amx_rows(const Act& a, const uint8_t* w, float* y, int64_t N, int64_t b
 inline void matmul_x8_amx(int64_t qtype, const Act& a, int64_t M, const uint8_t* w, float* y, int64_t N,
                           int64_t begin, int64_t end, uint8_t* rows) {
   const int64_t tiled = qtype == kQ4_K ? M / kAmxRows * kAmxRows : 0;
-  for (int64_t m = 0; m < tiled; m += kAmxRows) q4k_amx_rows<kAmxRows>(a.from_row(m), w, y + m * N, N, begin, end);
+  if (tiled) amx_configure();  // once per call and thread
+  for (int64_t m = 0; m < tiled; m += kAmxRows) q4k_amx_rows(a.from_row(m), w, y + m * N, N, begin, end);
   if (tiled) _tile_release();
   if (tiled < M) matmul_x8(qtype, a.from_row(tiled), M - tiled, w, y + tiled * N, N, begin, end, rows);
 }
