@@ -54,10 +54,8 @@ def replay(method_cls, row: dict, costs: StepCosts, store: dict | None = None,
     run = draft_runs(row["pred"], len(prompt), output)
     m = method_cls(gamma="auto")
     m.ctx, m.key = SimpleNamespace(acceptance={} if store is None else store), "greedy"
-    m.index, m.hybrid = [NgramIndex(prompt, *m.sizes)], m.needs_draft
-    m.gap, m.primed, m.n_host, m.start = [1], [False], [len(prompt)], [len(prompt)]
-    m.limit = [len(prompt) + row.get("max_new", 512)]
-    m.prefill_token_s = row["pre_t"] / max(len(prompt) - 1, 1)
+    m.hybrid = m.needs_draft
+    m.start_rows([prompt], [row.get("max_new", 512)], row["pre_t"])
     m.policy.set_costs(dataclasses.replace(costs, draft_s=0.0))
     if m.hybrid:
         m.draft_policy.recall(m.ctx.acceptance, m.key)

@@ -102,16 +102,9 @@ class NgramDecoding(Method):
     def begin(self, ctx: MethodContext, generation) -> None:
         super().begin(ctx, generation)
         self.generation = generation
-        self.index = [NgramIndex(p, *self.sizes) for p in generation.prompts]
         self.hybrid = self.needs_draft  # `hybrid`: the engine has a draft (checked before the call)
-        self.gap = [1] * generation.state.batch  # after prefill the draft holds all but the last token
         self.saved = 0.0
-        self.primed = [not self.defers_draft_prefill] * generation.state.batch
-        self.n_host = [len(p) for p in generation.prompts]
-        self.start = list(self.n_host)
-        self.limit = [n + row.max_new for n, row in zip(self.start, generation.rows)]
-        prefilled = sum(len(p) - 1 for p in generation.prompts)  # the serving core's placeholders: none
-        self.prefill_token_s = generation.prefill_s / prefilled if prefilled >= MIN_TIMED_PREFILL else None
+        self.start_rows(generation.prompts, [row.max_new for row in generation.rows], generation.prefill_s)
         if self.policy.needs_costs or (self.hybrid and self.draft_policy.needs_costs):
             costs = ctx.step_costs(generation.state, self.max_width, draft=self.hybrid)
             if self.policy.needs_costs:  # n-gram proposals are free: only the target's cost per width
@@ -121,13 +114,27 @@ class NgramDecoding(Method):
                 self.draft_policy.recall(ctx.acceptance, self.key)
                 self.draft_policy.set_costs(costs)
 
+    def start_rows(self, prompts: list[list[int]], max_new: list[int], prefill_s: float) -> None:
+        """The host state of a call's rows (host-only: bench/hybrid_policy_replay.py replays with it),
+        and the target's prefill rate where enough tokens were timed (the serving core's placeholders:
+        none)."""
+        n = len(prompts)
+        self.index, self.gap, self.primed, self.n_host, self.start, self.limit = ([None] * n for _ in range(6))
+        for b, (prompt, m) in enumerate(zip(prompts, max_new)):
+            self._start_row(b, prompt, m)
+        prefilled = sum(len(p) - 1 for p in prompts)
+        self.prefill_token_s = prefill_s / prefilled if prefilled >= MIN_TIMED_PREFILL else None
+
+    def _start_row(self, b: int, prompt: list[int], max_new: int) -> None:
+        self.index[b] = NgramIndex(prompt, *self.sizes)
+        self.gap[b] = 1  # after a prefill the draft holds all but the last token
+        self.primed[b] = not self.defers_draft_prefill  # else its prefill waits until it pays
+        self.n_host[b] = self.start[b] = len(prompt)
+        self.limit[b] = len(prompt) + max_new
+
     def reset_rows(self, rows: list[int]) -> None:
         for b in rows:  # the serving core put a new request there (prefilled: the draft 1 behind)
-            self.index[b] = NgramIndex(self.generation.prompts[b], *self.sizes)
-            self.gap[b] = 1
-            self.primed[b] = not self.defers_draft_prefill
-            self.n_host[b] = self.start[b] = len(self.generation.prompts[b])
-            self.limit[b] = self.start[b] + self.generation.rows[b].max_new
+            self._start_row(b, self.generation.prompts[b], self.generation.rows[b].max_new)
 
     def see_tokens(self, committed: list[list[int]]) -> None:
         for b, new in enumerate(committed):
