@@ -31,9 +31,13 @@ struct QueryRow {
 
   QueryRow(const AttnArgs& a, int64_t r) {
     const int64_t b = r / (a.Q * a.Hq), h = r % a.Hq, kh = h / (a.Hq / a.Hkv);
-    i = r / a.Hq % a.Q;
+    // positions in the order 0, Q-1, 1, Q-2, ...: a thread's contiguous share of rows mixes short and
+    // long prefixes (in a prefill, row i reads i + 1 keys; in position order one thread got 3/4 of it)
+    const int64_t u = r / a.Hq % a.Q;
+    i = u % 2 ? a.Q - 1 - u / 2 : u / 2;
     n0 = a.lens[b];
-    stop = std::min<int64_t>(a.L, n0 + a.Q);
+    // a chain's query sees no new token after its own: a prefill's rows stop there (half the work)
+    stop = std::min<int64_t>(a.L, n0 + (a.tree ? a.Q : i + 1));
     lo = a.window ? std::max<int64_t>(0, a.window[b * a.Q + i]) : 0;
     q = static_cast<const T*>(a.q) + b * a.qs[0] + i * a.qs[1] + h * a.qs[2];
     k = static_cast<const T*>(a.k) + b * a.ks[0] + kh * a.ks[2];
