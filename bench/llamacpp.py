@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "llama.cpp"
-TOOLS = ("llama-completion", "llama-speculative-simple")
+TOOLS = ("llama-completion", "llama-speculative-simple", "llama-bench")
 
 
 def source() -> Path:
@@ -36,6 +36,21 @@ def source() -> Path:
     return sorted(BUILD.glob("llama_cpp_python-*/vendor/llama.cpp"))[-1]
 
 
+# GCC 12's _tile_loadconfig declares an 8-byte memory operand, so the compiler drops the stores that fill
+# ggml's tile configuration (ggml-cpu/amx/mmq.cpp) and the first tile instruction faults (SIGILL, seen
+# on a Sapphire Rapids VM at any batch > 1). Built by GCC 12, llama.cpp leaves its AMX path out; its
+# other CPU paths, the repacked ones included, stay. Our own kernel loads the configuration with inline
+# asm instead (csrc/quant_amx_impl.h).
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def gcc_major() -> int:
+    """The C++ compiler's GCC major version (99: not GCC, e.g. clang)."""
+    macros = subprocess.run(["c++", "-dM", "-E", "-x", "c++", "/dev/null"], capture_output=True, text=True).stdout
+    found = {p[1]: p[2] for p in (line.split(None, 2) for line in macros.splitlines()) if len(p) == 3}
+    return 99 if "__clang__" in found else int(found.get("__GNUC__", 99))
+
+
 def build() -> Path:
     """The tools, built with llama.cpp's defaults for this CPU (GGML_NATIVE), no network features."""
     src = source()
@@ -43,9 +58,10 @@ def build() -> Path:
     if all((out / t).exists() for t in TOOLS):
         return out
     cmake = src / "build"
+    flags = [f"-DCMAKE_{lang}_FLAGS={NO_AMX}" for lang in ("C", "CXX")] if gcc_major() <= 12 else []
     subprocess.run(["cmake", "-S", str(src), "-B", str(cmake), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
                     "-DLLAMA_OPENSSL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_SERVER=OFF", "-DGGML_NATIVE=ON"], check=True)
+                    "-DLLAMA_BUILD_SERVER=OFF", "-DGGML_NATIVE=ON", *flags], check=True)
     subprocess.run(["cmake", "--build", str(cmake), "-j2", "--target", *TOOLS], check=True)
     out.mkdir(exist_ok=True)
     for t in TOOLS:
@@ -78,9 +94,10 @@ def ar(target: Path, prompt: str, n: int, threads: int) -> dict:
 
 
 def speculative(target: Path, draft: Path | None, prompt: str, n: int, threads: int, kind: str,
-                draft_max: int) -> dict:
+                draft_max: int, extra: list[str] = ()) -> dict:
+    """extra: more llama-speculative-simple options (e.g. an n-gram drafter's sizes)."""
     cmd = [str(BUILD / "bin" / "llama-speculative-simple"), "-m", str(target), "-p", prompt, "-n", str(n),
-           "-t", str(threads), "--temp", "0", "--ignore-eos", "--spec-type", kind]
+           "-t", str(threads), "--temp", "0", "--ignore-eos", "--spec-type", kind, *extra]
     if draft is not None:  # the n-gram drafter keeps its own defaults
         cmd += ["-md", str(draft), "--spec-draft-n-max", str(draft_max)]
     proc = _run(cmd)
