@@ -45,7 +45,7 @@ def llama_set(model: str, texts: list[str], lengths: list[int], threads: int) ->
                 got = speculative(model, None, text, n, threads, "ngram-simple", 0, extra=opts)
             tokens[name] += n
             seconds[name] += n / got["decode_tokens_per_s"]
-        print(f"  {n} tokens: " + ", ".join(f"{k} {tokens[k] / seconds[k]:.2f}" for k in LLAMA), flush=True)
+        print(f"  {n} tokens; running tok/s: " + ", ".join(f"{k} {tokens[k] / seconds[k]:.2f}" for k in LLAMA), flush=True)
     return {k: tokens[k] / seconds[k] for k in LLAMA}
 
 
