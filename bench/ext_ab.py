@@ -36,14 +36,14 @@ def load_extension(path: str) -> None:
 def child(reps: int) -> dict:
     import torch
 
-    from gguf_cpu import EXT_CODES, K, N, best_ms, blocks
+    from gguf_cpu import EXT_CODES, K, N, best_ms, blocks, forward_ms
     from ngram_prompts import COPY_PROMPTS
     from specengine import Engine
     from specengine.kernels.quant_pack import pack_x8
     from specengine.models.fetch import DEFAULT_TARGET
     from specengine.models.quant_linear import _quantext
 
-    out = {"isa": _quantext.isa(), "kernel_ms": {}, "forward_ms": {}}
+    out = {"isa": _quantext.isa(), "kernel_ms": {}}
     for qtype in ("Q4_K", "Q6_K"):
         wp, code = pack_x8(blocks(qtype), qtype), EXT_CODES[qtype]
         xs = {m: torch.randn(m, K) for m in ROWS}
@@ -52,14 +52,7 @@ def child(reps: int) -> dict:
     runner = eng.target
     prompt = eng.tokenizer.apply_chat_template(COPY_PROMPTS[0][1], add_generation_prompt=True, return_tensors="pt")
     prompt = prompt if isinstance(prompt, torch.Tensor) else prompt["input_ids"]
-    with torch.inference_mode():
-        runner.invariance.ensure(1, max(WIDTHS))  # as a call with that widest verify does (generation.py)
-        runner.allocate(1, 2048)
-        runner.prefill(prompt, torch.tensor([prompt.shape[1]]))
-        attn = int(runner.cache.lens.max())
-        for w in WIDTHS:
-            tokens = prompt[:, -w:]
-            out["forward_ms"][w] = best_ms(lambda: runner.verify(tokens, attn_len=attn + w), reps)
+    out["forward_ms"] = forward_ms(runner, prompt, WIDTHS, reps, max_len=2048)
     out["prompt_tokens"] = int(prompt.shape[1])
     return out
 

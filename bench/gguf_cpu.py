@@ -56,6 +56,18 @@ def memory(eng, before: int) -> dict:
             "engine_rss_over_files_plus_kv": (now - before) / (files + kv)}
 
 
+def forward_ms(runner, ids, widths, reps: int, max_len: int) -> dict[int, float]:
+    """The runner's forward of w tokens (the last w of ids [1, T]) after the prefill of ids into a
+    cache of max_len positions, best of reps, per width; the runner's batch-invariant width covers
+    the widest, as a call's does."""
+    with torch.inference_mode():
+        runner.invariance.ensure(1, max(widths))  # as a call with that widest verify does (generation.py)
+        runner.allocate(1, max_len)
+        runner.prefill(ids, torch.tensor([ids.shape[1]]))
+        attn = int(runner.cache.lens.max())
+        return {w: best_ms(lambda: runner.verify(ids[:, -w:], attn_len=attn + w), reps) for w in widths}
+
+
 def best_ms(fn, reps: int = 5) -> float:
     fn()
     best = float("inf")

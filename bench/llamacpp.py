@@ -75,7 +75,7 @@ def version() -> str:
     return src.parents[1].name.removeprefix("llama_cpp_python-") + " (llama-cpp-python; its vendor/llama.cpp)"
 
 
-def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+def run_tool(cmd: list[str]) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -83,7 +83,7 @@ def _run(cmd: list[str]) -> subprocess.CompletedProcess:
 
 
 def ar(target: Path, prompt: str, n: int, threads: int) -> dict:
-    proc = _run([str(BUILD / "bin" / "llama-completion"), "-m", str(target), "-p", prompt, "-n", str(n),
+    proc = run_tool([str(BUILD / "bin" / "llama-completion"), "-m", str(target), "-p", prompt, "-n", str(n),
                  "-t", str(threads), "--temp", "0", "--ignore-eos", "-no-cnv", "--no-display-prompt"])
     text = proc.stdout + proc.stderr
     m = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs", text.split("prompt eval time")[-1])
@@ -100,7 +100,7 @@ def speculative(target: Path, draft: Path | None, prompt: str, n: int, threads: 
            "-t", str(threads), "--temp", "0", "--ignore-eos", "--spec-type", kind, *extra]
     if draft is not None:  # the n-gram drafter keeps its own defaults
         cmd += ["-md", str(draft), "--spec-draft-n-max", str(draft_max)]
-    proc = _run(cmd)
+    proc = run_tool(cmd)
     text = proc.stdout + proc.stderr
     dec = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
     enc = re.search(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)

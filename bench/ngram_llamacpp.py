@@ -32,6 +32,7 @@ LLAMA = {  # provider -> llama-speculative-simple n-gram options (None: plain de
     "llama.cpp ngram-simple (defaults)": [],
     "llama.cpp ngram-simple (n 3, draft 10)": ["--spec-ngram-simple-size-n", "3", "--spec-draft-n-max", "10"],
 }
+NGRAMS = [k for k, opts in LLAMA.items() if opts is not None]
 
 
 def llama_set(model: str, texts: list[str], lengths: list[int], threads: int) -> dict:
@@ -73,9 +74,9 @@ def main(argv=None) -> int:
         report["sets"][name] = {
             "ours": ours, "decode_tokens_per_s": decode, "reply_tokens": lengths,
             "ngram_over_ar": {"ours": decode["ngram:auto"] / decode["ar"],
-                              **{k: decode[k] / decode["llama.cpp ar"] for k in LLAMA if LLAMA[k] is not None}},
+                              **{k: decode[k] / decode["llama.cpp ar"] for k in NGRAMS}},
             "ours_over_llama_cpp": {"ar": decode["ar"] / decode["llama.cpp ar"],
-                                    "best ngram": decode["ngram:auto"] / max(decode[k] for k in LLAMA if LLAMA[k] is not None)},
+                                    "best ngram": decode["ngram:auto"] / max(decode[k] for k in NGRAMS)},
         }
         print(name, {k: round(v, 2) for k, v in decode.items()}, flush=True)
         print(name, "ngram / ar:", {k: round(v, 2) for k, v in report["sets"][name]["ngram_over_ar"].items()},

@@ -16,35 +16,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 
 import torch
 
-from gguf_cpu import best_ms
-from llamacpp import BUILD, build, version
-from specengine.benchmark import environment
+from gguf_cpu import forward_ms
+from llamacpp import BUILD, build, run_tool, version
+from specengine.benchmark import environment, save
 from specengine.models.fetch import DEFAULT_TARGET
 from specengine.models.gguf_weights import gguf_file
 
 WIDTHS = (1, 2, 4, 8, 13, 16, 32)
 
 
-def ours_ms(runner, depth: int, widths, reps: int) -> dict[int, float]:
-    ids = torch.randint(100, 20000, (1, depth), generator=torch.Generator().manual_seed(0))
-    runner.allocate(1, depth + max(widths) + 1)
-    runner.prefill(ids, torch.tensor([depth]))
-    attn = int(runner.cache.lens.max())
-    return {w: best_ms(lambda: runner.verify(ids[:, -w:], attn_len=attn + w), reps) for w in widths}
-
-
 def llama_ms(model: str, depth: int, widths, reps: int, threads: int) -> dict[int, float]:
     cmd = [str(BUILD / "bin" / "llama-bench"), "-m", model, "-p", ",".join(map(str, widths)), "-n", "0",
            "-d", str(depth), "-t", str(threads), "-r", str(reps), "-o", "json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise RuntimeError(f"llama-bench failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return {int(r["n_prompt"]): float(r["avg_ns"]) / 1e6 for r in json.loads(proc.stdout)}
+    return {int(r["n_prompt"]): float(r["avg_ns"]) / 1e6 for r in json.loads(run_tool(cmd).stdout)}
 
 
 def main(argv=None) -> int:
@@ -60,18 +48,17 @@ def main(argv=None) -> int:
     build()
     from specengine import Engine
 
-    eng = Engine.from_pretrained(DEFAULT_TARGET, max_seq_len=args.depth + max(widths) + 1)
-    runner = eng.target
-    runner.invariance.ensure(1, max(widths))  # as a call with that widest verify does (generation.py)
+    max_len = args.depth + max(widths) + 1
+    eng = Engine.from_pretrained(DEFAULT_TARGET, max_seq_len=max_len)
+    ids = torch.randint(100, 20000, (1, args.depth), generator=torch.Generator().manual_seed(0))
     model = str(gguf_file(DEFAULT_TARGET))
     best = {"ours": {}, "llama.cpp": {}}
-    with torch.inference_mode():
-        for r in range(args.rounds):
-            for name, run in (("ours", lambda: ours_ms(runner, args.depth, widths, args.reps)),
-                              ("llama.cpp", lambda: llama_ms(model, args.depth, widths, args.reps, args.threads))):
-                got = run()
-                print(f"round {r + 1} {name}: " + ", ".join(f"{w}: {got[w]:.1f}" for w in widths) + " ms", flush=True)
-                best[name] = {w: min(got[w], best[name].get(w, float("inf"))) for w in widths}
+    for r in range(args.rounds):
+        for name, run in (("ours", lambda: forward_ms(eng.target, ids, widths, args.reps, max_len)),
+                          ("llama.cpp", lambda: llama_ms(model, args.depth, widths, args.reps, args.threads))):
+            got = run()
+            print(f"round {r + 1} {name}: " + ", ".join(f"{w}: {got[w]:.1f}" for w in widths) + " ms", flush=True)
+            best[name] = {w: min(got[w], best[name].get(w, float("inf"))) for w in widths}
     report = {
         "benchmark": "verify_width_cost", "command": " ".join(sys.argv), "environment": environment(),
         "llama_cpp": version(), "model": DEFAULT_TARGET, "depth": args.depth, "threads": args.threads,
@@ -81,8 +68,7 @@ def main(argv=None) -> int:
     }
     for k, v in report["over_one_token"].items():
         print(k, "x 1-token:", {w: round(x, 2) for w, x in v.items()})
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
+    print(f"wrote {save(report, args.out)}")
     return 0
 
 
