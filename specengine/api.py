@@ -76,6 +76,7 @@ class Engine:
         self._step_costs = {}  # batch -> StepCosts, measured on first need (sd gamma="auto", pearl)
         self._acceptance = {}  # decoding mode -> the draft's acceptance rate the last call learned (γ auto)
         self._side_stream = None
+        self._replay = None  # a benchmark's acceptance replay (specengine/replay); never set otherwise
         # `ar` launches each round before reading the last (docs/design.md, "Overlapped rounds");
         # only a GPU runs ahead of the host, so elsewhere it would only cost a discarded round
         self.overlap_rounds = self.device.type == "cuda"
@@ -244,9 +245,11 @@ class Engine:
     def method_context(self) -> MethodContext:
         """What a method may use during a generation: runners, samplers, and this engine's
         step-cost cache, head, drafter and side stream (resolved lazily, on first use)."""
+        replay = self._replay  # set only by specengine.replay.Replay.attach (benchmarks)
         return MethodContext(self.target, self.draft, self.device, self.ops, step_costs=self.step_costs,
-                             acceptance_head=self.acceptance_head, parallel_drafter=self.parallel_drafter,
-                             side_stream=self.side_stream, acceptance=self._acceptance)
+                             acceptance_head=replay.acceptance_head if replay else self.acceptance_head,
+                             parallel_drafter=self.parallel_drafter, side_stream=self.side_stream,
+                             acceptance=self._acceptance, replay=replay)
 
     # ------------------------------------------------------------------ helpers
     def _say_better_dtypes(self, method: str) -> None:

@@ -314,6 +314,8 @@ class Generation:
             counters.round_tokens += n_acc[b] + 1
             counters.row_rounds += 1
             counters.count_positions(n_acc[b], num_draft[b])
+            if b == 0:
+                counters.log.append((num_draft[b], n_acc[b], out.draft_forwards))
             kept = self._keep(row, committed[b])
             row.ids.extend(kept)
             kept_all.append(kept)
@@ -360,6 +362,7 @@ class Generation:
             "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
             "target_forwards": self.counters.target_forwards,
             "tokens_per_target_forward": new_tokens / max(self.counters.row_target_forwards, 1),
+            "round_log": self.counters.log,  # row 0: (proposed, accepted, draft forwards) per round
             # what batch-invariant mode decided and the figures behind it (runtime/invariance.py)
             "batch_invariant": getattr(self.engine, "batch_invariant_info", None),
             **self.method.stats(self),

@@ -14,7 +14,9 @@ needs one never pays for it, and a missing one is an error of that call only):
 - `acceptance_head(mode)`, `parallel_drafter()`: SpecDec++'s head, ParallelSpec's drafter;
 - `side_stream()`: the second CUDA stream PEARL drafts on (None off CUDA);
 - `acceptance`: the draft's acceptance rate per decoding mode that the engine's earlier calls
-  learned (γ auto starts from it rather than from a prior), keyed by `decoding_mode`.
+  learned (γ auto starts from it rather than from a prior), keyed by `decoding_mode`;
+- `replay`: None, except in a benchmark replaying the real pair's decisions on random weights
+  (specengine/replay): the round steps then take the draft's tokens from it.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ class MethodContext:
     parallel_drafter: Callable = _missing("parallel drafter")
     side_stream: Callable = lambda: None  # noqa: E731 - no second stream unless on CUDA
     acceptance: dict = field(default_factory=dict)
+    replay: object = None  # a benchmark's acceptance replay (specengine/replay), never set otherwise
 
     @staticmethod
     def decoding_mode(generation) -> str:

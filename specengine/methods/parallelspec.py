@@ -56,6 +56,8 @@ class ParallelSpec(Method):
             with timer.phase("draft"):
                 logits = parallel_logits(ctx.draft, self.drafter, state, k, state.n, real_width=k + 1)
                 tree = positional_tree(state.last_tokens(), torch.log_softmax(logits.float(), -1), self.tree)
+                if ctx.replay is not None:  # the tree the real drafter built here (a benchmark's replay)
+                    tree = ctx.replay.tree(state, "parallelspec", self.tree, 0)
             return verify_tree_and_commit(ctx, state, tree, self.tree, timer, draft_forwards=1)
         start = state.n.clone()
         with timer.phase("draft"):  # everything committed since the last round: 1..k+1 tokens

@@ -148,11 +148,12 @@ def draft_chain(ctx: MethodContext, state: DecodeState, gamma: int, upto: torch.
     that many tokens short of upto; more than 2 after rounds the draft sat out, eagerly)."""
     draft, observe = ctx.draft, policy is not None and policy.wants_hidden
     upto = state.n if upto is None else upto
+    plan = None if ctx.replay is None else ctx.replay.chain(state, upto, gamma)  # a benchmark's replay only
     chain = None if observe or feed != 2 else getattr(draft, "chain_graphs", lambda: None)()
     if chain is not None:  # the whole chain as one CUDA graph replay (runtime/chain_graphs.py)
         out = chain.run(state, ctx.sample_draft, catch_up_feed, gamma, draft.cache.lens, upto)
         if out is not None:
-            return out
+            return out if plan is None else (plan.tokens, out[1], plan.conf)
     if observe:
         policy.begin_round(state.batch, state.tokens.device)
     out = draft_catch_up(draft, state, upto, return_hidden=observe, width=feed)
@@ -163,6 +164,9 @@ def draft_chain(ctx: MethodContext, state: DecodeState, gamma: int, upto: torch.
             draft.cache.set_lens(draft.cache.lens + 1)
         logits, hidden = out if observe else (out, None)
         tok, q, conf = ctx.sample_draft(logits, state.params, state.seed, state.offset, j)
+        if plan is not None:  # the real draft's token, confidence and head output (replay.py)
+            tok, conf = plan.tokens[:, j], plan.conf[:, j]
+            ctx.replay.head.now[: state.batch].copy_(plan.head[:, j])
         toks.append(tok), qs.append(q), confs.append(conf)
         if observe and policy.observe(hidden, j, run=graphed(draft)):
             break
@@ -245,7 +249,8 @@ def parallel_draft(ctx: MethodContext, drafter, state: DecodeState, k: int, upto
     for i in range(k):
         tok, q, _ = ctx.sample_draft(logits[:, i].contiguous(), state.params, state.seed, state.offset, i)
         toks.append(tok), qs.append(q)
-    return torch.stack(toks, 1), None if state.params.greedy else torch.stack(qs, 1)
+    toks = torch.stack(toks, 1) if ctx.replay is None else ctx.replay.parallel(state, upto, k)
+    return toks, None if state.params.greedy else torch.stack(qs, 1)
 
 
 class _Beam:
@@ -309,6 +314,8 @@ def draft_tree(ctx: MethodContext, state: DecodeState, shape: TreeShape, return_
         F = beam.tokens[-1].shape[1]
         beam.grow(torch.log_softmax(out[:, -F:].float(), -1))
     tree, scores = beam.tree(shape.nodes, draft_depth=shape.depth)
+    if ctx.replay is not None:  # the tree the real draft built here (a benchmark's replay)
+        tree = ctx.replay.tree(state, "sd", shape, shape.depth)
     return (tree, scores) if return_scores else tree
 
 
