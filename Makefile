@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: gpu-check install demo test test-fast bench bench-gguf bench-ngram bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
+.PHONY: gpu-run trace gpu-check install demo test test-fast bench bench-gguf bench-ngram bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
 
 $(STAMP): pyproject.toml setup.py csrc/compact_kv.cpp csrc/compact_kv_cuda.cu csrc/compact_kv.h csrc/quant_matmul.cpp csrc/quant_matmul_impl.h csrc/quant_dot_impl.h csrc/quant_x8_impl.h csrc/row_attention_impl.h csrc/silu_impl.h csrc/fused_ops_cpu.cpp csrc/decode_stack.cpp csrc/cpu_ops.h
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -143,3 +143,17 @@ compile-check: $(STAMP)
 # benchmarks, then the suite on CUDA; JSON under bench/results/. About 10 minutes on an H100.
 gpu-check:
 	SPECENGINE_COMMIT=$$(git rev-parse --short HEAD 2>/dev/null) bash scripts/gpu_check.sh $(GPU_PARTS)
+
+# THE command for a GPU window (15 minutes of device time, start included): about 7 minutes on a
+# bare H100 (scripts/gpu_run.sh): the ar step, every method replaying the real pair's acceptance
+# trace on random weights of the 7B/0.5B and 1.5B/0.5B shapes, HF generate and a torch.compile'd
+# ar beside them, PEARL last; each section's JSON into $$OUT as it ends. On the device, pass the
+# commit: SPECENGINE_COMMIT=<sha> bash scripts/gpu_run.sh (its copied .git may be stale).
+gpu-run:
+	SPECENGINE_COMMIT=$${SPECENGINE_COMMIT:-$$(git rev-parse --short HEAD 2>/dev/null)} bash scripts/gpu_run.sh
+
+# Record the real pair's acceptance trace that gpu-run replays (fp32 on this CPU, 4 HumanEval
+# prompts x 128 tokens, about 12 minutes on 2 cores).
+TRACE_OUT ?= bench/results/trace_qwen25coder_1.5b_0.5b.safetensors
+trace: $(STAMP)
+	$(PY) -m specengine.replay.record --n-prompts 4 --new 128 --out $(TRACE_OUT)

@@ -17,6 +17,7 @@ class Counters:
     row_rounds: int = 0
     reached: list = field(default_factory=list)  # [i]: rounds whose draft i+1 was proposed and drafts 1..i accepted
     accepted_at: list = field(default_factory=list)  # [i]: rounds whose draft i+1 was accepted
+    launched_ahead: int = 0  # rounds launched before the host read the round before them
     log: list = field(default_factory=list)  # row 0's (proposed, accepted, draft forwards) per round it ran
 
     def count_positions(self, n_acc: int, num_draft: int) -> None:

@@ -85,10 +85,10 @@ class Generation:
                  method: Method, stop_ids: set[int], stop_strings: list[str], logprobs: LogprobSpec | None = None,
                  prompt_logprobs: bool = False, overlap: bool = False):
         self.engine, self.params, self.method = engine, params, method
-        # launch round k+1 before reading round k: only for methods whose rounds commit one
-        # token per live row and read nothing the host learns from the last one (ar); not in
-        # the serving core, which admits new requests into rows between rounds
-        self.overlap = overlap and method.one_token_rounds
+        # launch round k+1 before reading round k while the method's rounds commit one token per
+        # live row and read nothing the host learns from the last one (ar always; sd γ auto's plain
+        # rounds); not in the serving core, which admits new requests into rows between rounds
+        self.overlap = overlap
         self._pending: _Launched | None = None
         self.logprobs, self.want_prompt_logprobs = logprobs, prompt_logprobs
         self.track_text = bool(stop_strings)  # stream() turns it on too
@@ -169,7 +169,9 @@ class Generation:
         host's reading and bookkeeping (docs/design.md, "Overlapped rounds")."""
         t0 = time.perf_counter()
         pending = self._pending or self._launch(ahead=0)
-        self._pending = self._launch(ahead=1) if self.overlap and self._more_after_pending() else None
+        ahead = self.overlap and self.method.one_token_rounds and self._more_after_pending()
+        self._pending = self._launch(ahead=1) if ahead else None
+        self.counters.launched_ahead += bool(ahead)
         kept = self._read(pending)
         self.decode_s += time.perf_counter() - t0
         return kept
@@ -363,6 +365,7 @@ class Generation:
             "target_forwards": self.counters.target_forwards,
             "tokens_per_target_forward": new_tokens / max(self.counters.row_target_forwards, 1),
             "round_log": self.counters.log,  # row 0: (proposed, accepted, draft forwards) per round
+            "rounds_launched_ahead": self.counters.launched_ahead,  # overlapped with the last one's read
             # what batch-invariant mode decided and the figures behind it (runtime/invariance.py)
             "batch_invariant": getattr(self.engine, "batch_invariant_info", None),
             **self.method.stats(self),

@@ -151,12 +151,15 @@ class AutoGammaPolicy(FixedPolicy):
         return self.predicted[0] / self.predicted[1] if self.predicted[1] > 0 else None
 
     def update(self, n_acc, num_draft):
+        # a plain round is one that proposed nothing: with rounds launched ahead (sd.one_token_rounds)
+        # it may be booked after γ already moved on to a probe
+        plain = not any(num_draft)
         if self.costs is not None:  # what the model expected of this round, before it learns from it
-            c, g = self.costs, self.gamma
+            c, g = self.costs, 0 if plain else self.gamma
             self.predicted[0] += len(n_acc) * expected_tokens(self.alpha, g)
             self.predicted[1] += g * c.draft_s + c.verify_s(g + 1)
         probed = self.probing
-        if self.gamma == 0:
+        if plain:
             self.plain_run += 1
         else:
             self.plain_run = 0

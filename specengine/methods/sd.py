@@ -38,6 +38,12 @@ class SpeculativeDecoding(Method):
         self.plain, self.behind = PlainStep(), 0  # plain rounds since the draft last ran
 
     @property
+    def one_token_rounds(self) -> bool:
+        """γ auto decoding plainly: the next round is a plain step too (γ changes only when the host
+        books a round), so the driver may launch it before reading this one, as for `ar`."""
+        return self.tree is None and self.policy.needs_costs and self.policy.gamma == 0
+
+    @property
     def max_width(self) -> int:
         if self.tree is not None:  # the verify forward, or the last draft forward over D-1 levels
             return max(self.tree.nodes + 1, (self.tree.depth - 1) * self.tree.topk, 2)

@@ -204,4 +204,5 @@ class Replay:
                                   f"--{'sd' if kind == 'sd' else 'ps'}-tree matching the replayed method", "tree")
         p = state.n.to(torch.int64)[:, None]
         parts = {part: self._at(buf, p)[:, 0] for part, buf in self.trees[kind].items()}
+        parts["tokens"][:, 0] = state.last_tokens()  # the root: the last committed token
         return TokenTree(parts["tokens"], parts["parent"], parts["depth"], parts["source"], draft_depth)

@@ -84,6 +84,56 @@ def test_token_trees_equal_ar(pair, prompts, ar_tokens):
         assert r.token_ids == ref and r.stats["tree"] == "3x3:9"
 
 
+def test_a_replay_of_the_real_pairs_trace_makes_its_rounds(pair, prompts, monkeypatch):
+    """The GPU benchmark's premise (specengine/replay), on the real pair in fp32: a trace recorded
+    here, replayed by random weights of other shapes (small layers, the real vocabulary), makes
+    the real run's rounds (proposed, accepted, draft forwards per round) for every method, with
+    the same step costs pinned on both engines so the cost-driven choices agree."""
+    from transformers import Qwen2Config
+
+    from helpers.fakes import random_drafter, random_head
+    from specengine.models.config import ModelConfig
+    from specengine.models.decoder import Transformer
+    from specengine.replay import Replay
+    from specengine.replay.record import record
+    from specengine.runtime.step_costs import StepCosts
+
+    def pinned(state, width, draft=True):
+        return StepCosts(state.batch, 0.35, tuple(1.0 + 0.12 * w for w in range(width)))
+
+    eng, new = pair[0], 16
+    monkeypatch.setattr(eng, "step_costs", pinned)
+    ids = eng.encode(prompts[1])[0][0]
+    traces = record(eng, [("HumanEval/1", ids)], new, show=False)
+    cases = [dict(method="sd", gamma=3), dict(method="sd", gamma="auto"),
+             dict(method="sd", policy="specdec++", gamma=8), dict(method="sd", tree=traces.meta["trees"]["sd"]),
+             dict(method="parallelspec", gamma=4), dict(method="parallelspec", tree=traces.meta["trees"]["parallelspec"]),
+             dict(method="pearl"), dict(method="ngram"), dict(method="hybrid")]
+
+    def small(seed):
+        torch.manual_seed(seed)
+        hf = Qwen2Config(vocab_size=eng.target.config.vocab_size, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+        return Transformer(ModelConfig.from_hf(hf)).float().eval()
+
+    draft = small(2)
+    rep = Engine(small(1), eng.tokenizer, draft=draft, max_seq_len=256, cpu_matmul="linear")
+    rep._heads["greedy"], rep._drafter = random_head(draft), random_drafter(draft, k_max=6)
+    rep.step_costs = pinned
+    replay = Replay(traces, vocab=rep.target.config.vocab_size, device="cpu")
+    replay.attach(rep)
+    accepted = 0
+    for kw in cases:
+        eng._acceptance.clear(), rep._acceptance.clear()
+        real = eng.generate(ids, max_new_tokens=new, ignore_eos=True, **kw)
+        again = replay.generate(rep, 0, **kw)
+        assert real.token_ids == traces.traces[0].target_tokens, kw
+        assert again.token_ids == real.token_ids, kw
+        assert again.stats["round_log"] == real.stats["round_log"], kw
+        accepted += sum(a for _, a, _ in real.stats["round_log"])
+    assert accepted > 0
+
+
 def test_ar_equals_transformers_generate(pair, prompts, ar_tokens):
     from transformers import AutoModelForCausalLM
 

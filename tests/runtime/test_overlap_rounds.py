@@ -84,14 +84,34 @@ def test_eos_stop_strings_and_sampling_inside_the_overlap(tiny_pair, tokenizer, 
     assert [[e.logprob for e in r.logprobs] for r in a] == [[e.logprob for e in r.logprobs] for r in b]
 
 
-def test_only_ar_overlaps_and_only_a_gpu_engine_by_default(tiny_pair, tokenizer):
+def test_only_one_token_rounds_overlap_and_only_a_gpu_engine_by_default(tiny_pair, tokenizer):
     eng = Engine(tiny_pair[0], tokenizer, draft=tiny_pair[2], max_seq_len=96)
     assert eng.overlap_rounds is False  # a CPU runs no ahead of the host
     eng.overlap_rounds = True
     gen, _ = eng._start([5, 9, 2], max_new_tokens=4, method="sd", gamma=2)
-    assert gen.overlap is False  # a speculative round's host reads decide the next
+    assert gen.method.one_token_rounds is False  # a speculative round's host reads decide the next
     gen, _ = eng._start([5, 9, 2], max_new_tokens=4, method="ar")
-    assert gen.overlap is True
+    assert gen.method.one_token_rounds is True
+
+
+def test_sd_gamma_auto_decoding_plainly_overlaps_like_ar_and_still_probes(tiny_pair, tokenizer):
+    """γ auto with costs that make speculation lose decodes plainly; its plain rounds are launched
+    ahead like ar's (a GPU's "never slower"), the probes still run, and the tokens are ar's."""
+    from specengine.runtime.step_costs import StepCosts
+
+    eng = Engine(tiny_pair[0], tokenizer, draft=tiny_pair[2], max_seq_len=160)
+    eng.step_costs = lambda state, width, draft=True: StepCosts(state.batch, 5.0, (1.0,) * width)
+    eng.overlap_rounds = True
+    ref = eng.generate(PROMPTS, max_new_tokens=60, ignore_eos=True, method="ar")
+    out = eng.generate(PROMPTS, max_new_tokens=60, ignore_eos=True, method="sd", gamma="auto")
+    assert [r.token_ids for r in out] == [r.token_ids for r in ref]
+    stats = out[0].stats
+    assert stats["plain_rounds"] > 40 and stats["rounds_launched_ahead"] > 30
+    assert any(proposed for proposed, _, _ in stats["round_log"])  # a probe drafted after 16 plain rounds
+    eng.overlap_rounds = False
+    again = eng.generate(PROMPTS, max_new_tokens=60, ignore_eos=True, method="sd", gamma="auto")
+    assert again[0].stats["rounds_launched_ahead"] == 0
+    assert [r.token_ids for r in again] == [r.token_ids for r in ref]
 
 
 @pytest.mark.gpu
