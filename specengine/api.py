@@ -186,11 +186,14 @@ class Engine:
     def warmup(self, batch: int = 1) -> dict:
         """Pay one-time costs now rather than in the first timed call (which does it otherwise):
         allocate the KV buffers and capture the CUDA graphs of every bucket (Triton autotuning
-        runs there), and measure the step costs that `gamma="auto"` and pearl use. The CPU
-        matmul paths are tuned at construction. Returns what the graphs hold, per model."""
-        prompt = [[0]] * batch if batch > 1 else [0]
-        method = "sd" if self.draft is not None else "ar"
-        self.generate(prompt, max_new_tokens=2, ignore_eos=True, method=method, gamma="auto")
+        runs there), and measure the step costs that every cost-driven choice this engine can
+        make uses (sd and hybrid γ auto with the draft, the target alone for n-gram rounds,
+        PEARL's window), at the widest width each may run. The CPU matmul paths are tuned at
+        construction. Returns what the graphs hold, per model."""
+        prompt = [[0, 0]] * batch if batch > 1 else [0, 0]
+        methods = ("sd", "hybrid", "pearl", "ngram") if self.draft is not None else ("ngram",)
+        for method in methods:  # each measures (once per engine and batch) what its first call would
+            self.generate(prompt, max_new_tokens=2, ignore_eos=True, method=method, gamma="auto")
         return {name: (r.graphs.memory_bytes if r.graphs is not None else 0)
                 for name, r in zip(("target", "draft"), self._runners())}
 

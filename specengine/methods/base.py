@@ -9,6 +9,7 @@ Per generate call:
   method.round(state, timer)            -> RoundOutput, device tensors only, no host sync
   method.see_tokens(committed)          each row's committed tokens, as the sync read them
   method.after_round(n_acc, num_draft)  host bookkeeping on what the round's one sync read
+  method.timed(seconds)                 the round's measured wall time (cost-driven choices)
   method.stats(generation)              method-specific numbers for GenerationResult.stats
 `gamma` is each method's draft length: sd's γ, PEARL's window, ParallelSpec's k (a tree
 takes its depth from its shape). `defaults` carries the engine's gamma / policy / threshold,
@@ -61,6 +62,10 @@ class Method:
 
     def after_round(self, n_acc: list[int], num_draft: list[int]) -> None:
         pass
+
+    def timed(self, seconds: float) -> None:
+        """The wall seconds the driver measured for the round last booked (after_round): methods
+        that choose by cost compare it with their model (round_clock.py)."""
 
     def see_tokens(self, committed: list[list[int]]) -> None:
         """Each row's tokens committed this round, read by the round's one sync (host lists;

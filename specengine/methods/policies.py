@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SpecEngineError
+from .round_clock import RoundClock
 from .sampling import check_number
 
 
@@ -80,16 +81,18 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return gamma + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
-def round_rate(alpha: float, gamma: int, costs, extra_s: float = 0.0) -> float:
+def round_rate(alpha: float, gamma: int, costs, extra_s: float = 0.0, scale: dict | None = None) -> float:
     """Committed tokens per second of a round of γ drafts: E[tokens](α, γ) / (γ·draft +
     verify(γ+1) + extra_s); γ = 0 is a plain decode step (one token per target decode).
-    extra_s: what the round pays besides (hybrid: the draft's catch-up)."""
-    return expected_tokens(alpha, gamma) / (gamma * costs.draft_s + costs.verify_s(gamma + 1) + extra_s)
+    extra_s: what the round pays besides (hybrid: the draft's catch-up). scale: measured /
+    predicted seconds per kind of round ("plain", "spec": round_clock.py), 1 where absent."""
+    factor = (scale or {}).get("plain" if gamma == 0 else "spec", 1.0)
+    return expected_tokens(alpha, gamma) / ((gamma * costs.draft_s + costs.verify_s(gamma + 1) + extra_s) * factor)
 
 
-def best_gamma(alpha: float, costs, gamma_max: int, gamma_min: int = 1) -> int:
+def best_gamma(alpha: float, costs, gamma_max: int, gamma_min: int = 1, scale: dict | None = None) -> int:
     """The γ in [gamma_min, gamma_max] that maximizes committed tokens per second."""
-    return max(range(gamma_min, gamma_max + 1), key=lambda g: round_rate(alpha, g, costs))
+    return max(range(gamma_min, gamma_max + 1), key=lambda g: round_rate(alpha, g, costs, scale=scale))
 
 
 class AutoGammaPolicy(FixedPolicy):
@@ -122,6 +125,10 @@ class AutoGammaPolicy(FixedPolicy):
         self.probe_every, self.plain_run = probe_every, 0  # the current wait; consecutive plain rounds so far
         self.probing = False  # this round is a probe
         self.predicted = [0.0, 0.0]  # expected tokens, expected seconds of the rounds run
+        self.clock, self._booked = RoundClock(), None  # rounds' measured vs predicted seconds
+        # greedy only: there γ never changes the tokens, while a seeded sampled call must draw the
+        # same tokens each time, so its choices may depend on nothing the clock measures
+        self.calibrate = False
 
     @property
     def alpha(self) -> float:
@@ -129,14 +136,26 @@ class AutoGammaPolicy(FixedPolicy):
 
     def recall(self, store: dict, key: str) -> None:
         """Start from the acceptance rate the engine's earlier calls learned for this pair and
-        decoding mode (`store[key]`), at the prior's weight, instead of the prior's rate."""
+        decoding mode (`store[key]`), at the prior's weight, instead of the prior's rate, and
+        from their rounds' measured cost corrections."""
         alpha, weight = store.get(key), self.accepted + self.rejected
         if alpha is not None:
             self.accepted, self.rejected = alpha * weight, (1 - alpha) * weight
+        if self.calibrate:
+            self.clock.seed(store.get(key + ":round_clock", {}))
 
     def remember(self, store: dict, key: str) -> None:
         """Leave the current rate for the engine's next call (a plain round leaves it as it was)."""
         store[key] = self.alpha
+        store[key + ":round_clock"] = self.clock.factors()
+
+    def timed(self, seconds: float) -> None:
+        """The driver's measured seconds of the round last booked by `update` (round_clock.py):
+        corrects the model's costs of that kind of round, from the next choice on."""
+        if self._booked is not None and self.calibrate and getattr(self.costs, "measured", False):
+            kind, predicted = self._booked
+            self.clock.book(kind, predicted, seconds)
+        self._booked = None
 
     def set_costs(self, costs) -> None:
         self.costs = costs
@@ -144,7 +163,11 @@ class AutoGammaPolicy(FixedPolicy):
 
     def _choose(self) -> None:
         self.probing = self.plain_run >= self.probe_every
-        self.gamma = best_gamma(self.alpha, self.costs, self.gamma_max, gamma_min=1 if self.probing else 0)
+        if self.clock.wants_plain() and not self.probing:  # time plain decoding once to compare
+            self.gamma = 0
+            return
+        self.gamma = best_gamma(self.alpha, self.costs, self.gamma_max, gamma_min=1 if self.probing else 0,
+                                scale=self.clock.factors())
 
     def prediction(self) -> float | None:
         """Tokens/s the cost model expected of the rounds run so far (None before any)."""
@@ -158,6 +181,7 @@ class AutoGammaPolicy(FixedPolicy):
             c, g = self.costs, 0 if plain else self.gamma
             self.predicted[0] += len(n_acc) * expected_tokens(self.alpha, g)
             self.predicted[1] += g * c.draft_s + c.verify_s(g + 1)
+            self._booked = ("plain" if plain else "spec", g * c.draft_s + c.verify_s(g + 1))
         probed = self.probing
         if plain:
             self.plain_run += 1

@@ -59,6 +59,7 @@ class SpeculativeDecoding(Method):
             self.policy.attach(ctx.acceptance_head(mode), early_exit=ctx.device.type == "cpu")
         if self.policy.needs_costs:  # gamma="auto": γ from measured step costs and the last call's acceptance
             self.key = ctx.decoding_mode(generation)
+            self.policy.calibrate = self.key == "greedy"
             self.policy.recall(ctx.acceptance, self.key)
             self.policy.set_costs(ctx.step_costs(generation.state, self.max_width))
 
@@ -83,6 +84,10 @@ class SpeculativeDecoding(Method):
         if self.policy.needs_costs:
             self.policy.remember(self.ctx.acceptance, self.key)
 
+    def timed(self, seconds: float) -> None:
+        if self.tree is None and self.policy.needs_costs:
+            self.policy.timed(seconds)
+
     def prediction(self, generation) -> dict:
         """γ auto: the cost model's tokens/s for the rounds it chose beside the measured decode
         rate (rounds only: prefill and the one-time cost measurement excluded)."""
@@ -91,7 +96,8 @@ class SpeculativeDecoding(Method):
             return {}
         measured = generation.new_tokens / generation.decode_s
         return {"predicted_tokens_per_s": predicted, "decode_tokens_per_s": measured,
-                "prediction_error": predicted / measured - 1}
+                "prediction_error": predicted / measured - 1,
+                "round_cost_factors": self.policy.clock.factors()}  # measured / predicted round seconds
 
     def stats(self, generation) -> dict:
         drafted = [g for g in self.gammas if g]

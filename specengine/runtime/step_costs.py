@@ -18,6 +18,7 @@ class StepCosts:
     batch: int
     draft_s: float  # one draft step (one token per row)
     target_s: tuple[float, ...]  # target_s[w - 1]: one target forward of w tokens per row
+    measured: bool = False  # timed on this machine (not pinned): rounds' measured times may correct it
 
     @property
     def cost_ratio(self) -> float:
@@ -51,4 +52,4 @@ def measure_step_costs(target, draft, state, max_width: int, repeats: int = 3) -
     for _ in range(repeats):
         for key, (fn, device) in calls.items():
             best[key] = best_seconds(fn, 1, device, best=best[key])
-    return StepCosts(state.batch, best.get(0, 0.0), tuple(best[w] for w in range(1, max_width + 1)))
+    return StepCosts(state.batch, best.get(0, 0.0), tuple(best[w] for w in range(1, max_width + 1)), measured=True)

@@ -228,3 +228,57 @@ def test_draft_resync_gives_the_cache_of_a_draft_that_saw_every_token(tiny_pair,
         ref.allocate(1, 64)
         ref.prefill(tokens[b:b + 1, :m], torch.tensor([m]))
         torch.testing.assert_close(draft.cache.kv[:, :, b, :m], ref.cache.kv[:, :, 0, :m], atol=1e-5, rtol=1e-5)
+
+
+def _simulate(policy, rounds: int, spec_slowdown: float, accept: float = 0.8) -> list[int]:
+    """Drive a γ auto policy for `rounds` rounds whose measured seconds are the model's, except
+    drafted rounds, which take `spec_slowdown` times what the model predicts; returns the γs."""
+    import random
+
+    rng, gammas = random.Random(0), []
+    for _ in range(rounds):
+        g = policy.gamma
+        gammas.append(g)
+        n_acc = 0
+        while n_acc < g and rng.random() < accept:
+            n_acc += 1
+        c = policy.costs
+        predicted = g * c.draft_s + c.verify_s(g + 1)
+        policy.update([n_acc], [g])
+        policy.timed(predicted * (spec_slowdown if g else 1.0))
+    return gammas
+
+
+def _calibrating(measured=True):
+    from specengine.methods.policies import AutoGammaPolicy
+
+    pol = AutoGammaPolicy()
+    pol.calibrate = True
+    pol.set_costs(StepCosts(1, 0.2, tuple(1.0 + 0.05 * w for w in range(9)), measured=measured))
+    return pol
+
+
+def test_gamma_auto_settles_on_plain_decoding_when_its_rounds_measure_slower_than_predicted():
+    """The cost model says speculation wins; the rounds say it loses (3x slower than predicted):
+    after a few rounds of each kind the policy decodes plainly, probing now and then."""
+    pol = _calibrating()
+    gammas = _simulate(pol, 200, spec_slowdown=3.0)
+    assert gammas[0] > 0  # the model's choice first
+    assert 0 in gammas[:10]  # plain decoding timed early, to compare
+    late = gammas[50:]
+    assert late.count(0) > 0.9 * len(late) and any(late)  # plain, with probes
+    assert pol.clock.factor("spec") == pytest.approx(3.0)
+
+
+def test_gamma_auto_keeps_speculating_when_its_rounds_measure_as_predicted():
+    pol = _calibrating()
+    gammas = _simulate(pol, 100, spec_slowdown=1.0)
+    assert sum(g == 0 for g in gammas) <= 5  # about the plain rounds that time the comparison
+    assert pol.clock.factors() == {"plain": pytest.approx(1.0), "spec": pytest.approx(1.0)}
+
+
+def test_pinned_costs_are_never_corrected_by_round_times():
+    """Costs a caller pinned (tests, replays) are the model: round times never change the choice."""
+    pol = _calibrating(measured=False)
+    gammas = _simulate(pol, 60, spec_slowdown=3.0)
+    assert 0 not in gammas and pol.clock.factors() == {}

@@ -52,3 +52,21 @@ def test_without_a_draft_the_step_is_free(monkeypatch):
     monkeypatch.setattr(timing.time, "perf_counter", clock)
     costs = measure_step_costs(Runner(clock, 1.0), None, state(), max_width=3)
     assert costs.draft_s == 0.0 and costs.target_s == pytest.approx((1.0, 2.0, 3.0))
+
+
+def test_warmup_measures_what_every_cost_driven_method_would_measure_in_its_first_call(tiny_pair, tokenizer,
+                                                                                        monkeypatch):
+    """After warmup() no call measures step costs (the first request pays nothing): sd / hybrid γ
+    auto and PEARL with the draft, n-gram rounds on the target alone, at their widest widths."""
+    from specengine import Engine
+    from specengine.runtime import step_costs as sc
+
+    eng = Engine(tiny_pair[0], tokenizer, draft=tiny_pair[2], max_seq_len=96)
+    eng.warmup()
+    assert set(eng.measured_step_costs) == {1, (1, "target")}
+    measured = []
+    real = sc.measure_step_costs
+    monkeypatch.setattr("specengine.api.measure_step_costs", lambda *a, **k: measured.append(1) or real(*a, **k))
+    for method in ("sd", "hybrid", "pearl", "ngram"):
+        eng.generate([5, 9, 2], max_new_tokens=4, ignore_eos=True, method=method, gamma="auto")
+    assert not measured
