@@ -17,9 +17,10 @@ SMOKE=${GPU_SMOKE:-}
 OUT=${OUT:-build/gpu-run}
 LOGS=build/gpu-logs
 mkdir -p "$OUT" "$LOGS"
+rm -f "$LOGS"/*.log; : > "$LOGS/sections.txt"  # this run's logs only
 if [ -n "$SMOKE" ]; then
   PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
-  FLAGS=(--smoke); SCALE=${GPU_SMOKE_LIMIT_SCALE:-1}
+  FLAGS=(--smoke); SCALE=1
 else
   PY=${PYTHON:-python3}; FLAGS=(); SCALE=1
 fi
@@ -36,8 +37,8 @@ section() {  # section NAME LIMIT_S ARGS...: run under its limit; its JSON is al
   local name=$1 limit=$(( $2 * SCALE )); shift 2
   local t0=$SECONDS
   echo "=== $name (limit ${limit} s)"
-  if [ "${GPU_SMOKE_STALL:-}" = "$name" ] && [ -n "$SMOKE" ]; then
-    timeout -k 5 "$limit" sleep 3600 > "$LOGS/$name.log" 2>&1
+  if [ "${GPU_SMOKE_STALL:-}" = "$name" ] && [ -n "$SMOKE" ]; then  # a section that never ends, cut short
+    limit=15; timeout -k 5 "$limit" "$PY" -c "import time; time.sleep(3600)" > "$LOGS/$name.log" 2>&1
   else
     timeout -k 10 "$limit" "$PY" bench/gpu_replay.py "$@" "${FLAGS[@]}" --out "$OUT/$name.json" 2>&1 \
       | tee "$LOGS/$name.log"

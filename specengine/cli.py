@@ -250,6 +250,9 @@ def cmd_serve(args):
     from .serve.server import serve
 
     engine = _load(args)
+    print("warming up (buffers, graphs, every cost-driven method's step costs) so no request pays it",
+          file=sys.stderr)
+    engine.warmup(batch=args.max_batch)
     key = args.api_key or os.environ.get("SPECENGINE_API_KEY") or None
     print(f"serving {args.target} on http://{args.host}:{args.port}/v1 (max batch {args.max_batch}; API key "
           f"{'required' if key else 'not required'})", file=sys.stderr)  # never the key itself

@@ -7,7 +7,8 @@ import torch
 from . import precision
 from .config import EngineConfig
 from .errors import SpecEngineError
-from .models.loading import load_model
+from .models.decoder import Transformer
+from .models.loading import load_config, load_model, resolve
 
 
 def device_of(device) -> torch.device:
@@ -50,6 +51,10 @@ def load_pair(target, draft, cfg: EngineConfig):
     method = cfg.method or ("sd" if draft is not None else "ar")
     on_cpu = [d.type == "cpu" for d in (dev, ddev)]
     force = precision.forced_cpu_dtype()
+    if force is None and all(on_cpu):
+        chosen = _choose_before_loading(target, draft, cfg, method, dev)
+        if chosen is not None:
+            return chosen
     first = {True: torch.float32 if force is None else getattr(torch, force), False: torch.bfloat16}
     tmodel, tpath = load_model(target, first[on_cpu[0]], dev)
     dmodel = load_model(draft, first[on_cpu[1]], ddev)[0] if draft is not None else None
@@ -71,6 +76,27 @@ def load_pair(target, draft, cfg: EngineConfig):
     if cpu_draft is not None and choice["draft"]:
         dmodel = _take(cpu_draft, quant.get("draft"), choice["draft"])
     return tmodel, tpath, dmodel, choice
+
+
+def _choose_before_loading(target, draft, cfg: EngineConfig, method: str, dev):
+    """weights "auto" on a CPU with GGUF sources: the blocks are loaded, the float settings are
+    timed on the float models' shapes alone (meta tensors: no float weights read, none written),
+    and a float model is loaded only where it wins. None where a source is not a GGUF."""
+    quant = {"target": gguf_twin(target, cfg, dev), "draft": gguf_twin(draft, cfg, dev)}
+    if quant["target"] is None or (draft is not None and quant["draft"] is None):
+        return None
+    shapes = {role: _shapes(name) for role, name in (("target", target), ("draft", draft)) if name is not None}
+    choice = precision.choose(shapes["target"], shapes.get("draft"), method, gamma=cfg.gamma, quant=quant)
+    models = {role: quant[role] if choice[role] == precision.GGUF else load_model(name, getattr(torch, choice[role]),
+                                                                                  dev)[0]
+              for role, name in (("target", target), ("draft", draft)) if name is not None}
+    return models["target"], resolve(target), models.get("draft"), choice
+
+
+def _shapes(name):
+    """The float model's module tree on the meta device: its shapes, no weights."""
+    with torch.device("meta"):
+        return Transformer(load_config(resolve(name)))
 
 
 def _take(model, twin, setting: str):

@@ -195,6 +195,11 @@ def shape_groups(model, dtype=None) -> dict[str, list]:
 
 
 def _dense(layer) -> torch.Tensor:
+    """The layer's weight to time paths on; a layer on the meta device (a float model's shapes
+    only: precision.py chooses before loading) gets random values of its shape."""
+    if layer.weight is not None and layer.weight.is_meta:
+        g = torch.Generator().manual_seed(layer.out_features * 31 + layer.in_features)
+        return torch.randn(layer.weight.shape, generator=g) * 0.02
     return layer.weight.detach() if layer.weight is not None else layer.packed_weight.to_dense()
 
 

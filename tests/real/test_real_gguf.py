@@ -122,3 +122,23 @@ def test_weights_auto_measures_the_blocks_and_loads_what_it_chose():
     assert all(s > 0 for s in seconds.values())
     float_only = Engine.from_pretrained(name, max_seq_len=128, weights="float")
     assert "gguf" not in float_only.dtype_choice["matmul_s"]["target"]
+
+
+def test_the_default_setting_writes_no_float_copy_and_float_weights_are_made_on_first_need(tmp_path, monkeypatch):
+    """A fresh cache holding only the GGUF: weights/dtype "auto" times the float settings on the
+    model's shapes and loads the blocks or a float model as chosen; a float copy is on disk
+    exactly when a float setting was chosen or float weights are asked for, written then, once."""
+    name = REAL_FILES[2]
+    fetch(name)
+    src = cache_dir() / "gguf" / f"{name}.gguf"
+    monkeypatch.setenv("SPECENGINE_CACHE", str(tmp_path))
+    (tmp_path / "gguf").mkdir()
+    (tmp_path / "gguf" / src.name).symlink_to(src)
+    folder = fetch(name)
+    assert (folder / "config.json").exists() and not list(folder.glob("*.safetensors"))
+    eng = Engine.from_pretrained(name, max_seq_len=128)
+    floats = list(folder.glob("*.safetensors"))
+    assert bool(floats) == (eng.dtype_choice["target"] != "gguf"), eng.dtype_choice["target"]
+    assert eng.generate("def f(", max_new_tokens=4).token_ids
+    load_model(name)  # float weights asked for: dequantized now
+    assert list(folder.glob("*.safetensors"))
