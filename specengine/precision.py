@@ -105,8 +105,8 @@ def choose(target, draft, method: str, gamma=None, tree=None, alpha: float = EXP
     `quant`: {"target": ..., "draft": ...} the same models as GGUF blocks, where the file has them
     (each adds the setting "gguf" for its role)."""
     quant = quant or {}
-    t_opts = {dt: target for dt in CPU_DTYPES} | ({GGUF: quant["target"]} if quant.get("target") else {})
-    d_opts = {dt: draft for dt in CPU_DTYPES} | ({GGUF: quant["draft"]} if quant.get("draft") else {})
+    t_opts = _options(target, quant.get("target"))
+    d_opts = _options(draft, quant.get("draft"))
     widths = {m: method_widths(m, gamma if m == method else None, tree if m == method else None)
               for m in ("ar", "sd", "parallelspec")} if draft is not None else {"ar": method_widths("ar")}
     widths.setdefault(method, method_widths(method, gamma, tree))
@@ -133,6 +133,16 @@ def choose(target, draft, method: str, gamma=None, tree=None, alpha: float = EXP
             "best_by_method": {m: {k: c[k] for k in ("target", "draft", "gamma", "tokens_per_s")}
                                for m, c in best.items()},
             "grid": grid, "matmul_s": {"target": _named(t_sec), "draft": _named(d_sec)}}
+
+
+def _options(model, blocks) -> dict:
+    """The settings a role can take: fp32 and bf16 of the float model, and its GGUF blocks where
+    the file has them. With blocks, fp32 is not measured: its weights are 4-8x the blocks' bytes
+    (Q8_0 down to Q4_K), and at the few rows a decode or verify runs a CPU matmul streams its
+    weights, so fp32 cannot win; bf16 (2-4x) can, where tiles make wide rows cheap (AMX)."""
+    if blocks is None:
+        return {dt: model for dt in CPU_DTYPES}
+    return {"bfloat16": model, GGUF: blocks}
 
 
 def _named(seconds: dict) -> dict:

@@ -126,6 +126,7 @@ class AutoGammaPolicy(FixedPolicy):
         self.probing = False  # this round is a probe
         self.predicted = [0.0, 0.0]  # expected tokens, expected seconds of the rounds run
         self.clock, self._booked = RoundClock(), None  # rounds' measured vs predicted seconds
+        self._last_kind = None  # the kind of the round booked last ("plain" / "spec")
         # greedy only: there γ never changes the tokens, while a seeded sampled call must draw the
         # same tokens each time, so its choices may depend on nothing the clock measures
         self.calibrate = False
@@ -181,7 +182,13 @@ class AutoGammaPolicy(FixedPolicy):
             c, g = self.costs, 0 if plain else self.gamma
             self.predicted[0] += len(n_acc) * expected_tokens(self.alpha, g)
             self.predicted[1] += g * c.draft_s + c.verify_s(g + 1)
-            self._booked = ("plain" if plain else "spec", g * c.draft_s + c.verify_s(g + 1))
+            # steady state only: the first round of a kind after the other pays the switch (a drafted
+            # round after plain ones reads what the draft missed: a wider catch-up), and a probe
+            # booked with it would always confirm plain decoding
+            kind = "plain" if plain else "spec"
+            steady = kind == self._last_kind
+            self._last_kind = kind
+            self._booked = (kind, g * c.draft_s + c.verify_s(g + 1)) if steady else None
         probed = self.probing
         if plain:
             self.plain_run += 1

@@ -115,7 +115,7 @@ def test_weights_auto_measures_the_blocks_and_loads_what_it_chose():
     name = REAL_FILES[2]
     eng = Engine.from_pretrained(name, draft=name, max_seq_len=128)
     choice = eng.dtype_choice
-    assert set(choice["matmul_s"]["target"]) == {"float32", "bfloat16", "gguf"}
+    assert set(choice["matmul_s"]["target"]) == {"bfloat16", "gguf"}  # fp32: 4-8x the blocks' bytes, never timed
     assert precision.setting_of(eng.target.model) == choice["target"]
     assert precision.setting_of(eng.draft.model) == choice["draft"]
     seconds = choice["matmul_s"]["target"]["gguf"]

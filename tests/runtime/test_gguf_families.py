@@ -83,3 +83,33 @@ def test_a_gguf_of_a_newer_family_loads_as_blocks_and_matches_the_float_model(tm
         skeleton = Transformer(cfg)
     with pytest.raises(SpecEngineError, match=f"no_norm.gguf .{kind}. has no tensor 'blk.0.attn_q_norm.weight'"):
         load_quantized(skeleton, tmp_path / "no_norm.gguf", torch.float32)  # refused, never run without them
+
+
+def test_tensors_read_through_the_cached_index_are_the_gguf_packages(tmp_path, monkeypatch):
+    """A load reads tensors at the offsets the `gguf` package found once (gguf_weights.tensor_index):
+    every tensor the same bytes, format and shape as GGUFReader's, and a second load never parses."""
+    from transformers import Qwen3Config
+
+    from specengine.models import gguf_weights
+
+    monkeypatch.setenv("SPECENGINE_CACHE", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM_from(Qwen3Config(vocab_size=96, hidden_size=64, intermediate_size=96,
+                                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                              head_dim=16))
+    path = tmp_path / "tiny.gguf"
+    write_gguf(hf, path, "qwen3")
+    reader = gguf.GGUFReader(path)
+    ours = gguf_weights._Tensors(path)
+    for t in reader.tensors:
+        kind, data = ours.get(t.name)
+        assert kind == t.tensor_type.name
+        assert np.array_equal(data.numpy().reshape(-1).view(np.uint8), np.asarray(t.data).reshape(-1).view(np.uint8))
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *a: pytest.fail("parsed the file again"))
+    assert set(gguf_weights._Tensors(path).by_name) == {t.name for t in reader.tensors}
+
+
+def AutoModelForCausalLM_from(config):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(config).eval()
