@@ -7,10 +7,10 @@ PYTEST_ARGS ?=
 
 .PHONY: gpu-run trace gpu-check install demo test test-fast bench bench-gguf bench-ngram bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
 
-$(STAMP): pyproject.toml setup.py csrc/compact_kv.cpp csrc/compact_kv_cuda.cu csrc/compact_kv.h csrc/quant_matmul.cpp csrc/quant_matmul_impl.h csrc/quant_dot_impl.h csrc/quant_x8_impl.h csrc/row_attention_impl.h csrc/silu_impl.h csrc/fused_ops_cpu.cpp csrc/decode_stack.cpp csrc/cpu_ops.h
+$(STAMP): pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/*.cu csrc/*.cuh csrc/cpu/*.cpp csrc/cpu/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
-	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0 ninja
 	# no build isolation: setup.py needs this torch to compile the KV extension (csrc/)
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[gguf,test,bench,triton,serve]"
 	touch $(STAMP)

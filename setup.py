@@ -58,7 +58,11 @@ def extensions():
     # the quantized matmul: CPU only; its hot loops carry per-ISA clones chosen by CPUID at load
     # -fopenmp: at::parallel_for is OpenMP inline in ATen's headers (without it, one thread); the
     # runtime is torch's own libgomp.so.1 (same soname)
-    quant = CppExtension("specengine._quantext", ["csrc/quant_matmul.cpp", "csrc/fused_ops_cpu.cpp", "csrc/decode_stack.cpp"],
+    # one translation unit per instruction set (csrc/cpu/isa_*.cpp): with ninja (the Makefile installs
+    # it) BuildExtension compiles them in parallel, MAX_JOBS at a time (default: every core)
+    cpu = ["csrc/cpu/isa_baseline.cpp", "csrc/cpu/isa_avx2.cpp", "csrc/cpu/isa_avx512.cpp", "csrc/cpu/isa_vnni.cpp"]
+    quant = CppExtension("specengine._quantext", ["csrc/quant_matmul.cpp", "csrc/fused_ops_cpu.cpp", "csrc/decode_stack.cpp",
+                                                  *cpu],
                          extra_compile_args={"cxx": ["-O3", "-fopenmp"]}, extra_link_args=["-fopenmp"])
     return {"build_ext": OptionalBuild.with_options(no_python_abi_suffix=False)}, [ext, quant]
 

@@ -1,4 +1,4 @@
-"""The AMX tile copy of the interleaved Q4_K kernel (csrc/quant_amx_impl.h) against the vector copy it
+"""The AMX tile copy of the interleaved Q4_K kernel (csrc/cpu/amx_impl.h) against the vector copy it
 replaces, interleaved in one process on the real pair (a shared VM's speed drifts within minutes):
 - the kernel alone on the target's gate/up shape (17920 x 1536, random blocks) per row count;
 - whole replies of `ar`, `ngram:auto` and `sd:auto` on the input-grounded and HumanEval prompts,

@@ -5,11 +5,11 @@
 //
 // Q4_K scales every 32 values by a per-row 6-bit scale, which a tile multiply (TDPBSUD) cannot apply.
 // - per sub-block: a multiply covers one sub-block (32 values); its int32 sums are stored (TILESTORED)
-//   and scaled with vector code before the next (the first version of csrc/quant_amx_impl.h);
+//   and scaled with vector code before the next (the first version of csrc/cpu/amx_impl.h);
 //   also timed without that store and scaling (wrong sums: where the time goes);
 // - scales in the bytes: each scale s = l + 16 h (l < 16, h < 4) multiplies the 4-bit values inside
 //   their bytes (q l <= 225, q h <= 45), so a super-block's 256 values accumulate in two tiles and
-//   leave them once (csrc/quant_amx_impl.h now).
+//   leave them once (csrc/cpu/amx_impl.h now).
 // Both must give the same integer sums (checked against a scalar loop on a small shape first).
 // Prints ms per product, best of 5. Needs AMX-INT8 and a kernel that grants tile data.
 #include <immintrin.h>

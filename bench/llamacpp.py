@@ -40,7 +40,7 @@ def source() -> Path:
 # ggml's tile configuration (ggml-cpu/amx/mmq.cpp) and the first tile instruction faults (SIGILL, seen
 # on a Sapphire Rapids VM at any batch > 1). Built by GCC 12, llama.cpp leaves its AMX path out; its
 # other CPU paths, the repacked ones included, stay. Our own kernel loads the configuration with inline
-# asm instead (csrc/quant_amx_impl.h).
+# asm instead (csrc/cpu/amx_impl.h).
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 

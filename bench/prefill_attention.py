@@ -1,4 +1,4 @@
-"""Prefill attention on CPU: the compiled per-row attention (csrc/row_attention_impl.h, the
+"""Prefill attention on CPU: the compiled per-row attention (csrc/cpu/attention_impl.h, the
 batch-invariant mode's attention at every width) against the torch reference's SDPA, at prefill
 widths on the 1.5B target's heads (12 query / 2 KV heads, D 128), then the target's whole prefill
 of a long copy prompt and of all six joined (bench/ngram_prompts.py). Best of 5 kernel calls and

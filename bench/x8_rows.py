@@ -1,4 +1,4 @@
-"""Cost of the interleaved GGUF kernel (csrc/quant_x8_impl.h) per activation row count, relative to one
+"""Cost of the interleaved GGUF kernel (csrc/cpu/x8_impl.h) per activation row count, relative to one
 row: the target's gate/up shape 17920 x 1536 (random blocks, partly in cache), best of 10 per count.
 
     python bench/x8_rows.py --out bench/results/cpu_x8_rows.json

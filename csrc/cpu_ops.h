@@ -14,7 +14,7 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm_cpu(const torch::Tensor& x
                                                           const c10::optional<torch::Tensor>& residual,
                                                           const torch::Tensor& weight, double eps);
 torch::Tensor silu_and_mul_cpu(const torch::Tensor& gu);
-void silu_mul_f32_rows(const float* gu, float* out, int64_t R, int64_t I);  // its fp32 lanes (silu_impl.h)
+void silu_mul_f32_rows(const float* gu, float* out, int64_t R, int64_t I);  // its fp32 lanes (cpu/silu_impl.h)
 torch::Tensor rope_kv_write_cpu(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
                                 const torch::Tensor& wpos, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                                 int64_t Hq, int64_t Hkv, const c10::optional<torch::Tensor>& q_w,

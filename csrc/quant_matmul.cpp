@@ -1,29 +1,20 @@
 // pybind11 module `specengine._quantext`: y = x @ dequantize(W).T with W kept as GGUF blocks, on CPU,
-// and the batch-invariant attention that a GGUF target's exactness relies on (row_attention_impl.h).
+// and the batch-invariant attention that a GGUF target's exactness relies on (cpu/attention_impl.h).
 //
 // Decode and verify widths (quant_matmul): the activation rows are quantized per block to int8, as
 // llama.cpp does, and each weight block is unpacked once into registers and multiplied with up to 8
-// activation rows as integers (quant_dot_impl.h; its torch reference is kernels/quant_matmul.py's
+// activation rows as integers (cpu/dot_impl.h; its torch reference is kernels/quant_matmul.py's
 // `quant_matmul_q8_ref`), so a verify of k rows reads the weights once and costs a fraction of k
 // decodes. A row's result never depends on how many rows share the call (batch-invariant).
 // Prefill widths (dequantize): whole rows back to fp32 for one BLAS matmul, ggml-quants.c's
-// dequantization operation for operation (quant_matmul_impl.h).
+// dequantization operation for operation (cpu/dequant_impl.h).
 // The hot loops are compiled for AVX-512 with VNNI, AVX-512, AVX2+FMA and baseline x86-64; CPUID picks one at run time
 // (`isa()`), and `set_isa` lets the tests run every copy this CPU can.
 #include "cpu_ops.h"
+#include "cpu/common.h"
 
-#include <ATen/Parallel.h>
-#include <c10/util/Half.h>
-
-#include <immintrin.h>
-
-#include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <cstring>
 #include <string>
-#include <utility>
-#include <vector>
 
 #if defined(__x86_64__) && defined(__linux__)
 #include <cpuid.h>
@@ -31,109 +22,10 @@
 #include <unistd.h>
 #endif
 
+using namespace se;
+
 namespace {
 
-enum QType : int64_t { kQ4_0 = 0, kQ5_0 = 1, kQ8_0 = 2, kQ4_K = 3, kQ5_K = 4, kQ6_K = 5 };
-constexpr int64_t kValues[] = {32, 32, 32, 256, 256, 256};
-constexpr int64_t kBytes[] = {18, 22, 34, 144, 176, 210};
-// Software prefetch distance of the weight stream (quant_dot_impl.h's prefetch_ahead): about a DRAM
-// latency's worth of bytes at one core's bandwidth, with room to spare. Not tuned to a machine: on the
-// interleaved kernels 2, 4 and 8 KiB gave the same verify-width times within noise on a 2-core EPYC
-// (bench/stream_rows.py), and none slowed a decode.
-constexpr int64_t kPrefetchAhead = 4096;
-
-// Activation rows quantized for one weight format: row m's values q[m*K ...], its block scales
-// d[m*K/block ...], its sums of 16 values bs[m*K/16 ...] and of 32 values b32[m*K/32 ...] (Q4_K's mins
-// take pairs of these: half the multiplies of pairs of sums of 16).
-struct Act {
-  const int8_t* q;
-  const float* d;
-  const int16_t *bs, *b32;
-  int64_t K, block;
-  const int8_t* qr(int64_t r) const { return q + r * K; }
-  const float* dr(int64_t r) const { return d + r * (K / block); }
-  const int16_t* bsr(int64_t r) const { return bs + r * (K / 16); }
-  const int16_t* b32r(int64_t r) const { return b32 + r * (K / 32); }
-  Act from_row(int64_t m) const { return {qr(m), dr(m), bsr(m), b32r(m), K, block}; }  // rows m, m + 1, ...
-};
-
-// One call of the batch-invariant attention (row_attention_impl.h): tensors as [dim0, dim1, dim2, D].
-struct AttnArgs {
-  const void *q, *k, *v;
-  void* out;
-  const int32_t* lens;
-  const bool* tree;  // [B|1, Q, Q] or null (chain)
-  const int32_t* window;  // [B, Q]: each query's first visible position (a sliding window), or null
-  int64_t B, Q, Hq, Hkv, D, L;
-  int64_t qs[3], ks[3], vs[3], os[3];  // strides of dims 0..2 (the last dim is contiguous)
-  int64_t tree_bs;  // 0 when the mask is shared by every row
-  float scale;
-  bool plain;  // the scalar loops even where a vectorized copy exists (tests compare the two)
-};
-
-namespace baseline {
-#include "quant_matmul_impl.h"
-#include "quant_dot_impl.h"
-#include "quant_x8_impl.h"
-#include "row_attention_impl.h"
-#include "silu_impl.h"
-}  // namespace baseline
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-namespace avx2 {
-#define SE_AVX2 1
-#include "quant_matmul_impl.h"
-#include "quant_dot_impl.h"
-#include "quant_x8_impl.h"
-#include "row_attention_impl.h"
-#include "silu_impl.h"
-}  // namespace avx2
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
-namespace avx512 {
-#define SE_WIDE 1
-#include "quant_matmul_impl.h"
-#include "quant_dot_impl.h"
-#include "quant_x8_impl.h"
-#include "row_attention_impl.h"
-#include "silu_impl.h"
-}  // namespace avx512
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's own 512-bit intrinsics (their `__Y = __Y`)
-namespace avx512vnni {  // the same integer sums, with vpdpbusd / vpdpwssd fusing multiply and add
-#define SE_VNNI 1
-#include "quant_matmul_impl.h"
-#include "quant_dot_impl.h"
-#include "quant_x8_impl.h"
-#include "row_attention_impl.h"
-#include "silu_impl.h"
-#include "quant_amx_impl.h"
-#undef SE_VNNI
-#undef SE_WIDE
-#undef SE_AVX2
-}  // namespace avx512vnni
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#define SPECENGINE_X86 1
-#endif
-
-// One instruction set's copy of the hot loops.
-struct Kernels {
-  const char* isa;
-  void (*quantize)(const float*, int64_t, int64_t, int8_t*, float*, int16_t*);  // quantize_row
-  void (*matmul)(int64_t, const Act&, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t);
-  void (*matmul_x8)(int64_t, const Act&, int64_t, const uint8_t*, float*, int64_t, int64_t, int64_t, uint8_t*);
-  void (*dequantize)(int64_t, const uint8_t*, int64_t, float*);
-  void (*dense)(bool, const float*, int64_t, int64_t, const void*, float*, int64_t, int64_t, int64_t, float*);
-  void (*attention)(bool, const AttnArgs&, int64_t, int64_t, float*, float*, float*);
-  void (*silu_mul)(const float*, const float*, float*, int64_t);
-};
 
 // AMX-INT8 in CPUID, and Linux lets this process use tile data (ARCH_REQ_XCOMP_PERM: the tiles' 8 KiB of
 // state are opt-in per process; a VM can also withhold them). Asked once.
@@ -152,18 +44,6 @@ bool amx_usable() {
 }
 
 #ifdef SPECENGINE_X86
-Kernels vnni_kernels() {
-  return {"avx512vnni", avx512vnni::quantize_row, avx512vnni::matmul_int, avx512vnni::matmul_x8, avx512vnni::dequantize,
-          avx512vnni::dense_matmul, avx512vnni::row_attention, avx512vnni::silu_mul};
-}
-
-Kernels amx_kernels() {
-  Kernels k = vnni_kernels();
-  k.isa = "avx512amx";
-  k.matmul_x8 = avx512vnni::matmul_x8_amx;
-  return k;
-}
-
 bool amx_faster();
 #endif
 
@@ -179,14 +59,11 @@ std::vector<Kernels> runnable() {
     if (amx_usable()) out.insert(amx_faster() ? out.begin() : out.end(), amx_kernels());
   }
   if (avx512)
-    out.push_back({"avx512", avx512::quantize_row, avx512::matmul_int, avx512::matmul_x8, avx512::dequantize, avx512::dense_matmul,
-                   avx512::row_attention, avx512::silu_mul});
+    out.push_back(avx512_kernels());
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    out.push_back({"avx2", avx2::quantize_row, avx2::matmul_int, avx2::matmul_x8, avx2::dequantize, avx2::dense_matmul,
-                   avx2::row_attention, avx2::silu_mul});
+    out.push_back(avx2_kernels());
 #endif
-  out.push_back({"baseline", baseline::quantize_row, baseline::matmul_int, baseline::matmul_x8, baseline::dequantize,
-                 baseline::dense_matmul, baseline::row_attention, baseline::silu_mul});
+  out.push_back(baseline_kernels());
   return out;
 }
 
@@ -268,23 +145,15 @@ QuantizedRows quantize_rows_for(const Kernels& k, const torch::Tensor& x, int64_
 bool amx_faster() {
   static const bool faster = [] {
     constexpr int64_t N = 256, K = 2048, M = 32, G = N / 8, nb = K / 256;
-    auto w = torch::randint(0, 256, {G, nb * kBytes[kQ4_K] * avx512vnni::kGroup}, torch::dtype(torch::kUInt8));
+    const int64_t group = interleave_group();
+    auto w = torch::randint(0, 256, {G, nb * kBytes[kQ4_K] * group}, torch::dtype(torch::kUInt8));
     uint8_t* p = w.data_ptr<uint8_t>();
     const uint16_t half = 0x1400;  // every d and dmin a small finite fp16 (random bytes could be inf / NaN)
     for (int64_t b = 0; b < G * nb; ++b)
-      for (int r = 0; r < 2 * avx512vnni::kGroup; ++r) std::memcpy(p + b * avx512vnni::kGroup * kBytes[kQ4_K] + 2 * r, &half, 2);
+      for (int r = 0; r < 2 * group; ++r) std::memcpy(p + b * group * kBytes[kQ4_K] + 2 * r, &half, 2);
     const QuantizedRows xq = quantize_rows_for(vnni_kernels(), torch::randn({M, K}), kValues[kQ4_K]);
     auto y = torch::empty({M, N});
-    auto best = [&](auto fn) {
-      double s = 1e30;
-      for (int t = 0; t < 3; ++t) {
-        const auto t0 = std::chrono::steady_clock::now();
-        fn(kQ4_K, xq.act, M, p, y.data_ptr<float>(), N, 0, G, nullptr);
-        s = std::min(s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      }
-      return s;
-    };
-    return best(avx512vnni::matmul_x8_amx) < best(avx512vnni::matmul_x8);
+    return amx_beats_vnni(xq.act, M, p, y.data_ptr<float>(), N, G);
   }();
   return faster;
 }
@@ -379,7 +248,7 @@ bool& plain_attention() {
   return plain;
 }
 
-// Batch-invariant verification attention (row_attention_impl.h): q [B, Q, Hq, D], k / v [B, L, Hkv, D]
+// Batch-invariant verification attention (cpu/attention_impl.h): q [B, Q, Hq, D], k / v [B, L, Hkv, D]
 // (views of the cache: any strides but a contiguous last dim), lens [B] int32, tree [B|1, Q, Q] bool or
 // None; fp32 or bf16, all one dtype.
 torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

@@ -1,4 +1,4 @@
-"""The compiled per-row CPU attention (csrc/row_attention_impl.h) under `verify_attention_ref`'s
+"""The compiled per-row CPU attention (csrc/cpu/attention_impl.h) under `verify_attention_ref`'s
 contract (kernels/verify_attention.py), and the ops table's "cpu" attention built on it:
 batch-invariant mode's attention on a CPU, and every CPU decode and verify step's."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ if _ROW_OP is None and _EXT is not None:  # an older build: the Python function
 
 def verify_attention_rows(q, k_cache, v_cache, cache_lens, tree_mask=None, sm_scale=None, window=None):
     """`verify_attention_ref`'s contract on CPU, batch-invariant by construction (the compiled
-    extension, csrc/row_attention_impl.h): each query's softmax runs over exactly the positions it
+    extension, csrc/cpu/attention_impl.h): each query's softmax runs over exactly the positions it
     sees, in position order, in fp32, so its result depends neither on the other queries of the
     call nor on how much of the cache is passed (a window: only its positions are read)."""
     if _EXT is None:

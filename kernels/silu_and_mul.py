@@ -5,7 +5,7 @@ Roundings follow transformers' MLP (`act_fn(gate) * up` in the model dtype): sil
 computed in fp32 and rounded to the dtype, then multiplied by u and rounded again.
 `silu_and_mul_ref` below is the spec; `silu_and_mul_cpu` is the compiled CPU op
 (csrc/fused_ops_cpu.cpp) with the same roundings. In fp32 the CPU op computes exp its own way
-(csrc/silu_impl.h, 16 lanes at a time): `silu_lanes_ref` is that op's spec, bit for bit.
+(csrc/cpu/silu_impl.h, 16 lanes at a time): `silu_lanes_ref` is that op's spec, bit for bit.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def exp_lanes_ref(a: torch.Tensor) -> torch.Tensor:
-    """fp32 exp as csrc/silu_impl.h computes it, one IEEE operation at a time (torch's elementwise
+    """fp32 exp as csrc/cpu/silu_impl.h computes it, one IEEE operation at a time (torch's elementwise
     fp32 ops on CPU round each result, as the compiled lanes do): Cody-Waite reduction to 2^n e^r with
     ln 2 in two parts, Cephes' degree-6 polynomial, 2^n from the exponent bits. a > 88.37 -> +inf;
     a < -87.3 is clamped (1 + exp(a) is 1 there)."""

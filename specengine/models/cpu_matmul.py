@@ -61,7 +61,7 @@ def _pack_mkldnn(w: torch.Tensor) -> torch.Tensor:
 
 
 def _rows(x, w):
-    """Our few-row kernel (csrc/quant_matmul_impl.h `dense_matmul`): each bf16 weight row widened
+    """Our few-row kernel (csrc/cpu/dequant_impl.h `dense_matmul`): each bf16 weight row widened
     once and multiplied with every input row in fp32 (where BLAS costs ~k decodes for k rows)."""
     return quant_linear.dense_matmul(x.float().contiguous(), w).to(x.dtype)
 

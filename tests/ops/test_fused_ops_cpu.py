@@ -60,7 +60,7 @@ def test_silu_and_mul_matches_the_reference(dtype, rows, inter):
 
 @pytest.mark.parametrize("rows,inter", [(1, 16), (3, 37), (5, 8960), (2, 1)])
 def test_fp32_silu_lanes_are_their_spec_bit_for_bit_on_every_copy(ext, rows, inter):
-    """fp32 runs csrc/silu_impl.h: every instruction-set copy, every tail length and the special
+    """fp32 runs csrc/cpu/silu_impl.h: every instruction-set copy, every tail length and the special
     values give exactly silu_lanes_ref's bits (the op's spec, one torch op per step)."""
     gu = rand(rows, 2 * inter, seed=9, scale=8.0)
     special = torch.tensor([float("nan"), float("inf"), -float("inf"), 88.5, -88.5, -88.37, 87.4, -87.4, 0.0, -0.0,

@@ -1,4 +1,4 @@
-"""GGUF blocks interleaved 8 rows at a time (kernels/quant_pack.py, csrc/quant_x8_impl.h): the layout
+"""GGUF blocks interleaved 8 rows at a time (kernels/quant_pack.py, csrc/cpu/x8_impl.h): the layout
 is a byte permutation that gives the file's rows back exactly; the kernel on it, in every
 instruction-set copy this CPU runs, equals the reference of the file's layout (odd row counts, a
 partial last group, 1-17 activation rows) and gives each row the same bits whatever rows share its
@@ -56,8 +56,8 @@ def test_the_q5_0_layout_keeps_high_bits_whole_and_steps_of_value_bytes():
 
 
 def test_the_simd_copies_of_the_interleaved_kernel_agree_bit_for_bit():
-    """AVX2, AVX-512, the 512-bit VNNI loops (csrc/quant_x8_impl.h) and, where the CPU has AMX, the
-    tile loop (csrc/quant_amx_impl.h: Q4_K's full 16-row chunks, here rows 0-31, the rest vector)
+    """AVX2, AVX-512, the 512-bit VNNI loops (csrc/cpu/x8_impl.h) and, where the CPU has AMX, the
+    tile loop (csrc/cpu/amx_impl.h: Q4_K's full 16-row chunks, here rows 0-31, the rest vector)
     form the same integer sums and take the same float steps, so a machine's choice among them never
     changes a token. The plain C++ copy follows dot_rows' float order instead (checked against the
     reference above)."""

@@ -34,7 +34,7 @@ def test_matches_the_reference_fp32(isa, Q, Hq, Hkv, D, tree):
 @pytest.mark.parametrize("Hq,Hkv,D", [(12, 2, 128), (7, 7, 17)])
 def test_a_prefill_matches_the_reference_fp32(isa, Hq, Hkv, D):
     """A prefill's width (an empty cache, then a short one): each chain query stops reading at its own
-    position, and the threads take positions out of order (csrc/row_attention_impl.h, QueryRow)."""
+    position, and the threads take positions out of order (csrc/cpu/attention_impl.h, QueryRow)."""
     q, k, v, lens = rand_case(2, 41, Hq, Hkv, D, 64, seed=D)
     lens = torch.tensor([0, 23], dtype=torch.int32)
     torch.testing.assert_close(verify_attention_rows(q, k, v, lens), verify_attention_ref(q, k, v, lens),

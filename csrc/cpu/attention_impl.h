@@ -1,11 +1,14 @@
-// Batch-invariant verification attention on CPU for quant_matmul.cpp's extension, included once per
-// instruction set inside its own namespace (with `#pragma GCC target` around it). No includes here.
+// Batch-invariant verification attention on CPU for the CPU kernels, included once per
+// instruction set inside its own namespace (with `#pragma GCC target` around it). Self-contained: its includes are guarded, so inside an ISA's namespace they add nothing.
 //
 // Each query row's softmax runs over exactly the positions it sees (the cached prefix from its
 // sliding window's start, then the chain or tree positions its mask allows), in position order, in fp32: a row's result never
 // depends on how many queries share the call or how much of the cache is passed, so a verify
 // gives every token the bits of decoding it alone. Its contract and spec are kernels/
 // verify_attention.py's `verify_attention_ref` (the torch counterpart is `verify_attention_tiled`).
+#pragma once
+#include "common.h"
+#include "dequant_impl.h"
 
 // q . k over D values in a fixed order: 16 lanes of partial sums, then the lanes in order.
 template <typename T>

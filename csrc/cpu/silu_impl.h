@@ -1,5 +1,5 @@
-// fp32 SiLU-and-mul on 16 lanes at a time, for quant_matmul.cpp's extension: included once per instruction
-// set inside its own namespace (with `#pragma GCC target` around it). No includes here.
+// fp32 SiLU-and-mul on 16 lanes at a time, for the CPU kernels: included once per instruction
+// set inside its own namespace (with `#pragma GCC target` around it). Self-contained: its includes are guarded, so inside an ISA's namespace they add nothing.
 //
 // Why: the scalar loop (glibc expf and a division per value) took ~8% of a verify's time on a 1.5B
 // GGUF target, more than the attention. This exp is our own: a Cody-Waite reduction to 2^n e^r and
@@ -7,6 +7,8 @@
 // (fp-contract off below), so every copy (baseline SSE2 to AVX-512) and every lane, the tail's
 // included, gives the same bits. Its spec is kernels/silu_and_mul.py's `silu_lanes_ref`. The SiLU is within
 // 2.2 ulp of the exact value over 2M points of [-88.37, 90] (torch's own differs from it by 1-2).
+#pragma once
+#include "common.h"
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 

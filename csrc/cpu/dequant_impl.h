@@ -1,7 +1,9 @@
-// Dequantization for quant_matmul.cpp (prefill and embedding rows), included once per instruction set
+// Dequantization for the CPU kernels (prefill and embedding rows), included once per instruction set
 // inside its own namespace (with `#pragma GCC target` around it), so each copy is vectorized for that
-// ISA. No includes here. It is ggml-quants.c's, operation for operation (kernels/quant_matmul.py is
+// ISA. Self-contained: its includes are guarded, so inside an ISA's namespace they add nothing. It is ggml-quants.c's, operation for operation (kernels/quant_matmul.py is
 // the spec).
+#pragma once
+#include "common.h"
 
 inline float f16(const uint8_t* p) {
   uint16_t h;

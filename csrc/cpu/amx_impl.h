@@ -1,5 +1,5 @@
-// The interleaved Q4_K kernel (quant_x8_impl.h) on AMX tiles, for CPUs with AMX-INT8 (Sapphire Rapids
-// and later), at prefill widths. Included inside namespace avx512vnni, after quant_x8_impl.h, whose
+// The interleaved Q4_K kernel (x8_impl.h) on AMX tiles, for CPUs with AMX-INT8 (Sapphire Rapids
+// and later), at prefill widths. Included inside namespace avx512vnni, after x8_impl.h, whose
 // helpers it reuses.
 //
 // Why: at hundreds of rows the vector loop is compute-bound, and a prefill was 20-38% of `ar`'s time
@@ -18,6 +18,9 @@
 // K); B = the 16 weight rows' bytes as [16][16 x 4] (the VNNI layout: row t holds values 4t..4t+3 of
 // each weight row), which is what two interleaved groups' 32-byte steps already are, side by side,
 // once the nibbles are split; C = [16][16] int32.
+#pragma once
+#include "common.h"
+#include "x8_impl.h"
 
 #ifdef SE_VNNI
 #pragma GCC push_options

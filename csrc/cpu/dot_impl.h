@@ -1,5 +1,5 @@
-// The integer dot products of quant_matmul.cpp, included once per instruction set inside its own
-// namespace (SE_AVX2 defined where the copy may use AVX2 intrinsics). No includes here.
+// The integer dot products of the CPU kernels, included once per instruction set inside its own
+// namespace (SE_AVX2 defined where the copy may use AVX2 intrinsics). Self-contained: its includes are guarded, so inside an ISA's namespace they add nothing.
 //
 // As llama.cpp does, the activations are quantized per block to int8 (`Act`, in quant_matmul.cpp: q, a float scale d per
 // block of the weight's format, and the sums of q over every 16 values), so a block's dot product is
@@ -8,6 +8,9 @@
 // kernels/quant_matmul.py's `quant_matmul_q8_ref`. Each weight block is unpacked once per chunk of up
 // to kMaxRows activation rows; every row takes the same operations whatever the chunk holds, so a row's
 // result never depends on its neighbours (batch-invariant).
+#pragma once
+#include "common.h"
+#include "dequant_impl.h"
 
 // x [K] (a row, or any run of whole blocks) -> q [K] (round to nearest even, |q| <= 127), d [K/block],
 // bs [K/16]. The torch reference does the same float operations (amax / 127, 127 / amax, x * that, rounded).

@@ -1,9 +1,12 @@
-// The matvec of quant_matmul.cpp on weights interleaved 8 rows at a time (kernels/quant_pack.py is the
+// The matvec of the CPU kernels on weights interleaved 8 rows at a time (kernels/quant_pack.py is the
 // layout's spec): lane r of every 256-bit vector holds weight row r, so the scale unpacking, the float
 // conversions and the final sum are shared by eight rows, and each row's sum ends in its own lane.
-// Included once per instruction set inside its own namespace, after quant_dot_impl.h; no includes here.
-// The integer sums are those of dot_rows (quant_dot_impl.h) exactly; only the float order differs.
+// Included once per instruction set inside its own namespace; its includes are guarded (no-ops there).
+// The integer sums are those of dot_rows (dot_impl.h) exactly; only the float order differs.
 // Every activation row takes the same operations whatever the chunk holds: batch-invariant.
+#pragma once
+#include "common.h"
+#include "dot_impl.h"
 
 constexpr int64_t kGroup = 8;
 
