@@ -29,6 +29,7 @@ from .base import Method, speculative_stats
 from .context import MethodContext
 from .logprobs import capture
 from .policies import expected_tokens
+from .round_clock import RoundClock
 from .sampling import filter_logits
 from .state import DecodeState, RoundOutput
 from .steps import PlainStep, draft_chain, draft_resync, parallel_draft
@@ -88,6 +89,8 @@ class Pearl(Method):
         self.plain, self.behind, self.plain_rounds = PlainStep(), 0, 0  # γ = 0 rounds (see _plain_wins)
         self.plain_total = 0
         self.accepted, self.proposed = 0.7 * 4, 4.0  # running acceptance: prior 0.7, weight 4, decayed
+        # measured vs predicted round seconds (round_clock.py): greedy, window by cost, measured costs
+        self.clock, self.calibrate, self._kind, self._booked, self._last_kind = RoundClock(), False, None, None, None
 
     @property
     def max_width(self) -> int:
@@ -106,6 +109,7 @@ class Pearl(Method):
         self.gamma = self.gamma or gamma_for(self.cost_ratio)
         if self.by_cost:  # the verify widths the window's rounds run, for the plain-decoding check
             self.costs = ctx.step_costs(state, self.gamma + 1)
+            self.calibrate = ctx.decoding_mode(generation) == "greedy" and getattr(self.costs, "measured", False)
         self.modes = PearlModes(torch.zeros(state.batch, dtype=torch.bool, device=state.tokens.device))
 
     def _plain_wins(self) -> bool:
@@ -115,13 +119,24 @@ class Pearl(Method):
         Every PROBE_EVERY plain rounds one PEARL round runs anyway, to follow the text."""
         if not self.by_cost or self.plain_rounds >= PROBE_EVERY:
             return False
+        if self.calibrate and self.clock.wants_plain():  # time plain decoding once to compare
+            return True
+        f = self.clock.factors() if self.calibrate else {}
+        return expected_tokens(self.accepted / self.proposed, self.gamma) / (self._round_s() * f.get("spec", 1.0)) \
+            < 1.0 / (self.costs.verify_s(1) * f.get("plain", 1.0))
+
+    def _round_s(self) -> float:
+        """The model's seconds of a PEARL round: the draft's window and the verify, overlapped on
+        CUDA, one after the other on a CPU."""
         c, g = self.costs, self.gamma
         parts = (g * c.draft_s, c.verify_s(g + 1))
-        cost = max(parts) if self.ctx.device.type == "cuda" else sum(parts)
-        return expected_tokens(self.accepted / self.proposed, g) / cost < 1.0 / c.verify_s(1)
+        return max(parts) if self.ctx.device.type == "cuda" else sum(parts)
 
     def round(self, state: DecodeState, timer) -> RoundOutput:
-        if self._plain_wins():
+        plain = self._plain_wins()
+        if self.by_cost:  # what the round is predicted to cost, booked against its measured time
+            self._kind = ("plain", self.costs.verify_s(1)) if plain else ("spec", self._round_s())
+        if plain:
             self.plain_rounds += 1
             self.plain_total += 1
             self.behind += 1
@@ -194,6 +209,9 @@ class Pearl(Method):
 
     def after_round(self, n_acc, num_draft) -> None:
         """Host bookkeeping after the round's sync (the modes themselves moved on the device)."""
+        kind = self._kind[0] if self._kind else None
+        steady = kind is not None and kind == self._last_kind  # the first round after a switch pays for it
+        self._booked, self._last_kind = (self._kind if steady else None), kind
         if not any(num_draft):  # a plain round: nothing was proposed
             return
         self.accepted = 0.9 * self.accepted + sum(n_acc)
@@ -203,6 +221,11 @@ class Pearl(Method):
         self.modes.any_post = any(full)
         if len(n_acc) == 1:  # num_draft is γ in post-verify, 1 in pre-verify
             self.modes.trace.append(("post" if num_draft[0] > 1 else "pre", num_draft[0], n_acc[0]))
+
+    def timed(self, seconds: float) -> None:
+        if self.calibrate and self._booked is not None:
+            self.clock.book(*self._booked, seconds)
+        self._booked = None
 
     def reset_rows(self, rows: list[int]) -> None:
         """A new request starts in pre-verify with nothing pending."""
@@ -225,4 +248,5 @@ class Pearl(Method):
             "round_wall_s": times.get("round", 0.0) / rounds,
             "concurrent": self.ctx.device.type == "cuda",
             "plain_rounds": self.plain_total,
+            "round_cost_factors": self.clock.factors(),  # measured / predicted round seconds
         }

@@ -171,3 +171,39 @@ def test_a_window_chosen_by_cost_falls_back_to_plain_rounds_losslessly(models, t
     assert s["plain_rounds"] >= 32 and s["rounds"] > s["plain_rounds"] and s["accepted_drafts"] > 0
     given = eng.generate(PROMPTS, max_new_tokens=40, method="pearl", gamma=2, ignore_eos=True)
     assert [r.token_ids for r in given] == [r.token_ids for r in ar_out] and given[0].stats["plain_rounds"] == 0
+
+
+def _pearl_rounds(slowdown: float, measured: bool = True, rounds: int = 120) -> list[bool]:
+    """PEARL's own round choices (window by cost, greedy) when its rounds take `slowdown` times what
+    the model predicts and plain rounds take what it predicts: which rounds decoded plainly."""
+    import types
+
+    from specengine.methods.pearl import Pearl, PearlModes
+    from specengine.runtime.step_costs import StepCosts
+
+    p = Pearl()
+    p.ctx = types.SimpleNamespace(device=torch.device("cpu"))
+    p.gamma, p.costs = 3, StepCosts(1, 0.1, tuple(1.0 + 0.05 * w for w in range(5)), measured=measured)
+    p.calibrate = measured
+    p.modes = PearlModes(torch.zeros(1, dtype=torch.bool))
+    plains = []
+    for _ in range(rounds):
+        plain = p._plain_wins()
+        p._kind = ("plain", p.costs.verify_s(1)) if plain else ("spec", p._round_s())
+        p.plain_rounds = p.plain_rounds + 1 if plain else 0
+        plains.append(plain)
+        p.after_round([0 if plain else 2], [0 if plain else 3])
+        p.timed(p._kind[1] * (1.0 if plain else slowdown))
+    return plains
+
+
+def test_pearl_by_cost_settles_on_plain_rounds_when_its_rounds_measure_slower():
+    """The model says PEARL's rounds win (draft 0.1 of a decode, 2 of 3 accepted); measured 3x
+    slower than predicted, they lose: after a few rounds of each kind PEARL decodes plainly,
+    probing every 16 plain rounds; measured as predicted, it keeps its rounds."""
+    slow = _pearl_rounds(3.0)
+    assert not slow[0] and any(slow[:12])  # the model's choice first, plain rounds timed early
+    assert sum(slow[40:]) > 0.85 * len(slow[40:]) and not all(slow[40:])
+    fair = _pearl_rounds(1.0)
+    assert sum(fair) <= 4
+    assert not any(_pearl_rounds(3.0, measured=False))  # pinned costs: the model alone
