@@ -61,6 +61,8 @@ bench-grid: $(STAMP)
 bench-gguf: $(STAMP)
 	$(PY) bench/llamacpp.py build
 	$(PY) bench/gguf_cpu.py --llamacpp --out bench/results/cpu_gguf_vs_llamacpp.json
+	$(PY) bench/gguf_cpu.py --llamacpp --interleaved 2 --n-prompts 3 --max-new-tokens 64 \
+	  --out bench/results/cpu_gguf_interleaved_$$($(PY) -c "from specengine.models.cpu_matmul import machine; print(machine()['isa'].lower())").json
 
 # N-gram drafting on prompts that copy their input (bench/ngram_prompts.py) and on HumanEval:
 # HF generate and its prompt lookup, our ar, n-gram chains and tree, the draft model, the hybrid

@@ -131,6 +131,62 @@ def llamacpp_providers(n_prompts: int, new: int) -> dict:
     return out
 
 
+def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool) -> dict:
+    """Providers interleaved prompt by prompt and repeated (a shared VM's speed drifts by +-20%
+    within minutes, so providers run one after another compare two moments): per prompt and
+    repeat, every provider once, decode tokens/s; each ratio is taken between runs of the same
+    prompt and repeat, and its median reported. Ours: the engine's default plan."""
+    import statistics
+
+    from specengine.prompts import humaneval
+
+    def ours(method, **kw):
+        def run(prompt):
+            r = eng.generate(prompt, max_new_tokens=new, method=method, ignore_eos=True, **kw)
+            s = r.stats
+            return {"decode_tokens_per_s": s["new_tokens"] / max(s["wall_time_s"] - s["prefill_s"], 1e-9),
+                    "prediction_error": s.get("prediction_error")}
+        return run
+
+    providers = {"ours ar": ours("ar"), "ours sd:auto": ours("sd", gamma="auto"),
+                 "ours ngram:auto": ours("ngram", gamma="auto")}
+    if llama:
+        import llamacpp
+        from specengine.models.gguf_weights import gguf_file
+
+        target, draft, threads = gguf_file(DEFAULT_TARGET), gguf_file(DEFAULT_DRAFT), torch.get_num_threads()
+        providers = {"llama.cpp ar": lambda p: llamacpp.ar(target, p, new, threads),
+                     "llama.cpp ngram-simple": lambda p: llamacpp.speculative(target, None, p, new, threads,
+                                                                              "ngram-simple", 3),
+                     "llama.cpp draft max 3": lambda p: llamacpp.speculative(target, draft, p, new, threads,
+                                                                             "draft-simple", 3),
+                     **providers}
+    eng.warmup()
+    runs = []  # (repeat, prompt, provider, decode tokens/s)
+    for rep in range(repeats):
+        for i, p in enumerate(humaneval(n_prompts)):
+            for name, run in providers.items():
+                r = run(p["prompt"])
+                runs.append({"repeat": rep, "prompt": i, "provider": name, **r})
+                print(f"interleaved r{rep} p{i} {name:24s}: {r['decode_tokens_per_s']:6.2f} decode tok/s", flush=True)
+    rate = {(r["repeat"], r["prompt"], r["provider"]): r["decode_tokens_per_s"] for r in runs}
+    keys = sorted({(r["repeat"], r["prompt"]) for r in runs})
+    ratios = {}
+    for num, den in [("ours sd:auto", "ours ar"), ("ours ngram:auto", "ours ar"), ("ours ar", "llama.cpp ar"),
+                     ("ours sd:auto", "llama.cpp ar")]:
+        if all((k + (num,)) in rate and (k + (den,)) in rate for k in keys):
+            ratios[f"{num} / {den}"] = statistics.median(rate[k + (num,)] / rate[k + (den,)] for k in keys)
+    if llama:  # best of each side, per prompt and repeat
+        ours_best = [max(rate[k + (n,)] for n in providers if n.startswith("ours")) for k in keys]
+        theirs = [max(rate[k + (n,)] for n in providers if n.startswith("llama.cpp")) for k in keys]
+        ratios["ours best / llama.cpp best"] = statistics.median(a / b for a, b in zip(ours_best, theirs))
+    errors = [r["prediction_error"] for r in runs if r.get("prediction_error") is not None]
+    for k, v in ratios.items():
+        print(f"median {k}: {v:.3f}", flush=True)
+    return {"repeats": repeats, "prompts": n_prompts, "new_tokens": new, "runs": runs, "median_ratios": ratios,
+            "sd_prediction_error_median": statistics.median(errors) if errors else None}
+
+
 def agreement(eng, llama_runs: list[dict], n_prompts: int, new: int) -> dict:
     """Greedy tokens of our quantized target against llama.cpp's on the same file and prompts:
     per prompt, how many of the first tokens agree before the first difference (llama.cpp's
@@ -153,7 +209,16 @@ def main(argv=None) -> int:
     ap.add_argument("--n-prompts", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--llamacpp", action="store_true", help="add llama.cpp's providers (bench/llamacpp.py build first)")
+    ap.add_argument("--interleaved", type=int, default=0, metavar="R",
+                    help="only the interleaved comparison, R repeats of every prompt (the README's per-CPU row)")
     args = ap.parse_args(argv)
+    if args.interleaved:
+        eng = Engine.from_pretrained(DEFAULT_TARGET, draft=DEFAULT_DRAFT, max_seq_len=1024)
+        report = {"benchmark": "gguf_cpu_interleaved", "environment": environment(), "kernel_isa": extension_isa(),
+                  "dtype_choice": {k: eng.dtype_choice.get(k) for k in ("target", "draft")},
+                  "interleaved": interleaved(eng, args.n_prompts, args.max_new_tokens, args.interleaved, args.llamacpp)}
+        print(f"wrote {save(report, args.out)}")
+        return 0
     if _quantext is None:
         print("the quantized kernel is not built (make install builds it)", file=sys.stderr)
         return 2
