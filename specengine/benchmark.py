@@ -107,6 +107,9 @@ class _HFRunner:
         from transformers import AutoModelForCausalLM
 
         kw = dict(dtype=engine.target.dtype)
+        from .models.fetch import ensure_float_weights  # a GGUF's directory holds none until asked
+
+        target_path, draft_path = ensure_float_weights(target_path), draft_path and ensure_float_weights(draft_path)
         self.target = AutoModelForCausalLM.from_pretrained(target_path, **kw).to(engine.device).eval()
         self.draft = AutoModelForCausalLM.from_pretrained(draft_path, **kw).to(engine.device).eval() \
             if draft_path else None

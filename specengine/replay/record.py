@@ -116,6 +116,7 @@ def commit_id() -> str:
         return "unknown"
 
 
+@torch.inference_mode()
 def record(engine, prompts: list[tuple[str, list[int]]], new: int, depth: int = CHAIN_DEPTH,
            trees: dict | None = None, meta: dict | None = None, show: bool = True) -> TraceSet:
     from tqdm import tqdm

@@ -18,7 +18,7 @@ NAME = "gemma-3-270m"
 def hf():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = fetch(NAME)
+    path = fetch(NAME, float_weights=True)  # transformers reads float weights
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(path)
 
 

@@ -19,7 +19,7 @@ FLOORS = {
     "methods": 5,
     "config": 6, "precision": 6, "pair": 6, "request": 6, "counters": 6, "generation": 6, "detokenize": 6, "api": 6, "": 6,  # "": the package root
     "serve": 7, "training": 7,
-    "cli": 8, "demo": 8, "benchmark": 8, "prompts": 8,
+    "cli": 8, "demo": 8, "benchmark": 8, "prompts": 8, "replay": 8,  # replay: benchmarks only
 }
 METHODS_MAY_IMPORT = {"errors", "timing", "kernels", "methods"}  # the context brings everything else
 
