@@ -90,7 +90,7 @@ class Pearl(Method):
         self.plain_total = 0
         self.accepted, self.proposed = 0.7 * 4, 4.0  # running acceptance: prior 0.7, weight 4, decayed
         # measured vs predicted round seconds (round_clock.py): greedy, window by cost, measured costs
-        self.clock, self.calibrate, self._kind, self._booked, self._last_kind = RoundClock(), False, None, None, None
+        self.clock, self.calibrate, self._kind = RoundClock(), False, None  # _kind: (kind, predicted s) of this round
 
     @property
     def max_width(self) -> int:
@@ -209,9 +209,8 @@ class Pearl(Method):
 
     def after_round(self, n_acc, num_draft) -> None:
         """Host bookkeeping after the round's sync (the modes themselves moved on the device)."""
-        kind = self._kind[0] if self._kind else None
-        steady = kind is not None and kind == self._last_kind  # the first round after a switch pays for it
-        self._booked, self._last_kind = (self._kind if steady else None), kind
+        if self._kind is not None:
+            self.clock.expect(*self._kind)
         if not any(num_draft):  # a plain round: nothing was proposed
             return
         self.accepted = 0.9 * self.accepted + sum(n_acc)
@@ -223,9 +222,8 @@ class Pearl(Method):
             self.modes.trace.append(("post" if num_draft[0] > 1 else "pre", num_draft[0], n_acc[0]))
 
     def timed(self, seconds: float) -> None:
-        if self.calibrate and self._booked is not None:
-            self.clock.book(*self._booked, seconds)
-        self._booked = None
+        if self.calibrate:
+            self.clock.timed(seconds)
 
     def reset_rows(self, rows: list[int]) -> None:
         """A new request starts in pre-verify with nothing pending."""

@@ -125,8 +125,7 @@ class AutoGammaPolicy(FixedPolicy):
         self.probe_every, self.plain_run = probe_every, 0  # the current wait; consecutive plain rounds so far
         self.probing = False  # this round is a probe
         self.predicted = [0.0, 0.0]  # expected tokens, expected seconds of the rounds run
-        self.clock, self._booked = RoundClock(), None  # rounds' measured vs predicted seconds
-        self._last_kind = None  # the kind of the round booked last ("plain" / "spec")
+        self.clock = RoundClock()  # rounds' measured vs predicted seconds
         # greedy only: there γ never changes the tokens, while a seeded sampled call must draw the
         # same tokens each time, so its choices may depend on nothing the clock measures
         self.calibrate = False
@@ -153,10 +152,8 @@ class AutoGammaPolicy(FixedPolicy):
     def timed(self, seconds: float) -> None:
         """The driver's measured seconds of the round last booked by `update` (round_clock.py):
         corrects the model's costs of that kind of round, from the next choice on."""
-        if self._booked is not None and self.calibrate and getattr(self.costs, "measured", False):
-            kind, predicted = self._booked
-            self.clock.book(kind, predicted, seconds)
-        self._booked = None
+        if self.calibrate and getattr(self.costs, "measured", False):
+            self.clock.timed(seconds)
 
     def set_costs(self, costs) -> None:
         self.costs = costs
@@ -182,13 +179,7 @@ class AutoGammaPolicy(FixedPolicy):
             c, g = self.costs, 0 if plain else self.gamma
             self.predicted[0] += len(n_acc) * expected_tokens(self.alpha, g)
             self.predicted[1] += g * c.draft_s + c.verify_s(g + 1)
-            # steady state only: the first round of a kind after the other pays the switch (a drafted
-            # round after plain ones reads what the draft missed: a wider catch-up), and a probe
-            # booked with it would always confirm plain decoding
-            kind = "plain" if plain else "spec"
-            steady = kind == self._last_kind
-            self._last_kind = kind
-            self._booked = (kind, g * c.draft_s + c.verify_s(g + 1)) if steady else None
+            self.clock.expect("plain" if plain else "spec", g * c.draft_s + c.verify_s(g + 1))
         probed = self.probing
         if plain:
             self.plain_run += 1

@@ -22,6 +22,21 @@ class RoundClock:
         self.measured = {"plain": 0.0, "spec": 0.0}
         self.predicted = {"plain": 0.0, "spec": 0.0}
         self.count = {"plain": 0, "spec": 0}
+        self._last, self._pending = None, None  # the kind of the round expected last; what awaits its time
+
+    def expect(self, kind: str, predicted_s: float) -> None:
+        """The round just booked and what the model predicted it costs; its time comes next
+        (`timed`). Steady state only: the first round of a kind after the other pays the switch (a
+        drafted round after plain ones reads what the draft missed: a wider catch-up), and a probe
+        booked with it would always confirm plain decoding."""
+        self._pending = (kind, predicted_s) if kind == self._last else None
+        self._last = kind
+
+    def timed(self, seconds: float) -> None:
+        """The driver's measured seconds of the round last expected."""
+        if self._pending is not None:
+            self.book(*self._pending, seconds)
+        self._pending = None
 
     def book(self, kind: str, predicted_s: float, measured_s: float) -> None:
         for k in self.measured:

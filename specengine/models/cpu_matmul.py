@@ -195,6 +195,13 @@ def shape_groups(model, dtype=None) -> dict[str, list]:
 
 
 def _dense(layer) -> torch.Tensor:
+    """The layer's weight to time paths on. A layer on the meta device (a float model's shapes
+    only: precision.py chooses before loading) gets random fp32 rows, only as many as `_sample`
+    can time: past 2x a pass's rows it keeps just the first pass's."""
+    if layer.weight is not None and layer.weight.is_meta:
+        need = -(-MIN_PASS_BYTES // (layer.in_features * 4))
+        g = torch.Generator().manual_seed(layer.out_features * 31 + layer.in_features)
+        return torch.randn(min(layer.out_features, 2 * need + 1), layer.in_features, generator=g) * 0.02
     return layer.weight.detach() if layer.weight is not None else layer.packed_weight.to_dense()
 
 
@@ -204,18 +211,6 @@ def _sample(layers, dtype) -> list[torch.Tensor]:
     is cut to its first output rows: same kernel, same inner size, a quarter of the time."""
     out, total = [], 0
     for layer in layers:
-        if layer.weight is not None and layer.weight.is_meta:  # shapes only: random rows, just the ones timed
-            need = -(-MIN_PASS_BYTES // (layer.in_features * torch.finfo(dtype).bits // 8))
-            rows = need if layer.out_features > 2 * need else layer.out_features
-            g = torch.Generator().manual_seed(layer.out_features * 31 + layer.in_features)
-            w = (torch.randn(rows, layer.in_features, generator=g) * 0.02).to(dtype)
-            if rows < layer.out_features:
-                return [w]
-            out.append(w)
-            total += w.numel() * w.element_size()
-            if total >= MIN_PASS_BYTES and len(out) >= 2:
-                break
-            continue
         w = _dense(layer)
         rows_needed = -(-MIN_PASS_BYTES // (w.shape[1] * w.element_size()))
         if not out and w.shape[0] > 2 * rows_needed:
