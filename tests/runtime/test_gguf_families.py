@@ -86,8 +86,8 @@ def test_a_gguf_of_a_newer_family_loads_as_blocks_and_matches_the_float_model(tm
 
 
 def test_tensors_read_through_the_cached_index_are_the_gguf_packages(tmp_path, monkeypatch):
-    """A load reads tensors at the offsets the `gguf` package found once (gguf_weights.tensor_index):
-    every tensor the same bytes, format and shape as GGUFReader's, and a second load never parses."""
+    """A load reads tensors where our header walk (gguf_weights._read_index) finds them: every tensor
+    the same bytes, format and shape as the `gguf` package's GGUFReader, and a second load never parses."""
     from transformers import Qwen3Config
 
     from specengine.models import gguf_weights
@@ -105,7 +105,10 @@ def test_tensors_read_through_the_cached_index_are_the_gguf_packages(tmp_path, m
         kind, data = ours.get(t.name)
         assert kind == t.tensor_type.name
         assert np.array_equal(data.numpy().reshape(-1).view(np.uint8), np.asarray(t.data).reshape(-1).view(np.uint8))
-    monkeypatch.setattr(gguf, "GGUFReader", lambda *a: pytest.fail("parsed the file again"))
+    (tmp_path / "not.gguf").write_bytes(b"GGML" + bytes(64))
+    with pytest.raises(SpecEngineError, match="not a GGUF file"):
+        gguf_weights.tensor_index(tmp_path / "not.gguf")
+    monkeypatch.setattr(gguf_weights, "_read_index", lambda *a: pytest.fail("parsed the file again"))
     assert set(gguf_weights._Tensors(path).by_name) == {t.name for t in reader.tensors}
 
 
