@@ -64,6 +64,7 @@ def test_warmup_measures_what_every_cost_driven_method_would_measure_in_its_firs
     eng = Engine(tiny_pair[0], tokenizer, draft=tiny_pair[2], max_seq_len=96)
     eng.warmup()
     assert set(eng.measured_step_costs) == {1, (1, "target")}
+    assert not eng._acceptance  # nothing learned of acceptance from warmup's junk prompt carries over
     measured = []
     real = sc.measure_step_costs
     monkeypatch.setattr("specengine.api.measure_step_costs", lambda *a, **k: measured.append(1) or real(*a, **k))
