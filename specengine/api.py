@@ -352,8 +352,22 @@ class Engine:
         prompts, batched = self.encode(prompt)
         self.check_capacity(prompts, request.max_new_tokens, chosen)
         eos = set() if request.ignore_eos else self.eos_ids
+        constraint = request.constraint()
+        if constraint is not None:
+            self.grammar_compiler().compile(constraint)  # a schema it cannot compile: an error before any work
         return Generation(self, prompts, sampling, request.max_new_tokens, chosen, eos, stops, spec,
-                          bool(request.prompt_logprobs), overlap=self.overlap_rounds), batched
+                          bool(request.prompt_logprobs), overlap=self.overlap_rounds,
+                          constraints=None if constraint is None else [constraint] * len(prompts),
+                          grammar_draft=request.grammar_draft), batched
+
+    def grammar_compiler(self):
+        """xgrammar's compiler for this tokenizer and the target's logits (structured/constraint.py),
+        made on the first constrained call; EOS is allowed where a grammar may end."""
+        if getattr(self, "_grammar", None) is None:
+            from .structured.constraint import Compiler
+
+            self._grammar = Compiler(self.tokenizer, self.target.config.vocab_size, self.eos_ids)
+        return self._grammar
 
     @torch.inference_mode()
     def generate(self, prompt, params: RequestParams | None = None, **options):

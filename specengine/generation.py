@@ -26,6 +26,7 @@ from .methods.sampling import SamplingParams
 from .methods.state import DecodeState
 from .runtime.graphs import padded_width
 from .runtime.runner import ModelRunner
+from .structured.rows import RowConstraints
 from .timing import PhaseTimer
 
 ATTN_BUCKET = 64  # attention reads a prefix of the cache rounded up to this many positions
@@ -83,12 +84,15 @@ class Generation:
 
     def __init__(self, engine, prompts: list[list[int]], params: SamplingParams, max_new_tokens: int,
                  method: Method, stop_ids: set[int], stop_strings: list[str], logprobs: LogprobSpec | None = None,
-                 prompt_logprobs: bool = False, overlap: bool = False):
+                 prompt_logprobs: bool = False, overlap: bool = False, constraints: list | None = None,
+                 grammar_draft: bool = True):
         self.engine, self.params, self.method = engine, params, method
         # launch round k+1 before reading round k while the method's rounds commit one token per
         # live row and read nothing the host learns from the last one (ar always; sd γ auto's plain
         # rounds); not in the serving core, which admits new requests into rows between rounds
-        self.overlap = overlap
+        # (never under a constraint: a round's masks start from where the last round's tokens moved the matchers)
+        constrained = constraints is not None and any(c is not None for c in constraints)
+        self.overlap = overlap and not constrained
         self._pending: _Launched | None = None
         self.logprobs, self.want_prompt_logprobs = logprobs, prompt_logprobs
         self.track_text = bool(stop_strings)  # stream() turns it on too
@@ -101,6 +105,10 @@ class Generation:
         self.timer = PhaseTimer(engine.device)
         self.state = self._prefill(prompts)
         self.state.attn_len = attn_bound(max(r.prompt_len for r in self.rows) + 1, engine.max_seq_len)
+        if constrained:
+            self.state.constraints = RowConstraints(engine.grammar_compiler(), constraints, grammar_draft)
+            for b in range(len(self.rows)):
+                self._grammar_finish(b)
         self.prefill_s = time.perf_counter() - self.t0
         self.decode_s = 0.0  # wall time inside rounds (step costs and prefill excluded)
         self.ctx = engine.method_context()
@@ -259,7 +267,8 @@ class Generation:
                 r.cache = c
 
     def admit(self, slot: int, prompt: list[int], seed: int, max_new: int, stops: list[str],
-              stop_ids: set[int], logprobs: bool = False, prompt_logprobs: bool = False, reuse: int = 0) -> int:
+              stop_ids: set[int], logprobs: bool = False, prompt_logprobs: bool = False, reuse: int = 0,
+              constraint=None) -> int:
         """Put a new request into a free row (continuous batching, serve/core.py): its prompt is
         prefilled into that row of every cache while the other rows keep their state. logprobs:
         the row collects its tokens' log-probabilities (under `self.logprobs`, which the caller
@@ -293,6 +302,11 @@ class Generation:
                                       [slot])
         self.method.reset_rows([slot])
         state.active[slot] = True
+        if constraint is not None and state.constraints is None:
+            state.constraints = RowConstraints(self.engine.grammar_compiler(), [None] * len(self.rows))
+        if state.constraints is not None:
+            state.constraints.set_row(slot, constraint)
+            self._grammar_finish(slot)
         return starts[0]
 
     def release(self, slot: int, reason: str = "abort") -> None:
@@ -320,8 +334,12 @@ class Generation:
             counters.count_positions(n_acc[b], num_draft[b])
             if b == 0:
                 counters.log.append((num_draft[b], n_acc[b], out.draft_forwards))
-            kept = self._keep(row, committed[b])
+            new = committed[b]
+            if self.state.constraints is not None:  # nothing past the token that ended the grammar
+                new = new[: self.state.constraints.advance(b, new)]
+            kept = self._keep(row, new)
             row.ids.extend(kept)
+            self._grammar_finish(b)
             kept_all.append(kept)
         active = [b for b in range(len(self.rows)) if was_active[b]]
         self.method.see_tokens([committed[b] if was_active[b] else [] for b in range(len(self.rows))])
@@ -330,6 +348,15 @@ class Generation:
         if now_active != was_active:
             self.state.active.copy_(torch.tensor(now_active))
         return kept_all
+
+    def _grammar_finish(self, b: int) -> None:
+        """A constrained row whose grammar ended ("stop") or allows no next token ends here (the
+        latter never commits a token outside the grammar: "constraint_dead_end")."""
+        cons, row = self.state.constraints, self.rows[b]
+        if cons is None or row.finish_reason is not None or cons.status[b] is None:
+            return
+        row.finish_reason = "stop" if cons.status[b] == "stop" else "constraint_dead_end"
+        self.state.active[b] = False
 
     def _keep(self, row: RowState, new: list[int]) -> list[int]:
         """Truncate a row's new tokens at EOS / max_new_tokens / a stop string."""
@@ -368,6 +395,8 @@ class Generation:
             "tokens_per_target_forward": new_tokens / max(self.counters.row_target_forwards, 1),
             "round_log": self.counters.log,  # row 0: (proposed, accepted, draft forwards) per round
             "rounds_launched_ahead": self.counters.launched_ahead,  # overlapped with the last one's read
+            # tokens an output constraint forced into drafts (grammar drafting); None: no constraint
+            "grammar_tokens": None if self.state.constraints is None else self.state.constraints.forced_tokens,
             # what batch-invariant mode decided and the figures behind it (runtime/invariance.py)
             "batch_invariant": getattr(self.engine, "batch_invariant_info", None),
             **self.method.stats(self),

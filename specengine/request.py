@@ -18,9 +18,15 @@ from .methods.sampling import FP32_MAX, SamplingParams
 METHOD_OPTIONS = ("method", "gamma", "policy", "threshold", "tree")  # None: the engine's own
 
 
-def _served(name: str, **schema):
-    """metadata of a field the server accepts: its name in the API and its JSON-schema bounds."""
-    return {"served": name, "schema": schema}
+def _served(name: str, kind=None, **schema):
+    """metadata of a field the server accepts: its name in the API, its JSON type where the
+    default does not say it (kind), and its JSON-schema bounds."""
+    return {"served": name, "schema": schema, **({"kind": kind} if kind is not None else {})}
+
+
+def _choices(text: str) -> list[str]:
+    """The CLI's --choice 'a|b|c'."""
+    return text.split("|")
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,18 @@ class RequestParams:
     logprobs: int | bool | None = option(None, "each generated token's log-probability and the top N alternatives "
                                          "(0: the token's only)", type=int)
     prompt_logprobs: bool = option(False, "each prompt token's log-probability (from the prefill)")
+    # an output constraint (at most one; structured/constraint.py): the output is constrained ar's
+    json_schema: object = option(None, "the output is JSON valid under this schema (a dict or JSON text)",
+                                 **_served("guided_json", kind=dict | str))
+    regex: str | None = option(None, "the output matches this regular expression", **_served("guided_regex", kind=str))
+    grammar: str | None = option(None, "the output is in this grammar (GBNF / EBNF, xgrammar's dialect)",
+                                 **_served("guided_grammar", kind=str))
+    choice: list[str] | None = option(None, "the output is exactly one of these strings (CLI: 'a|b|c')",
+                                      type=_choices, **_served("guided_choice", kind=list[str]))
+    response_format: object = option(None, "OpenAI's: {'type': 'json_object'} or {'type': 'json_schema', "
+                                     "'json_schema': {'name': ..., 'schema': {...}}} ({'type': 'text'}: none)")
+    grammar_draft: bool = option(True, "under a constraint, tokens the grammar forces join the drafts (ngram, hybrid)",
+                                 **_served("grammar_draft"))
     logprobs_mode: str = option("raw", "raw: the target's log_softmax; processed: after top-k / top-p / temperature "
                                 "(the distribution sampled from)")
 
@@ -64,6 +82,12 @@ class RequestParams:
             raise SpecEngineError(f"unknown request option {unknown[0]!r}; choose from {', '.join(names)}",
                                   unknown[0])
         return dataclasses.replace(self, **options) if options else self
+
+    def constraint(self):
+        """The call's output constraint (structured.Constraint), or None."""
+        from .structured.constraint import Constraint
+
+        return Constraint.parse(self.json_schema, self.regex, self.grammar, self.choice, self.response_format)
 
     def method_options(self) -> dict:
         """method, gamma, policy, threshold, tree (None: the engine's)."""

@@ -76,7 +76,7 @@ class NgramDecoding(Method):
         check_sizes(*self.sizes)
         self.index: list[NgramIndex | None] = []
         self.plain = PlainStep()
-        self.matched_rounds = self.plain_rounds = self.draft_rounds = 0
+        self.matched_rounds = self.plain_rounds = self.draft_rounds = self.grammar_rounds = 0
         self.draft_policy = make_policy("fixed", gamma)  # hybrid: the draft model's chain length
         self.hybrid, self.kind = False, "plain"  # this round: "ngram", "draft" or "plain"
         self.gap: list[int] = []  # hybrid: per row, at most this many committed tokens the draft has not read
@@ -172,12 +172,16 @@ class NgramDecoding(Method):
         ctx, live = self.ctx, self._live(state)
         with timer.phase("draft"):
             self.kind, found = self.plan(live)
+            forced = self._grammar_drafts(state, live)
+        if forced:  # the grammar's forced tokens first; rows without any keep their n-gram proposal
+            self.kind, found = "grammar", {b: (forced[b], None) if b in forced else found[b]
+                                           for b in set(forced) | (set() if self.kind == "draft" else set(found))}
         if self.kind == "draft":
             return self._draft_round(state, live, timer)
         if self.kind == "plain":
             self.plain_rounds += 1
             return self.plain(ctx, state, timer)
-        self.matched_rounds += 1
+        self.matched_rounds += self.kind == "ngram"
         proposals = [found.get(b, ([], [])) for b in range(state.batch)]
         dev = state.tokens.device
         if self.tree is None:  # [drafts padded to the widest, then the row's count]: one copy
@@ -187,6 +191,17 @@ class NgramDecoding(Method):
             out, n_acc = verify_and_commit(ctx, state, drafts, None, num_draft, timer)
             return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1)
         return self._tree_round(state, proposals, timer)
+
+    def _grammar_drafts(self, state: DecodeState, live: list[int]) -> dict:
+        """{row: the tokens its constraint forces next} (grammar drafting, structured/rows.py): drafts
+        the target accepts with certainty, at no draft forward; chains only."""
+        cons = state.constraints
+        if cons is None or not cons.drafting or self.tree is not None:
+            return {}
+        forced = {b: f for b in live if (f := cons.forced(b, self.max_width - 1))}
+        cons.forced_tokens += sum(len(f) for f in forced.values())
+        self.grammar_rounds += bool(forced)
+        return forced
 
     def _draft_wins(self, found, gammas, live: list[int]) -> bool:
         """Hybrid: does this round go to the draft model? With γ auto, to whichever of the rows'
@@ -294,6 +309,8 @@ class NgramDecoding(Method):
             self.draft_policy.update(n_acc, num_draft)
             if self.draft_policy.needs_costs:
                 self.draft_policy.remember(self.ctx.acceptance, self.key)
+        elif self.kind == "grammar":  # forced tokens teach the n-gram policies nothing
+            pass
         elif self.by_match:
             self.policy.update_rows(dict(enumerate(n_acc)), dict(enumerate(num_draft)))
         elif self.tree is None and self.policy.gamma and any(num_draft):  # rounds with proposals only
@@ -306,7 +323,7 @@ class NgramDecoding(Method):
         return {"policy": self.policy.name, "gamma": self.policy.gamma, **self.tree_stats(),
                 "ngram_max": self.sizes[0], "ngram_min": self.sizes[1],
                 "matched_rounds": self.matched_rounds, "plain_rounds": self.plain_rounds,
-                "draft_rounds": self.draft_rounds, "hybrid": self.hybrid, "draft_prefills_deferred": self.primes,
+                "draft_rounds": self.draft_rounds, "grammar_rounds": self.grammar_rounds, "hybrid": self.hybrid, "draft_prefills_deferred": self.primes,
                 # proposed tokens per row and proposing round (n-gram and draft rounds)
                 "gamma_mean": generation.counters.proposed / max(generation.counters.row_rounds - self.plain_rounds, 1),
                 **speculative_stats(generation, generation.timer.totals())}

@@ -36,6 +36,12 @@ class DecodeState:
     commit_op: Callable = commit_tokens_ref  # the ops table's (kernels/commit_tokens.py)
     logprobs: object = None  # a LogprobSpec when the call wants log-probabilities (methods/logprobs.py)
     round_logprobs: torch.Tensor | None = None  # [B,W,1+2k]: this round's, aligned with its out tokens
+    constraints: object = None  # structured.RowConstraints when some row is constrained: masks target logits
+
+    def constrain(self, logits: torch.Tensor, following: torch.Tensor | None = None) -> torch.Tensor:
+        """Target logits [B,W,V] masked by each row's constraint, position i after the committed tokens
+        and following[:, :i] (structured/rows.py); unchanged without constraints."""
+        return logits if self.constraints is None else self.constraints.mask_chain(logits, following)
 
     @property
     def batch(self) -> int:

@@ -131,7 +131,8 @@ class PlainStep:
         with timer.phase("target"):
             logits = ctx.target.decode(state.last_tokens(), attn_len=state.attn_len)
         no_drafts, zeros = self._no_drafts(state.batch, logits.device)
-        out, n_acc = ctx.ops.rejection_sample(filter_logits(logits[:, None], state.params), no_drafts, None, zeros,
+        out, n_acc = ctx.ops.rejection_sample(filter_logits(state.constrain(logits[:, None]), state.params), no_drafts,
+                                              None, zeros,
                                  state.temperature, state.seed, state.offset)
         capture(state, logits[:, None], out)
         one = n_acc + 1
@@ -200,7 +201,7 @@ def verify_and_commit(ctx: MethodContext, state: DecodeState, drafts, q, num_dra
     Returns (tokens [B,K+1], n_acc [B])."""
     with timer.phase("target"):
         logits = ctx.target.verify(torch.cat([state.last_tokens()[:, None], drafts], 1), attn_len=state.attn_len)
-    out, n_acc = ctx.ops.rejection_sample(filter_logits(logits, state.params), drafts, q, num_draft,
+    out, n_acc = ctx.ops.rejection_sample(filter_logits(state.constrain(logits, drafts), state.params), drafts, q, num_draft,
                              state.temperature, state.seed, state.offset)
     capture(state, logits, out)
     state.commit(out, n_acc + 1)
@@ -341,7 +342,8 @@ def verify_tree_and_commit(ctx: MethodContext, state: DecodeState, tree: TokenTr
     with timer.phase("target"):
         mask = on_device("ancestor_mask", ancestor_mask, tree.parent)
         logits = ctx.target.verify(tree.tokens, tree_mask=mask, attn_len=state.attn_len)
-    out, n_acc, path = on_device("tree_accept", _accept, filter_logits(logits, state.params), tree.tokens,
+    scored = logits if state.constraints is None else state.constraints.mask_tree(logits, tree.tokens, tree.parent)
+    out, n_acc, path = on_device("tree_accept", _accept, filter_logits(scored, state.params), tree.tokens,
                                  tree.parent, tree.depth, state.temperature, state.seed, state.offset, shape.depth,
                                  shape.topk)
     if state.logprobs is not None:  # out token j came from the logits after node path[j - 1] (the root first)

@@ -74,7 +74,8 @@ def _sampling_fields() -> dict:
     (`"ignore_eos": 0` or a prompt of booleans is refused, not coerced)."""
     fields = {}
     for f in served_fields():
-        kind = {bool: StrictBool, int: Int, float: Float}.get(type(f.default), str | list[str] | None)
+        kind = f.metadata.get("kind") or {bool: StrictBool, int: Int, float: Float}.get(type(f.default),
+                                                                                          str | list[str] | None)
         default = OPENAI_DEFAULTS.get(f.name, f.default)
         fields[f.metadata["served"]] = (kind | None if default is None else kind,
                                         Field(default=default, description=f.metadata["help"], **f.metadata["schema"]))

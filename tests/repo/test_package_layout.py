@@ -15,7 +15,7 @@ FLOORS = {
     "kernels": 1, "_kvext": 1, "_quantext": 1,  # the compiled extensions (csrc/, setup.py)
     "layers": 2,
     "models": 3,
-    "runtime": 4, "drafting": 4,
+    "runtime": 4, "drafting": 4, "structured": 4,  # structured: constraints, xgrammar matchers
     "methods": 5,
     "config": 6, "precision": 6, "pair": 6, "request": 6, "counters": 6, "generation": 6, "detokenize": 6, "api": 6, "": 6,  # "": the package root
     "serve": 7, "training": 7,

@@ -1,0 +1,167 @@
+"""The constrained rows of one generation: an xgrammar matcher per row (None: unconstrained) at
+the row's committed tokens, and the masks a round's target logits get (docs/design.md,
+"Structured output").
+
+Lossless under the constraint: every target position a round scores is masked from the
+matcher state after the tokens before it (a chain: the committed tokens then the drafts up to
+it; a tree: the node's path), so the rejection sampler sees exactly constrained `ar`'s
+distribution wherever its verdict counts. A position after a draft the grammar refuses is
+left unmasked: that draft is rejected there (the target's mass on it is 0), so nothing after
+it is ever read. The matcher walks the drafts and rolls back; it moves for good only when the
+driver books what a round committed (`advance`).
+
+The walk reads the round's drafts on the host: free on a CPU, one sync per verify on a GPU
+(the drafts of a draft model are device tensors). The first position's mask is the one
+`advance` filled when it booked the last round (it also tells a dead end from a live row), so
+a plain round fills nothing new.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import SpecEngineError
+
+
+class RowConstraints:
+    def __init__(self, compiler, constraints: list, drafting: bool = True):
+        self.compiler, xgr = compiler, compiler.xgr
+        self.xgr, self.V = xgr, compiler.vocab_size
+        self.matchers = [None] * len(constraints)
+        self._next = xgr.allocate_token_bitmask(len(constraints), self.V)  # each row's next-token mask
+        self.status = [None] * len(constraints)  # None (live), "stop" (the grammar ended), "dead_end"
+        self.drafting = drafting  # methods that draft by host proposals (ngram, hybrid) put forced tokens first
+        self.forced_tokens = 0  # tokens the grammar forced into drafts (grammar drafting)
+        for b, c in enumerate(constraints):
+            self.set_row(b, c)
+
+    @property
+    def any(self) -> bool:
+        return any(m is not None for m in self.matchers)
+
+    def set_row(self, b: int, constraint) -> None:
+        """Row b starts a new request under `constraint` (None: none)."""
+        self.matchers[b] = None if constraint is None else \
+            self.xgr.GrammarMatcher(self.compiler.compile(constraint))
+        self.status[b] = None
+        self._next[b].fill_(-1)
+        if self.matchers[b] is not None:
+            self._refresh(b)
+
+    def _refresh(self, b: int) -> None:
+        m = self.matchers[b]
+        if m.is_terminated():
+            self.status[b] = "stop"
+            return
+        m.fill_next_token_bitmask(self._next, b)
+        if not bool(self._next[b].any()):
+            self.status[b] = "dead_end"
+
+    def advance(self, b: int, tokens: list[int]) -> int:
+        """Row b committed `tokens`: its matcher moves past them (each was allowed, or the masking
+        was wrong: an internal error, never a silent one). Returns how many count: all, or those up
+        to the one that ended the grammar (the rest were verified past its end, unmasked)."""
+        m = self.matchers[b]
+        if m is None or not tokens:
+            return len(tokens)
+        used = 0
+        for t in tokens:
+            if m.is_terminated():
+                break
+            if not m.accept_token(t):
+                raise SpecEngineError(f"internal error: token {t} was committed where the constraint refuses it; "
+                                      f"please report this")
+            used += 1
+        self._refresh(b)
+        return used
+
+    # ---------------------------------------------------------------- masks
+    def mask_chain(self, logits: torch.Tensor, following: torch.Tensor | None) -> torch.Tensor:
+        """logits [B,W,V] of positions scoring the token after the committed ones, then after each
+        of following[:, :W-1] -> the same, masked (a copy; unconstrained rows unchanged)."""
+        if not self.any:
+            return logits
+        B, W, V = logits.shape
+        masks = self.xgr.allocate_token_bitmask(B * W, self.V)
+        walk = [] if W == 1 or following is None else following[:, : W - 1].tolist()
+        for b, m in enumerate(self.matchers[:B]):
+            if m is None:
+                continue
+            masks[b * W] = self._next[b]
+            accepted = 0
+            for i, t in enumerate(walk[b] if walk else ()):
+                if not m.accept_token(t):
+                    break
+                accepted += 1
+                if m.is_terminated():  # the grammar ended: what follows is cut off at commit (advance)
+                    break
+                m.fill_next_token_bitmask(masks, b * W + i + 1)
+            if accepted:
+                m.rollback(accepted)
+        return self._apply(logits, masks)
+
+    def mask_tree(self, logits: torch.Tensor, tokens: torch.Tensor, parent: torch.Tensor) -> torch.Tensor:
+        """logits [B,N,V] of a token tree's nodes (node 0: the root, the last committed token; each
+        node's logits score its children) -> masked from each node's path, depth first."""
+        if not self.any:
+            return logits
+        B, N, V = logits.shape
+        masks = self.xgr.allocate_token_bitmask(B * N, self.V)
+        toks, par = tokens.tolist(), parent.tolist()
+        for b, m in enumerate(self.matchers[:B]):
+            if m is None:
+                continue
+            children = [[] for _ in range(N)]
+            for j in range(1, N):
+                if par[b][j] >= 0:
+                    children[par[b][j]].append(j)
+            masks[b * N] = self._next[b]
+            stack = [(c, False) for c in reversed(children[0])]
+            while stack:  # (node, leaving): enter a node by accepting its token, leave by rolling it back
+                j, leaving = stack.pop()
+                if leaving:
+                    m.rollback(1)
+                    continue
+                if m.is_terminated() or not m.accept_token(toks[b][j]):
+                    continue  # refused: its subtree is never reached
+                stack.append((j, True))
+                if m.is_terminated():
+                    continue
+                m.fill_next_token_bitmask(masks, b * N + j)
+                stack.extend((c, False) for c in reversed(children[j]))
+        return self._apply(logits, masks)
+
+    def _apply(self, logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+        B, W, V = logits.shape
+        out = logits.float().reshape(B * W, V).clone()
+        self.xgr.apply_token_bitmask_inplace(out, masks.to(out.device, non_blocking=True), vocab_size=self.V)
+        return out.reshape(B, W, V)
+
+    # ---------------------------------------------------------------- grammar drafting
+    def forced(self, b: int, limit: int) -> list[int]:
+        """The tokens the grammar allows alone after row b's committed ones (each the only allowed
+        token given those before it), at most `limit`: drafts the target accepts with certainty."""
+        m, out = self.matchers[b], []
+        if m is None or self.status[b] is not None:
+            return out
+        row = self._next[b: b + 1].clone()
+        while len(out) < limit:
+            t = _single(row[0])
+            if t is None or not m.accept_token(t):
+                break
+            out.append(t)
+            if m.is_terminated():
+                break
+            m.fill_next_token_bitmask(row, 0)
+        if out:
+            m.rollback(len(out))
+        return out
+
+
+def _single(words: torch.Tensor) -> int | None:
+    """The one token a bitmask row allows, or None when it allows none or several."""
+    nz = words.nonzero()
+    if nz.numel() != 1:
+        return None
+    w = int(nz[0, 0])
+    v = int(words[w]) & 0xFFFFFFFF
+    return 32 * w + v.bit_length() - 1 if v & (v - 1) == 0 else None
