@@ -63,3 +63,9 @@ def tempered_softmax(logits: torch.Tensor, temperature) -> torch.Tensor:
     m = x.amax(-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # a fully masked row stays masked
     return torch.softmax((x - m) / temperature, dim=-1)
+
+
+def row_seeds(seed: int, rows: int, device) -> torch.Tensor:
+    """Row b of a call samples with seed + b (mod 2**63): rows differ, and each row is the
+    call `generate(prompt_b, seed=seed + b)` on its own (kernels/rng.py)."""
+    return torch.tensor([(seed + b) % 2**63 for b in range(rows)], dtype=torch.int64, device=device)

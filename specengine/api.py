@@ -1,6 +1,7 @@
 """Public API: `Engine.from_pretrained(...)`, `generate(...)`, `stream(...)`."""
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -10,7 +11,7 @@ import torch
 from .config import EngineConfig
 from .eos import eos_ids
 from .errors import SpecEngineError
-from .generation import Generation, check_capacity, headroom
+from .generation import Generation, headroom
 from .methods import METHODS, Method
 from .methods.context import MethodContext
 from .methods.logprobs import LogprobSpec, TokenLogprob
@@ -26,7 +27,9 @@ from .pair import load_pair
 from .runtime.cross_device import CrossDeviceDraft
 from .runtime.graphs import dedicated_stream
 from .runtime.runner import ModelRunner
+from .encoding import check_capacity, encode
 from .request import RequestParams
+from .structured.constraint import Compiler
 from .runtime.step_costs import measure_step_costs
 
 
@@ -279,45 +282,8 @@ class Engine:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def encode(self, prompt) -> tuple[list[list[int]], bool]:
-        """Token ids of each prompt and whether the input was a batch."""
-        if isinstance(prompt, torch.Tensor):
-            prompt = prompt.tolist()
-        if isinstance(prompt, str):
-            return [self._encode_one(prompt)], False
-        if isinstance(prompt, (list, tuple)):
-            if not prompt:
-                raise SpecEngineError("prompt is empty", "prompt")
-            if all(isinstance(t, int) for t in prompt):
-                return [self._encode_one(list(prompt))], False
-            if _is_chat(prompt):
-                return [self._encode_one(self._chat(prompt))], False
-            return [self._encode_one(self._chat(p) if _is_chat(p) else p) for p in prompt], True
-        raise SpecEngineError(f"unsupported prompt type {type(prompt).__name__}: pass a string, a list of "
-                              "strings, token ids, or chat messages", "prompt")
-
-    def _chat(self, messages) -> list[int]:
-        for m in messages:
-            if not isinstance(m, dict) or "role" not in m or "content" not in m:
-                raise SpecEngineError("chat messages must be dicts with 'role' and 'content'", "prompt")
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise SpecEngineError("this tokenizer has no chat template; pass a plain string prompt", "prompt")
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self.tokenizer(text, add_special_tokens=False).input_ids  # the template has them
-
-    def _encode_one(self, p) -> list[int]:
-        if isinstance(p, str):
-            ids = self.tokenizer(p).input_ids if p else []
-        elif isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p):
-            ids = list(p)
-        else:
-            raise SpecEngineError(f"unsupported prompt element {type(p).__name__}", "prompt")
-        if not ids:
-            raise SpecEngineError("prompt is empty", "prompt")
-        V = self.target.config.vocab_size
-        bad = [t for t in ids if not 0 <= t < V]
-        if bad:
-            raise SpecEngineError(f"prompt token id {bad[0]} is outside the vocabulary [0, {V})", "prompt")
-        return ids
+        """Token ids of each prompt and whether the input was a batch (encoding.py)."""
+        return encode(self.tokenizer, self.target.config.vocab_size, prompt)
 
     # ------------------------------------------------------------------ generation
     def check_capacity(self, prompts: list[list[int]], max_new_tokens: int, method: Method) -> None:
@@ -354,20 +320,17 @@ class Engine:
         eos = set() if request.ignore_eos else self.eos_ids
         constraint = request.constraint()
         if constraint is not None:
-            self.grammar_compiler().compile(constraint)  # a schema it cannot compile: an error before any work
+            self.grammar_compiler.compile(constraint)  # a schema it cannot compile: an error before any work
         return Generation(self, prompts, sampling, request.max_new_tokens, chosen, eos, stops, spec,
                           bool(request.prompt_logprobs), overlap=self.overlap_rounds,
                           constraints=None if constraint is None else [constraint] * len(prompts),
                           grammar_draft=request.grammar_draft), batched
 
-    def grammar_compiler(self):
+    @functools.cached_property
+    def grammar_compiler(self) -> Compiler:
         """xgrammar's compiler for this tokenizer and the target's logits (structured/constraint.py),
         made on the first constrained call; EOS is allowed where a grammar may end."""
-        if getattr(self, "_grammar", None) is None:
-            from .structured.constraint import Compiler
-
-            self._grammar = Compiler(self.tokenizer, self.target.config.vocab_size, self.eos_ids)
-        return self._grammar
+        return Compiler(self.tokenizer, self.target.config.vocab_size, self.eos_ids)
 
     @torch.inference_mode()
     def generate(self, prompt, params: RequestParams | None = None, **options):
@@ -411,6 +374,3 @@ class Engine:
                 sent = text
         self.last_stats = gen.stats()
 
-
-def _is_chat(p) -> bool:
-    return isinstance(p, (list, tuple)) and bool(p) and all(isinstance(m, dict) for m in p)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .counters import Counters
+from .kernels.rng import row_seeds
 from .detokenize import IncrementalDetokenizer, find_stop, partial_stop
 from .errors import SpecEngineError
 from .methods.base import Method
@@ -106,7 +107,7 @@ class Generation:
         self.state = self._prefill(prompts)
         self.state.attn_len = attn_bound(max(r.prompt_len for r in self.rows) + 1, engine.max_seq_len)
         if constrained:
-            self.state.constraints = RowConstraints(engine.grammar_compiler(), constraints, grammar_draft)
+            self.state.constraints = RowConstraints(engine.grammar_compiler, constraints, grammar_draft)
             for b in range(len(self.rows)):
                 self._grammar_finish(b)
         self.prefill_s = time.perf_counter() - self.t0
@@ -302,11 +303,9 @@ class Generation:
                                       [slot])
         self.method.reset_rows([slot])
         state.active[slot] = True
-        if constraint is not None and state.constraints is None:
-            state.constraints = RowConstraints(self.engine.grammar_compiler(), [None] * len(self.rows))
-        if state.constraints is not None:
-            state.constraints.set_row(slot, constraint)
-            self._grammar_finish(slot)
+        state.constraints = RowConstraints.admit(state.constraints, self.engine.grammar_compiler, len(self.rows),
+                                                 slot, constraint)
+        self._grammar_finish(slot)
         return starts[0]
 
     def release(self, slot: int, reason: str = "abort") -> None:
@@ -350,13 +349,10 @@ class Generation:
         return kept_all
 
     def _grammar_finish(self, b: int) -> None:
-        """A constrained row whose grammar ended ("stop") or allows no next token ends here (the
-        latter never commits a token outside the grammar: "constraint_dead_end")."""
-        cons, row = self.state.constraints, self.rows[b]
-        if cons is None or row.finish_reason is not None or cons.status[b] is None:
-            return
-        row.finish_reason = "stop" if cons.status[b] == "stop" else "constraint_dead_end"
-        self.state.active[b] = False
+        """A constrained row ends where its grammar ends or allows no next token (structured/rows.py)."""
+        reason = None if self.state.constraints is None else self.state.constraints.finish_reason(b)
+        if reason is not None and self.rows[b].finish_reason is None:
+            self.rows[b].finish_reason, self.state.active[b] = reason, False
 
     def _keep(self, row: RowState, new: list[int]) -> list[int]:
         """Truncate a row's new tokens at EOS / max_new_tokens / a stop string."""
@@ -402,20 +398,3 @@ class Generation:
             **self.method.stats(self),
         }
 
-
-def row_seeds(seed: int, rows: int, device) -> torch.Tensor:
-    """Row b of a call samples with seed + b (mod 2**63): rows differ, and each row is the
-    call `generate(prompt_b, seed=seed + b)` on its own (kernels/rng.py)."""
-    return torch.tensor([(seed + b) % 2**63 for b in range(rows)], dtype=torch.int64, device=device)
-
-
-def check_capacity(prompts: list[list[int]], max_new_tokens: int, max_seq_len: int, room: int) -> None:
-    longest = max(len(p) for p in prompts)
-    if longest >= max_seq_len:
-        raise SpecEngineError(f"prompt has {longest} tokens but the cache holds max_seq_len={max_seq_len}", "prompt")
-    need = longest + max_new_tokens + room
-    if need > max_seq_len:
-        raise SpecEngineError(
-            f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) + speculation headroom "
-            f"({room}) = {need} exceeds max_seq_len={max_seq_len}; raise max_seq_len or lower max_new_tokens",
-            "max_new_tokens")

@@ -66,7 +66,8 @@ _WIDTH = {0: 1, 1: 1, 7: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 10: 8, 11: 8, 12: 8}
 
 def _read_index(path: Path) -> dict:
     """The GGUF header walked with struct (the GGUF spec: magic, version, counts, key/values,
-    tensor infos, aligned data): only the architecture, the alignment and the tensor table kept."""
+    tensor infos, aligned data): only the architecture, the alignment and the tensor table kept.
+    Why long: one walk of the file in its own order, the spec's sections one after the other."""
     import mmap
     import struct
 

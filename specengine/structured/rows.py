@@ -34,6 +34,20 @@ class RowConstraints:
         for b, c in enumerate(constraints):
             self.set_row(b, c)
 
+    @staticmethod
+    def admit(rows: "RowConstraints | None", compiler, batch: int, b: int, constraint) -> "RowConstraints | None":
+        """The serving core put a request into row b: its constraint (made on the first one)."""
+        if rows is None and constraint is not None:
+            rows = RowConstraints(compiler, [None] * batch)
+        if rows is not None:
+            rows.set_row(b, constraint)
+        return rows
+
+    def finish_reason(self, b: int) -> str | None:
+        """Why row b ends here: "stop" (its grammar ended), "constraint_dead_end" (the grammar allows
+        no token of this vocabulary next: the row ends without a token outside it), or None."""
+        return {"stop": "stop", "dead_end": "constraint_dead_end"}.get(self.status[b])
+
     @property
     def any(self) -> bool:
         return any(m is not None for m in self.matchers)
