@@ -75,6 +75,7 @@ class _Request:
     ids: list[int] = field(default_factory=list)
     prompt_sent: bool = False
     cached: int = 0  # prompt positions reused from the row's previous occupant
+    constraint: object = None  # the output constraint (structured.Constraint), compiled in prepare
 
     @property
     def klass(self):
@@ -141,7 +142,10 @@ class EngineCore:
         if batched:
             raise SpecEngineError("add_request takes one prompt", "prompt")
         self.engine.check_capacity(prompts, params.max_new_tokens, self._probe)
-        return _Request(request_id, prompts[0], params, sampling, stops, spec)
+        constraint = params.constraint()
+        if constraint is not None:  # a schema that does not compile: this request's error, now
+            self.engine.grammar_compiler.compile(constraint)
+        return _Request(request_id, prompts[0], params, sampling, stops, spec, constraint=constraint)
 
     def overloaded(self) -> Overloaded:
         return Overloaded(f"server overloaded: {len(self.waiting)} requests waiting (max_waiting="
@@ -227,7 +231,8 @@ class EngineCore:
                 self._logprobs_on(bool(req.params.prompt_logprobs))
                 req.cached = self.gen.admit(slot, req.prompt, req.sampling.seed, req.params.max_new_tokens, req.stops,
                                             set() if req.params.ignore_eos else self.engine.eos_ids,
-                                            req.spec is not None, bool(req.params.prompt_logprobs), reuse)
+                                            req.spec is not None, bool(req.params.prompt_logprobs), reuse,
+                                            constraint=req.constraint)
             except Exception as e:  # noqa: BLE001 - this request fails alone
                 if self.gen is not None and slot is not None:
                     self.gen.release(slot, "error")

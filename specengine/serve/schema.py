@@ -4,9 +4,10 @@ truth) plus OpenAI's own fields (model, stream, n, messages / prompt).
 
 No parameter is silently ignored. A field the server does not know is a 400 naming it
 (`extra="forbid"`). OpenAI parameters it does not implement are declared with only their
-no-op value allowed (`frequency_penalty: 0`, `logit_bias: {}`, `response_format: {"type":
-"text"}`, ...), so clients that send defaults work and anything else is a 400 that names the
-field and says why (UNSUPPORTED). `user` is informational: accepted and unused."""
+no-op value allowed (`frequency_penalty: 0`, `logit_bias: {}`, `tools: []`, ...), so clients
+that send defaults work and anything else is a 400 that names the field and says why
+(UNSUPPORTED). Structured output is served: `response_format` (json_object, json_schema) and
+vLLM's `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`. `user` is informational: accepted and unused."""
 from __future__ import annotations
 
 from typing import Annotated, Literal
@@ -39,17 +40,26 @@ UNSUPPORTED = {
     "frequency_penalty": "penalties are not implemented; only 0 is accepted",
     "presence_penalty": "penalties are not implemented; only 0 is accepted",
     "logit_bias": "logit_bias is not implemented; only {} is accepted",
-    "response_format": 'structured output is not implemented; only {"type": "text"} is accepted',
     "tools": "tool calling is not implemented; only [] is accepted",
     "tool_choice": 'tool calling is not implemented; only "none" is accepted',
     "best_of": "only best_of=1 is supported",
     "suffix": "suffix (insertion) is not implemented; only an empty suffix is accepted",
 }
 
-class TextFormat(BaseModel):
-    """`response_format`: plain text, the only format served."""
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's `response_format.json_schema`: the schema the output must follow."""
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str
+    description: str | None = None
+    schema_: dict = Field(alias="schema")
+    strict: StrictBool | None = None  # the output always follows the schema here (strict or not)
+
+
+class ResponseFormat(BaseModel):
+    """`response_format`: text (no constraint), any JSON object, or JSON under a schema."""
     model_config = ConfigDict(extra="forbid")
-    type: Literal["text"]
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class _Request(BaseModel):
@@ -63,7 +73,8 @@ class _Request(BaseModel):
     frequency_penalty: Float | None = Field(default=None, ge=0, le=0, description=UNSUPPORTED["frequency_penalty"])
     presence_penalty: Float | None = Field(default=None, ge=0, le=0, description=UNSUPPORTED["presence_penalty"])
     logit_bias: dict[str, Float] | None = Field(default=None, max_length=0, description=UNSUPPORTED["logit_bias"])
-    response_format: TextFormat | None = Field(default=None, description=UNSUPPORTED["response_format"])
+    response_format: ResponseFormat | None = Field(default=None, description="structured output: json_object or "
+                                                   "json_schema (xgrammar; lossless under every method)")
     tools: list[dict] | None = Field(default=None, max_length=0, description=UNSUPPORTED["tools"])
     tool_choice: Literal["none"] | None = Field(default=None, description=UNSUPPORTED["tool_choice"])
 

@@ -172,6 +172,8 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
             given["logprobs"] = (req.top_logprobs or 0) if req.logprobs else None
         else:
             given["logprobs"], given["prompt_logprobs"] = req.logprobs, req.echo and req.logprobs is not None
+        if req.response_format is not None:  # OpenAI's structured output (json_schema's "schema" by its alias)
+            given["response_format"] = req.response_format.model_dump(by_alias=True, exclude_none=True)
         return RequestParams(**{k: v for k, v in given.items() if v is not None})
 
     async def _serve(request: Request, body: Sampling, prompt, chat: bool):

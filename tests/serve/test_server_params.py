@@ -17,9 +17,12 @@ PROMPT = "def add(a, b):\n"
 MSGS = [{"role": "user", "content": "hi"}]
 
 REFUSED = [  # (route, extra body, the param the 400 names, words its message holds)
-    ("completions", {"response_format": {"type": "json_object"}}, "response_format", "structured output"),
-    ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format",
-     "structured output"),
+    ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format.json_schema.schema", "Field required"),
+    ("chat", {"response_format": {"type": "xml"}}, "response_format.type", "json_schema"),
+    ("completions", {"guided_json": {"type": "objec"}}, "guided_json", "cannot be compiled"),
+    ("completions", {"guided_regex": "a(b"}, "guided_regex", "does not compile"),
+    ("chat", {"guided_regex": "a", "guided_choice": ["b"]}, "guided_regex", "one output constraint"),
     ("chat", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool calling"),
     ("chat", {"tool_choice": "auto"}, "tool_choice", "tool calling"),
     ("completions", {"logit_bias": {"5": 10}}, "logit_bias", "not implemented"),
@@ -101,3 +104,27 @@ def test_a_tokenizer_without_a_chat_template_gets_no_chat_route(tiny_pair, token
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
     finally:
         stop()
+
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
+                                           "c": {"enum": ["x", "y"]}}, "required": ["n", "c"]}
+
+
+@pytest.mark.parametrize("route", ["completions", "chat"])
+def test_structured_output_is_served_as_the_engine_gives_it(server, client, route):
+    """response_format and vLLM's guided_* fields: the server's rows (the serving core, method sd)
+    give the engine's own constrained output, JSON that follows the schema."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "n_c", "schema": SCHEMA, "strict": True}}
+    got = _create(client, route, max_tokens=40, temperature=0, extra_body={"response_format": fmt})
+    text = got.choices[0].message.content if route == "chat" else got.choices[0].text
+    prompt = MSGS if route == "chat" else PROMPT
+    assert text == ref(server, prompt, 40, json_schema=SCHEMA).text
+    assert got.choices[0].finish_reason == "stop"
+    obj = json.loads(text)
+    assert set(obj) == {"n", "c"} and 0 <= obj["n"] <= 99 and obj["c"] in ("x", "y")
+    got = _create(client, route, max_tokens=12, temperature=0, extra_body={"guided_choice": ["yes", "no"]})
+    text = got.choices[0].message.content if route == "chat" else got.choices[0].text
+    assert text in ("yes", "no") and text == ref(server, prompt, 12, choice=["yes", "no"]).text
+    got = _create(client, route, max_tokens=12, temperature=0, extra_body={"response_format": {"type": "json_object"}})
+    text = got.choices[0].message.content if route == "chat" else got.choices[0].text
+    assert text == ref(server, prompt, 12, response_format={"type": "json_object"}).text and text.startswith("{")
