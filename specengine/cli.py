@@ -48,6 +48,8 @@ def _request_args(p: argparse.ArgumentParser, names=None, **helps):
         flag, text = "--" + f.name.replace("_", "-"), helps.get(f.name, f.metadata["help"]).replace("%", "%%")
         if f.default is False:
             p.add_argument(flag, action="store_true", help=text)
+        elif f.default is True:
+            p.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false", help=text)
         elif f.name == "stop":
             p.add_argument(flag, action="append", default=None, help=text + " (repeatable)")
         else:

@@ -391,8 +391,7 @@ class Generation:
             "tokens_per_target_forward": new_tokens / max(self.counters.row_target_forwards, 1),
             "round_log": self.counters.log,  # row 0: (proposed, accepted, draft forwards) per round
             "rounds_launched_ahead": self.counters.launched_ahead,  # overlapped with the last one's read
-            # tokens an output constraint forced into drafts (grammar drafting); None: no constraint
-            "grammar_tokens": None if self.state.constraints is None else self.state.constraints.forced_tokens,
+            **RowConstraints.stats_of(self.state.constraints),  # grammar_tokens, grammar_mask_s
             # what batch-invariant mode decided and the figures behind it (runtime/invariance.py)
             "batch_invariant": getattr(self.engine, "batch_invariant_info", None),
             **self.method.stats(self),

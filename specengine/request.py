@@ -64,7 +64,7 @@ class RequestParams:
                                       type=_choices, **_served("guided_choice", kind=list[str]))
     response_format: object = option(None, "OpenAI's: {'type': 'json_object'} or {'type': 'json_schema', "
                                      "'json_schema': {'name': ..., 'schema': {...}}} ({'type': 'text'}: none)")
-    grammar_draft: bool = option(True, "under a constraint, tokens the grammar forces join the drafts (ngram, hybrid)",
+    grammar_draft: bool = option(True, "under a constraint, tokens the grammar forces are drafted (sd chains, ngram, hybrid)",
                                  **_served("grammar_draft"))
     logprobs_mode: str = option("raw", "raw: the target's log_softmax; processed: after top-k / top-p / temperature "
                                 "(the distribution sampled from)")

@@ -39,7 +39,7 @@ from .base import Method, speculative_stats
 from .context import MethodContext
 from .policies import expected_tokens, make_policy
 from .state import DecodeState, RoundOutput
-from .steps import PlainStep, chain_round, verify_and_commit, verify_tree_and_commit
+from .steps import PlainStep, chain_round, grammar_drafts, to_device, verify_proposals, verify_tree_and_commit
 from .token_tree import TokenTree
 
 MIN_TIMED_PREFILL = 16  # prompt tokens below which the driver's prefill time is mostly overhead, not a rate
@@ -48,12 +48,6 @@ MIN_TIMED_PREFILL = 16  # prompt tokens below which the driver's prefill time is
 # 2x 1.016, 4x 1.021, 8x 0.974; on prompts kept apart, bench/hybrid_tuning_prompts.py, 1x 1.005,
 # 2x 1.076, 3x 1.092; measured, interleaved A/B: 2x 1.011, and 2x with a floor of 32 tokens 0.975)
 PRIME_HORIZON = 2.0
-
-
-def to_device(rows: list[list[int]], device) -> torch.Tensor:
-    """Equal-length host lists as one int64 tensor on the device: one copy, without blocking."""
-    host = torch.tensor(rows, dtype=torch.int64)
-    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
 
 
 class NgramDecoding(Method):
@@ -183,23 +177,14 @@ class NgramDecoding(Method):
             return self.plain(ctx, state, timer)
         self.matched_rounds += self.kind == "ngram"
         proposals = [found.get(b, ([], [])) for b in range(state.batch)]
-        dev = state.tokens.device
-        if self.tree is None:  # [drafts padded to the widest, then the row's count]: one copy
-            width = max(len(t) for t, _ in proposals)
-            both = to_device([t + [0] * (width - len(t)) + [len(t)] for t, _ in proposals], dev)
-            drafts, num_draft = both[:, :width], both[:, width].to(torch.int32)
-            out, n_acc = verify_and_commit(ctx, state, drafts, None, num_draft, timer)
-            return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1)
+        if self.tree is None:
+            return verify_proposals(ctx, state, [t for t, _ in proposals], timer)
         return self._tree_round(state, proposals, timer)
 
     def _grammar_drafts(self, state: DecodeState, live: list[int]) -> dict:
         """{row: the tokens its constraint forces next} (grammar drafting, structured/rows.py): drafts
         the target accepts with certainty, at no draft forward; chains only."""
-        cons = state.constraints
-        if cons is None or not cons.drafting or self.tree is not None:
-            return {}
-        forced = {b: f for b in live if (f := cons.forced(b, self.max_width - 1))}
-        cons.forced_tokens += sum(len(f) for f in forced.values())
+        forced = {} if self.tree is not None else grammar_drafts(state, live, self.max_width - 1)
         self.grammar_rounds += bool(forced)
         return forced
 

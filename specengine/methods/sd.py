@@ -14,7 +14,7 @@ from .base import Method, speculative_stats
 from .context import MethodContext
 from .policies import make_policy
 from .state import DecodeState, RoundOutput
-from .steps import PlainStep, chain_round, draft_tree, verify_tree_and_commit
+from .steps import PlainStep, chain_round, draft_tree, grammar_drafts, verify_proposals, verify_tree_and_commit
 
 
 class SpeculativeDecoding(Method):
@@ -35,7 +35,8 @@ class SpeculativeDecoding(Method):
         threshold = getattr(defaults, "threshold", None) if threshold is None else threshold
         self.policy = make_policy(policy, gamma, threshold=threshold)
         self.gammas: list[int] = []  # γ of every round (0: a plain decode round)
-        self.plain, self.behind = PlainStep(), 0  # plain rounds since the draft last ran
+        self.plain, self.behind = PlainStep(), 0  # tokens committed since the draft last ran (at most)
+        self.grammar_round, self.grammar_rounds = False, 0  # this round verified the grammar's forced tokens
 
     @property
     def one_token_rounds(self) -> bool:
@@ -69,6 +70,12 @@ class SpeculativeDecoding(Method):
             with timer.phase("draft"):
                 tree = draft_tree(ctx, state, self.tree)
             return verify_tree_and_commit(ctx, state, tree, self.tree, timer, draft_forwards=self.tree.depth)
+        forced = grammar_drafts(state, range(state.batch), self.policy.gamma_max)  # finished rows: frozen
+        self.grammar_round = bool(forced)
+        if forced:  # the constraint's forced tokens, verified at no draft forward; the draft sits out
+            self.grammar_rounds += 1
+            self.behind += max(len(f) for f in forced.values()) + 1
+            return verify_proposals(ctx, state, [forced.get(b, []) for b in range(state.batch)], timer)
         if self.policy.gamma == 0:  # γ auto: speculation would lose here; the draft sits out
             self.gammas.append(0)
             self.behind += 1
@@ -79,6 +86,8 @@ class SpeculativeDecoding(Method):
         return out
 
     def after_round(self, n_acc, num_draft) -> None:
+        if self.grammar_round:  # forced tokens say nothing of the draft's acceptance or costs
+            return
         if self.tree is None:
             self.policy.update(n_acc, num_draft)
         if self.policy.needs_costs:
@@ -103,5 +112,6 @@ class SpeculativeDecoding(Method):
         drafted = [g for g in self.gammas if g]
         return {"policy": self.policy.name, "gamma": self.policy.gamma, **self.tree_stats(),
                 "gamma_mean": sum(drafted) / max(len(drafted), 1),  # over the rounds that drafted
-                "plain_rounds": len(self.gammas) - len(drafted), **self.prediction(generation),
+                "plain_rounds": len(self.gammas) - len(drafted), "grammar_rounds": self.grammar_rounds,
+                **self.prediction(generation),
                 **speculative_stats(generation, generation.timer.totals())}

@@ -208,6 +208,28 @@ def verify_and_commit(ctx: MethodContext, state: DecodeState, drafts, q, num_dra
     return out, n_acc
 
 
+def to_device(rows: list[list[int]], device) -> torch.Tensor:
+    """Equal-length host lists as one int64 tensor on the device: one copy, without blocking."""
+    host = torch.tensor(rows, dtype=torch.int64)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+
+
+def verify_proposals(ctx: MethodContext, state: DecodeState, proposals: list[list[int]], timer) -> RoundOutput:
+    """One target forward over host-known drafts per row (n-gram matches, a grammar's forced tokens;
+    rows may have none), padded to the widest, one copy to the device; deterministic proposals (no q)."""
+    width = max(len(t) for t in proposals)
+    both = to_device([t + [0] * (width - len(t)) + [len(t)] for t in proposals], state.tokens.device)
+    drafts, num_draft = both[:, :width], both[:, width].to(torch.int32)
+    out, n_acc = verify_and_commit(ctx, state, drafts, None, num_draft, timer)
+    return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1)
+
+
+def grammar_drafts(state: DecodeState, live, limit: int) -> dict:
+    """{row: the tokens its output constraint forces next} (structured/rows.py), for the live rows
+    that have any, when grammar drafting is on: drafts the target accepts with certainty."""
+    return {} if state.constraints is None else state.constraints.forced_rows(live, limit)
+
+
 def drafter_layout(unseen: torch.Tensor, k: int, real_width: int | None = None):
     """(mask_index [B,T], tree_mask [B,T,T]) for `real_width` real slots (default k+1) then
     k-1 masks, T = real_width + k - 1."""

@@ -17,9 +17,24 @@ a plain round fills nothing new.
 """
 from __future__ import annotations
 
+import functools
+import time
+
 import torch
 
 from ..errors import SpecEngineError
+
+
+def _timed(fn):
+    """Adds the call's seconds to the rows' `mask_s` (the host's grammar work, in `stats`)."""
+    @functools.wraps(fn)
+    def run(self, *args, **kw):
+        t = time.perf_counter()
+        try:
+            return fn(self, *args, **kw)
+        finally:
+            self.mask_s += time.perf_counter() - t
+    return run
 
 
 class RowConstraints:
@@ -31,6 +46,7 @@ class RowConstraints:
         self.status = [None] * len(constraints)  # None (live), "stop" (the grammar ended), "dead_end"
         self.drafting = drafting  # methods that draft by host proposals (ngram, hybrid) put forced tokens first
         self.forced_tokens = 0  # tokens the grammar forced into drafts (grammar drafting)
+        self.mask_s = 0.0  # host seconds in the matchers: masks, walks, commits, forced tokens
         for b, c in enumerate(constraints):
             self.set_row(b, c)
 
@@ -42,6 +58,13 @@ class RowConstraints:
         if rows is not None:
             rows.set_row(b, constraint)
         return rows
+
+    @staticmethod
+    def stats_of(rows: "RowConstraints | None") -> dict:
+        """A call's grammar figures: tokens the grammar forced into drafts, host seconds in the
+        matchers (None without a constraint)."""
+        return {"grammar_tokens": None if rows is None else rows.forced_tokens,
+                "grammar_mask_s": None if rows is None else rows.mask_s}
 
     def finish_reason(self, b: int) -> str | None:
         """Why row b ends here: "stop" (its grammar ended), "constraint_dead_end" (the grammar allows
@@ -70,6 +93,7 @@ class RowConstraints:
         if not bool(self._next[b].any()):
             self.status[b] = "dead_end"
 
+    @_timed
     def advance(self, b: int, tokens: list[int]) -> int:
         """Row b committed `tokens`: its matcher moves past them (each was allowed, or the masking
         was wrong: an internal error, never a silent one). Returns how many count: all, or those up
@@ -89,6 +113,7 @@ class RowConstraints:
         return used
 
     # ---------------------------------------------------------------- masks
+    @_timed
     def mask_chain(self, logits: torch.Tensor, following: torch.Tensor | None) -> torch.Tensor:
         """logits [B,W,V] of positions scoring the token after the committed ones, then after each
         of following[:, :W-1] -> the same, masked (a copy; unconstrained rows unchanged)."""
@@ -113,6 +138,7 @@ class RowConstraints:
                 m.rollback(accepted)
         return self._apply(logits, masks)
 
+    @_timed
     def mask_tree(self, logits: torch.Tensor, tokens: torch.Tensor, parent: torch.Tensor) -> torch.Tensor:
         """logits [B,N,V] of a token tree's nodes (node 0: the root, the last committed token; each
         node's logits score its children) -> masked from each node's path, depth first."""
@@ -151,6 +177,15 @@ class RowConstraints:
         return out.reshape(B, W, V)
 
     # ---------------------------------------------------------------- grammar drafting
+    def forced_rows(self, rows, limit: int) -> dict:
+        """{row: its forced tokens} for the rows that have any (grammar drafting on), counted."""
+        if not self.drafting:
+            return {}
+        found = {b: f for b in rows if (f := self.forced(b, limit))}
+        self.forced_tokens += sum(len(f) for f in found.values())
+        return found
+
+    @_timed
     def forced(self, b: int, limit: int) -> list[int]:
         """The tokens the grammar allows alone after row b's committed ones (each the only allowed
         token given those before it), at most `limit`: drafts the target accepts with certainty."""

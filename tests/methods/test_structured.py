@@ -78,6 +78,13 @@ def test_outputs_parse_and_end_where_the_grammar_ends(engine):
     obj = json.loads(r.text)
     assert set(obj) == {"id", "tag", "ok"} and obj["tag"] in ("red", "green", "blue") and isinstance(obj["ok"], bool)
     assert r.stats["grammar_tokens"] > 0  # keys, quotes and enum tails came from the grammar
+    for method in ("sd", "hybrid"):
+        on = engine.generate(PROMPT, max_new_tokens=80, method=method, gamma=3, json_schema=SCHEMA)
+        off = engine.generate(PROMPT, max_new_tokens=80, method=method, gamma=3, json_schema=SCHEMA,
+                              grammar_draft=False)
+        assert on.token_ids == off.token_ids == r.token_ids
+        assert on.stats["grammar_tokens"] > 0 and on.stats["grammar_rounds"] > 0 and off.stats["grammar_tokens"] == 0
+        assert on.stats["target_forwards"] < off.stats["target_forwards"]
     r = engine.generate(PROMPT, max_new_tokens=30, method="sd", gamma=3, choice=["alpha beta", "alpha gamma"])
     assert r.text in ("alpha beta", "alpha gamma")
     r = engine.generate(PROMPT, max_new_tokens=5, json_schema=SCHEMA)  # cut mid-object
