@@ -93,6 +93,18 @@ def ar(target: Path, prompt: str, n: int, threads: int) -> dict:
             "text": proc.stdout}  # the greedy continuation, for token agreement with ours
 
 
+def constrained(target: Path, prompt: str, schema: dict, n: int, threads: int) -> dict:
+    """llama.cpp's structured output: `--json-schema` (its grammar from the schema), greedy, up to EOS
+    (whole replies, as bench/structured.py runs ours). The prompt is already chat-formatted."""
+    proc = run_tool([str(BUILD / "bin" / "llama-completion"), "-m", str(target), "-p", prompt, "-n", str(n),
+                     "-t", str(threads), "--temp", "0", "-no-cnv", "--no-display-prompt", "-j", json.dumps(schema)])
+    text = proc.stdout + proc.stderr
+    m = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs", text.split("prompt eval time")[-1])
+    p = re.search(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", text)
+    return {"new_tokens": int(m.group(2)), "decode_s": float(m.group(1)) / 1e3,
+            "prefill_s": float(p.group(1)) / 1e3 if p else 0.0, "text": proc.stdout.strip()}
+
+
 def speculative(target: Path, draft: Path | None, prompt: str, n: int, threads: int, kind: str,
                 draft_max: int, extra: list[str] = ()) -> dict:
     """extra: more llama-speculative-simple options (e.g. an n-gram drafter's sizes)."""

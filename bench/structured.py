@@ -7,9 +7,11 @@ independent reference), and ours in the engine's default setting, constrained: `
 and `sd` / `hybrid` unconstrained on the same prompts (what the grammar adds). Every constrained
 output is parsed and validated against its schema (jsonschema); ours must equal constrained `ar`
 token for token. The mask time is the host's seconds in the matchers per generated token, and as a
-share of the decode time. llama.cpp's constrained peer is not in this run (docs/design.md).
+share of the decode time. With --llamacpp, llama.cpp (built by bench/llamacpp.py from the
+registry's llama-cpp-python source) runs the same GGUF target with `--json-schema`, its own
+timers giving its decode time (its prefill apart; ours: decode_tokens_per_s for that ratio).
 
-    python bench/structured.py --out bench/results/cpu_structured.json [--prompts 6] [--max-new-tokens 192]
+    python bench/structured.py --out bench/results/cpu_structured.json [--prompts 6] [--max-new-tokens 192] [--llamacpp]
 """
 from __future__ import annotations
 
@@ -71,6 +73,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=len(PROMPTS))
     ap.add_argument("--max-new-tokens", type=int, default=192)
     ap.add_argument("--no-hf", action="store_true", help="leave transformers out (its fp32 1.5B is the slowest)")
+    ap.add_argument("--llamacpp", action="store_true", help="llama.cpp --json-schema on the target's GGUF too "
+                    "(builds it first: ~8 minutes on 2 cores)")
     args = ap.parse_args(argv)
 
     import jsonschema
@@ -113,6 +117,19 @@ def main(argv=None) -> int:
     providers = {p: (lambda m, s, p=p: ours(p, m, s)) for p in OURS + FREE}
     if hf is not None:
         providers["hf+xgrammar"] = reference
+    if args.llamacpp:
+        import llamacpp
+        from specengine.models.fetch import cache_dir
+
+        llamacpp.build()
+        gguf, threads = cache_dir() / "gguf" / f"{DEFAULT_TARGET}.gguf", torch.get_num_threads()
+
+        def llama(messages, schema):
+            text = engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            r = llamacpp.constrained(gguf, text, schema, args.max_new_tokens, threads)
+            return [0] * r["new_tokens"], r["text"], {"llamacpp_decode_s": r["decode_s"], "prefill_s": r["prefill_s"]}
+
+        providers["llama.cpp+json-schema"] = llama
     for run in providers.values():  # warm-up: first-call allocations, the grammar compiler
         run(*prompts[0])
     timed = {p: [] for p in providers}
@@ -135,10 +152,13 @@ def main(argv=None) -> int:
                 except (ValueError, jsonschema.ValidationError):
                     pass
             row["valid_outputs"] = f"{valid}/{len(runs)}"
-            row["same_tokens_as_constrained_ar"] = all(
-                t == a[1] for (_, t, _, _), a in zip(runs, timed["ar"]))
+            if p in OURS:  # the peers run other numerics (fp32 float weights; llama.cpp's kernels)
+                row["same_tokens_as_constrained_ar"] = all(t == a[1] for (_, t, _, _), a in zip(runs, timed["ar"]))
         stats = [s for *_, s in runs if s]
-        if stats:
+        if stats and "llamacpp_decode_s" in stats[0]:  # its own timers: decode apart from prefill and start-up
+            row["decode_tokens_per_s"] = new / sum(s["llamacpp_decode_s"] for s in stats)
+            row["note"] = "wall time includes llama.cpp's process start and model load per prompt"
+        elif stats:
             decode_s = sum(w - s["prefill_s"] for (w, *_), s in zip(runs, stats))
             row["decode_tokens_per_s"] = new / decode_s
             row["tokens_per_target_forward"] = new / max(sum(s["target_forwards"] for s in stats), 1)
@@ -149,13 +169,16 @@ def main(argv=None) -> int:
                 row["grammar_tokens"] = sum(s["grammar_tokens"] for s in stats)
         rows.append(row)
     rate = {r["provider"]: r["tokens_per_s"] for r in rows}
+    dec = {r["provider"]: r.get("decode_tokens_per_s") for r in rows}
     best = max((p for p in OURS if p != "ar"), key=rate.get)
     report = {"benchmark": "structured", "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "greedy": True, "whole_replies": True, "environment": environment(), "results": rows,
               "goals": {"best_constrained": best,
                         "best_constrained_vs_constrained_ar": rate[best] / rate["ar"],
                         "best_constrained_vs_best_unconstrained": rate[best] / max(rate[p] for p in FREE),
-                        **({"constrained_ar_vs_hf_xgrammar": rate["ar"] / rate["hf+xgrammar"]} if hf else {})},
+                        **({"constrained_ar_vs_hf_xgrammar": rate["ar"] / rate["hf+xgrammar"]} if hf else {}),
+                        **({"best_constrained_vs_llamacpp_decode": dec[best] / dec["llama.cpp+json-schema"]}
+                           if args.llamacpp else {})},
               "outputs": {p: [text for _, _, text, _ in runs] for p, runs in timed.items()
                           if p in ("ar", "hf+xgrammar")}}
     save(report, args.out)

@@ -167,11 +167,10 @@ class Pearl(Method):
                     return (*parallel_draft(ctx, self.drafter, state, gamma, drafted_end, gamma + 1), None)
                 return draft_chain(ctx, state, gamma, upto=drafted_end)
 
-        fed = state.tokens.gather(1, state.positions(start - 1, width))  # last committed, then pending
-
         def run_target():
             with timer.phase("target"):
-                return target.verify(fed, attn_len=state.attn_len)
+                return target.verify(state.tokens.gather(1, state.positions(start - 1, width)),
+                                     attn_len=state.attn_len)
 
         (drafts, q, _), logits = overlap(state.tokens.device, ctx.side_stream(), run_draft, run_target)
 
@@ -186,7 +185,8 @@ class Pearl(Method):
         # the sampler wants K+1 logits rows: pad to γ+1 (pre rows read only row 0, bonus withheld)
         def padded(x):
             return torch.cat([x, x[:, -1:].expand(B, gamma + 1 - x.shape[1], x.shape[2])], 1)
-        scored = state.constrain(logits, fed[:, 1:])
+        scored = logits if state.constraints is None else \
+            state.constrain(logits, state.tokens.gather(1, state.positions(start, width - 1)))  # after the pending
         out, n_acc = ctx.ops.rejection_sample(padded(filter_logits(scored, state.params)), proposal, q_all, num_draft,
                                  state.temperature, state.seed, state.offset)
         if state.logprobs is not None:  # post rows' pending drafts and pre rows' d1 alike: this verify's rows
