@@ -97,11 +97,15 @@ class Compiler:
             import xgrammar as xgr
         except ImportError as e:
             raise SpecEngineError("structured output needs xgrammar: pip install 'specengine[structured]'") from e
-        self.xgr, self.vocab_size = xgr, vocab_size
+        self.xgr, self.vocab_size, self.tokenizer = xgr, vocab_size, tokenizer
         self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                        stop_token_ids=sorted(stop_ids) or None)
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=1)
         self._compiled = {}
+
+    def encode(self, text: str) -> list[int]:
+        """A forced text's tokens as the tokenizer writes it (grammar drafting's proposals)."""
+        return self.tokenizer(text, add_special_tokens=False).input_ids
 
     def compile(self, c: Constraint):
         key = (c.kind, c.source)

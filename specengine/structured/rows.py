@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import time
 
+import numpy as np
 import torch
 
 from ..errors import SpecEngineError
@@ -171,10 +172,7 @@ class RowConstraints:
         return self._apply(logits, masks)
 
     def _apply(self, logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
-        B, W, V = logits.shape
-        out = logits.float().reshape(B * W, V).clone()
-        self.xgr.apply_token_bitmask_inplace(out, masks.to(out.device, non_blocking=True), vocab_size=self.V)
-        return out.reshape(B, W, V)
+        return apply_masks(self.xgr, logits, masks, self.V)
 
     # ---------------------------------------------------------------- grammar drafting
     def forced_rows(self, rows, limit: int) -> dict:
@@ -187,20 +185,33 @@ class RowConstraints:
 
     @_timed
     def forced(self, b: int, limit: int) -> list[int]:
-        """The tokens the grammar allows alone after row b's committed ones (each the only allowed
-        token given those before it), at most `limit`: drafts the target accepts with certainty."""
+        """Tokens for the text the grammar forces after row b's committed ones, at most `limit`:
+        xgrammar's jump-forward string (a key, the rest of an enum value, separators), tokenized
+        as the tokenizer writes it, and single allowed tokens (an EOS where the grammar must end).
+        Drafts the target accepts unless it spells that text with other tokens."""
         m, out = self.matchers[b], []
         if m is None or self.status[b] is not None:
             return out
         row = self._next[b: b + 1].clone()
-        while len(out) < limit:
+        while len(out) < limit and not m.is_terminated():
+            text = m.find_jump_forward_string()
+            ids = self.compiler.encode(text)[: limit - len(out)] if text else []
+            took = 0
+            for t in ids:
+                if not m.accept_token(t):
+                    break
+                out.append(t)
+                took += 1
+                if m.is_terminated():
+                    break
+            if took:
+                continue
+            if len(out) > 0:  # the mask after tokens the walk accepted; the row's own otherwise
+                m.fill_next_token_bitmask(row, 0)
             t = _single(row[0])
             if t is None or not m.accept_token(t):
                 break
             out.append(t)
-            if m.is_terminated():
-                break
-            m.fill_next_token_bitmask(row, 0)
         if out:
             m.rollback(len(out))
         return out
@@ -214,3 +225,24 @@ def _single(words: torch.Tensor) -> int | None:
     w = int(nz[0, 0])
     v = int(words[w]) & 0xFFFFFFFF
     return 32 * w + v.bit_length() - 1 if v & (v - 1) == 0 else None
+
+
+def apply_masks(xgr, logits: torch.Tensor, masks: torch.Tensor, V: int, path: str = "auto") -> torch.Tensor:
+    """logits [B,W,V] with the tokens each bitmask row [B*W, ceil(V/32)] refuses at -inf (a copy).
+    Two ways, the same result (tests compare them): where most tokens are refused (JSON's
+    structure) the allowed ones are kept from the unpacked bits ("sparse": ~110 us a row of the
+    Qwen2.5 vocabulary on a 2-core EPYC Zen 4, xgrammar's CPU kernel ~600 us there); where most
+    are allowed (inside a string) xgrammar's kernel writes the few refused ones ("dense": ~45 us)."""
+    B, W, _ = logits.shape
+    flat = logits.float().reshape(B * W, -1)
+    host = masks.numpy()
+    if path == "sparse" or (path == "auto" and 2 * np.count_nonzero(host) < host.size):
+        bits = np.unpackbits(host.view(np.uint8), axis=-1, bitorder="little")[:, :V].view(bool)
+        out = torch.where(torch.from_numpy(bits).to(flat.device, non_blocking=True), flat[:, :V],
+                          torch.tensor(float("-inf"), device=flat.device))
+        if flat.shape[1] > V:  # logits wider than the grammar's vocabulary: the rest refused too
+            out = torch.cat([out, torch.full_like(flat[:, V:], float("-inf"))], 1)
+    else:
+        out = flat.clone()
+        xgr.apply_token_bitmask_inplace(out, masks.to(out.device, non_blocking=True), vocab_size=V)
+    return out.reshape(logits.shape)
