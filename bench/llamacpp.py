@@ -102,7 +102,7 @@ def constrained(target: Path, prompt: str, schema: dict, n: int, threads: int) -
     m = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs", text.split("prompt eval time")[-1])
     p = re.search(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", text)
     return {"new_tokens": int(m.group(2)), "decode_s": float(m.group(1)) / 1e3,
-            "prefill_s": float(p.group(1)) / 1e3 if p else 0.0, "text": proc.stdout.strip()}
+            "prefill_s": float(p.group(1)) / 1e3 if p else 0.0, "text": proc.stdout.replace("[end of text]", "").strip()}
 
 
 def speculative(target: Path, draft: Path | None, prompt: str, n: int, threads: int, kind: str,

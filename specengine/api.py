@@ -30,6 +30,7 @@ from .runtime.runner import ModelRunner
 from .encoding import check_capacity, encode
 from .request import RequestParams
 from .structured.constraint import Compiler
+from .methods.suffix_cache import SuffixCaches
 from .runtime.step_costs import measure_step_costs
 
 
@@ -77,6 +78,7 @@ class Engine:
         self._heads = {}  # mode -> AcceptanceHead, loaded on first use
         self._drafter = None
         self._step_costs = {}  # batch -> StepCosts, measured on first need (sd gamma="auto", pearl)
+        self.suffix_caches = SuffixCaches(cfg.suffix_cache_tokens)  # suffix decoding's memory, per key
         self._acceptance = {}  # decoding mode -> the draft's acceptance rate the last call learned (γ auto)
         self._side_stream = None
         self._replay = None  # a benchmark's acceptance replay (specengine/replay); never set otherwise
@@ -92,7 +94,8 @@ class Engine:
     def from_pretrained(cls, target: str, draft: str | None = None, config: EngineConfig | None = None,
                         **options) -> "Engine":
         """Load target (and draft) from a registry name, HF directory, hub-cache id or .gguf;
-        draft="ngram": no draft model, n-gram drafting from the row's own text (method "ngram").
+        draft="ngram": no draft model, n-gram drafting from the row's own text (method "ngram");
+        draft="suffix": the same and from the engine's earlier responses (method "suffix").
 
         dtype="auto": bfloat16 on CUDA; on a CPU, each model's dtype (float32 or bfloat16) for
         its role: the pair that maximizes the engine's method's expected tokens/s, from the
@@ -104,8 +107,8 @@ class Engine:
         is the Engine's (EngineConfig).
         """
         cfg = (config or EngineConfig()).replace(**options)
-        if draft == "ngram":  # model-free drafting: no draft model, the method proposes from the text
-            draft, cfg = None, cfg.replace(method=cfg.method or "ngram")
+        if draft in ("ngram", "suffix"):  # model-free drafting: no draft model, the method proposes from text
+            draft, cfg = None, cfg.replace(method=cfg.method or draft)
         tmodel, tpath, dmodel, choice = load_pair(target, draft, cfg)
         tokenizer = load_tokenizer(tpath)
         if dmodel is not None:  # its ids must mean the target's (sizes alone prove nothing)
@@ -196,7 +199,7 @@ class Engine:
         prompt = [[0, 0]] * batch if batch > 1 else [0, 0]
         methods = ("sd", "hybrid", "pearl", "ngram") if self.draft is not None else ("ngram",)
         for method in methods:  # each measures (once per engine and batch) what its first call would
-            self.generate(prompt, max_new_tokens=2, ignore_eos=True, method=method, gamma="auto")
+            self.generate(prompt, max_new_tokens=2, ignore_eos=True, method=method, gamma="auto", suffix_cache=False)
         # what those calls learned of acceptance comes from a junk prompt: a first request that
         # recalled it started with plain rounds (0.77x the next call of `sd` on the real pair)
         self._acceptance.clear()
@@ -258,7 +261,7 @@ class Engine:
         return MethodContext(self.target, self.draft, self.device, self.ops, step_costs=self.step_costs,
                              acceptance_head=replay.acceptance_head if replay else self.acceptance_head,
                              parallel_drafter=self.parallel_drafter, side_stream=self.side_stream,
-                             acceptance=self._acceptance, replay=replay)
+                             acceptance=self._acceptance, replay=replay, suffix_caches=self.suffix_caches)
 
     # ------------------------------------------------------------------ helpers
     def _say_better_dtypes(self, method: str) -> None:
@@ -324,7 +327,7 @@ class Engine:
         return Generation(self, prompts, sampling, request.max_new_tokens, chosen, eos, stops, spec,
                           bool(request.prompt_logprobs), overlap=self.overlap_rounds,
                           constraints=None if constraint is None else [constraint] * len(prompts),
-                          grammar_draft=request.grammar_draft), batched
+                          grammar_draft=request.grammar_draft, cache_key="" if request.suffix_cache else None), batched
 
     @functools.cached_property
     def grammar_compiler(self) -> Compiler:

@@ -75,6 +75,8 @@ class EngineConfig:
     ngram_max: int = option(3, "ngram: the longest suffix matched against the row's own text (transformers' "
                             "max_matching_ngram_size)")
     ngram_min: int = option(1, "ngram: the shortest suffix that counts as a match")
+    suffix_cache_tokens: int = option(100_000, "suffix decoding: tokens of earlier responses remembered per key (API "
+                                      "key on the server), oldest evicted first")
     draft_vocab: int | str = option(
         "auto", "the draft's LM head over only this many of the most frequent tokens (FR-Spec: a cheaper draft "
         "step; outputs unchanged, the draft just never proposes the rest): auto (65536 where a shipped frequency "

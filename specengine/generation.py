@@ -12,20 +12,21 @@ from __future__ import annotations
 import dataclasses
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from .counters import Counters
 from .kernels.rng import row_seeds
-from .detokenize import IncrementalDetokenizer, find_stop, partial_stop
+from .detokenize import IncrementalDetokenizer, find_stop
 from .errors import SpecEngineError
 from .methods.base import Method
-from .methods.logprobs import LogprobSpec, TokenLogprob, entries, token_logprobs
+from .methods.logprobs import LogprobSpec, entries, token_logprobs
 from .methods.sampling import SamplingParams
 from .methods.state import DecodeState
 from .runtime.graphs import padded_width
+from .row_state import RowState
 from .runtime.runner import ModelRunner
 from .structured.rows import RowConstraints
 from .timing import PhaseTimer
@@ -47,30 +48,6 @@ def headroom(method: Method, target) -> int:
 
 
 @dataclass
-class RowState:
-    prompt_len: int
-    max_new: int  # this row's limits: the call's, or its own request's (serving core)
-    stops: list[str]
-    stop_ids: set[int]
-    ids: list[int] = field(default_factory=list)  # generated ids (kept ones)
-    finish_reason: str | None = None
-    stop_text_end: int | None = None  # where a stop string starts in the text, if one hit
-    detok: IncrementalDetokenizer | None = None  # the row's text, kept when stops or streaming need it
-    logprobs: list[TokenLogprob] | None = None  # per kept id, when the call asked for them
-    prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (the first has none)
-
-    def visible_text(self) -> str:
-        """The text a stream may show now: cut at a stop string that hit; while the row runs,
-        a tail that may be the start of a stop string (and split UTF-8) is held back."""
-        text = self.detok.text if self.detok is not None else ""
-        if self.stop_text_end is not None:
-            return text[: self.stop_text_end]
-        if self.finish_reason is None:
-            return text[: len(text) - partial_stop(text, self.stops)]
-        return text
-
-
-@dataclass
 class _Launched:
     """A round queued on the device, not yet read: its outputs and the host's copy of them."""
     out: object  # the method's RoundOutput (device tensors)
@@ -86,7 +63,7 @@ class Generation:
     def __init__(self, engine, prompts: list[list[int]], params: SamplingParams, max_new_tokens: int,
                  method: Method, stop_ids: set[int], stop_strings: list[str], logprobs: LogprobSpec | None = None,
                  prompt_logprobs: bool = False, overlap: bool = False, constraints: list | None = None,
-                 grammar_draft: bool = True):
+                 grammar_draft: bool = True, cache_key: str | None = ""):
         self.engine, self.params, self.method = engine, params, method
         # launch round k+1 before reading round k while the method's rounds commit one token per
         # live row and read nothing the host learns from the last one (ar always; sd γ auto's plain
@@ -98,7 +75,7 @@ class Generation:
         self.logprobs, self.want_prompt_logprobs = logprobs, prompt_logprobs
         self.track_text = bool(stop_strings)  # stream() turns it on too
         self.prompts = [list(p) for p in prompts]  # per row (admit replaces one): n-gram drafting reads them
-        self.rows = [RowState(len(p), max_new_tokens, stop_strings, stop_ids) for p in prompts]
+        self.rows = [RowState(len(p), max_new_tokens, stop_strings, stop_ids, cache_key=cache_key) for p in prompts]
         for row in self.rows if logprobs is not None else ():
             row.logprobs = []
         self.counters = Counters()
@@ -269,7 +246,7 @@ class Generation:
 
     def admit(self, slot: int, prompt: list[int], seed: int, max_new: int, stops: list[str],
               stop_ids: set[int], logprobs: bool = False, prompt_logprobs: bool = False, reuse: int = 0,
-              constraint=None) -> int:
+              constraint=None, cache_key: str | None = "") -> int:
         """Put a new request into a free row (continuous batching, serve/core.py): its prompt is
         prefilled into that row of every cache while the other rows keep their state. logprobs:
         the row collects its tokens' log-probabilities (under `self.logprobs`, which the caller
@@ -292,7 +269,7 @@ class Generation:
         state.seed[slot] = seed  # the request's own stream: its tokens are those of decoding it alone
         state.offset[slot] = 0
         self.rows[slot] = RowState(n, max_new, stops, stop_ids, logprobs=[] if logprobs else None,
-                                   prompt_logprobs=[None] if prompt_logprobs else None)
+                                   prompt_logprobs=[None] if prompt_logprobs else None, cache_key=cache_key)
         self.prompts[slot] = list(prompt)
         for runner, start in zip(runners, starts):
             every = prompt_logprobs and runner is self.engine.target and n > 1
@@ -344,6 +321,9 @@ class Generation:
         self.method.see_tokens([committed[b] if was_active[b] else [] for b in range(len(self.rows))])
         self.method.after_round([n_acc[b] for b in active], [num_draft[b] for b in active])
         now_active = [r.finish_reason is None for r in self.rows]
+        for b in range(len(self.rows)) if now_active != was_active else ():
+            if was_active[b] and not now_active[b]:  # suffix decoding's memory: what finished rows wrote
+                self.engine.suffix_caches.remember(self.rows[b].cache_key, self.rows[b].ids)
         if now_active != was_active:
             self.state.active.copy_(torch.tensor(now_active))
         return kept_all

@@ -3,12 +3,13 @@ steps they share (steps.py), sampling, token trees and draft-length policies; a 
 only its MethodContext, never the Engine (docs/design.md, "Methods")."""
 from .ar import AutoRegressive
 from .base import Method
-from .ngram import HybridDecoding, NgramDecoding
+from .ngram import HybridDecoding, HybridSuffixDecoding, NgramDecoding, SuffixDecoding
 from .parallelspec import ParallelSpec
 from .pearl import Pearl
 from .sd import SpeculativeDecoding
 
 METHODS: dict[str, type[Method]] = {m.name: m for m in (AutoRegressive, SpeculativeDecoding, Pearl, ParallelSpec,
-                                                          NgramDecoding, HybridDecoding)}
+                                                          NgramDecoding, HybridDecoding, SuffixDecoding,
+                                                          HybridSuffixDecoding)}
 
 __all__ = ["METHODS", "Method"]

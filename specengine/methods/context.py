@@ -47,6 +47,7 @@ class MethodContext:
     side_stream: Callable = lambda: None  # noqa: E731 - no second stream unless on CUDA
     acceptance: dict = field(default_factory=dict)
     replay: object = None  # a benchmark's acceptance replay (specengine/replay), never set otherwise
+    suffix_caches: object = None  # suffix decoding: earlier responses per key (methods/suffix_cache.py)
 
     @staticmethod
     def decoding_mode(generation) -> str:

@@ -40,6 +40,7 @@ from .context import MethodContext
 from .policies import expected_tokens, make_policy
 from .state import DecodeState, RoundOutput
 from .steps import PlainStep, chain_round, grammar_drafts, to_device, verify_proposals, verify_tree_and_commit
+from .suffix_cache import SuffixIndex
 from .token_tree import TokenTree
 
 MIN_TIMED_PREFILL = 16  # prompt tokens below which the driver's prefill time is mostly overhead, not a rate
@@ -54,6 +55,7 @@ class NgramDecoding(Method):
     name = "ngram"
     needs_draft = False  # a loaded draft model sits this method out
     takes_tree = True
+    uses_cache = False  # suffix decoding: proposals from the engine's earlier responses too
 
     def __init__(self, gamma=None, policy=None, threshold=None, tree=None, defaults=None):
         super().__init__(threshold=threshold, tree=tree)
@@ -82,6 +84,7 @@ class NgramDecoding(Method):
         self.n_host: list[int] = []  # per row: its committed length (prompt + what the syncs read)
         self.prefill_token_s: float | None = None  # the target's measured prefill seconds per prompt token
         self.primes = 0  # deferred draft prefills run
+        self.caches = None  # suffix decoding: the engine's SuffixCaches (methods/suffix_cache.py)
 
     @property
     def defers_draft_prefill(self) -> bool:
@@ -97,6 +100,7 @@ class NgramDecoding(Method):
         super().begin(ctx, generation)
         self.generation = generation
         self.hybrid = self.needs_draft  # `hybrid`: the engine has a draft (checked before the call)
+        self.caches = ctx.suffix_caches if self.uses_cache else None
         self.saved = 0.0
         self.start_rows(generation.prompts, [row.max_new for row in generation.rows], generation.prefill_s)
         if self.policy.needs_costs or (self.hybrid and self.draft_policy.needs_costs):
@@ -121,6 +125,9 @@ class NgramDecoding(Method):
 
     def _start_row(self, b: int, prompt: list[int], max_new: int) -> None:
         self.index[b] = NgramIndex(prompt, *self.sizes)
+        key = self.generation.rows[b].cache_key
+        if self.caches is not None and key is not None:  # suffix decoding: earlier responses under this key too
+            self.index[b] = SuffixIndex(self.index[b], self.caches.get(key))
         self.gap[b] = 1  # after a prefill the draft holds all but the last token
         self.primed[b] = not self.defers_draft_prefill  # else its prefill waits until it pays
         self.n_host[b] = self.start[b] = len(prompt)
@@ -153,8 +160,7 @@ class NgramDecoding(Method):
         elif self.by_match:
             found = {b: hit for b in live if (hit := self.index[b].lookup()) is not None}
             gammas = self.policy.choose({b: m for b, (_, m) in found.items()})
-            toks = self.index
-            found = {b: (toks[b].tokens[s: s + gammas[b]], None) for b, (s, _) in found.items() if b in gammas}
+            found = {b: (self.index[b].continuation(s, gammas[b]), None) for b, (s, _) in found.items() if b in gammas}
         else:
             g = self.policy.gamma
             found = {b: (self.index[b].propose(g), None) for b in live} if g else {}
@@ -319,3 +325,17 @@ class HybridDecoding(NgramDecoding):
     name = "hybrid"
     needs_draft = True
     takes_tree = False
+
+
+class SuffixDecoding(NgramDecoding):
+    """`suffix`: n-gram drafting from the row's own text and from what the engine's earlier
+    responses wrote (SuffixCache: suffix decoding across requests), whichever matches longer."""
+    name = "suffix"
+    uses_cache = True
+
+
+class HybridSuffixDecoding(HybridDecoding):
+    """`hybrid` with suffix decoding's memory: the cache's proposals where they match, the draft
+    model's chain elsewhere."""
+    name = "hybrid-suffix"
+    uses_cache = True

@@ -66,6 +66,10 @@ class NgramIndex:
         _, starts = self.occurrences()
         return self.tokens[starts[-1]: starts[-1] + gamma] if starts else []
 
+    def continuation(self, start: int, gamma: int) -> list[int]:
+        """Up to γ tokens of the row's text from `start` (a lookup's continuation start)."""
+        return self.tokens[start: start + gamma]
+
     def lookup(self) -> tuple[int, int] | None:
         """(continuation start, match length) of the best earlier occurrence; None without one."""
         _, starts = self.occurrences()
@@ -86,31 +90,38 @@ class NgramIndex:
         indices with 0 = the root (the last committed token) and nodes numbered from 1; at most
         `topk` children per node, `depth` levels. Empty when nothing matches."""
         _, starts = self.occurrences()
-        trie = {}  # (parent id, token) -> node id
-        nodes = []  # [token, parent, depth, count, most recent start]
-        for s in starts[-MAX_OCCURRENCES:]:
-            parent = 0
-            for d, tok in enumerate(self.tokens[s: s + depth]):
-                node = trie.get((parent, tok))
-                if node is None:
-                    node = trie[(parent, tok)] = len(nodes) + 1
-                    nodes.append([tok, parent, d + 1, 0, s])
-                nodes[node - 1][3] += 1
-                nodes[node - 1][4] = s
-                parent = node
-        # most occurrences first, then shallower (a child never outnumbers its parent), then most recent
-        order = sorted(range(1, len(nodes) + 1), key=lambda i: (-nodes[i - 1][3], nodes[i - 1][2], -nodes[i - 1][4]))
-        kept, children = {0}, {}
-        picked = []
-        for i in order:
-            if len(picked) == budget:
-                break
-            p = nodes[i - 1][1]
-            if p in kept and children.get(p, 0) < topk:
-                kept.add(i)
-                children[p] = children.get(p, 0) + 1
-                picked.append(i)
-        rank = {i: j for j, i in enumerate(picked)}
-        picked.sort(key=lambda i: (nodes[i - 1][2], rank[i]))  # depth-major: parents first
-        new_id = {0: 0, **{old: j + 1 for j, old in enumerate(picked)}}
-        return [nodes[i - 1][0] for i in picked], [new_id[nodes[i - 1][1]] for i in picked]
+        return tree_of([(s, self.tokens[s: s + depth]) for s in starts[-MAX_OCCURRENCES:]], topk, budget)
+
+
+def tree_of(continuations: list[tuple[int, list[int]]], topk: int, budget: int) -> tuple[list[int], list[int]]:
+    """Continuations (recency, tokens) merged into a trie, nodes ranked by how many continuations
+    pass through them, then shallower, then most recent; the `budget` best kept, at most `topk`
+    children a node, closed under ancestors; (tokens, parents) depth-major, 0 = the root."""
+    trie = {}  # (parent id, token) -> node id
+    nodes = []  # [token, parent, depth, count, most recent]
+    for recency, toks in continuations:
+        parent = 0
+        for d, tok in enumerate(toks):
+            node = trie.get((parent, tok))
+            if node is None:
+                node = trie[(parent, tok)] = len(nodes) + 1
+                nodes.append([tok, parent, d + 1, 0, recency])
+            nodes[node - 1][3] += 1
+            nodes[node - 1][4] = recency
+            parent = node
+    # most occurrences first, then shallower (a child never outnumbers its parent), then most recent
+    order = sorted(range(1, len(nodes) + 1), key=lambda i: (-nodes[i - 1][3], nodes[i - 1][2], -nodes[i - 1][4]))
+    kept, children = {0}, {}
+    picked = []
+    for i in order:
+        if len(picked) == budget:
+            break
+        p = nodes[i - 1][1]
+        if p in kept and children.get(p, 0) < topk:
+            kept.add(i)
+            children[p] = children.get(p, 0) + 1
+            picked.append(i)
+    rank = {i: j for j, i in enumerate(picked)}
+    picked.sort(key=lambda i: (nodes[i - 1][2], rank[i]))  # depth-major: parents first
+    new_id = {0: 0, **{old: j + 1 for j, old in enumerate(picked)}}
+    return [nodes[i - 1][0] for i in picked], [new_id[nodes[i - 1][1]] for i in picked]

@@ -1,0 +1,161 @@
+"""Suffix decoding's memory across requests (Arctic Inference's SuffixDecoding, arXiv 2411.04975,
+learned from, not copied): what earlier responses wrote, searched for the current text's suffix.
+
+`SuffixCache` keeps recent responses (each whole, oldest evicted first, at most `max_tokens`
+tokens in all) concatenated with a separator, and for every n in `sizes` where each n-gram of
+them ended, as `NgramIndex` does for one row (methods/ngram_index.py). A lookup takes the
+longest suffix of a row's text (n from the largest size down) that an earlier response holds,
+and proposes what followed it: a chain from the most recent occurrence, or a tree of the
+continuations of its recent occurrences ranked by how many pass through each node (the
+frequency Arctic's tree is built from). Host work per committed token is O(len(sizes)) dict
+updates, and a lookup O(len(sizes)) dict reads plus the proposal it returns: no walk of a tree
+node by node per token.
+
+Memory is bounded: `max_tokens` tokens and at most `max_tokens * len(sizes)` index entries
+(`entries`), evicted stale entries dropped by a rebuild once they are half the index.
+Proposals are deterministic functions of the cache and the row's text, verified as one-hot
+drafts: lossless as every n-gram proposal is.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from ..errors import SpecEngineError
+from .ngram_index import MAX_OCCURRENCES, tree_of
+
+SEP = -1  # between responses: no match runs across two of them
+
+
+class SuffixCache:
+    def __init__(self, max_tokens: int = 100_000, sizes: tuple[int, ...] = (8, 4, 2)):
+        self.max_tokens, self.sizes = max_tokens, tuple(sorted(set(sizes), reverse=True))
+        self.tokens: list[int] = []  # tokens[i] is absolute position base + i
+        self.base = 0
+        self.spans: deque = deque()  # (absolute start, end) of each response held, oldest first
+        self.ends = {n: {} for n in self.sizes}  # n -> {n-gram: [absolute continuation starts]}
+        self.entries = 0  # index entries held (stale ones included until a rebuild)
+
+    def __len__(self) -> int:
+        return sum(e - s for s, e in self.spans)
+
+    def add(self, response: list[int]) -> None:
+        """Remember one finished response (the oldest ones go when the cache is full)."""
+        response = [int(t) for t in response][-self.max_tokens:]
+        if len(response) < 2:
+            return
+        start = self.base + len(self.tokens)
+        self.tokens.extend(response)
+        self.tokens.append(SEP)
+        self.spans.append((start, start + len(response)))
+        self._index(start, start + len(response))
+        while len(self) > self.max_tokens:
+            self.spans.popleft()
+        if self.spans and self.spans[0][0] > self.base and 2 * (self.spans[0][0] - self.base) > len(self.tokens):
+            self._rebuild()
+
+    def _index(self, start: int, end: int) -> None:
+        toks, base = self.tokens, self.base
+        for n, table in self.ends.items():
+            for j in range(start + n, end + 1):  # the n-gram ending before j; its continuation starts at j
+                table.setdefault(tuple(toks[j - n - base: j - base]), []).append(j)
+                self.entries += 1
+
+    def _rebuild(self) -> None:
+        """Drop evicted responses' tokens and index entries (amortized: at most once per half)."""
+        first = self.spans[0][0]
+        self.tokens = self.tokens[first - self.base:]
+        self.base = first
+        self.ends, self.entries = {n: {} for n in self.sizes}, 0
+        for s, e in self.spans:
+            self._index(s, e)
+
+    def occurrences(self, text: list[int]) -> tuple[int, list[int]]:
+        """(n, the absolute starts of the continuations of the longest suffix of `text` that a held
+        response contains, oldest first); (0, []) when none does."""
+        live = self.spans[0][0] if self.spans else self.base + len(self.tokens)
+        for n, table in self.ends.items():
+            if len(text) >= n:
+                starts = [s for s in table.get(tuple(text[-n:]), ()) if s >= live]
+                if starts:
+                    return n, starts
+        return 0, []
+
+    def continuation(self, start: int, gamma: int) -> list[int]:
+        """Up to γ tokens from absolute `start`, ending at its response's end."""
+        out = self.tokens[start - self.base: start - self.base + gamma]
+        return out[: out.index(SEP)] if SEP in out else out
+
+    def propose(self, text: list[int], gamma: int) -> tuple[int, list[int]]:
+        """(match length, up to γ tokens that followed the most recent occurrence)."""
+        n, starts = self.occurrences(text)
+        return (n, self.continuation(starts[-1], gamma)) if starts else (0, [])
+
+    def propose_tree(self, text: list[int], topk: int, depth: int, budget: int) -> tuple[list[int], list[int]]:
+        """(tokens, parents) of up to `budget` nodes, as NgramIndex.propose_tree: continuations of the
+        recent occurrences merged into a trie, most-travelled nodes first, closed under ancestors."""
+        _, starts = self.occurrences(text)
+        return tree_of([(s, self.continuation(s, depth)) for s in starts[-MAX_OCCURRENCES:]], topk, budget)
+
+
+class SuffixIndex:
+    """One row's drafting source for `suffix`: its own text (NgramIndex) and the engine's
+    SuffixCache of earlier responses; each lookup takes whichever matches the longer suffix (the
+    row's own on a tie). Same interface as NgramIndex, so NgramDecoding plans with either."""
+
+    def __init__(self, row, cache: SuffixCache):
+        self.row, self.cache = row, cache
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.row.tokens
+
+    def extend(self, new: list[int]) -> None:
+        self.row.extend(new)
+
+    def lookup(self):
+        """((source, start), match length) or None: the row's best occurrence or the cache's."""
+        own = self.row.lookup()
+        n, starts = self.cache.occurrences(self.row.tokens)
+        if starts and (own is None or n > own[1]):
+            return ("cache", starts[-1]), n
+        return None if own is None else (("row", own[0]), own[1])
+
+    def continuation(self, handle, gamma: int) -> list[int]:
+        source, start = handle
+        return (self.cache if source == "cache" else self.row).continuation(start, gamma)
+
+    def propose(self, gamma: int) -> list[int]:
+        hit = self.lookup()
+        return [] if hit is None else self.continuation(hit[0], gamma)
+
+    def propose_tree(self, topk: int, depth: int, budget: int) -> tuple[list[int], list[int]]:
+        own_n, _ = self.row.occurrences()
+        n, _ = self.cache.occurrences(self.row.tokens)
+        if n > own_n:
+            return self.cache.propose_tree(self.row.tokens, topk, depth, budget)
+        return self.row.propose_tree(topk, depth, budget)
+
+
+class SuffixCaches:
+    """One SuffixCache per key (the server's API key; "" for the Python API), so that one user's
+    text is never proposed to another's requests; each bounded by `max_tokens`, at most
+    `max_keys` keys (the least recently used dropped)."""
+
+    def __init__(self, max_tokens: int = 100_000, max_keys: int = 64):
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+            raise SpecEngineError(f"suffix_cache_tokens must be an integer >= 0 (0: remember nothing), got "
+                                  f"{max_tokens!r}", "suffix_cache_tokens")
+        self.max_tokens, self.max_keys = max_tokens, max_keys
+        self.caches: dict[str, SuffixCache] = {}
+
+    def get(self, key: str) -> SuffixCache:
+        cache = self.caches.pop(key, None) or SuffixCache(max(self.max_tokens, 1))
+        self.caches[key] = cache  # most recently used last
+        while len(self.caches) > self.max_keys:
+            self.caches.pop(next(iter(self.caches)))
+        return cache
+
+    def remember(self, key: str | None, response: list[int]) -> None:
+        """A finished response under `key` (None: the request opted out)."""
+        if key is not None and self.max_tokens > 0:
+            self.get(key).add(response)
