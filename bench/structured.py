@@ -175,6 +175,7 @@ def main(argv=None) -> int:
               "greedy": True, "whole_replies": True, "environment": environment(), "results": rows,
               "goals": {"best_constrained": best,
                         "best_constrained_vs_constrained_ar": rate[best] / rate["ar"],
+                        "best_constrained_vs_constrained_ar_decode": dec[best] / dec["ar"],  # prefill apart
                         "best_constrained_vs_best_unconstrained": rate[best] / max(rate[p] for p in FREE),
                         **({"constrained_ar_vs_hf_xgrammar": rate["ar"] / rate["hf+xgrammar"]} if hf else {}),
                         **({"best_constrained_vs_llamacpp_decode": dec[best] / dec["llama.cpp+json-schema"]}

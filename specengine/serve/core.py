@@ -76,6 +76,7 @@ class _Request:
     prompt_sent: bool = False
     cached: int = 0  # prompt positions reused from the row's previous occupant
     constraint: object = None  # the output constraint (structured.Constraint), compiled in prepare
+    cache_key: str | None = ""  # suffix decoding's memory it reads and joins (None: opted out)
 
     @property
     def klass(self):
@@ -115,18 +116,21 @@ class EngineCore:
         self._held: dict[int, list[int]] = {}  # free row -> the tokens its caches may hold; oldest first
 
     # ------------------------------------------------------------------ requests
-    def add_request(self, prompt, params: RequestParams | None = None, request_id: str | None = None) -> str:
+    def add_request(self, prompt, params: RequestParams | None = None, request_id: str | None = None,
+                    cache_key: str = "") -> str:
         """Queue a request (a string, token ids or chat messages); raises SpecEngineError on bad
-        input and Overloaded when the waiting queue is full."""
+        input and Overloaded when the waiting queue is full. cache_key: whose earlier responses
+        suffix decoding may propose to it, and whose it joins (an embedder's user or tenant;
+        requests under other keys never see them)."""
         if len(self.waiting) >= self.max_waiting:
             raise self.overloaded()
-        req = self.prepare(prompt, params, request_id or f"req-{next(self._ids)}")
+        req = self.prepare(prompt, params, request_id or f"req-{next(self._ids)}", cache_key)
         if req.rid in self.running or any(r.rid == req.rid for r in self.waiting):
             raise SpecEngineError(f"request id {req.rid!r} is already in use")
         self.waiting.append(req)
         return req.rid
 
-    def prepare(self, prompt, params: RequestParams | None, request_id: str) -> _Request:
+    def prepare(self, prompt, params: RequestParams | None, request_id: str, cache_key: str = "") -> _Request:
         """Validate and tokenize a request without touching the core's state (any thread)."""
         params = params or RequestParams()
         own = [k for k, v in params.method_options().items() if v is not None]
@@ -145,7 +149,8 @@ class EngineCore:
         constraint = params.constraint()
         if constraint is not None:  # a schema that does not compile: this request's error, now
             self.engine.grammar_compiler.compile(constraint)
-        return _Request(request_id, prompts[0], params, sampling, stops, spec, constraint=constraint)
+        return _Request(request_id, prompts[0], params, sampling, stops, spec, constraint=constraint,
+                        cache_key=cache_key if params.suffix_cache else None)
 
     def overloaded(self) -> Overloaded:
         return Overloaded(f"server overloaded: {len(self.waiting)} requests waiting (max_waiting="
@@ -232,7 +237,7 @@ class EngineCore:
                 req.cached = self.gen.admit(slot, req.prompt, req.sampling.seed, req.params.max_new_tokens, req.stops,
                                             set() if req.params.ignore_eos else self.engine.eos_ids,
                                             req.spec is not None, bool(req.params.prompt_logprobs), reuse,
-                                            constraint=req.constraint)
+                                            constraint=req.constraint, cache_key=req.cache_key)
             except Exception as e:  # noqa: BLE001 - this request fails alone
                 if self.gen is not None and slot is not None:
                     self.gen.release(slot, "error")
