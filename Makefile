@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: gpu-run trace gpu-check install demo test test-fast bench bench-gguf bench-structured bench-ngram bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
+.PHONY: gpu-run trace gpu-check install demo test test-fast bench bench-gguf bench-structured bench-suffix bench-ngram bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
 
 $(STAMP): pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/*.cu csrc/*.cuh csrc/cpu/*.cpp csrc/cpu/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -60,6 +60,9 @@ bench-grid: $(STAMP)
 # Builds llama.cpp from the registry's llama-cpp-python source first (~8 minutes on 2 cores).
 bench-structured: $(STAMP)  # structured output on the real pair: constrained methods, HF + xgrammar, schema validity
 	$(PY) bench/structured.py --out bench/results/cpu_structured.json
+
+bench-suffix: $(STAMP)  # suffix decoding on repeating agent-like sets, real pair, requests in sequence
+	$(PY) bench/suffix.py --out bench/results/cpu_suffix.json
 
 bench-gguf: $(STAMP)
 	$(PY) bench/llamacpp.py build

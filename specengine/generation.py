@@ -153,6 +153,8 @@ class Generation:
         """One round for every active row; the ids each row kept (one host sync). With `overlap`
         the next round is launched before this one is read, so the device never waits for the
         host's reading and bookkeeping (docs/design.md, "Overlapped rounds")."""
+        if self._pending is None and all(r.finish_reason is not None for r in self.rows):
+            return [[] for _ in self.rows]  # every row ended before its first round (a grammar's dead end)
         t0 = time.perf_counter()
         pending = self._pending or self._launch(ahead=0)
         ahead = self.overlap and self.method.one_token_rounds and self._more_after_pending()
@@ -321,7 +323,7 @@ class Generation:
         self.method.see_tokens([committed[b] if was_active[b] else [] for b in range(len(self.rows))])
         self.method.after_round([n_acc[b] for b in active], [num_draft[b] for b in active])
         now_active = [r.finish_reason is None for r in self.rows]
-        for b in range(len(self.rows)) if now_active != was_active else ():
+        for b in range(len(self.rows)) if now_active != was_active and self.method.uses_cache else ():
             if was_active[b] and not now_active[b]:  # suffix decoding's memory: what finished rows wrote
                 self.engine.suffix_caches.remember(self.rows[b].cache_key, self.rows[b].ids)
         if now_active != was_active:

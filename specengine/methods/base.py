@@ -32,6 +32,7 @@ class Method:
     # every round commits exactly one token per live row and uses nothing the host reads of the
     # previous round, so the driver may launch the next round before reading this one (ar)
     one_token_rounds = False
+    uses_cache = False  # suffix decoding: drafts from the engine's earlier responses, and remembers its own
 
     def __init__(self, gamma=None, policy=None, threshold=None, tree=None, defaults=None):
         if threshold is not None and not self.takes_threshold:

@@ -55,7 +55,6 @@ class NgramDecoding(Method):
     name = "ngram"
     needs_draft = False  # a loaded draft model sits this method out
     takes_tree = True
-    uses_cache = False  # suffix decoding: proposals from the engine's earlier responses too
 
     def __init__(self, gamma=None, policy=None, threshold=None, tree=None, defaults=None):
         super().__init__(threshold=threshold, tree=tree)
@@ -125,9 +124,10 @@ class NgramDecoding(Method):
 
     def _start_row(self, b: int, prompt: list[int], max_new: int) -> None:
         self.index[b] = NgramIndex(prompt, *self.sizes)
-        key = self.generation.rows[b].cache_key
-        if self.caches is not None and key is not None:  # suffix decoding: earlier responses under this key too
-            self.index[b] = SuffixIndex(self.index[b], self.caches.get(key))
+        if self.caches is not None:  # suffix decoding: earlier responses under the row's key too (None: opted out)
+            key = self.generation.rows[b].cache_key
+            if key is not None:
+                self.index[b] = SuffixIndex(self.index[b], self.caches.get(key))
         self.gap[b] = 1  # after a prefill the draft holds all but the last token
         self.primed[b] = not self.defers_draft_prefill  # else its prefill waits until it pays
         self.n_host[b] = self.start[b] = len(prompt)

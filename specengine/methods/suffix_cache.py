@@ -34,9 +34,10 @@ class SuffixCache:
         self.spans: deque = deque()  # (absolute start, end) of each response held, oldest first
         self.ends = {n: {} for n in self.sizes}  # n -> {n-gram: [absolute continuation starts]}
         self.entries = 0  # index entries held (stale ones included until a rebuild)
+        self.size = 0  # tokens of the responses held
 
     def __len__(self) -> int:
-        return sum(e - s for s, e in self.spans)
+        return self.size
 
     def add(self, response: list[int]) -> None:
         """Remember one finished response (the oldest ones go when the cache is full)."""
@@ -47,9 +48,11 @@ class SuffixCache:
         self.tokens.extend(response)
         self.tokens.append(SEP)
         self.spans.append((start, start + len(response)))
+        self.size += len(response)
         self._index(start, start + len(response))
-        while len(self) > self.max_tokens:
-            self.spans.popleft()
+        while self.size > self.max_tokens:
+            s, e = self.spans.popleft()
+            self.size -= e - s
         if self.spans and self.spans[0][0] > self.base and 2 * (self.spans[0][0] - self.base) > len(self.tokens):
             self._rebuild()
 

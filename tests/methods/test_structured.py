@@ -166,6 +166,15 @@ def test_a_grammar_the_tokenizer_cannot_write_ends_the_row_with_a_reason(engine)
     before any token, never with a garbage one."""
     r = engine.generate(PROMPT, max_new_tokens=8, regex="Z+")
     assert r.token_ids == [] and r.finish_reason == "constraint_dead_end"
+    from specengine.serve.core import EngineCore  # a served row that ends at admission, alone in the core
+    from specengine.request import RequestParams
+
+    core = EngineCore(engine, max_batch=2, method="sd", gamma=3)
+    rid = core.add_request(PROMPT, RequestParams(max_new_tokens=8, regex="Z+"))
+    outs = []
+    while core.has_unfinished():
+        outs += core.step()
+    assert [(o.request_id, o.finish_reason) for o in outs if o.finished] == [(rid, "constraint_dead_end")]
 
 
 @pytest.mark.parametrize("V", [69, 1000, 151_936])
