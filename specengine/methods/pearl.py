@@ -172,6 +172,9 @@ class Pearl(Method):
                 return target.verify(state.tokens.gather(1, state.positions(start - 1, width)),
                                      attn_len=state.attn_len)
 
+        # under a constraint the walk reads the pending tokens: their host copy starts before the forwards
+        walk = None if state.constraints is None else \
+            state.read_ahead(state.tokens.gather(1, state.positions(start, width - 1)))
         (drafts, q, _), logits = overlap(state.tokens.device, ctx.side_stream(), run_draft, run_target)
 
         # proposals: post rows verify [pending, e1] (γ), pre rows verify [d1] (1)
@@ -185,8 +188,7 @@ class Pearl(Method):
         # the sampler wants K+1 logits rows: pad to γ+1 (pre rows read only row 0, bonus withheld)
         def padded(x):
             return torch.cat([x, x[:, -1:].expand(B, gamma + 1 - x.shape[1], x.shape[2])], 1)
-        scored = logits if state.constraints is None else \
-            state.constrain(logits, state.tokens.gather(1, state.positions(start, width - 1)))  # after the pending
+        scored = logits if walk is None else state.constrain(logits, walk)  # after the pending tokens
         out, n_acc = ctx.ops.rejection_sample(padded(filter_logits(scored, state.params)), proposal, q_all, num_draft,
                                  state.temperature, state.seed, state.offset)
         if state.logprobs is not None:  # post rows' pending drafts and pre rows' d1 alike: this verify's rows

@@ -38,10 +38,18 @@ class DecodeState:
     round_logprobs: torch.Tensor | None = None  # [B,W,1+2k]: this round's, aligned with its out tokens
     constraints: object = None  # structured.RowConstraints when some row is constrained: masks target logits
 
-    def constrain(self, logits: torch.Tensor, following: torch.Tensor | None = None) -> torch.Tensor:
+    def constrain(self, logits: torch.Tensor, following=None) -> torch.Tensor:
         """Target logits [B,W,V] masked by each row's constraint, position i after the committed tokens
         and following[:, :i] (structured/rows.py); unchanged without constraints."""
         return logits if self.constraints is None else self.constraints.mask_chain(logits, following)
+
+    def read_ahead(self, *tensors):
+        """Under a constraint, host copies of what the mask walk will read (the drafts), started
+        before the verify is queued (structured.rows.HostCopy); otherwise the tensors themselves."""
+        if self.constraints is None:
+            return tensors if len(tensors) > 1 else tensors[0]
+        copies = tuple(self.constraints.read_ahead(t) for t in tensors)
+        return copies if len(copies) > 1 else copies[0]
 
     @property
     def batch(self) -> int:

@@ -199,9 +199,10 @@ def chain_round(ctx: MethodContext, state: DecodeState, policy, timer, behind: i
 def verify_and_commit(ctx: MethodContext, state: DecodeState, drafts, q, num_draft, timer):
     """One target forward over [last committed, drafts], rejection sampling, commit.
     Returns (tokens [B,K+1], n_acc [B])."""
+    walk = state.read_ahead(drafts)  # under a constraint: the drafts' host copy, read while the verify runs
     with timer.phase("target"):
         logits = ctx.target.verify(torch.cat([state.last_tokens()[:, None], drafts], 1), attn_len=state.attn_len)
-    out, n_acc = ctx.ops.rejection_sample(filter_logits(state.constrain(logits, drafts), state.params), drafts, q, num_draft,
+    out, n_acc = ctx.ops.rejection_sample(filter_logits(state.constrain(logits, walk), state.params), drafts, q, num_draft,
                              state.temperature, state.seed, state.offset)
     capture(state, logits, out)
     state.commit(out, n_acc + 1)
@@ -361,10 +362,11 @@ def verify_tree_and_commit(ctx: MethodContext, state: DecodeState, tree: TokenTr
                            draft_forwards: int) -> RoundOutput:
     """One target forward over the tree, lossless acceptance, K/V compaction, commit."""
     start, on_device = state.n.clone(), graphed(ctx.target)
+    walk = state.read_ahead(tree.tokens, tree.parent)  # under a constraint: read while the verify runs
     with timer.phase("target"):
         mask = on_device("ancestor_mask", ancestor_mask, tree.parent)
         logits = ctx.target.verify(tree.tokens, tree_mask=mask, attn_len=state.attn_len)
-    scored = logits if state.constraints is None else state.constraints.mask_tree(logits, tree.tokens, tree.parent)
+    scored = logits if state.constraints is None else state.constraints.mask_tree(logits, *walk)
     out, n_acc, path = on_device("tree_accept", _accept, filter_logits(scored, state.params), tree.tokens,
                                  tree.parent, tree.depth, state.temperature, state.seed, state.offset, shape.depth,
                                  shape.topk)

@@ -114,15 +114,20 @@ class RowConstraints:
         return used
 
     # ---------------------------------------------------------------- masks
+    @staticmethod
+    def read_ahead(t: torch.Tensor) -> "HostCopy":
+        return HostCopy(t)
+
     @_timed
-    def mask_chain(self, logits: torch.Tensor, following: torch.Tensor | None) -> torch.Tensor:
+    def mask_chain(self, logits: torch.Tensor, following) -> torch.Tensor:
         """logits [B,W,V] of positions scoring the token after the committed ones, then after each
-        of following[:, :W-1] -> the same, masked (a copy; unconstrained rows unchanged)."""
+        of following[:, :W-1] (a tensor, or a `HostCopy` of one started before the verify) -> the
+        same, masked (a copy; unconstrained rows unchanged)."""
         if not self.any:
             return logits
         B, W, V = logits.shape
         masks = self.xgr.allocate_token_bitmask(B * W, self.V)
-        walk = [] if W == 1 or following is None else following[:, : W - 1].tolist()
+        walk = [] if W == 1 or following is None else [row[: W - 1] for row in following.tolist()]
         for b, m in enumerate(self.matchers[:B]):
             if m is None:
                 continue
@@ -140,14 +145,14 @@ class RowConstraints:
         return self._apply(logits, masks)
 
     @_timed
-    def mask_tree(self, logits: torch.Tensor, tokens: torch.Tensor, parent: torch.Tensor) -> torch.Tensor:
+    def mask_tree(self, logits: torch.Tensor, tokens, parent) -> torch.Tensor:
         """logits [B,N,V] of a token tree's nodes (node 0: the root, the last committed token; each
         node's logits score its children) -> masked from each node's path, depth first."""
         if not self.any:
             return logits
         B, N, V = logits.shape
         masks = self.xgr.allocate_token_bitmask(B * N, self.V)
-        toks, par = tokens.tolist(), parent.tolist()
+        toks, par = tokens.tolist(), parent.tolist()  # tensors, or HostCopy's started before the verify
         for b, m in enumerate(self.matchers[:B]):
             if m is None:
                 continue
@@ -225,6 +230,27 @@ def _single(words: torch.Tensor) -> int | None:
     w = int(nz[0, 0])
     v = int(words[w]) & 0xFFFFFFFF
     return 32 * w + v.bit_length() - 1 if v & (v - 1) == 0 else None
+
+
+class HostCopy:
+    """A device tensor's copy on the host, started now without waiting (pinned memory and an event
+    on CUDA): started before the verify is queued, the mask walk then waits for the drafts only,
+    and fills masks while the device runs the verify. On a CPU the tensor itself."""
+
+    def __init__(self, t: torch.Tensor):
+        self.ready = None
+        if t.is_cuda:
+            self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self.host.copy_(t, non_blocking=True)
+            self.ready = torch.cuda.Event()
+            self.ready.record()
+        else:
+            self.host = t
+
+    def tolist(self) -> list:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.host.tolist()
 
 
 def apply_masks(xgr, logits: torch.Tensor, masks: torch.Tensor, V: int, path: str = "auto") -> torch.Tensor:
