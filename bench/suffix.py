@@ -3,7 +3,8 @@ greedy, whole replies (up to EOS), requests of a set in sequence through one eng
 suffix cache grows as a server's would.
 
 Three agent-like sets of our own: edits of one file (each reply rewrites the whole file), tool
-calls of one JSON shape, and records put through one template. Providers: `ar`, `ngram` (the
+calls of one JSON shape, and records put through one template; and HumanEval[:--humaneval]
+(text unlike anything the cache holds: suffix decoding must not be slower than `ar` there). Providers: `ar`, `ngram` (the
 row's own text), `suffix` and `hybrid-suffix` (each with its own cache, empty when its set
 starts), `sd` γ auto. Every provider runs request k before any runs request k + 1 (a drifting
 machine weighs on all alike); the others neither read nor join a cache. Per set: tokens/s
@@ -69,6 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench/results/cpu_suffix.json")
     ap.add_argument("--max-new-tokens", type=int, default=320)
     ap.add_argument("--arctic", action="store_true", help="Arctic Inference's cache as a peer drafter (builds it)")
+    ap.add_argument("--humaneval", type=int, default=4, help="HumanEval prompts run as a fourth set (0: none)")
     args = ap.parse_args(argv)
 
     from tqdm import tqdm
@@ -83,7 +85,12 @@ def main(argv=None) -> int:
     report = {"benchmark": "suffix", "max_new_tokens": args.max_new_tokens, "greedy": True, "whole_replies": True,
               "environment": environment(), "sets": {}}
     providers = PROVIDERS + (["arctic-suffix"] if args.arctic else [])
-    for name, requests in SETS.items():
+    sets = dict(SETS)
+    if args.humaneval:
+        from specengine.prompts import humaneval
+
+        sets["humaneval"] = [p["prompt"] for p in humaneval(args.humaneval)]
+    for name, requests in sets.items():
         caches = {p: SuffixCaches(engine.config.suffix_cache_tokens) for p in providers}  # each starts empty
         if args.arctic:
             import arctic

@@ -25,8 +25,9 @@ from .prompts import humaneval
 from .request import RequestParams
 
 HF_PROVIDERS = ("hf", "hf-assisted", "hf-lookup")  # hf-lookup: generate(prompt_lookup_num_tokens=10)
-TREE_METHODS = ("sd", "parallelspec", "ngram")
-AUTO_METHODS = ("sd", "ngram", "hybrid")  # take gamma "auto" in a provider name
+TREE_METHODS = ("sd", "parallelspec", "ngram", "suffix")
+AUTO_METHODS = ("sd", "ngram", "hybrid", "suffix", "hybrid-suffix")  # take gamma "auto" in a provider name
+GAMMA_METHODS = ("sd", "pearl", "parallelspec", *AUTO_METHODS[1:])  # take an integer gamma
 
 
 def parse_provider(spec: str) -> tuple[str, int | str | None, str | None, float | None, str | None]:
@@ -36,14 +37,15 @@ def parse_provider(spec: str) -> tuple[str, int | str | None, str | None, float 
     if tree is not None:
         name, *rest = parse_provider(spec)
         if name not in TREE_METHODS or any(x is not None for x in rest[:-1]):
-            raise SpecEngineError(f"bad provider {spec}[tree=...]: only plain sd, parallelspec and ngram take a tree")
+            raise SpecEngineError(f"bad provider {spec}[tree=...]: only plain {', '.join(TREE_METHODS)} take a tree")
         return name, None, None, None, tree
     head, _, pol = spec.partition("@")
     name, _, g = head.partition(":")
-    if name not in ("ar", "sd", "pearl", "parallelspec", "ngram", "hybrid", *HF_PROVIDERS):
+    if name not in ("ar", *GAMMA_METHODS, *HF_PROVIDERS):
         raise SpecEngineError(f"unknown provider {spec!r}; use ar, sd[:gamma|:auto][@policy[=threshold]], "
                               "pearl[:gamma][@parallel], parallelspec[:k], ngram[:gamma|:auto], "
-                              "hybrid[:gamma|:auto], hf, hf-assisted, hf-lookup")
+                              "hybrid[:gamma|:auto], suffix[:gamma|:auto], hybrid-suffix[:gamma|:auto], hf, "
+                              "hf-assisted, hf-lookup")
     policy, _, th = pol.partition("=")
     if pol and not (name == "sd" or (name, pol) == ("pearl", "parallel")):
         raise SpecEngineError(f"bad provider {spec!r}: only sd takes a policy (e.g. sd@heuristic); pearl takes "
@@ -54,9 +56,8 @@ def parse_provider(spec: str) -> tuple[str, int | str | None, str | None, float 
         raise SpecEngineError(f"bad provider {spec!r}: threshold must be a number") from None
     if g == "auto" and name in AUTO_METHODS:
         return name, g, policy or None, threshold, None
-    if g and (name not in ("sd", "pearl", "parallelspec", "ngram", "hybrid") or not g.isdigit() or int(g) < 1):
-        raise SpecEngineError(f"bad provider {spec!r}: only sd, pearl, parallelspec, ngram and hybrid take a "
-                              "gamma, e.g. sd:4")
+    if g and (name not in GAMMA_METHODS or not g.isdigit() or int(g) < 1):
+        raise SpecEngineError(f"bad provider {spec!r}: only {', '.join(GAMMA_METHODS)} take a gamma, e.g. sd:4")
     return name, int(g) if g else None, policy or None, threshold, None
 
 

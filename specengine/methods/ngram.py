@@ -188,8 +188,8 @@ class NgramDecoding(Method):
         return self._tree_round(state, proposals, timer)
 
     def _grammar_drafts(self, state: DecodeState, live: list[int]) -> dict:
-        """{row: the tokens its constraint forces next} (grammar drafting, structured/rows.py): drafts
-        the target accepts with certainty, at no draft forward; chains only."""
+        """{row: tokens of the text its constraint forces next} (grammar drafting, structured/rows.py):
+        drafts at no draft forward, accepted unless the model spells that text otherwise; chains only."""
         forced = {} if self.tree is not None else grammar_drafts(state, live, self.max_width - 1)
         self.grammar_rounds += bool(forced)
         return forced

@@ -226,8 +226,9 @@ def verify_proposals(ctx: MethodContext, state: DecodeState, proposals: list[lis
 
 
 def grammar_drafts(state: DecodeState, live, limit: int) -> dict:
-    """{row: the tokens its output constraint forces next} (structured/rows.py), for the live rows
-    that have any, when grammar drafting is on: drafts the target accepts with certainty."""
+    """{row: tokens of the text its output constraint forces next} (structured/rows.py), for the live
+    rows that have any, when grammar drafting is on: drafts accepted unless the model spells that
+    text with other tokens."""
     return {} if state.constraints is None else state.constraints.forced_rows(live, limit)
 
 
