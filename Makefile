@@ -59,10 +59,10 @@ bench-grid: $(STAMP)
 # (blocks, and float bf16 / fp32) and llama.cpp's ar, speculative (draft max 3, 6) and n-gram.
 # Builds llama.cpp from the registry's llama-cpp-python source first (~8 minutes on 2 cores).
 bench-structured: $(STAMP)  # structured output on the real pair: constrained methods, HF + xgrammar, schema validity
-	$(PY) bench/structured.py --out bench/results/cpu_structured.json
+	$(PY) bench/structured.py --llamacpp --out bench/results/cpu_structured.json
 
 bench-suffix: $(STAMP)  # suffix decoding on repeating agent-like sets, real pair, requests in sequence
-	$(PY) bench/suffix.py --out bench/results/cpu_suffix.json
+	$(PY) bench/suffix.py --arctic --out bench/results/cpu_suffix.json
 
 bench-gguf: $(STAMP)
 	$(PY) bench/llamacpp.py build

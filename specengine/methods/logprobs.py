@@ -73,11 +73,13 @@ def token_logprobs(logits, tokens, spec: LogprobSpec, params: SamplingParams, te
     return torch.cat([chosen, values, ids.float()], -1)
 
 
-def capture(state, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+def capture(state, logits: torch.Tensor, tokens: torch.Tensor, scored: torch.Tensor | None = None) -> None:
     """Record the round's log-probabilities when the call asked for them: logits [B,W,V] (raw, row j
-    the target's distribution for out token j), tokens [B,W] the round's out tokens."""
+    the target's distribution for out token j), tokens [B,W] the round's out tokens; scored: the same
+    rows under the call's output constraint (what "processed" reports: the distribution sampled from)."""
     if state.logprobs is not None:
-        state.round_logprobs = token_logprobs(logits, tokens, state.logprobs, state.params, state.temperature)
+        src = scored if scored is not None and state.logprobs.mode == "processed" else logits
+        state.round_logprobs = token_logprobs(src, tokens, state.logprobs, state.params, state.temperature)
 
 
 def entries(row: list[float], token: int, spec: LogprobSpec) -> TokenLogprob:

@@ -192,7 +192,7 @@ class Pearl(Method):
         out, n_acc = ctx.ops.rejection_sample(padded(filter_logits(scored, state.params)), proposal, q_all, num_draft,
                                  state.temperature, state.seed, state.offset)
         if state.logprobs is not None:  # post rows' pending drafts and pre rows' d1 alike: this verify's rows
-            capture(state, padded(logits), out)
+            capture(state, padded(logits), out, padded(scored))
 
         all_ok = n_acc.to(torch.int32) >= num_draft
         n_new = torch.where(all_ok, n_acc.to(torch.int64), n_acc.to(torch.int64) + 1)

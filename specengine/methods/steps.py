@@ -131,10 +131,10 @@ class PlainStep:
         with timer.phase("target"):
             logits = ctx.target.decode(state.last_tokens(), attn_len=state.attn_len)
         no_drafts, zeros = self._no_drafts(state.batch, logits.device)
-        out, n_acc = ctx.ops.rejection_sample(filter_logits(state.constrain(logits[:, None]), state.params), no_drafts,
-                                              None, zeros,
-                                 state.temperature, state.seed, state.offset)
-        capture(state, logits[:, None], out)
+        scored = state.constrain(logits[:, None])
+        out, n_acc = ctx.ops.rejection_sample(filter_logits(scored, state.params), no_drafts, None, zeros,
+                                              state.temperature, state.seed, state.offset)
+        capture(state, logits[:, None], out, scored)
         one = n_acc + 1
         state.commit(out, one)
         return RoundOutput(out, n_acc, zeros, one, target_forwards=1)
@@ -202,9 +202,10 @@ def verify_and_commit(ctx: MethodContext, state: DecodeState, drafts, q, num_dra
     walk = state.read_ahead(drafts)  # under a constraint: the drafts' host copy, read while the verify runs
     with timer.phase("target"):
         logits = ctx.target.verify(torch.cat([state.last_tokens()[:, None], drafts], 1), attn_len=state.attn_len)
-    out, n_acc = ctx.ops.rejection_sample(filter_logits(state.constrain(logits, walk), state.params), drafts, q, num_draft,
-                             state.temperature, state.seed, state.offset)
-    capture(state, logits, out)
+    scored = state.constrain(logits, walk)
+    out, n_acc = ctx.ops.rejection_sample(filter_logits(scored, state.params), drafts, q, num_draft,
+                                          state.temperature, state.seed, state.offset)
+    capture(state, logits, out, scored)
     state.commit(out, n_acc + 1)
     return out, n_acc
 
@@ -373,7 +374,8 @@ def verify_tree_and_commit(ctx: MethodContext, state: DecodeState, tree: TokenTr
                                  shape.topk)
     if state.logprobs is not None:  # out token j came from the logits after node path[j - 1] (the root first)
         rows = torch.cat([torch.zeros_like(path[:, :1]), path.clamp(min=0)], 1)
-        capture(state, logits.gather(1, rows[..., None].expand(-1, -1, logits.shape[-1])), out)
+        along = rows[..., None].expand(-1, -1, logits.shape[-1])
+        capture(state, logits.gather(1, along), out, scored.gather(1, along))
     root_slot = start - 1
     ctx.target.cache.compact_path(root_slot, path, n_acc)
     draft_lens = start  # the parallel drafter's cache holds the committed tokens only

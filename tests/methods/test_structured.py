@@ -139,6 +139,20 @@ def test_sampling_under_a_constraint_keeps_the_masked_target_distribution(engine
     assert tv <= total_variation_bound(12, N), tv
 
 
+@pytest.mark.parametrize("method", ["ar", "sd", "ngram", "pearl"])
+def test_processed_logprobs_are_the_constrained_distribution(engine, method):
+    """logprobs_mode="processed" reports the distribution sampled from: under a choice constraint
+    the forced first token has log-probability 0 and every alternative listed is allowed; raw stays
+    the model's own."""
+    kw = dict(max_new_tokens=6, temperature=1.0, seed=2, choice=["alpha beta", "alpha gamma"], logprobs=3, method=method)
+    processed = engine.generate(PROMPT, logprobs_mode="processed", **kw)
+    raw = engine.generate(PROMPT, **kw)
+    assert processed.token_ids == raw.token_ids and processed.text.startswith("alpha")
+    assert processed.logprobs[0].logprob == 0.0 and raw.logprobs[0].logprob < 0
+    for entry in processed.logprobs:  # the alternatives the grammar refuses have no mass: 'b' or 'g' at most
+        assert len([v for v in entry.top.values() if v > float("-inf")]) <= 2
+
+
 def test_bad_constraints_are_clear_errors(engine):
     with pytest.raises(SpecEngineError, match="json_schema cannot be compiled: .*objec") as e:
         engine.generate(PROMPT, max_new_tokens=4, json_schema={"type": "objec"})
