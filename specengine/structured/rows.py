@@ -129,7 +129,7 @@ class RowConstraints:
         masks = self.xgr.allocate_token_bitmask(B * W, self.V)
         walk = [] if W == 1 or following is None else [row[: W - 1] for row in following.tolist()]
         for b, m in enumerate(self.matchers[:B]):
-            if m is None:
+            if m is None or self.status[b] is not None:  # unconstrained, or ended (frozen): unmasked
                 continue
             masks[b * W] = self._next[b]
             accepted = 0
@@ -154,7 +154,7 @@ class RowConstraints:
         masks = self.xgr.allocate_token_bitmask(B * N, self.V)
         toks, par = tokens.tolist(), parent.tolist()  # tensors, or HostCopy's started before the verify
         for b, m in enumerate(self.matchers[:B]):
-            if m is None:
+            if m is None or self.status[b] is not None:
                 continue
             children = [[] for _ in range(N)]
             for j in range(1, N):
