@@ -11,13 +11,15 @@ frequency Arctic's tree is built from). Host work per committed token is O(len(s
 updates, and a lookup O(len(sizes)) dict reads plus the proposal it returns: no walk of a tree
 node by node per token.
 
-Memory is bounded: `max_tokens` tokens and at most `max_tokens * len(sizes)` index entries
-(`entries`), evicted stale entries dropped by a rebuild once they are half the index.
+Memory is bounded: `max_tokens` tokens and `len(sizes)` index entries per token held, plus the
+evicted responses' stale ones until a rebuild drops them (once they are half the tokens kept):
+at most about twice that (`entries`). A lookup reads only the live tail of an n-gram's list.
 Proposals are deterministic functions of the cache and the row's text, verified as one-hot
 drafts: lossless as every n-gram proposal is.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 
 from ..errors import SpecEngineError
@@ -74,13 +76,15 @@ class SuffixCache:
 
     def occurrences(self, text: list[int]) -> tuple[int, list[int]]:
         """(n, the absolute starts of the continuations of the longest suffix of `text` that a held
-        response contains, oldest first); (0, []) when none does."""
+        response contains: its most recent MAX_OCCURRENCES, oldest first); (0, []) when none does.
+        Each list is in increasing order, so the evicted ones are a prefix, found by bisection."""
         live = self.spans[0][0] if self.spans else self.base + len(self.tokens)
         for n, table in self.ends.items():
             if len(text) >= n:
-                starts = [s for s in table.get(tuple(text[-n:]), ()) if s >= live]
-                if starts:
-                    return n, starts
+                starts = table.get(tuple(text[-n:]), ())
+                first = max(bisect_left(starts, live), len(starts) - MAX_OCCURRENCES)
+                if first < len(starts):
+                    return n, starts[first:]
         return 0, []
 
     def continuation(self, start: int, gamma: int) -> list[int]:
@@ -97,7 +101,7 @@ class SuffixCache:
         """(tokens, parents) of up to `budget` nodes, as NgramIndex.propose_tree: continuations of the
         recent occurrences merged into a trie, most-travelled nodes first, closed under ancestors."""
         _, starts = self.occurrences(text)
-        return tree_of([(s, self.continuation(s, depth)) for s in starts[-MAX_OCCURRENCES:]], topk, budget)
+        return tree_of([(s, self.continuation(s, depth)) for s in starts], topk, budget)
 
 
 class SuffixIndex:
@@ -152,7 +156,9 @@ class SuffixCaches:
         self.caches: dict[str, SuffixCache] = {}
 
     def get(self, key: str) -> SuffixCache:
-        cache = self.caches.pop(key, None) or SuffixCache(max(self.max_tokens, 1))
+        cache = self.caches.pop(key, None)  # not `or`: an empty cache is falsy, and rows hold this object
+        if cache is None:
+            cache = SuffixCache(max(self.max_tokens, 1))
         self.caches[key] = cache  # most recently used last
         while len(self.caches) > self.max_keys:
             self.caches.pop(next(iter(self.caches)))

@@ -5,6 +5,7 @@ nothing remembered or proposed across keys or for a request that opts out."""
 import pytest
 import torch
 from conftest import small_vocab_models
+from helpers.tiny_refs import hf  # noqa: F401 (fixture)
 
 from specengine import Engine, SpecEngineError
 from specengine.request import RequestParams
@@ -54,13 +55,10 @@ def test_an_evicted_response_is_never_proposed():
     assert cache.propose([1, 7, 8], 3) == (0, [])
     with pytest.raises(SpecEngineError, match="suffix_cache_tokens"):
         SuffixCaches(-1)
-
-
-@pytest.fixture(scope="module")
-def hf(tiny_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    caches = SuffixCaches(100)
+    held = caches.get("k")  # a running row holds its key's cache while it is still empty
+    caches.remember("k", [1, 2, 3])
+    assert caches.get("k") is held and len(held) == 3
 
 
 def hf_greedy(hf, tokenizer, prompt, n):
