@@ -64,8 +64,8 @@ class RequestParams:
                                       type=_choices, **_served("guided_choice", kind=list[str]))
     response_format: object = option(None, "OpenAI's: {'type': 'json_object'} or {'type': 'json_schema', "
                                      "'json_schema': {'name': ..., 'schema': {...}}} ({'type': 'text'}: none)")
-    grammar_draft: bool = option(True, "under a constraint, tokens the grammar forces are drafted (sd chains, ngram, hybrid)",
-                                 **_served("grammar_draft"))
+    grammar_draft: bool = option(True, "under a constraint, tokens the grammar forces are drafted (sd chains, ngram, "
+                                 "hybrid)", **_served("grammar_draft"))
     suffix_cache: bool = option(True, "suffix decoding: draft from earlier responses and remember this one (false: "
                                 "neither)", **_served("suffix_cache"))
     logprobs_mode: str = option("raw", "raw: the target's log_softmax; processed: after top-k / top-p / temperature "

@@ -314,7 +314,8 @@ class NgramDecoding(Method):
         return {"policy": self.policy.name, "gamma": self.policy.gamma, **self.tree_stats(),
                 "ngram_max": self.sizes[0], "ngram_min": self.sizes[1],
                 "matched_rounds": self.matched_rounds, "plain_rounds": self.plain_rounds,
-                "draft_rounds": self.draft_rounds, "grammar_rounds": self.grammar_rounds, "hybrid": self.hybrid, "draft_prefills_deferred": self.primes,
+                "draft_rounds": self.draft_rounds, "grammar_rounds": self.grammar_rounds, "hybrid": self.hybrid,
+                "draft_prefills_deferred": self.primes,
                 # proposed tokens per row and proposing round (n-gram and draft rounds)
                 "gamma_mean": generation.counters.proposed / max(generation.counters.row_rounds - self.plain_rounds, 1),
                 **speculative_stats(generation, generation.timer.totals())}

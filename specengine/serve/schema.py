@@ -7,7 +7,8 @@ No parameter is silently ignored. A field the server does not know is a 400 nami
 no-op value allowed (`frequency_penalty: 0`, `logit_bias: {}`, `tools: []`, ...), so clients
 that send defaults work and anything else is a 400 that names the field and says why
 (UNSUPPORTED). Structured output is served: `response_format` (json_object, json_schema) and
-vLLM's `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`. `user` is informational: accepted and unused."""
+vLLM's `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`. `user` is
+informational: accepted and unused."""
 from __future__ import annotations
 
 from typing import Annotated, Literal

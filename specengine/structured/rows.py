@@ -10,10 +10,11 @@ left unmasked: that draft is rejected there (the target's mass on it is 0), so n
 it is ever read. The matcher walks the drafts and rolls back; it moves for good only when the
 driver books what a round committed (`advance`).
 
-The walk reads the round's drafts on the host: free on a CPU, one sync per verify on a GPU
-(the drafts of a draft model are device tensors). The first position's mask is the one
-`advance` filled when it booked the last round (it also tells a dead end from a live row), so
-a plain round fills nothing new.
+The walk reads the round's drafts on the host, from a copy started before the verify is queued
+(`HostCopy`: on a GPU the host waits for the drafts only and fills masks while the verify
+runs; on a CPU the tensor itself). The first position's mask is the one `advance` filled when
+it booked the last round (it also tells a dead end from a live row), so a plain round fills
+nothing new.
 """
 from __future__ import annotations
 
@@ -40,12 +41,11 @@ def _timed(fn):
 
 class RowConstraints:
     def __init__(self, compiler, constraints: list, drafting: bool = True):
-        self.compiler, xgr = compiler, compiler.xgr
-        self.xgr, self.V = xgr, compiler.vocab_size
+        self.compiler, self.xgr, self.V = compiler, compiler.xgr, compiler.vocab_size
         self.matchers = [None] * len(constraints)
-        self._next = xgr.allocate_token_bitmask(len(constraints), self.V)  # each row's next-token mask
+        self._next = self.xgr.allocate_token_bitmask(len(constraints), self.V)  # each row's next-token mask
         self.status = [None] * len(constraints)  # None (live), "stop" (the grammar ended), "dead_end"
-        self.drafting = drafting  # methods that draft by host proposals (ngram, hybrid) put forced tokens first
+        self.drafting = drafting  # sd chains, ngram and hybrid draft the grammar's forced text (forced_rows)
         self.forced_tokens = 0  # tokens the grammar forced into drafts (grammar drafting)
         self.mask_s = 0.0  # host seconds in the matchers: masks, walks, commits, forced tokens
         for b, c in enumerate(constraints):

@@ -4,9 +4,9 @@ already computed, equal to log_softmax of transformers' logits at the same posit
 draft's. Prompt log-probabilities come from the prefill; "processed" is the sampled distribution."""
 import pytest
 import torch
-from helpers.fakes import random_drafter
+from helpers.tiny_refs import engine, hf  # noqa: F401 (fixtures)
 
-from specengine import Engine, SpecEngineError
+from specengine import SpecEngineError
 
 PROMPT = "abcabcabc def add(a, b):\n"
 TOL = 1e-4
@@ -14,20 +14,6 @@ CASES = [("ar", {}), ("sd", dict(gamma=3)), ("sd", dict(gamma=4, policy="confide
          ("sd", dict(tree="2x3:5")), ("pearl", dict(gamma=3)),
          ("parallelspec", dict(gamma=3)), ("parallelspec", dict(tree="2x3:5")), ("ngram", dict(gamma=4)),
          ("ngram", dict(tree="2x3:5")), ("hybrid", dict(gamma=3))]
-
-
-@pytest.fixture(scope="module")
-def hf(tiny_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_dir, torch_dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_pair, tokenizer):
-    target, _, draft = tiny_pair
-    return Engine(target, tokenizer, draft, max_seq_len=256, parallel_drafter=random_drafter(draft, k_max=4),
-                  dtype="float32")
 
 
 def reference(hf, ids: list[int]) -> torch.Tensor:

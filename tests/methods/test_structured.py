@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 from helpers.distribution_bounds import total_variation_bound
-from helpers.fakes import random_drafter
+from helpers.tiny_refs import engine, hf  # noqa: F401 (fixtures)
 
-from specengine import Engine, SpecEngineError
+from specengine import SpecEngineError
 
 xgr = pytest.importorskip("xgrammar")
 
@@ -22,20 +22,6 @@ CONSTRAINTS = [("json_schema", SCHEMA), ("regex", r"(ab|cd)+[0-9]{2,4}x"), ("cho
 CASES = [("ar", {}), ("sd", dict(gamma=3)), ("sd", dict(gamma="auto")), ("sd", dict(tree="2x3:5")),
          ("pearl", dict(gamma=3)), ("parallelspec", dict(gamma=3)), ("parallelspec", dict(tree="2x3:5")),
          ("ngram", dict(gamma=4)), ("ngram", dict(tree="2x3:5")), ("hybrid", dict(gamma=3))]
-
-
-@pytest.fixture(scope="module")
-def hf(tiny_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_dir, torch_dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_pair, tokenizer):
-    target, _, draft = tiny_pair
-    return Engine(target, tokenizer, draft, max_seq_len=256, parallel_drafter=random_drafter(draft, k_max=4),
-                  dtype="float32")
 
 
 STOP = [1, 3]  # the engine's end-of-sequence ids for this tokenizer (<eos>, and <|im_end|> of its chat template)
