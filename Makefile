@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: gpu-run trace gpu-check install demo test test-fast bench bench-gguf bench-structured bench-suffix bench-ngram bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
+.PHONY: gpu-run trace gpu-check install demo test test-fast bench bench-gguf bench-structured bench-suffix bench-serve bench-ngram bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
 
 $(STAMP): pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/*.cu csrc/*.cuh csrc/cpu/*.cpp csrc/cpu/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -64,8 +64,15 @@ bench-structured: $(STAMP)  # structured output on the real pair: constrained me
 bench-suffix: $(STAMP)  # suffix decoding on repeating agent-like sets, real pair, requests in sequence
 	$(PY) bench/suffix.py --arctic --out bench/results/cpu_suffix.json
 
+# The server under load (throughput, TTFT, ITL at concurrency 1-8) and a chat's second turn with
+# and without prefix reuse, real pair, server in-process (about 25 minutes on 2 cores).
+bench-serve: $(STAMP)
+	$(PY) bench/serve_load.py --methods ar,sd:4 --concurrency 1,2,4,8 --requests 8 --max-tokens 32 \
+	  --out bench/results/cpu_serve_load.json
+	$(PY) bench/serve_multiturn.py --concurrency 1,2 --out bench/results/cpu_serve_multiturn.json
+
 bench-gguf: $(STAMP)
-	$(PY) bench/llamacpp.py build
+	$(PY) bench/peers/llamacpp.py build
 	$(PY) bench/gguf_cpu.py --llamacpp --out bench/results/cpu_gguf_vs_llamacpp.json
 	$(PY) bench/gguf_cpu.py --llamacpp --interleaved 2 --n-prompts 3 --max-new-tokens 64 \
 	  --out bench/results/cpu_gguf_interleaved_$$($(PY) -c "from specengine.models.cpu_matmul import machine; print(machine()['isa'].lower())").json
@@ -134,7 +141,7 @@ clean:
 
 # Kernel microbenchmarks (pytest-benchmark, provider axis). Meant for a GPU; not in CI.
 bench-kernels: $(STAMP)
-	$(VENV)/bin/pytest bench/bench_verify_attention.py bench/bench_rejection_sampling.py bench/bench_fused_ops.py \
+	$(VENV)/bin/pytest bench/ops/verify_attention.py bench/ops/rejection_sampling.py bench/ops/fused_ops.py bench/ops/compact_kv.py \
 	  -p no:cacheprovider -q --benchmark-only --benchmark-json bench/results/kernels_$$(hostname).json
 
 # Every Triton kernel, every autotune config and variant, compiled ahead of time for sm_90

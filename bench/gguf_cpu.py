@@ -8,7 +8,7 @@
    fp32; the process's resident memory with each engine loaded and its KV cache allocated
    (the blocks first, so that no freed float model inflates their figure).
 3. With --llamacpp (`make bench-gguf`): llama.cpp on the same files, prompts and threads
-   (bench/llamacpp.py): its `ar`, its speculative decoding with the 0.5B draft (draft max 3
+   (bench/peers/llamacpp.py): its `ar`, its speculative decoding with the 0.5B draft (draft max 3
    and 6) and its n-gram drafting, decode tokens/s from its own timers.
 
     python bench/gguf_cpu.py --out bench/results/cpu_gguf_first.json [--n-prompts 2 --max-new-tokens 48]
@@ -114,7 +114,7 @@ def kernels() -> list[dict]:
 
 def llamacpp_providers(n_prompts: int, new: int) -> dict:
     """llama.cpp's providers on our prompts, threads and files: mean decode tokens/s per provider."""
-    import llamacpp
+    from peers import llamacpp
     from specengine.models.gguf_weights import gguf_file
     from specengine.prompts import humaneval
 
@@ -151,7 +151,7 @@ def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool) -> dic
     providers = {"ours ar": ours("ar"), "ours sd:auto": ours("sd", gamma="auto"),
                  "ours ngram:auto": ours("ngram", gamma="auto")}
     if llama:
-        import llamacpp
+        from peers import llamacpp
         from specengine.models.gguf_weights import gguf_file
 
         target, draft, threads = gguf_file(DEFAULT_TARGET), gguf_file(DEFAULT_DRAFT), torch.get_num_threads()
@@ -208,7 +208,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench/results/cpu_gguf_first.json")
     ap.add_argument("--n-prompts", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--llamacpp", action="store_true", help="add llama.cpp's providers (bench/llamacpp.py build first)")
+    ap.add_argument("--llamacpp", action="store_true", help="add llama.cpp's providers (bench/peers/llamacpp.py build first)")
     ap.add_argument("--interleaved", type=int, default=0, metavar="R",
                     help="only the interleaved comparison, R repeats of every prompt (the README's per-CPU row)")
     args = ap.parse_args(argv)

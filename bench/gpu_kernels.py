@@ -15,18 +15,21 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
-from bench_verify_attention import binary_tree_mask, sdpa  # SDPA with an explicit mask: the baseline
 from specengine.benchmark import environment
 from specengine.kernels import rejection_sample_ref, verify_attention_ref
 from specengine.kernels.rejection_sampling import rejection_sample
 from specengine.kernels.verify_attention import verify_attention
 from specengine.runtime.kv_compact import compact_kv, extension_available
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "ops"))  # the kernel benchmarks' folder (and its conftest)
+from verify_attention import binary_tree_mask, sdpa  # noqa: E402  SDPA with an explicit mask: the baseline
 
 HEADS = {"qwen2.5-1.5b": (12, 2, 128), "qwen2.5-7b": (28, 4, 128)}
 L2_BYTES = 200 << 20  # rotate inputs past this many bytes (H100 L2 is 50 MB, H200 60 MB)

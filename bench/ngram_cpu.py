@@ -19,10 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hybrid_bound import hybrid_bound
-from ngram_bound import copy_bound
-from ngram_policy_bound import ladder_of
-from ngram_prompts import COPY_PROMPTS
+from ngram_prompts import COPY_PROMPTS  # a sibling: bench/ is the script's folder
 
 from specengine import Engine
 from specengine.benchmark import run_benchmark, save
@@ -52,15 +49,6 @@ def goals(copy: dict, code: dict, key: str = "tokens_per_s") -> dict:
     return out
 
 
-def bound(report: dict) -> dict:
-    """The n-gram τ bound of the set (bench/ngram_bound.py) from its `ar` tokens, and the
-    whole-call ratio it allows with `ar`'s measured prefill share."""
-    ar = next(r for r in report["results"] if r["provider"] == "ar")
-    decode_s = ar["new_tokens"] / ar["decode_tokens_per_s"]
-    return copy_bound(report["prompt_ids"], report["reference_outputs"],
-                      prefill_fraction=1 - decode_s / ar["wall_time_s"])
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results/cpu_ngram.json")
@@ -83,31 +71,8 @@ def main(argv=None) -> int:
     report = {"benchmark": "ngram_cpu", "command": " ".join(["python"] + sys.argv), "copy": copy,
               "humaneval": code, "copy_prompt_kinds": [k for k, _ in COPY_PROMPTS],
               "protocol": "fixed length, EOS ignored" if args.fixed_length else "whole replies (stop at EOS)"}
-    if "ar" in providers and copy["exact_match_reference"] == "ar":
-        report["ngram_bound"] = {"copy": bound(copy), "humaneval": bound(code)}
-        for name, b in report["ngram_bound"].items():
-            print(f"n-gram bound, {name}: tau {b['tau_most_recent']:.2f} (most recent) / "
-                  f"{b['tau_best_occurrence']:.2f} (best occurrence, known answer); with free verifies "
-                  f"at most {b['ratio_bound_best_occurrence']:.2f}x ar", flush=True)
     if set(PROVIDERS) <= set(providers):
         report["goals"], report["goals_decode_only"] = goals(copy, code), goals(copy, code, "decode_tokens_per_s")
-    costs = eng.measured_step_costs.get(1)  # the draft's step and the target's per width, as hybrid measured them
-    if "ar" in providers and copy["exact_match_reference"] == "ar" and costs is not None and costs.draft_s > 0:
-        report["hybrid_bound"] = oracle = {name: hybrid_bound(eng, rep["prompt_ids"], rep["reference_outputs"], costs)
-                                           for name, rep in (("copy", copy), ("humaneval", code))}
-        mixed = {k: sum(oracle[s]["tokens_per_s"][k] for s in oracle) for k in ("ngram", "sd", "hybrid")}
-        oracle["hybrid_vs_best_of_oracles_mixed_set"] = mixed["hybrid"] / max(mixed["ngram"], mixed["sd"])
-        if set(PROVIDERS) <= set(providers):
-            measured = max(rate(copy, p) + rate(code, p) for p in ("ngram:auto", "sd:auto"))
-            oracle["oracle_hybrid_vs_measured_best_of_mixed_set"] = mixed["hybrid"] / measured
-        report["ngram_policy_ladder"] = {name: ladder_of(rep, list(costs.target_s))
-                                         for name, rep in (("copy", copy), ("humaneval", code))}
-        print("n-gram decode x ar, oracle to shipped (bench/ngram_policy_bound.py):",
-              {s: {k: round(v, 2) for k, v in report["ngram_policy_ladder"][s]["decode_x_ar"].items()}
-               for s in ("copy", "humaneval")}, flush=True)
-        print("oracle tokens/s (bench/hybrid_bound.py):", {s: {k: round(v, 1) for k, v in oracle[s]["tokens_per_s"].items()}
-                                                            for s in ("copy", "humaneval")},
-              {k: round(v, 3) for k, v in oracle.items() if k.endswith("mixed_set")}, flush=True)
     for name, rep in (("input-grounded", copy), ("HumanEval", code)):
         print(name, {r["provider"]: round(r["tokens_per_s"], 2) for r in rep["results"]}, flush=True)
     for name in ("goals", "goals_decode_only") if "goals" in report else ():

@@ -14,20 +14,45 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import statistics
 import sys
+import threading
 import time
+from contextlib import contextmanager
 
 import httpx
+import uvicorn
 from tqdm.auto import tqdm
-
-from serve_thread import serving  # a sibling: bench/ is the script's folder
 
 from specengine import Engine
 from specengine.benchmark import environment
 from specengine.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
 from specengine.prompts import humaneval
 from specengine.serve.server import create_app
+
+
+@contextmanager
+def serving(app):
+    """A `create_app` server on a free loopback port, in a thread of this process (the engine is
+    loaded once and served under several settings in one run). Yields the base URL; on exit stops
+    the server and the app's engine loop."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the server thread died while starting (see its log above)")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        app.state.engine.shutdown()
 
 
 def pct(xs, q):

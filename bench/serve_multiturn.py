@@ -22,8 +22,7 @@ import time
 import httpx
 from tqdm.auto import tqdm
 
-from serve_thread import serving  # a sibling: bench/ is the script's folder
-from serve_load import sse_chunks  # a sibling too
+from serve_load import serving, sse_chunks  # a sibling: bench/ is the script's folder
 
 from specengine import Engine
 from specengine.benchmark import environment

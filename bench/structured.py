@@ -7,7 +7,7 @@ independent reference), and ours in the engine's default setting, constrained: `
 and `sd` / `hybrid` unconstrained on the same prompts (what the grammar adds). Every constrained
 output is parsed and validated against its schema (jsonschema); ours must equal constrained `ar`
 token for token. The mask time is the host's seconds in the matchers per generated token, and as a
-share of the decode time. With --llamacpp, llama.cpp (built by bench/llamacpp.py from the
+share of the decode time. With --llamacpp, llama.cpp (built by bench/peers/llamacpp.py from the
 registry's llama-cpp-python source) runs the same GGUF target with `--json-schema`, its own
 timers giving its decode time (its prefill apart; ours: decode_tokens_per_s for that ratio).
 
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     if hf is not None:
         providers["hf+xgrammar"] = reference
     if args.llamacpp:
-        import llamacpp
+        from peers import llamacpp
         from specengine.models.fetch import cache_dir
 
         llamacpp.build()

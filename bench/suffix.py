@@ -11,7 +11,7 @@ machine weighs on all alike); the others neither read nor join a cache. Per set:
 (prefill included), decode tokens/s, τ (tokens per target forward) and the ratios to `ar`, with
 the first request of each set (a cold cache) reported apart. Every provider must give `ar`'s
 tokens. With --arctic, Arctic Inference's SuffixDecodingCache drafts inside our engine too
-(`arctic-suffix`, bench/arctic.py: built from its source package first), verified by the same
+(`arctic-suffix`, bench/peers/arctic.py: built from its source package first), verified by the same
 target and policies, its cache fresh for each set.
 
     python bench/suffix.py --out bench/results/cpu_suffix.json [--max-new-tokens 320] [--arctic]
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     for name, requests in sets.items():
         caches = {p: SuffixCaches(engine.config.suffix_cache_tokens) for p in providers}  # each starts empty
         if args.arctic:
-            import arctic
+            from peers import arctic
 
             arctic.install(arctic.cache())  # a fresh Arctic cache for the set
         runs = {p: [] for p in providers}

@@ -117,7 +117,7 @@ fi
 if has kernels; then
   if [ -n "$SMOKE" ]; then  # the microbenchmarks' torch providers, once each, on the CPU
     step kernels ${KERNELS_TIMEOUT:-120} "" env SPECENGINE_BENCH_CPU=1 $PY -m pytest -q -p no:cacheprovider \
-      bench/bench_fused_ops.py bench/bench_verify_attention.py bench/bench_rejection_sampling.py \
+      bench/ops/fused_ops.py bench/ops/verify_attention.py bench/ops/rejection_sampling.py \
       -k "torch and not compile" --benchmark-disable
   else
     step kernels ${KERNELS_TIMEOUT:-60} "$RES/gpu_kernels_$DEV.json" $PY bench/gpu_kernels.py --out "$RES/gpu_kernels_$DEV.json"

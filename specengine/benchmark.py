@@ -209,7 +209,7 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8,
               "dtype_choice": getattr(engine, "dtype_choice", None), "exact_match_reference": ref,
               "batch_invariant": getattr(engine, "batch_invariant_info", None),
               "environment": environment(), "results": list(rows.values()),
-              # what bench/ngram_bound.py replays: the prompts' ids and the reference's tokens
+              # what a host-only replay of a policy reads: the prompts' ids and the reference's tokens
               "prompt_ids": ids, "reference_outputs": outputs_of[ref]}
     if engine.device.type == "cpu":  # what the memory system allows: weights / measured matvec time
         bound = report["target_matvec_bound"] = matvec_bound(engine.target.model)

@@ -45,9 +45,10 @@ from .token_tree import TokenTree
 
 MIN_TIMED_PREFILL = 16  # prompt tokens below which the driver's prefill time is mostly overhead, not a rate
 # hybrid, draft prefill deferred: the reply is expected to write this many times what it has so far
-# (bench/hybrid_policy_replay.py, the better single source: on the benchmark's prompts 1x 1.00,
-# 2x 1.016, 4x 1.021, 8x 0.974; on prompts kept apart, bench/hybrid_tuning_prompts.py, 1x 1.005,
-# 2x 1.076, 3x 1.092; measured, interleaved A/B: 2x 1.011, and 2x with a floor of 32 tokens 0.975)
+# (host-only replays, the better single source: on the benchmark's prompts 1x 1.00,
+# 2x 1.016, 4x 1.021, 8x 0.974; on prompts kept apart from the benchmark's, 1x 1.005,
+# 2x 1.076, 3x 1.092; measured, interleaved A/B: 2x 1.011, and 2x with a floor of 32 tokens 0.975;
+# docs/design.md, "Experiments")
 PRIME_HORIZON = 2.0
 
 
@@ -112,7 +113,7 @@ class NgramDecoding(Method):
                 self.draft_policy.set_costs(costs)
 
     def start_rows(self, prompts: list[list[int]], max_new: list[int], prefill_s: float) -> None:
-        """The host state of a call's rows (host-only: bench/hybrid_policy_replay.py replays with it),
+        """The host state of a call's rows (host-only, so a replay without the models can drive it),
         and the target's prefill rate where enough tokens were timed (the serving core's placeholders:
         none)."""
         n = len(prompts)
@@ -152,7 +153,7 @@ class NgramDecoding(Method):
     def plan(self, live: list[int]) -> tuple[str, dict]:
         """This round's kind ("ngram", "draft" or "plain") and the live rows' proposals
         {row: (tokens, parents or None)}. Host-only: the indexes and the policies' estimates
-        (bench/hybrid_policy_replay.py replays it without the models)."""
+        (a replay can drive it without the models)."""
         gammas = None
         if self.tree is not None:
             shape = self.tree

@@ -13,7 +13,7 @@ from .round_clock import RoundClock
 from .sampling import check_number
 
 
-DEFAULT_SPECDEC_THRESHOLD = 0.1  # the held-out sweep on the dev CPU (bench/README.md, "SpecDec++"); sweep your own
+DEFAULT_SPECDEC_THRESHOLD = 0.1  # the held-out sweep on the dev CPU (bench/README.md, "Methods on float weights"); sweep your own
 
 
 class FixedPolicy:

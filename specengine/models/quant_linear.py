@@ -86,7 +86,7 @@ def quant_matmul(x2: torch.Tensor, qweight: torch.Tensor, qtype: str) -> torch.T
     the compiled int8 kernel at every width, so decode, verify and prefill (whole or in chunks, as
     the serving core's prefix reuse runs it) give a row the same bits. It is also the fastest there:
     dequantizing a weight for BLAS costs more than the int8 kernel's whole product up to 512 rows and
-    beyond (bench/prefill_matmul.py: Q4_K 17920 x 1536 at 512 rows, 59 ms interleaved vs 209 ms, on the
+    beyond (docs/design.md, "Experiments": Q4_K 17920 x 1536 at 512 rows, 59 ms interleaved vs 209 ms, on the
     2-core AMD EPYC). On a GPU the Triton kernel (fp32 accumulation; batch invariance there is the
     probe's business)."""
     if qweight.is_cuda and HAVE_TRITON and qtype in CODES:  # GPU: the Triton kernel, any row count

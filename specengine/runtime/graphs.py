@@ -96,7 +96,7 @@ def capture_stream(pool, device: torch.device) -> torch.cuda.Stream:
     torch keys the cuBLAS workspace a captured GEMM embeds by the capture stream, so graphs
     captured on one shared stream share one workspace. PEARL replays the draft's graphs beside
     the target's on a second stream: with a shared workspace their split-K GEMMs hung on an
-    H200 (bench/gpu_pearl_probe.py). One stream per pool gives each its own workspace, and
+    H200 (docs/design.md, "Experiments"). One stream per pool gives each its own workspace, and
     that stream is never PEARL's side stream (`dedicated_stream`)."""
     key = (torch.device(device), pool)
     if key not in _CAPTURE_STREAMS:

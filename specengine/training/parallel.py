@@ -250,7 +250,7 @@ def train_parallel(engine, out_path, recipe: ParallelRecipe | None = None, work_
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.0)
     steps = recipe.epochs * ((len(train_c) + recipe.batch - 1) // recipe.batch)
-    # a constant 2e-3 diverged after ~60 steps on the real pair (bench/README.md): decay it
+    # a constant 2e-3 diverged after ~60 steps on the real pair (bench/results/cpu_parallel_drafter_training.json): decay it
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s / steps, 1.0))))
     ckpt = work / f"checkpoint-{data_key(recipe, sorted(asdict(recipe)))}.pt"  # a changed recipe starts afresh
     step0 = 0

@@ -103,28 +103,6 @@ def test_the_invariant_section_records_what_the_probe_found(tmp_path):
     check_invariant_rows(result["invariant"])
 
 
-def test_the_round_anatomy_and_first_call_scripts_run(tmp_path):
-    """The one-off GPU scripts (bench/README.md, "Where an `ar` round's time goes"): the anatomy's
-    rows and traces under names a device command returns, the overlapped driver's tokens equal
-    to the plain one's; the first-call profile of a method."""
-    proc = subprocess.run([sys.executable, "gpu_round_anatomy.py", "--smoke", "--rounds", "4", "--out", str(tmp_path)],
-                          cwd=ROOT / "bench", capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads((tmp_path / "anatomy.json").read_text())
-    assert all(result["overlap_same_tokens"].values()) and len(result["rows"]) == 5
-    assert {r["overlap"] for r in result["rows"]} == {False, True}
-    traces = sorted(p.name for p in tmp_path.glob("trace_*.json.gz"))
-    assert len(traces) == 5 and all(n.replace("_", "").replace(".", "").replace("-", "").isalnum() for n in traces)
-    proc = subprocess.run([sys.executable, "gpu_first_call.py", "--smoke", "--method", "pearl"],
-                          cwd=ROOT / "bench", capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and "pearl call 2:" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for variant in ("concurrent", "serial", "eager"):  # the probe that found PEARL's hang (14fc5bf)
-        proc = subprocess.run([sys.executable, "gpu_pearl_probe.py", "--smoke", "--new", "4", "--variant", variant],
-                              cwd=ROOT / "bench", capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0 and "round 4:" in proc.stdout and "call 2 done: 4 tokens" in proc.stdout, \
-            proc.stdout[-3000:] + proc.stderr[-3000:]
-
-
 def test_a_method_config_past_its_limit_gives_the_next_pair_its_time(tmp_path):
     """PEARL's warm-up outlasted two H100 runs' parts; a config now stops at its own limit, is
     recorded, and the section goes on with a fresh engine (here the 7B pair's pearl stalls).

@@ -2,7 +2,7 @@
 `capture_stream`). torch keys the cuBLAS workspace a captured GEMM embeds by the capture
 stream; PEARL replays the draft's graphs beside the target's, and with one shared capture
 stream the two shared a workspace and the first concurrent round hung on an H200
-(bench/results/gpu_logs/h200_2e67141_probe_*). The CPU test stands in for the CUDA calls and
+(docs/design.md, "Experiments"). The CPU test stands in for the CUDA calls and
 checks which stream each capture names; the CUDA test runs PEARL's concurrent rounds at widths
 where cuBLAS splits K."""
 import contextlib

@@ -9,7 +9,7 @@ imported from the unpacked source (the rest needs vLLM).
 so Arctic's proposals are verified by the same target, tree verification and policies as ours:
 `install()` registers the method `arctic-suffix` (`suffix` with Arctic's cache in place of ours).
 
-    python bench/arctic.py build     # once: ~1 minute on 2 cores
+    python bench/peers/arctic.py build     # once: ~1 minute on 2 cores
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "arctic"
 VERSION = "0.3.0"
 

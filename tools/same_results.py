@@ -3,7 +3,7 @@ the real pair, fixed options (no measured choice), fp32 and bf16, the tokens and
 counters of each call written to JSON. Run it on the old and the new commit, same machine,
 and compare the files (only the batch-invariant "auto" decision may differ: it is timed).
 
-    python bench/same_results.py OUT.json
+    python tools/same_results.py OUT.json
 """
 import json
 import subprocess
@@ -18,7 +18,7 @@ RUNS = [("ar", {}), ("sd", {"gamma": 3}), ("sd", {"gamma": 3, "policy": "specdec
 
 
 def main(out_path: str) -> None:
-    out = {"environment": environment(), "command": "python bench/same_results.py " + out_path,
+    out = {"environment": environment(), "command": "python tools/same_results.py " + out_path,
            "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()}
     prompts = [p["prompt"] for p in humaneval(2)]
     for dtype in ("float32", "bfloat16"):

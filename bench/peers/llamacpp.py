@@ -5,8 +5,8 @@ ignored. Decode tokens/s come from llama.cpp's own timers (prefill apart):
 - speculative with the draft, and n-gram drafting: `llama-speculative-simple
   --spec-type draft-simple | ngram-simple` (its "decoded N tokens ... speed" line).
 
-    python bench/llamacpp.py build            # once: ~8 minutes on 2 cores, into build/llama.cpp
-    python bench/llamacpp.py run --draft-max 3
+    python bench/peers/llamacpp.py build            # once: ~8 minutes on 2 cores, into build/llama.cpp
+    python bench/peers/llamacpp.py run --draft-max 3
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "llama.cpp"
 TOOLS = ("llama-completion", "llama-speculative-simple", "llama-bench")
 
