@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/*.cu csrc/
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0 ninja
 	# no build isolation: setup.py needs this torch to compile the KV extension (csrc/)
-	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[gguf,test,bench,triton,serve,structured]"
+	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[gguf,test,bench,triton,serve,structured,ray]"
 	touch $(STAMP)
 
 install: $(STAMP)

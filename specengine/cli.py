@@ -139,7 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--groups", type=int, default=16, help="mask groups per chunk")
     tp.add_argument("--rank", type=int, default=8, help="LoRA rank of the mask-row adapters")
 
-    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the serve extra)")
+    _serve_args(sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the serve extra)"))
+
+    f = sub.add_parser("fetch", help="download + convert a registry model into the cache")
+    f.add_argument("names", nargs="*", default=[DEFAULT_TARGET, DEFAULT_DRAFT], help=", ".join(REGISTRY))
+    return ap
+
+
+def _serve_args(s) -> None:
+    """`specengine serve`: one engine in this process, or replicas on Ray Serve (--ray)."""
     _engine_args(s, max_batch=8)  # rows served at once (and the CUDA graphs' largest batch)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
@@ -151,10 +159,35 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--default-max-tokens", type=int, default=256, help="when a request has no max_tokens")
     s.add_argument("--api-key", default=None,
                    help="require `Authorization: Bearer KEY` on /v1 routes (default: $SPECENGINE_API_KEY, if set)")
+    r = s.add_argument_group("replicas on Ray Serve (pip install 'specengine[ray]'; docs/serving.md)")
+    r.add_argument("--ray", action="store_true", help="serve N engine replicas behind Ray Serve's HTTP proxy")
+    r.add_argument("--replicas", type=int, default=1, help="engine replicas (with --ray)")
+    r.add_argument("--router", choices=("prefix", "pow2"), default="prefix",
+                   help="prefix: a request goes to the replica that served its text's start; pow2: Ray's default")
+    r.add_argument("--cpus-per-replica", type=float, default=1.0)
+    r.add_argument("--gpus-per-replica", type=float, default=0.0)
+    r.add_argument("--autoscale", default=None, metavar="MIN:MAX[:TARGET]",
+                   help="autoscale between MIN and MAX replicas at TARGET ongoing requests each (default 2)")
+    r.add_argument("--ray-address", default=None, help="a running cluster (default: $RAY_ADDRESS, else a local one)")
 
-    f = sub.add_parser("fetch", help="download + convert a registry model into the cache")
-    f.add_argument("names", nargs="*", default=[DEFAULT_TARGET, DEFAULT_DRAFT], help=", ".join(REGISTRY))
-    return ap
+
+def _serve_ray(args):
+    from .serve.ray_app import ReplicaSpec, run
+
+    scale = None
+    if args.autoscale:
+        parts = args.autoscale.split(":")
+        if len(parts) not in (2, 3) or not all(p.strip().isdigit() for p in parts):
+            raise SpecEngineError(f"--autoscale wants MIN:MAX[:TARGET] (integers), got {args.autoscale!r}", "autoscale")
+        scale = {"min_replicas": int(parts[0]), "max_replicas": int(parts[1]),
+                 "target_ongoing_requests": int(parts[2]) if len(parts) == 3 else 2}
+    core = dict(max_batch=args.max_batch, max_waiting=args.max_waiting, gamma=args.gamma, prefix_reuse=args.prefix_reuse)
+    spec = ReplicaSpec(args.target, args.draft, config_from_args(args), core, replicas=args.replicas,
+                       autoscaling=scale, cpus=args.cpus_per_replica, gpus=args.gpus_per_replica, router=args.router)
+    key = args.api_key or os.environ.get("SPECENGINE_API_KEY") or None
+    print(f"serving {args.target} on http://{args.host}:{args.port}/v1 with "
+          f"{args.autoscale or args.replicas} Ray Serve replica(s), {args.router} routing", file=sys.stderr)
+    run(spec, args.host, args.port, args.model_name or args.target, args.default_max_tokens, key, args.ray_address)
 
 
 def _load(args):
@@ -249,6 +282,8 @@ def cmd_train_parallel(args):
 
 
 def cmd_serve(args):
+    if args.ray:
+        return _serve_ray(args)
     from .serve.server import serve
 
     engine = _load(args)

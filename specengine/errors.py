@@ -11,3 +11,6 @@ class SpecEngineError(ValueError):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+    def __reduce__(self):  # pickles with its param (a replica's refusal reaches another process's 400)
+        return type(self), (str(self), self.param)

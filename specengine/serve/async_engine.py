@@ -17,12 +17,15 @@ import time
 from typing import AsyncIterator
 
 from .core import EngineCore, RequestOutput, RequestParams
+from .metrics import engine_lines
+from .served_model import ServedModel
 
 
 class AsyncEngine:
     def __init__(self, engine, **core_kw):
         self.engine = engine
         self.core = EngineCore(engine, **core_kw)
+        self.model = ServedModel.of(engine, self.core.headroom)
         self._lock = threading.Lock()  # guards the inbox only (held for microseconds)
         self._inbox: list = []  # ("add", request) | ("abort", id)
         self._ids = itertools.count()
@@ -51,6 +54,15 @@ class AsyncEngine:
             self.metrics["requests"] += 1
         self._wake.set()
         return req.rid, queue
+
+    async def open(self, prompt, params: RequestParams | None = None, retry: bool = False) -> tuple[str, asyncio.Queue]:
+        """The server's entry (the same as a replicated backend's, serve/ray_app.py): submit.
+        retry: whether a request may run again elsewhere if its replica dies (one process: never)."""
+        return self.submit(prompt, params)
+
+    async def engine_lines(self, model_name: str) -> list[str]:
+        """This engine's part of /metrics (a replicated backend gathers every replica's)."""
+        return engine_lines(self, model_name)
 
     async def stream(self, prompt, params: RequestParams | None = None) -> AsyncIterator[RequestOutput]:
         rid, queue = self.submit(prompt, params)

@@ -171,6 +171,12 @@ class EngineCore:
         """KV positions a round of this core's method may write past a row's length."""
         return headroom(self._probe, self.engine.target)
 
+    def kv_usage(self) -> float:
+        """The fraction of the KV cache's positions (rows x max_seq_len) the running requests hold
+        (rows kept for prefix reuse are free to take: not counted)."""
+        held = sum(len(r.prompt) + len(r.ids) for r in list(self.running.values()))
+        return held / (self.max_batch * self.engine.max_seq_len)
+
     @property
     def free_slots(self) -> int:
         return self.slots.count(None)

@@ -25,7 +25,7 @@ from ..request import RequestParams, served_fields
 from .async_engine import AsyncEngine
 from .core import Overloaded
 from .openai_logprobs import AnswerLogprobs, LogprobFormatter
-from .metrics import Histogram
+from .metrics import Histogram, http_lines
 
 try:
     from fastapi import Depends, FastAPI, Request
@@ -53,16 +53,19 @@ class _Unauthorized(Exception):
 
 
 def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: str | None = None,
-               **core_kw) -> FastAPI:
+               backend=None, **core_kw) -> FastAPI:
     """The FastAPI app serving `engine` as `model_name` (core_kw: EngineCore options).
     api_key: every /v1 route then wants `Authorization: Bearer <api_key>` (None: the
-    SPECENGINE_API_KEY environment variable, if set; /health stays open).
+    SPECENGINE_API_KEY environment variable, if set; /health stays open). backend: what runs
+    the requests instead of an AsyncEngine over `engine` (then None): the replicas of
+    serve/ray_app.py, behind the same routes.
 
     Why long: FastAPI's app-factory pattern. The routes, error handlers and metrics are
     closures over this app's AsyncEngine, key and counters; each is short on its own."""
     api_key = api_key if api_key is not None else os.environ.get("SPECENGINE_API_KEY") or None
-    aeng = AsyncEngine(engine, **core_kw)
-    formatter = LogprobFormatter(engine.tokenizer)
+    aeng = backend if backend is not None else AsyncEngine(engine, **core_kw)
+    model = aeng.model  # the tokenizer and limits (ServedModel): all the routes need of the engine
+    formatter = LogprobFormatter(model.tokenizer)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -126,30 +129,8 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
 
     @app.get("/metrics", response_class=PlainTextResponse,
              responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
-    def metrics():
-        m, core = aeng.metrics, aeng.core
-        gen = core.gen
-        acc = gen.counters.accepted / max(gen.counters.proposed, 1) if gen is not None else 0.0
-        lines = [
-            "# TYPE specengine_requests_total counter", f"specengine_requests_total {m['requests']}",
-            "# TYPE specengine_requests_finished_total counter", f"specengine_requests_finished_total {m['finished']}",
-            "# TYPE specengine_requests_aborted_total counter", f"specengine_requests_aborted_total {m['aborted']}",
-            "# TYPE specengine_requests_failed_total counter", f"specengine_requests_failed_total {m['failed']}",
-            "# TYPE specengine_bad_requests_total counter", f"specengine_bad_requests_total {counts['bad_requests']}",
-            "# TYPE specengine_overloaded_total counter", f"specengine_overloaded_total {counts['overloaded']}",
-            "# TYPE specengine_unauthorized_total counter", f"specengine_unauthorized_total {counts['unauthorized']}",
-            "# TYPE specengine_generated_tokens_total counter", f"specengine_generated_tokens_total {m['tokens']}",
-            "# TYPE specengine_rounds_total counter", f"specengine_rounds_total {m['rounds']}",
-            "# TYPE specengine_prompt_tokens_total counter", f"specengine_prompt_tokens_total {m['prompt_tokens']}",
-            "# TYPE specengine_cached_prompt_tokens_total counter",  # prompt tokens a row already held
-            f"specengine_cached_prompt_tokens_total {m['cached_prompt_tokens']}",
-            "# TYPE specengine_requests_running gauge", f"specengine_requests_running {len(core.running)}",
-            "# TYPE specengine_requests_waiting gauge", f"specengine_requests_waiting {len(core.waiting)}",
-            "# TYPE specengine_acceptance_rate gauge", f"specengine_acceptance_rate {acc}",
-        ]
-        lines += hist["ttft"].lines("specengine_time_to_first_token_seconds")
-        lines += hist["itl"].lines("specengine_inter_token_seconds")
-        lines += hist["latency"].lines("specengine_request_latency_seconds")
+    async def metrics():
+        lines = await aeng.engine_lines(model_name) + http_lines(counts, hist)
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     def _params(req: Sampling) -> RequestParams:
@@ -183,7 +164,7 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
         latency metrics and usage; split apart they would repeat them."""
         try:
             params = _params(body)
-            rid, queue = aeng.submit(prompt, params)
+            rid, queue = await aeng.open(prompt, params, retry=not body.stream)
         except _BadField as e:
             counts["bad_requests"] += 1
             return _error(400, str(e), e.param)
@@ -194,9 +175,9 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
             counts["bad_requests"] += 1
             return _error(400, str(e), _api_param(e, chat))
         echo = not chat and body.echo
-        ids = engine.encode(prompt)[0][0] if echo else None
+        ids = model.encode(prompt)[0][0] if echo else None
         answer = AnswerLogprobs(formatter, chat, body.logprobs is not None and body.logprobs is not False, ids,
-                                prompt if isinstance(prompt, str) else engine.decode(ids) if echo else "",
+                                prompt if isinstance(prompt, str) else model.decode(ids) if echo else "",
                                 not chat and body.max_tokens == 0)
         oid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created, t0 = int(time.time()), time.perf_counter()
@@ -284,7 +265,7 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
     async def completions(request: Request, body: CompletionRequest):
         return await _serve(request, body, body.prompt, chat=False)
 
-    if getattr(engine.tokenizer, "chat_template", None):  # else every chat request would be a 400: not served
+    if model.has_chat:  # else every chat request would be a 400: not served
         @app.post("/v1/chat/completions", **{**v1, "responses": {**v1["responses"], **STREAMED}})
         async def chat_completions(request: Request, body: ChatRequest):
             messages = [m.model_dump() for m in body.messages]
@@ -304,8 +285,7 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
             for name in ("HTTPValidationError", "ValidationError"):
                 components.pop(name, None)
             json_schema_bounds(components)
-            _engine_constraints(components, model_name, engine.target.config.vocab_size,
-                                engine.max_seq_len - aeng.core.headroom - 1)
+            _engine_constraints(components, model_name, model.vocab_size, model.max_seq_len - model.headroom - 1)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -89,6 +89,38 @@ def test_models_health_and_metrics(server, client):
     assert float(values["specengine_requests_total"]) >= 1 and float(values["specengine_generated_tokens_total"]) >= 3
 
 
+def test_gateway_metrics_parse_with_prometheus_and_follow_the_core(server, client):
+    """What the Gateway API Inference Extension's endpoint picker reads (vLLM's names: waiting,
+    running, KV-cache usage, the LoRA info gauge) and our speculative figures per method, read
+    by Prometheus' own parser; the gauges follow the core while a request runs."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url, aeng, _ = server
+    client.completions.create(model=MODEL, prompt="x = 1", max_tokens=4, temperature=0)
+
+    def scrape():
+        return {s.name: s for f in text_string_to_metric_families(httpx.get(url + "/metrics").text)
+                for s in f.samples}
+
+    idle = scrape()
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+        assert idle[name].labels == {"model_name": MODEL} and idle[name].value == 0, name
+    assert idle["vllm:lora_requests_info"].labels == {"max_lora": "0", "running_lora_adapters": "",
+                                                      "waiting_lora_adapters": ""}
+    assert idle["specengine_tokens_per_target_forward"].labels == {"method": "sd"}
+    assert idle["specengine_tokens_per_target_forward"].value >= 1  # a round commits one token at least
+    assert 0 <= idle["specengine_method_acceptance_rate"].value <= 1
+    seen = []
+    stream = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=40, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    for i, _ in enumerate(stream):
+        if i == 2:  # mid-stream: one request holds a row and its tokens
+            now = scrape()
+            seen = [now["vllm:num_requests_running"].value, now["vllm:kv_cache_usage_perc"].value]
+            held = sum(len(r.prompt) + len(r.ids) for r in list(aeng.core.running.values()))
+    assert seen[0] == 1 and 0 < seen[1] <= held / (aeng.core.max_batch * aeng.engine.max_seq_len) + 1e-9
+
+
 def test_completion_and_chat_equal_standalone_greedy(server, client):
     r = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=12, temperature=0,
                                   extra_body={"ignore_eos": True})
