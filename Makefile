@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: gpu-run trace gpu-check install demo test test-fast bench bench-gguf bench-structured bench-suffix bench-serve bench-ngram bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
+.PHONY: gpu-run trace gpu-check install demo test test-fast bench bench-gguf bench-structured bench-suffix bench-serve bench-ray bench-ngram bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
 
 $(STAMP): pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/*.cu csrc/*.cuh csrc/cpu/*.cpp csrc/cpu/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -71,13 +71,18 @@ bench-serve: $(STAMP)
 	  --out bench/results/cpu_serve_load.json
 	$(PY) bench/serve_multiturn.py --concurrency 1,2 --out bench/results/cpu_serve_multiturn.json
 
+# Ray Serve replicas (1, 2 with Ray's default routing, 2 with ours) against one plain server, the
+# same multi-turn load, the 0.5B model (about 10 minutes on 2 cores).
+bench-ray: $(STAMP)
+	$(PY) bench/serve_ray.py --out bench/results/cpu_serve_ray.json
+
 bench-gguf: $(STAMP)
 	$(PY) bench/peers/llamacpp.py build
 	$(PY) bench/gguf_cpu.py --llamacpp --out bench/results/cpu_gguf_vs_llamacpp.json
 	$(PY) bench/gguf_cpu.py --llamacpp --interleaved 2 --n-prompts 3 --max-new-tokens 64 \
 	  --out bench/results/cpu_gguf_interleaved_$$($(PY) -c "from specengine.models.cpu_matmul import machine; print(machine()['isa'].lower())").json
 
-# N-gram drafting on prompts that copy their input (bench/ngram_prompts.py) and on HumanEval:
+# N-gram drafting on prompts that copy their input (specengine/prompts.py, COPY_PROMPTS) and on HumanEval:
 # HF generate and its prompt lookup, our ar, n-gram chains and tree, the draft model, the hybrid
 # Whole replies (each provider stops at EOS, up to 512 tokens; `--fixed-length` for 128 tokens, EOS
 # ignored): 25-30 minutes on 2 cores, most of it transformers' fp32.

@@ -1,7 +1,7 @@
 """N-gram drafting on input-grounded work, in one run on the real pair (issue 39; `make bench-ngram`).
 
 Two prompt sets, every provider side by side on each: prompts that copy their input
-(bench/ngram_prompts.py: type hints, docstrings, a bug fix, answers and a summary from a
+(specengine/prompts.py, COPY_PROMPTS: type hints, docstrings, a bug fix, answers and a summary from a
 passage) and the HumanEval prompts, where little is copied. Providers: transformers `generate`
 and its prompt lookup (`prompt_lookup_num_tokens=10`, fp32 float weights), our `ar`, n-gram
 chains (γ 10 as transformers, and auto), an n-gram tree, the draft model (`sd` γ auto) and the
@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ngram_prompts import COPY_PROMPTS  # a sibling: bench/ is the script's folder
+from specengine.prompts import COPY_PROMPTS
 
 from specengine import Engine
 from specengine.benchmark import run_benchmark, save
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     common = dict(target_path=resolve(DEFAULT_TARGET), draft_path=resolve(DEFAULT_DRAFT), baseline="ar",
                   max_new_tokens=max_new, stop_at_eos=not args.fixed_length)
     copy = run_benchmark(eng, providers, **common,
-                         prompts=("input-grounded (bench/ngram_prompts.py)", [p for _, p in COPY_PROMPTS]))
+                         prompts=("input-grounded (specengine/prompts.py, COPY_PROMPTS)", [p for _, p in COPY_PROMPTS]))
     code = run_benchmark(eng, providers, n_prompts=args.humaneval, **common)
     report = {"benchmark": "ngram_cpu", "command": " ".join(["python"] + sys.argv), "copy": copy,
               "humaneval": code, "copy_prompt_kinds": [k for k, _ in COPY_PROMPTS],

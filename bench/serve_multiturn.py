@@ -41,7 +41,8 @@ async def turn(client, url, messages, max_tokens):
         elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
             first = first or time.perf_counter()
             text += chunk["choices"][0]["delta"]["content"]
-    return {"ttft_s": (first or time.perf_counter()) - t0, "text": text, "prompt_tokens": usage["prompt_tokens"],
+    return {"ttft_s": (first or time.perf_counter()) - t0, "latency_s": time.perf_counter() - t0, "text": text,
+            "prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
             "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]}
 
 

@@ -7,7 +7,7 @@ keeps their ids do). The shipped tables sit in `specengine/drafting/vocabs/`.
 
 Ranking by id is no substitute: the first 32k ids of the Qwen tokenizer cover only 93% of this
 repository's code tokens. Code alone is no substitute either: over the Python standard
-library only, the top 32k covered 89% of the copy prompts' English (bench/ngram_prompts.py),
+library only, the top 32k covered 89% of the copy prompts' English (specengine/prompts.py, COPY_PROMPTS),
 less than id order's 93%. The shipped table was counted over the standard library's sources
 (code, docstrings, comments), the PEPs (python/peps at ba4deeb, English prose) and The Rust
 Programming Language (rust-lang/book at 9175448, prose with code), none of them a benchmark

@@ -256,15 +256,18 @@ class EngineCore:
 
     def _row_for(self, prompt: list[int]) -> tuple[int, int]:
         """(free row, prompt tokens it may hold): the row whose held tokens share the longest start
-        with the prompt, else an empty row, else the one freed longest ago."""
+        with the prompt, else an empty row, else the one freed longest ago. While an empty row is
+        left, a held row is taken only by a prompt that continues most of it: sharing a system
+        prompt is not worth losing a conversation another turn of which may come back."""
         free = [s for s, rid in enumerate(self.slots) if rid is None]
+        empty = next((s for s in free if s not in self._held), None)
         if self.prefix_reuse and self._held:
             best, shared = max(((s, common_prefix(self._held[s], prompt)) for s in free if s in self._held),
                                key=lambda x: x[1], default=(None, 0))
-            if shared:
+            if shared and (empty is None or 2 * shared >= len(self._held[best])):
                 del self._held[best]
                 return best, shared
-        slot = next((s for s in free if s not in self._held), None)
+        slot = empty
         if slot is None:
             slot = next(s for s in self._held if s in free)
         self._held.pop(slot, None)

@@ -132,6 +132,22 @@ def test_a_prompt_that_diverges_inside_the_held_tokens_reuses_only_the_shared_st
     assert again.cached_tokens == len(edited) - 1 and again.token_ids == want
 
 
+def test_a_shared_system_prompt_takes_an_empty_row_and_leaves_the_conversation_held(engines, tokenizer):
+    """Another request that shares only the start every chat has (a system prompt) goes to an
+    empty row while one is left, so the conversation's next turn still finds its row."""
+    eng, ref = engines
+    core = EngineCore(eng, max_batch=2, method="sd", gamma=3)
+    system = tokenizer.encode("system: be brief\n")
+    turn1 = system + tokenizer.encode("user: def add(a, b):\n")
+    first = core_run(core, turn1, 12)
+    other = core_run(core, system + tokenizer.encode("user: import os\n"), 6)
+    assert other.cached_tokens == 0  # the empty row, not the conversation's
+    turn2 = turn1 + first.token_ids + tokenizer.encode("user: and then?\n")
+    second = core_run(core, turn2, 8)
+    assert second.cached_tokens >= len(turn1)
+    assert second.token_ids == ref.generate(turn2, max_new_tokens=8, method="sd", gamma=3, ignore_eos=True).token_ids
+
+
 def test_prompt_logprobs_and_a_new_sampling_class_prefill_cold(engines, tokenizer):
     """Prompt log-probabilities need every position's logits; a new sampling class starts fresh
     caches: neither reuses a row."""
