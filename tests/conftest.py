@@ -29,6 +29,16 @@ def pytest_collection_modifyitems(config, items):
         if "interpreter" in item.keywords:
             item.add_marker(skip)
 
+def pytest_terminal_summary(terminalreporter):
+    """The suite's peak resident memory in its summary (the budget: at most 16 GB on a 24 GiB
+    CI machine): this process, and the largest of the processes it ran and waited for."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB on Linux
+    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+    terminalreporter.write_line(f"peak resident memory: {own:.1f} GiB (pytest), {child:.1f} GiB (largest child)")
+
+
 # SPECENGINE_NO_SKIPS=1 (CI): only "needs CUDA" may skip; the compiled GGUF kernel once per ISA copy (`ext`)
 pytest_plugins = ["helpers.strict_skips", "helpers.quant_ext"]
 

@@ -14,6 +14,7 @@ torch.utils.cpp_extension adds, and reads registers, stack frame and spills per 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import subprocess
@@ -116,10 +117,27 @@ def compile_cuda(root: Path, arch: str = "90", out_dir: Path | None = None) -> t
            f"-I{CSRC}", f"-I{root / 'include'}", f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
            f"-I{sysconfig.get_paths()['include']}", "-gencode", f"arch=compute_{arch},code=sm_{arch}",
            "-Xptxas", "-v"]
+    memo = _memo_path(cmd, out_dir)
+    if memo.exists():  # the same sources, flags, headers and nvcc compiled before: its ptxas report
+        return std, parse_ptxas(memo.read_text())
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    memo.write_text(proc.stdout + proc.stderr)
     return std, parse_ptxas(proc.stdout + proc.stderr)
+
+
+def _memo_path(cmd: list[str], out_dir: Path) -> Path:
+    """Where a successful compile's report is kept, keyed (like ccache) by everything that decides
+    it: the command (flags, include paths, header root), every csrc/ source and nvcc's version."""
+    key = hashlib.sha256()
+    key.update(" ".join(cmd).replace(str(out_dir), "OUT").encode())
+    for f in sorted(CSRC.rglob("*")):
+        if f.is_file():
+            key.update(f.name.encode() + f.read_bytes())
+    key.update(subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.encode())
+    return cache_dir() / "ext-check" / f"{key.hexdigest()[:32]}.txt"
 
 
 def main(argv=None) -> int:

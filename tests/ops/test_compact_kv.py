@@ -168,7 +168,7 @@ def test_extension_cuda_source_compiles_against_cuda_torch_headers():
     """csrc/compact_kv_cuda.cu as the real build compiles it: torch's CUDA headers, torch's
     C++ standard (from its build config) and nvcc flags, sm_90. `make test` extracts the
     headers of a CUDA torch wheel first (tools/ext_check.py --fetch-only); without them
-    this skips."""
+    this skips. A compile of the very same inputs is remembered (tools/ext_check._memo_path)."""
     from helpers.repo_tools import load_tool
 
     ext_check = load_tool("ext_check")
