@@ -158,7 +158,8 @@ def _serve_args(s) -> None:
                         "computes in fp32)")
     s.add_argument("--default-max-tokens", type=int, default=256, help="when a request has no max_tokens")
     s.add_argument("--api-key", default=None,
-                   help="require `Authorization: Bearer KEY` on /v1 routes (default: $SPECENGINE_API_KEY, if set)")
+                   help="require `Authorization: Bearer KEY` on /v1 routes (default: $SPECENGINE_API_KEY, if set); "
+                        "KEY1,KEY2,...: several tenants, whose suffix-decoding caches stay apart")
     r = s.add_argument_group("replicas on Ray Serve (pip install 'specengine[ray]'; docs/serving.md)")
     r.add_argument("--ray", action="store_true", help="serve N engine replicas behind Ray Serve's HTTP proxy")
     r.add_argument("--replicas", type=int, default=1, help="engine replicas (with --ray)")

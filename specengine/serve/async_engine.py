@@ -39,13 +39,14 @@ class AsyncEngine:
         self._thread.start()
 
     # ------------------------------------------------------------------ public
-    def submit(self, prompt, params: RequestParams | None = None) -> tuple[str, asyncio.Queue]:
-        """Queue a request from the running event loop; returns (id, its output queue)."""
+    def submit(self, prompt, params: RequestParams | None = None, cache_key: str = "") -> tuple[str, asyncio.Queue]:
+        """Queue a request from the running event loop; returns (id, its output queue).
+        cache_key: whose earlier responses suffix decoding may propose to it (EngineCore.add_request)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         if self.error is not None:
             raise RuntimeError(f"the engine loop stopped: {self.error!r}")
-        req = self.core.prepare(prompt, params, f"req-{next(self._ids)}")  # raises on bad input
+        req = self.core.prepare(prompt, params, f"req-{next(self._ids)}", cache_key)  # raises on bad input
         with self._lock:
             if len(self.core.waiting) + sum(k == "add" for k, _ in self._inbox) >= self.core.max_waiting:
                 raise self.core.overloaded()
@@ -55,10 +56,11 @@ class AsyncEngine:
         self._wake.set()
         return req.rid, queue
 
-    async def open(self, prompt, params: RequestParams | None = None, retry: bool = False) -> tuple[str, asyncio.Queue]:
+    async def open(self, prompt, params: RequestParams | None = None, retry: bool = False,
+                   cache_key: str = "") -> tuple[str, asyncio.Queue]:
         """The server's entry (the same as a replicated backend's, serve/ray_app.py): submit.
         retry: whether a request may run again elsewhere if its replica dies (one process: never)."""
-        return self.submit(prompt, params)
+        return self.submit(prompt, params, cache_key)
 
     async def engine_lines(self, model_name: str) -> list[str]:
         """This engine's part of /metrics (a replicated backend gathers every replica's)."""

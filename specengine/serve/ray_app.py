@@ -43,6 +43,7 @@ class GenerateRequest:
     prompt: object = None
     messages: list | None = None
     params: RequestParams | None = None
+    cache_key: str = ""  # the API key's tenant: suffix decoding's memory it reads and joins
 
 
 @dataclass
@@ -83,7 +84,8 @@ class EngineReplica:
         """Yields the replica's id once the request is queued (or its refusal, an exception the
         ingress raises), then its RequestOutputs; a cancelled call aborts the request."""
         try:
-            rid, queue = self.aeng.submit(req.messages if req.messages is not None else req.prompt, req.params)
+            rid, queue = self.aeng.submit(req.messages if req.messages is not None else req.prompt, req.params,
+                                          req.cache_key)
         except SpecEngineError as e:  # bad input or a full queue: the ingress answers 400 / 503
             yield e
             return
@@ -127,9 +129,9 @@ class RemoteBackend:
         self._live: dict[str, tuple[asyncio.Task, list]] = {}
         self.reruns = 0  # requests run again after their replica went away
 
-    async def open(self, prompt, params: RequestParams | None = None, retry: bool = False):
+    async def open(self, prompt, params: RequestParams | None = None, retry: bool = False, cache_key: str = ""):
         chat = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)
-        req = GenerateRequest(None if chat else prompt, prompt if chat else None, params)
+        req = GenerateRequest(None if chat else prompt, prompt if chat else None, params, cache_key)
         stream = await self._start(req)  # raises the replica's refusal
         rid, queue, current = f"ray-{next(self._ids)}", asyncio.Queue(), [stream]
         self._live[rid] = (asyncio.create_task(self._pump(rid, req, current, queue, retry)), current)

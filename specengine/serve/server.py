@@ -56,13 +56,15 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
                backend=None, **core_kw) -> FastAPI:
     """The FastAPI app serving `engine` as `model_name` (core_kw: EngineCore options).
     api_key: every /v1 route then wants `Authorization: Bearer <api_key>` (None: the
-    SPECENGINE_API_KEY environment variable, if set; /health stays open). backend: what runs
+    SPECENGINE_API_KEY environment variable, if set; /health stays open); several keys, comma
+    separated or a list, are tenants whose suffix-decoding caches stay apart. backend: what runs
     the requests instead of an AsyncEngine over `engine` (then None): the replicas of
     serve/ray_app.py, behind the same routes.
 
     Why long: FastAPI's app-factory pattern. The routes, error handlers and metrics are
     closures over this app's AsyncEngine, key and counters; each is short on its own."""
     api_key = api_key if api_key is not None else os.environ.get("SPECENGINE_API_KEY") or None
+    keys = [k.encode() for k in (api_key.split(",") if isinstance(api_key, str) else api_key or ()) if k]
     aeng = backend if backend is not None else AsyncEngine(engine, **core_kw)
     model = aeng.model  # the tokenizer and limits (ServedModel): all the routes need of the engine
     formatter = LogprobFormatter(model.tokenizer)
@@ -75,14 +77,18 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
     app = FastAPI(title="specengine", version="0.1.0", lifespan=lifespan)
     app.state.engine = aeng
     bearer = HTTPBearer(auto_error=False, description="the server's --api-key / SPECENGINE_API_KEY")
-    expected = api_key.encode() if api_key else None
+    expected = keys or None
 
-    def authorized(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+    def authorized(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        """With several keys, each is its own tenant: suffix decoding never proposes one key's
+        responses to another (the request's cache key names the key by its position, never by it)."""
         if expected is None:
             return
         given = credentials.credentials.encode() if credentials is not None else b""
-        if not hmac.compare_digest(given, expected):  # constant time: leaks neither length nor prefix
+        match = [hmac.compare_digest(given, k) for k in expected]  # constant time: leaks neither length nor prefix
+        if not any(match):
             raise _Unauthorized()
+        request.state.cache_key = f"key-{match.index(True)}"
 
     # the schema declares the bearer scheme (and the 401) only when a key is required
     v1 = dict(dependencies=[Depends(authorized)] if expected else [],
@@ -164,7 +170,8 @@ def create_app(engine, model_name: str, default_max_tokens: int = 256, api_key: 
         latency metrics and usage; split apart they would repeat them."""
         try:
             params = _params(body)
-            rid, queue = await aeng.open(prompt, params, retry=not body.stream)
+            rid, queue = await aeng.open(prompt, params, retry=not body.stream,
+                                         cache_key=getattr(request.state, "cache_key", ""))
         except _BadField as e:
             counts["bad_requests"] += 1
             return _error(400, str(e), e.param)

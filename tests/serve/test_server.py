@@ -345,6 +345,29 @@ def test_a_fault_inside_the_engine_loop_fails_only_its_requests(server, client, 
 KEY = "sk-test-7f3c9a"
 
 
+def test_several_api_keys_are_tenants_whose_suffix_caches_stay_apart(tiny_pair, tokenizer):
+    """--api-key K1,K2: each key is a tenant; a suffix-decoding server remembers each key's
+    responses apart (proposing one tenant's text to another would leak it), and names a tenant by
+    its key's position, never by the key."""
+    from specengine.serve.server import create_app
+
+    eng = Engine(tiny_pair[0], tokenizer, max_seq_len=128, method="suffix")
+    app = create_app(eng, MODEL, default_max_tokens=8, api_key="alpha-key,beta-key", method="suffix")
+    url, stop = start(app)
+    try:
+        for key, times in (("alpha-key", 2), ("beta-key", 1)):
+            client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+            for _ in range(times):
+                client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=8, temperature=0,
+                                          extra_body={"ignore_eos": True})
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url + "/v1", api_key="alpha-key,beta-key", max_retries=0).models.list()
+    finally:
+        stop()
+    alpha, beta = eng.suffix_caches.get("key-0"), eng.suffix_caches.get("key-1")
+    assert len(alpha) == 2 * len(beta) == 16 and len(eng.suffix_caches.get("")) == 0
+
+
 @pytest.mark.parametrize("from_env", [False, True])
 def test_api_key_guards_every_v1_route(tiny_pair, tokenizer, monkeypatch, from_env):
     """--api-key (or SPECENGINE_API_KEY): /v1 wants `Authorization: Bearer KEY`; a missing or
