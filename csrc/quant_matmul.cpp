@@ -325,6 +325,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("window") = py::none());
   m.def("set_plain_attention", [](bool plain) { plain_attention() = plain; },
         "row_attention with its scalar loops only (tests compare them with the vectorized ones)");
+  m.def("formats", [] {
+        py::dict out;
+        for (int64_t c = 0; c <= kQ6_K; ++c) out[kNames[c]] = py::make_tuple(c, kValues[c], kBytes[c]);
+        return out;
+      }, "the GGUF block formats the kernels read: name -> (code, values per block, bytes per block)");
   m.def("isa", &isa_name, "the instruction set the kernels run with here (CPUID)");
   m.def("isas", &isas, "every instruction set this CPU can run the kernels with, widest first");
   m.def("set_isa", &set_isa, "run the kernels with another instruction set this CPU supports (tests)");

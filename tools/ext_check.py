@@ -132,7 +132,8 @@ def _memo_path(cmd: list[str], out_dir: Path) -> Path:
     """Where a successful compile's report is kept, keyed (like ccache) by everything that decides
     it: the command (flags, include paths, header root), every csrc/ source and nvcc's version."""
     key = hashlib.sha256()
-    key.update(" ".join(cmd).replace(str(out_dir), "OUT").encode())
+    root = str(CSRC.parent)  # where the checkout lies decides nothing: the same files compile alike anywhere
+    key.update(" ".join(cmd).replace(str(out_dir), "OUT").replace(root, "ROOT").replace(sys.prefix, "PREFIX").encode())
     for f in sorted(CSRC.rglob("*")):
         if f.is_file():
             key.update(f.name.encode() + f.read_bytes())

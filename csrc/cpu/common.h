@@ -26,6 +26,7 @@
 namespace se {
 
 enum QType : int64_t { kQ4_0 = 0, kQ5_0 = 1, kQ8_0 = 2, kQ4_K = 3, kQ5_K = 4, kQ6_K = 5 };
+constexpr const char* kNames[] = {"Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"};  // GGUF's names, by code
 constexpr int64_t kValues[] = {32, 32, 32, 256, 256, 256};
 constexpr int64_t kBytes[] = {18, 22, 34, 144, 176, 210};
 // Software prefetch distance of the weight stream (quant_dot_impl.h's prefetch_ahead): about a DRAM

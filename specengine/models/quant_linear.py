@@ -20,12 +20,10 @@ from ..kernels.jit import HAVE_TRITON
 from ..kernels.quant_matmul import CODES, FORMATS, dequantize_ref, quant_matmul_ref, quant_matmul_triton
 from ..kernels.quant_pack import PACKED, pack_x8, unpack_x8
 
-try:
-    from .. import _quantext
-except ImportError:  # not built (no compiler at install): the torch reference
-    _quantext = None
+from ..kernels.cpu_ext import EXT as _quantext  # the one place the extension loads (None: the torch reference)
 
-EXT_CODES = {"Q4_0": 0, "Q5_0": 1, "Q8_0": 2, "Q4_K": 3, "Q5_K": 4, "Q6_K": 5}  # csrc/quant_matmul.cpp
+# the compiled kernels' formats and codes, from their one table (csrc/cpu/common.h); none without them
+EXT_CODES = {name: code for name, (code, _, _) in _quantext.formats().items()} if _quantext is not None else {}
 
 if _quantext is not None:  # as torch ops, so torch.compile traces through them (no graph break)
     @torch.library.custom_op("specengine::dequantize", mutates_args=())

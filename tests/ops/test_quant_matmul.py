@@ -37,6 +37,21 @@ def test_reference_dequantizer_equals_the_gguf_package(qtype):
     assert torch.equal(dequantize_ref(w, qtype), torch.from_numpy(np.ascontiguousarray(theirs)))
 
 
+def test_the_kernels_format_table_is_the_references_and_ggufs():
+    """csrc/cpu/common.h holds the compiled kernels' one table of block formats; Python reads it
+    from the binding. Each entry's block size must be the reference's and the gguf package's."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from specengine import _quantext
+
+    table = _quantext.formats()
+    assert set(table) == {"Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"} and EXT_CODES == {n: c for n, (c, _, _) in
+                                                                                             table.items()}
+    for name, (code, values, nbytes) in table.items():
+        assert FORMATS[name] == (values, nbytes) == GGML_QUANT_SIZES[GGMLQuantizationType[name]], name
+    assert sorted(c for c, _, _ in table.values()) == list(range(len(table)))
+
+
 def test_bad_shapes_and_formats_are_refused():
     with pytest.raises(ValueError, match="not a multiple"):
         row_bytes("Q4_K", 300)
