@@ -147,15 +147,3 @@ def test_ar_equals_transformers_generate(pair, prompts, ar_tokens):
             out = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=NEW,
                               pad_token_id=0)
         assert out[0, len(ids):].tolist() == ref
-
-
-def test_bf16_speculation_equals_ar_in_batch_invariant_mode(prompts):
-    """bf16 on the real pair with the mode on (probed here: padded or not, whichever this
-    machine needs): sd and pearl give exactly ar's tokens."""
-    eng = Engine.from_pretrained(DEFAULT_TARGET, draft=DEFAULT_DRAFT, device="cpu", dtype="bfloat16",
-                                 max_seq_len=512, batch_invariant=True)
-    assert eng.batch_invariant and eng.ops.names["attention"] == "cpu-rows"  # CI builds the extension
-    p = prompts[0]
-    ar = eng.generate(p, max_new_tokens=16, method="ar", ignore_eos=True).token_ids
-    assert eng.generate(p, max_new_tokens=16, method="sd", gamma=3, ignore_eos=True).token_ids == ar
-    assert eng.generate(p, max_new_tokens=16, method="pearl", gamma=3, ignore_eos=True).token_ids == ar

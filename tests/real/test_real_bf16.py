@@ -1,0 +1,27 @@
+"""The default real pair in bf16 with batch-invariant mode: speculation gives ar's tokens. A
+module of its own, so the fp32 pair of test_real_pair.py is freed before this one loads (the
+suite holds one real pair at a time)."""
+import pytest
+
+from specengine import Engine
+from specengine.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
+from specengine.prompts import humaneval
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return [p["prompt"] for p in humaneval(1)]
+
+
+def test_bf16_speculation_equals_ar_in_batch_invariant_mode(prompts):
+    """bf16 on the real pair with the mode on (probed here: padded or not, whichever this
+    machine needs): sd and pearl give exactly ar's tokens."""
+    eng = Engine.from_pretrained(DEFAULT_TARGET, draft=DEFAULT_DRAFT, device="cpu", dtype="bfloat16",
+                                 max_seq_len=512, batch_invariant=True)
+    assert eng.batch_invariant and eng.ops.names["attention"] == "cpu-rows"  # CI builds the extension
+    p = prompts[0]
+    ar = eng.generate(p, max_new_tokens=16, method="ar", ignore_eos=True).token_ids
+    assert eng.generate(p, max_new_tokens=16, method="sd", gamma=3, ignore_eos=True).token_ids == ar
+    assert eng.generate(p, max_new_tokens=16, method="pearl", gamma=3, ignore_eos=True).token_ids == ar
