@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     cpus = os.cpu_count() or 2
     result = {"benchmark": "serve_ray", "target": args.target, "conversations": len(questions),
               "concurrency": args.concurrency, "max_tokens": args.max_tokens, "environment": environment(),
-              "command": " ".join(["python"] + sys.argv), "providers": {}}
+              "ray": ray.__version__, "command": " ".join(["python"] + sys.argv), "providers": {}}
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
     with socket.socket() as s:

@@ -89,7 +89,6 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
     def initialize_state(self, imbalance: int = 4, min_match: float = 0.1, max_entries: int = 4096):
         self.imbalance, self.min_match = imbalance, min_match
         self.index = PrefixIndex(max_entries)
-        self.routed = {"affine": 0, "default": 0}  # how requests were routed (tests, metrics)
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -104,9 +103,8 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
                 known = [n for n in lens if n is not None]
                 mine = queue.get(owner)
                 if mine is None or not known or mine - min(known) <= self.imbalance:
-                    self.routed["affine"] += 1  # the owner first; the default pair if it refuses
+                    # the owner first; the default pair if it refuses
                     return [[by_id[owner]], [r for r in two if r.replica_id != owner] or two]
-        self.routed["default"] += 1
         return [two]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
