@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from ..errors import SpecEngineError
 from ..request import RequestParams
+from .core import Overloaded
 from .metrics import with_replicas
 
 try:
@@ -138,11 +139,20 @@ class RemoteBackend:
         return rid, queue
 
     async def _start(self, req: GenerateRequest):
-        stream = self.handle.options(stream=True).generate.remote(req)
-        first = await stream.__anext__()
-        if isinstance(first, BaseException):
-            raise first
-        return stream
+        """A replica's stream of the request, once it queued it. Nothing has reached the client
+        yet, so a replica that goes away here is simply tried again (the router learns of it)."""
+        for attempt in range(RETRIES + 1):
+            stream = self.handle.options(stream=True).generate.remote(req)
+            try:
+                first = await stream.__anext__()
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+                gone = e
+                await asyncio.sleep(0.2 * (attempt + 1))
+                continue
+            if isinstance(first, BaseException):
+                raise first
+            return stream
+        raise Overloaded(f"no replica could take the request (the last one went away: {gone}); retry later")
 
     async def _pump(self, rid: str, req: GenerateRequest, current: list, queue: asyncio.Queue, retry: bool) -> None:
         """Outputs into the server's queue. A non-streamed request's are held until its last, so

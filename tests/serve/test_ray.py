@@ -112,10 +112,21 @@ def test_a_replica_killed_under_load_loses_no_completed_request(cluster, client)
                                              extra_body={"ignore_eos": True}).choices[0].text
         except openai.APIStatusError as e:  # allowed: a clear error, never a hang or a wrong answer
             return e
+    def busy_replica():  # a replica running requests now, by its /metrics series (a kill must land on work)
+        from prometheus_client.parser import text_string_to_metric_families
+
+        for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+            for sample in family.samples:
+                if sample.name == "vllm:num_requests_running" and sample.value > 0:
+                    return sample.labels["replica"]
+        return None
+
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(one, p) for p in prompts]
-        time.sleep(0.3)
-        victim = replicas[0]
+        deadline, busy = time.time() + 60, None
+        while busy is None and time.time() < deadline:
+            busy = busy_replica()
+        victim = next(a for a in replicas if busy is not None and a["name"].endswith(busy))
         ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]), no_restart=False)
         results = [f.result(timeout=300) for f in futures]
     done = [(p, r) for p, r in zip(prompts, results) if isinstance(r, str)]
