@@ -185,6 +185,14 @@ class Engine:
         return have
 
     @property
+    def plan(self):
+        """Every choice this engine made by measuring the machine (planner.py): precision per
+        role, ops, matmul paths and GGUF layouts, batch-invariant mode, step costs. print() it."""
+        from .planner import plan_of
+
+        return plan_of(self)
+
+    @property
     def measured_step_costs(self) -> dict:
         """{batch (or (batch, "target")): StepCosts} measured so far: what γ "auto" chose by."""
         return dict(self._step_costs)

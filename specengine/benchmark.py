@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .models.cpu_matmul import machine, matvec_bound
+from .machine import machine
+from .models.cpu_matmul import matvec_bound
 from .errors import SpecEngineError
 from .prompts import humaneval
 from .request import RequestParams

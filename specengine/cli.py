@@ -141,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     _serve_args(sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the serve extra)"))
 
+    pl = sub.add_parser("plan", help="load an engine and print what it measured and chose on this machine")
+    _engine_args(pl)
+    pl.add_argument("--warmup", action="store_true", help="measure the step costs too (engine.warmup)")
+    pl.add_argument("--json", action="store_true", help="the plan as JSON")
+
     f = sub.add_parser("fetch", help="download + convert a registry model into the cache")
     f.add_argument("names", nargs="*", default=[DEFAULT_TARGET, DEFAULT_DRAFT], help=", ".join(REGISTRY))
     return ap
@@ -299,6 +304,14 @@ def cmd_serve(args):
           prefix_reuse=args.prefix_reuse)
 
 
+def cmd_plan(args):
+    engine = _load(args)
+    if args.warmup:
+        engine.warmup()
+    plan = engine.plan
+    print(json.dumps(plan.as_dict(), indent=1) if args.json else plan)
+
+
 def cmd_fetch(args):
     from .models.fetch import fetch
 
@@ -310,7 +323,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         {"generate": cmd_generate, "bench": cmd_bench, "fetch": cmd_fetch, "train-head": cmd_train_head,
-         "train-parallel": cmd_train_parallel, "serve": cmd_serve}[args.cmd](args)
+         "train-parallel": cmd_train_parallel, "serve": cmd_serve, "plan": cmd_plan}[args.cmd](args)
     except SpecEngineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -8,7 +8,7 @@ from . import precision
 from .api import Engine
 from .config import parse_gamma
 from .benchmark import invariant_summary
-from .models.cpu_matmul import machine
+from .machine import machine
 from .models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
 from .prompts import BUILTIN_PROMPT
 

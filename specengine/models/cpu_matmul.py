@@ -6,8 +6,8 @@ one machine `F.linear` is near memory bandwidth, on another the transposed produ
 `(W @ xᵀ)ᵀ` or oneDNN with a pre-packed weight is 2-4x faster. No choice is hard-coded:
 for every weight shape of a model (grouped: all q_proj of a model share a shape) and every
 row count 1..ROWS_TUNED[-1], each candidate path is timed on the model's own weights, the
-fastest is kept, and the table is cached per machine (CPU model, instruction set, thread
-count, torch version) under the cache dir, so later loads apply it at once.
+fastest is kept, and the entries go to the machine's one table (specengine/machine.py: keyed
+by CPU, instruction sets, threads, torch and the kernels' digest), so later loads apply it at once.
 
 Candidates: `F.linear`, the transposed product, the padded one-row product, oneDNN, and ours
 (`rows`, bf16 weights: each weight row widened once for every input row, csrc/; where the
@@ -20,17 +20,13 @@ replaces the weight (one copy in memory, never two); `unpack` restores it.
 from __future__ import annotations
 
 import functools
-import json
-import os
-import platform
-import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .. import machine
 from ..timing import best_seconds
 from . import quant_linear
 from .quant_linear import _quantext  # the compiled CPU kernels (None where not built)
@@ -138,41 +134,13 @@ def unpack(model) -> None:
         layer.pack(False)
 
 
-# ----------------------------------------------------------------------------- machine cache
-def machine() -> dict:
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            found = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.M)
-            name = found.group(1).strip() if found else name
-    except OSError:
-        pass
-    return {"cpu": name, "isa": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
-            "torch": torch.__version__}
-
-
-def cache_path() -> Path:
-    from .fetch import cache_dir
-
-    m = machine()
-    key = re.sub(r"[^A-Za-z0-9.]+", "-",
-                 f"{m['cpu']}-{m['isa']}-{m['threads']}t-torch{m['torch']}-paths{len(PATHS)}").strip("-")
-    return cache_dir() / "cpu_matmul" / f"{key}.json"
-
-
+# ----------------------------------------------------------------------------- the machine's table
 def _load_table() -> dict:
-    try:
-        return json.loads(cache_path().read_text())["entries"]
-    except (OSError, ValueError, KeyError):
-        return {}
+    return machine.load()
 
 
 def _save_table(entries: dict) -> None:
-    path = cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"machine": machine(), "entries": entries}, indent=1, sort_keys=True))
-    tmp.replace(path)  # atomic: concurrent processes never read half a file
+    machine.update(entries)
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -255,21 +223,26 @@ def measure_group(layers, dtype, rows, storages, reps: int = 2, bar=None) -> dic
 
 
 def _choose_storage(ms: dict, storages) -> str:
-    """The storage whose best paths sum to the least time over the tuned row counts."""
+    """The storage whose best paths sum to the least time over the tuned row counts (ROWS_TUNED
+    only, all of which `tune` measures first: rows measured later for a wider verify never
+    change a storage already chosen, so every load of a machine chooses alike)."""
     def total(storage):
-        return sum(fastest(times, storage)[0] for times in ms.values())
+        return sum(fastest(times, storage)[0] for r, times in ms.items() if int(r) in ROWS_TUNED)
     return min(storages, key=total)
 
 
 def tune(model, rows=ROWS_TUNED, reps: int = 2, progress: bool = True, dtype=None) -> dict[str, dict]:
-    """Measure (or read from the machine cache) every shape group of `model`; returns entries."""
+    """Measure (or read from the machine's table) every shape group of `model`; returns entries."""
     dtype = dtype or model.dtype
+    rows = sorted(set(rows) | set(ROWS_TUNED))  # the storage is chosen over all of ROWS_TUNED
     table = _load_table()
     groups = shape_groups(model, dtype)
     todo = {}
     for key, layers in groups.items():
         storages = ["plain"] + (["mkldnn"] if not key.endswith(":tied") and storage_available("mkldnn", dtype) else [])
-        missing = [r for r in rows if str(r) not in table.get(key, {}).get("ms", {})]
+        entry = table.get(key, {})
+        # an entry timed over another set of paths (a path added or gone) is timed again
+        missing = [r for r in rows if str(r) not in entry.get("ms", {})] if entry.get("paths") == sorted(PATHS) else list(rows)
         if missing:
             todo[key] = (layers, storages, missing)
     if todo:
@@ -277,7 +250,9 @@ def tune(model, rows=ROWS_TUNED, reps: int = 2, progress: bool = True, dtype=Non
         with tqdm(total=n, desc="measuring CPU matmul paths (once per machine)", disable=not progress,
                   leave=False) as bar:
             for key, (layers, storages, missing) in todo.items():
-                entry = table.setdefault(key, {"ms": {}})
+                if table.get(key, {}).get("paths") != sorted(PATHS):
+                    table[key] = {"ms": {}, "paths": sorted(PATHS)}
+                entry = table[key]
                 entry["ms"].update(measure_group(layers, dtype, missing, storages, reps, bar))
                 entry["storage"] = _choose_storage(entry["ms"], storages)
         _save_table(table)

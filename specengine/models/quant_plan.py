@@ -1,8 +1,8 @@
 """What a forward's GGUF-block matmuls cost on this machine, by row count, measured: the
 "gguf" candidate of the precision plan (precision.py), beside the float32 / bfloat16 tables of
 cpu_matmul.py. Layers are grouped by formats and shape (every layer's gate/up shares one);
-each group is timed on its own blocks at each row count and cached in the same per-machine
-table, keyed with the kernel's instruction set and version so a new kernel is re-measured.
+each group is timed on its own blocks at each row count and cached in the machine's one table
+(specengine/machine.py), whose key holds the kernels' digest: a new kernel is measured again.
 """
 from __future__ import annotations
 
@@ -10,16 +10,15 @@ from tqdm.auto import tqdm
 
 from . import cpu_matmul
 from ..kernels.quant_pack import PACKED, pack_x8
-from .quant_linear import QuantLinear, _quantext, extension_isa, quant_layers, quant_matmul, quant_matmul_packed
+from .quant_linear import QuantLinear, _quantext, quant_layers, quant_matmul, quant_matmul_packed
 
 LAYOUT_ROWS = (1, 4)  # a decode and a typical verify: the layout faster over both is kept
 
-KERNEL_VERSION = 7  # bump when csrc/quant_dot_impl.h or quant_x8_impl.h changes its speed: cached timings are then stale
-
 
 def groups(model) -> dict[str, list[QuantLinear]]:
-    """QuantLinear layers keyed by "gguf-v<version>-<isa>:<formats>:<out>x<in>"."""
-    tag = f"gguf-v{KERNEL_VERSION}-{extension_isa() or 'torch'}"
+    """QuantLinear layers keyed by "gguf:<formats>:<out>x<in>" (the table itself is the kernels':
+    its key holds their instruction set and digest, specengine/machine.py)."""
+    tag = "gguf"
     out: dict[str, list] = {}
     for layer in quant_layers(model):
         out.setdefault(f"{tag}:{'+'.join(layer.qtypes)}:{layer.out_features}x{layer.in_features}", []).append(layer)
@@ -98,14 +97,14 @@ def _packable(model) -> dict[tuple, list[tuple]]:
 
 def choose_layouts(model, reps: int = 2, progress: bool = True) -> dict[str, str]:
     """Hold each packable shape (`_packable`) in the layout its kernel runs faster at LAYOUT_ROWS rows
-    on this machine: measured once per machine and kernel version (cached with the plans), never
+    on this machine: measured once per machine and kernel build (the machine's table), never
     assumed. Returns {"<qtype>:<rows>x<cols>": "x8" | "rows"}."""
     import torch
 
     if _quantext is None:
         return {}
     groups_ = _packable(model)
-    table, tag, chosen = cpu_matmul._load_table(), f"gguf-v{KERNEL_VERSION}-{extension_isa()}", {}
+    table, tag, chosen = cpu_matmul._load_table(), "gguf", {}
     todo = [k for k in groups_ if f"{tag}:layout:{k[0]}:{k[1]}x{k[2]}" not in table]
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specengine import Engine
+from specengine import Engine, machine
 from specengine.models import cpu_matmul
 from specengine.models.cpu_matmul import PATHS, Plan, plan_from_entry, storage_available
 from specengine.models.loading import load_model
@@ -67,16 +67,36 @@ def test_table_is_cached_per_machine(tiny_dir, cache, monkeypatch):
     monkeypatch.setattr(cpu_matmul, "measure_group", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
     entries = cpu_matmul.tune(model, progress=False)
     assert calls and all(rows == list(cpu_matmul.ROWS_TUNED) for rows in calls)
-    path = cpu_matmul.cache_path()
-    assert path.parent == cache / "cpu_matmul" and path.exists()
+    path = machine.cache_path()
+    assert path.parent == cache / "plan" and path.exists()
     saved = json.loads(path.read_text())
     assert saved["machine"]["threads"] == torch.get_num_threads() and saved["machine"]["torch"] == torch.__version__
     assert set(entries) == set(cpu_matmul.shape_groups(model)) <= set(saved["entries"])
     calls.clear()
     assert cpu_matmul.tune(model, progress=False) == entries and not calls  # second time: no measuring
-    # another machine (here: another thread count) gets its own table
+    # another machine (here: another thread count) gets its own table, and so do other kernels
+    key = machine.key()
+    with monkeypatch.context() as m:
+        m.setattr(machine, "kernel_digest", lambda: "0123456789ab")
+        assert machine.key() != key and machine.cache_path().parent == path.parent
     monkeypatch.setattr(torch, "get_num_threads", lambda: 977)
-    assert cpu_matmul.cache_path() != path
+    assert machine.key() != key
+
+
+def test_an_entry_timed_over_other_paths_is_timed_again(tiny_dir, cache, monkeypatch):
+    """The table's key holds the kernels' digest; a change of the Python path list (a path
+    added) is caught per entry: its timings are taken again, never read stale."""
+    model = load_model(tiny_dir)[0]
+    entries = cpu_matmul.tune(model, rows=(1,), progress=False)
+    table = machine.load()
+    for key in entries:
+        table[key]["paths"] = table[key]["paths"][:-1]  # as if timed before the last path existed
+    machine.save(table)
+    calls = []
+    real = cpu_matmul.measure_group
+    monkeypatch.setattr(cpu_matmul, "measure_group", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    cpu_matmul.tune(model, rows=(1,), progress=False)
+    assert len(calls) == len(entries)
 
 
 def _logits(model, tokens):

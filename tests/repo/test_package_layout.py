@@ -14,10 +14,10 @@ FLOORS = {
     "errors": 0, "timing": 0, "eos": 0,
     "kernels": 1, "_kvext": 1, "_quantext": 1,  # the compiled extensions (csrc/, setup.py)
     "layers": 2,
-    "models": 3,
+    "models": 3, "machine": 3,  # machine: the CPU at hand and its one measurement table
     "runtime": 4, "drafting": 4, "structured": 4,  # structured: constraints, xgrammar matchers
     "methods": 5,
-    "config": 6, "precision": 6, "pair": 6, "request": 6, "counters": 6, "generation": 6, "detokenize": 6, "encoding": 6, "row_state": 6, "api": 6, "": 6,  # "": the package root
+    "config": 6, "precision": 6, "planner": 6, "pair": 6, "request": 6, "counters": 6, "generation": 6, "detokenize": 6, "encoding": 6, "row_state": 6, "api": 6, "": 6,  # "": the package root
     "serve": 7, "training": 7,
     "cli": 8, "demo": 8, "benchmark": 8, "prompts": 8, "replay": 8,  # replay: benchmarks only
 }

@@ -1,0 +1,93 @@
+"""The machine at hand, and the one cache of what was measured on it (docs/design.md, "The plan").
+
+Every load-time measurement (CPU matmul paths, GGUF block layouts and their costs, which feed
+the precision per role; the batch-invariant probe and its cost; step costs) files its result
+in one table per *key*: the CPU model, torch's and our kernels' instruction sets, the thread
+count, the torch version and a digest of the compiled kernels (the extension's bytes: any
+change of csrc/ or of its flags is a new digest). So a new kernel, torch or thread count reads
+a table of its own: nothing is bumped by hand, nothing stale is read.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import re
+from pathlib import Path
+
+import torch
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            found = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.M)
+            if found:
+                return found.group(1).strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_digest() -> str:
+    """The compiled CPU kernels' identity: the first 12 hex digits of the extension file's
+    sha256 ("torch" where it was not built: every op then runs its torch reference)."""
+    from .kernels.cpu_ext import EXT
+
+    if EXT is None or not getattr(EXT, "__file__", None):
+        return "torch"
+    return hashlib.sha256(Path(EXT.__file__).read_bytes()).hexdigest()[:12]
+
+
+def machine() -> dict:
+    """What the measurements depend on. "kernels": the instruction set our kernels run with
+    here (CPUID, AMX by measurement; None where not built)."""
+    from .kernels.cpu_ext import EXT
+
+    return {"cpu": cpu_name(), "isa": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "kernels": EXT.isa() if EXT is not None else None,
+            "kernel_digest": kernel_digest()}
+
+
+def key() -> str:
+    m = machine()
+    raw = f"{m['cpu']}-{m['isa']}-{m['kernels'] or 'torch'}-{m['threads']}t-torch{m['torch']}-{m['kernel_digest']}"
+    return re.sub(r"[^A-Za-z0-9.]+", "-", raw).strip("-")
+
+
+def cache_path() -> Path:
+    from .models.fetch import cache_dir
+
+    return cache_dir() / "plan" / f"{key()}.json"
+
+
+def load() -> dict:
+    """The machine's table: {entry key: measured entry}; empty when nothing was measured yet
+    (or the file is unreadable: it is then measured again)."""
+    try:
+        return json.loads(cache_path().read_text())["entries"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def save(entries: dict) -> None:
+    """Write the table back, atomically: concurrent processes never read half a file (the
+    last writer wins; what another process measured meanwhile is measured again later)."""
+    path = cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"machine": machine(), "entries": entries}, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+def update(new: dict) -> dict:
+    """Merge `new` entries into the table (read again just before writing, so entries another
+    process saved meanwhile are kept) and return the table."""
+    table = load()
+    table.update(new)
+    save(table)
+    return table

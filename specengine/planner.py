@@ -1,0 +1,93 @@
+"""The engine's plan: every choice made by measuring this machine, in one immutable record
+(docs/design.md, "The plan"). `engine.plan` returns it; `specengine plan` prints it.
+
+What is measured, and where it is filed: the CPU matmul paths per shape and row count
+(models/cpu_matmul.py) and the GGUF blocks' costs and layouts (models/quant_plan.py), which
+the precision per role is computed from (precision.py); the batch-invariant probe and its
+cost (runtime/invariance.py); the step costs that γ "auto" and PEARL's window are chosen by
+(runtime/step_costs.py). Each files its results in the machine's one table (machine.py: one
+key from the CPU, instruction sets, threads, torch and the kernels' digest), so a second load
+on the same machine measures nothing again. The plan reads them back from the engine; no
+choice is made here.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from . import machine
+
+
+@dataclass(frozen=True)
+class Plan:
+    key: str  # the machine table's key (machine.py)
+    machine: dict
+    precision: dict | None  # each role's setting and why (engine.dtype_choice, without the grid)
+    ops: dict  # role -> {op: implementation} (kernels/ops.py names)
+    linears: dict  # role -> {shape group: {"storage", "paths": {rows: path}, "ms": {rows: ms of that path}}}
+    layouts: dict  # role -> {"<qtype>:<rows>x<cols>": "x8" | "rows"} (GGUF blocks)
+    invariance: dict  # batch-invariant mode: on, pad width, why, cost
+    step_costs: dict  # batch -> {"draft_s", "target_s": per width}, measured so far
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        m = self.machine
+        out = [f"plan for {m['cpu']} ({m['isa']}; kernels {m['kernels'] or 'torch only'}), {m['threads']} threads, "
+               f"torch {m['torch']}", f"  table: {self.key}"]
+        if self.precision:
+            p = self.precision
+            out.append(f"precision: target {p.get('target')}, draft {p.get('draft')} ({p.get('why')})"
+                       + (f", predicted {p['predicted_tokens_per_s']:.1f} tok/s at γ {p['predicted_gamma']}"
+                          if p.get("predicted_tokens_per_s") else ""))
+        for role, names in self.ops.items():
+            out.append(f"{role} ops: " + ", ".join(f"{op}={impl}" for op, impl in sorted(names.items())))
+        for role, groups in self.linears.items():
+            for group, g in groups.items():
+                paths = " ".join(f"{r}:{p}" for r, p in g["paths"].items())
+                out.append(f"{role} linear {group} [{g['storage']}]: {paths}")
+        for role, layouts in self.layouts.items():
+            out.append(f"{role} GGUF layouts: " + ", ".join(f"{k}={v}" for k, v in sorted(layouts.items())))
+        inv = self.invariance
+        out.append(f"batch-invariant: {'on' if inv.get('on') else 'off'} ({inv.get('why')})"
+                   + (f", padded to {inv['pad_width']}" if inv.get("pad_width") else ""))
+        for batch, c in self.step_costs.items():
+            target = ", ".join(f"{1e3 * s:.2f}" for s in c["target_s"])
+            out.append(f"step costs (batch {batch}): draft {1e3 * c['draft_s']:.2f} ms, target by width [{target}] ms")
+        return "\n".join(out)
+
+
+def plan_of(engine) -> Plan:
+    """The engine's plan as it stands (step costs appear once a call or `warmup` measured them)."""
+    from .models import cpu_matmul
+    from .models.quant_linear import quant_layers
+
+    runners = {"target": engine.target} | ({"draft": engine.draft} if engine.draft is not None else {})
+    table = machine.load()
+    linears, layouts = {}, {}
+    for role, runner in runners.items():
+        model = runner.model
+        groups = {}
+        for group, layers in cpu_matmul.shape_groups(model).items():
+            plan = layers[0].plan
+            if plan is None:
+                continue
+            ms = table.get(group, {}).get("ms", {})
+            paths = {r: plan.by_rows[r] for r in range(1, len(plan.by_rows))}
+            groups[group] = {"storage": plan.storage, "paths": paths,
+                             "ms": {r: ms[str(r)].get(p) for r, p in paths.items() if str(r) in ms}}
+        if groups:
+            linears[role] = groups
+        lay = {f"{q}:{w.shape[0] if n is None else n}x{layer.in_features}": "x8" if n is not None else "rows"
+               for layer in quant_layers(model) for (q, w), n in zip(layer.stored(), layer.packed)}
+        if lay:
+            layouts[role] = lay
+    choice = engine.dtype_choice
+    precision = None if choice is None else {k: v for k, v in choice.items() if k not in ("grid", "matmul_s")}
+    inv = {k: v for k, v in (engine.batch_invariant_info or {}).items() if k != "costs"}
+    costs = {(str(b) if isinstance(b, int) else f"{b[0]} (target alone)"): {"draft_s": c.draft_s, "target_s": list(c.target_s)}
+             for b, c in engine.measured_step_costs.items()}
+    return Plan(key=machine.key(), machine=machine.machine(), precision=precision,
+                ops={role: dict(r.ops.names) for role, r in runners.items()}, linears=linears, layouts=layouts,
+                invariance=inv, step_costs=costs)

@@ -1,0 +1,42 @@
+"""transformers' greedy tokens for a real checkpoint, computed in a child process: the
+reference model (6 GB for the 1.5B target in fp32, plus its mapped files) is never held
+beside our engine, so the suite holds one real model set at a time and its peak stays in
+budget (docs/tests.md). The child tokenizes with transformers' own tokenizer: an
+independent path from our encoding too."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def greedy(model_dir, prompts: list[str], new_tokens: int) -> list[dict]:
+    """[{"ids": prompt ids, "tokens": the next `new_tokens` greedy ids}] per prompt, from
+    `AutoModelForCausalLM.generate` in fp32 with EOS off."""
+    job = json.dumps({"model": str(model_dir), "prompts": prompts, "new": new_tokens})
+    done = subprocess.run([sys.executable, __file__], input=job, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"transformers reference failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _main() -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    job = json.loads(sys.stdin.read())
+    tok = AutoTokenizer.from_pretrained(job["model"])
+    hf = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None
+    out = []
+    for p in job["prompts"]:
+        x = tok(p, return_tensors="pt").input_ids
+        with torch.inference_mode():
+            y = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=job["new"],
+                            pad_token_id=0)
+        out.append({"ids": x[0].tolist(), "tokens": y[0, x.shape[1]:].tolist()})
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    _main()

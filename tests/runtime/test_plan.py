@@ -1,0 +1,64 @@
+"""The plan (specengine/planner.py): every measured choice of an engine in one immutable record,
+read from the engine's own state, and one machine table (specengine/machine.py) that a second
+load on the same machine measures nothing into."""
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from specengine import Engine, machine
+from specengine.cli import main
+from specengine.models import cpu_matmul
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECENGINE_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_the_plan_says_what_the_engine_runs(tiny_dir, cache):
+    eng = Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=128)  # dtype auto: measured
+    plan = eng.plan
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.ops = {}
+    assert plan.key == machine.key() and machine.cache_path().exists()
+    assert plan.precision["target"] in ("float32", "bfloat16") and plan.precision["why"] == "measured"
+    assert plan.ops["target"] == dict(eng.ops.names) and set(plan.ops) == {"target", "draft"}
+    # every Linear group's path per row count is the one its layers run
+    for role, runner in (("target", eng.target), ("draft", eng.draft)):
+        for group, layers in cpu_matmul.shape_groups(runner.model).items():
+            entry = plan.linears[role][group]
+            assert entry["storage"] == layers[0].plan.storage
+            assert [entry["paths"][r] for r in sorted(entry["paths"])] == list(layers[0].plan.by_rows[1:])
+            assert all(ms is not None and ms > 0 for ms in entry["ms"].values())
+    assert plan.invariance["on"] == eng.batch_invariant and "why" in plan.invariance
+    assert plan.step_costs == {}  # nothing has needed them yet
+    eng.warmup()
+    costs = eng.plan.step_costs["1"]
+    assert costs["draft_s"] > 0 and len(costs["target_s"]) >= 2
+    text = str(eng.plan)
+    assert "precision: target" in text and "step costs (batch 1)" in text and "target linear" in text
+
+
+def test_a_second_load_on_this_machine_measures_nothing(tiny_dir, cache, monkeypatch):
+    calls = []
+    real = cpu_matmul.measure_group
+    monkeypatch.setattr(cpu_matmul, "measure_group", lambda *a, **k: calls.append(a) or real(*a, **k))
+    first = Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=128).plan
+    assert calls
+    calls.clear()
+    again = Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=128).plan
+    assert not calls
+    assert again.linears == first.linears and again.precision == first.precision
+    assert len(list((cache / "plan").glob("*.json"))) == 1  # one table for every measurement
+
+
+def test_specengine_plan_prints_it(tiny_dir, cache, capsys):
+    assert main(["plan", "--target", str(tiny_dir), "--max-seq-len", "64", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["key"] == machine.key() and plan["machine"]["threads"] == torch.get_num_threads()
+    assert plan["ops"]["target"]["attention"] and "draft" not in plan["ops"]
+    assert main(["plan", "--target", str(tiny_dir), "--max-seq-len", "64"]) == 0
+    assert capsys.readouterr().out.startswith("plan for ")
