@@ -239,8 +239,9 @@ def _merged_projections(model: Transformer):
 
 def merge_checkpoint(state: dict[str, torch.Tensor], model: Transformer) -> dict[str, torch.Tensor]:
     """A checkpoint's tensors by HF name -> this model's (merged projections concatenated in
-    their `parts` order); names without a merged home pass through."""
-    out = dict(state)
+    their `parts` order); names without a merged home pass through. In place: `state` loses
+    each part as it is merged, so a load holds one copy of the weights, never two."""
+    out = state
     for name, prefix, parts in _merged_projections(model):
         for kind in ("weight", "bias"):
             keys = [f"{prefix}.{part}.{kind}" for part, _ in parts]

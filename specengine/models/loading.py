@@ -66,6 +66,27 @@ def _weight_files(path: Path) -> list[Path]:
 WEIGHTS = ("float", "gguf")
 
 
+CHUNK_BYTES = 512 << 20  # a safetensors file is opened (mapped) for about this many bytes of tensors at a time
+
+
+def _chunks(f: Path) -> list[list[str]]:
+    """The file's tensor names in runs of at most ~CHUNK_BYTES, in file order."""
+    import json
+    import struct
+
+    with open(f, "rb") as fh:
+        header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
+    entries = sorted(((v["data_offsets"], k) for k, v in header.items() if k != "__metadata__"))
+    out, size = [[]], 0
+    for (lo, hi), key in entries:
+        if out[-1] and size + hi - lo > CHUNK_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(key)
+        size += hi - lo
+    return out
+
+
 def load_model(name_or_path, dtype=torch.float32, device="cpu", weights: str = "float") -> tuple[Transformer, Path]:
     """Build our decoder and load its weights; returns (model, resolved directory).
     weights="gguf": keep a GGUF file's quantized tensors as blocks (models/gguf_weights.py);
@@ -83,9 +104,14 @@ def load_model(name_or_path, dtype=torch.float32, device="cpu", weights: str = "
     fetch.ensure_float_weights(path)  # a GGUF's directory gets its dequantized weights on first need
     state = {}
     for f in _weight_files(path):
-        with safe_open(f, framework="pt", device="cpu") as sf:
-            for key in sf.keys():
-                state[key.removeprefix("model.")] = sf.get_tensor(key).to(dtype)
+        for keys in _chunks(f):
+            # each tensor copied into memory of its own, the file opened per chunk: a tensor left
+            # on the file's mapping keeps the whole mapping (every weight's pages) resident until
+            # the last one goes, so a weight later repacked (cpu_matmul) would be held twice
+            with safe_open(f, framework="pt", device="cpu") as sf:
+                for key in keys:
+                    t = sf.get_tensor(key)
+                    state[key.removeprefix("model.")] = t.to(dtype) if t.dtype != dtype else t.clone()
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     if cfg.gemma:  # Gemma's norms scale by (1 + w): held as that, so every norm is one RMSNorm
