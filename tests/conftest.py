@@ -15,6 +15,8 @@ import torch
 INTERPRETER_ENV = "SPECENGINE_TEST_INTERPRETER"
 if not torch.cuda.is_available() or os.environ.get(INTERPRETER_ENV) == "1":
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("SPECENGINE_TEST_THREADS"):
+    torch.set_num_threads(int(os.environ["SPECENGINE_TEST_THREADS"]))  # one per worker: no oversubscription
 
 
 def pytest_collection_modifyitems(config, items):
@@ -31,7 +33,9 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_terminal_summary(terminalreporter):
     """The suite's peak resident memory in its summary (the budget: at most 16 GB on a 24 GiB
-    CI machine): this process, and the largest of the processes it ran and waited for."""
+    CI machine): this process, and the largest of the processes it ran and waited for (Linux
+    counts a forked child's pages before its exec: a child started when pytest was at its
+    peak reports that peak, whatever it used itself)."""
     import resource
 
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB on Linux

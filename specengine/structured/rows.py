@@ -269,6 +269,7 @@ def apply_masks(xgr, logits: torch.Tensor, masks: torch.Tensor, V: int, path: st
         if flat.shape[1] > V:  # logits wider than the grammar's vocabulary: the rest refused too
             out = torch.cat([out, torch.full_like(flat[:, V:], float("-inf"))], 1)
     else:
-        out = flat.clone()
+        out = flat.clone(memory_format=torch.contiguous_format)  # xgrammar's CPU kernel writes rows as if contiguous: a strided
+        # copy (a transposed matmul's logits, cpu_matmul "wxt") had the wrong entries refused
         xgr.apply_token_bitmask_inplace(out, masks.to(out.device, non_blocking=True), vocab_size=V)
     return out.reshape(logits.shape)

@@ -194,5 +194,9 @@ def test_both_ways_of_applying_masks_agree_with_xgrammars_kernel(V):
             masks |= ~torch.tensor(1 << 3, dtype=torch.int32)
         ref = logits.reshape(6, V).clone()
         xgr.apply_token_bitmask_inplace(ref, masks, vocab_size=V)
+        # logits as a CPU matmul path may give them: transposed ((W @ xᵀ)ᵀ, cpu_matmul "wxt"), not contiguous
+        strided = logits.reshape(6, V).t().contiguous().t().reshape(2, 3, V)
+        assert not strided.is_contiguous()
         for path in ("sparse", "dense", "auto"):
             assert torch.equal(apply_masks(xgr, logits, masks, V, path).reshape(6, V), ref), (kind, path)
+            assert torch.equal(apply_masks(xgr, strided, masks, V, path).reshape(6, V), ref), (kind, path, "strided")

@@ -95,8 +95,10 @@ def test_token_trees_equal_ar(pair, prompts, ar_tokens):
 def test_a_replay_of_the_real_pairs_trace_makes_its_rounds(pair, prompts, monkeypatch):
     """The GPU benchmark's premise (specengine/replay), on the real pair in fp32: a trace recorded
     here, replayed by random weights of other shapes (small layers, the real vocabulary), makes
-    the real run's rounds (proposed, accepted, draft forwards per round) for every method, with
-    the same step costs pinned on both engines so the cost-driven choices agree."""
+    the real run's rounds (proposed, accepted, draft forwards per round), with the same step
+    costs pinned on both engines so the cost-driven choices agree. One case per kind of round
+    the trace feeds (a chain by cost, a head's stop, a tree, a parallel drafter's tree, PEARL's
+    overlap); every method and policy is replayed on the tiny pair (tests/methods/test_replay.py)."""
     from transformers import Qwen2Config
 
     from helpers.fakes import random_drafter, random_head
@@ -113,10 +115,9 @@ def test_a_replay_of_the_real_pairs_trace_makes_its_rounds(pair, prompts, monkey
     monkeypatch.setattr(eng, "step_costs", pinned)
     ids = eng.encode(prompts[1])[0][0]
     traces = record(eng, [("HumanEval/1", ids)], new, show=False)
-    cases = [dict(method="sd", gamma=3), dict(method="sd", gamma="auto"),
-             dict(method="sd", policy="specdec++", gamma=8), dict(method="sd", tree=traces.meta["trees"]["sd"]),
-             dict(method="parallelspec", gamma=4), dict(method="parallelspec", tree=traces.meta["trees"]["parallelspec"]),
-             dict(method="pearl"), dict(method="ngram"), dict(method="hybrid")]
+    cases = [dict(method="sd", gamma="auto"), dict(method="sd", policy="specdec++", gamma=8),
+             dict(method="sd", tree=traces.meta["trees"]["sd"]),
+             dict(method="parallelspec", tree=traces.meta["trees"]["parallelspec"]), dict(method="pearl")]
 
     def small(seed):
         torch.manual_seed(seed)
