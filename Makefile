@@ -24,14 +24,21 @@ demo: $(STAMP)
 # The whole suite on CPU, real pair included (fetched into the cache on first run). The
 # headers of a CUDA build of torch are extracted once (cached) so csrc/ is nvcc-checked
 # against them; where they cannot be had, that one test skips (and fails CI, which allows
-# only "needs CUDA" skips: SPECENGINE_NO_SKIPS=1 in .ci/run). One process: two
-# pytest-xdist workers were slower on a 2-core VM (937 s vs 832 s: four threads on two cores).
-# The 15 slowest tests are listed at the end: CI is held to about 20 minutes.
+# only "needs CUDA" skips: SPECENGINE_NO_SKIPS=1 in .ci/run). The fast tier on two
+# pytest-xdist workers (WORKERS), a test file's tests on one of them, one torch thread each
+# (914 s in one process, 483 s so on the 2-core EPYC; two threads each, four on two cores,
+# was slower); then the slow tier (real models, GPU-check rehearsals, Ray) in one process
+# with torch's default threads: on two workers a real pair beside Ray's object store ran the
+# 24 GiB machine out of memory. The slowest tests are listed at the end: CI is held to about
+# 20 minutes, and each run states its peak memory.
 # Then the tests that depend on what this machine makes `auto` choose run again with each
 # choice forced, so a submission made on one CPU kind is checked for the others too.
+WORKERS ?= 2
+XDIST = -n $(WORKERS) --dist loadgroup
 test: $(STAMP)
 	$(PY) tools/ext_check.py --fetch-only
-	$(VENV)/bin/pytest -q --durations=15 $(PYTEST_ARGS)
+	SPECENGINE_TEST_THREADS=1 $(VENV)/bin/pytest -q $(XDIST) -m "not slow" --durations=10 $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -m slow --durations=10 $(PYTEST_ARGS)
 	SPECENGINE_CPU_DTYPE=bfloat16 $(VENV)/bin/pytest -q -m cpu_dtype_choice $(PYTEST_ARGS)
 	SPECENGINE_CPU_DTYPE=float32 $(VENV)/bin/pytest -q -m cpu_dtype_choice $(PYTEST_ARGS)
 	SPECENGINE_INVARIANT_PROBE=refuse $(VENV)/bin/pytest -q -m invariance_probe $(PYTEST_ARGS)

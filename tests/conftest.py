@@ -23,6 +23,11 @@ def pytest_collection_modifyitems(config, items):
     # a fast tier first: the tests marked `slow` (real models, the GPU-check rehearsals, the
     # nvcc compile) run last, in their order, so a broken change fails in minutes
     items[:] = [i for i in items if "slow" not in i.keywords] + [i for i in items if "slow" in i.keywords]
+    # two workers (`make test`): a file's tests stay on one worker (its module fixtures load once),
+    # and every real-model test on the same one, in turn: one real pair in memory at a time
+    if config.getoption("dist", "no") == "loadgroup":
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group("real" if "real" in item.keywords else item.path.name))
     if os.environ.get("TRITON_INTERPRET") == "1":
         return
     skip = pytest.mark.skip(reason=f"runs Triton kernels on CPU tensors: on a GPU machine run it with "
@@ -31,16 +36,38 @@ def pytest_collection_modifyitems(config, items):
         if "interpreter" in item.keywords:
             item.add_marker(skip)
 
-def pytest_terminal_summary(terminalreporter):
-    """The suite's peak resident memory in its summary (the budget: at most 16 GB on a 24 GiB
-    CI machine): this process, and the largest of the processes it ran and waited for (Linux
-    counts a forked child's pages before its exec: a child started when pytest was at its
-    peak reports that peak, whatever it used itself)."""
+def _peaks() -> tuple[float, float]:
+    """(this process, the largest process it ran and waited for) peak resident GiB. Linux counts a
+    forked child's pages before its exec: a child started when its parent was at its peak reports
+    that peak, whatever it used itself."""
     import resource
 
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB on Linux
-    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
-    terminalreporter.write_line(f"peak resident memory: {own:.1f} GiB (pytest), {child:.1f} GiB (largest child)")
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # KiB -> GiB on Linux
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20)
+
+
+_WORKER_PEAKS = {}  # xdist worker id -> its _peaks(), sent when it ends
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: tell the controller
+        session.config.workeroutput["peaks"] = _peaks()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    if "peaks" in getattr(node, "workeroutput", {}):
+        _WORKER_PEAKS[node.gateway.id] = node.workeroutput["peaks"]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The suite's peak resident memory in its summary (the budget: at most 16 GB on a 24 GiB
+    CI machine): per process, workers and the children they ran included."""
+    own, child = _peaks()
+    line = f"peak resident memory: {own:.1f} GiB (pytest), {child:.1f} GiB (largest child)"
+    for wid, (w_own, w_child) in sorted(_WORKER_PEAKS.items()):
+        line += f"; {wid}: {w_own:.1f} GiB, {w_child:.1f} GiB (its largest child)"
+    terminalreporter.write_line(line)
 
 
 # SPECENGINE_NO_SKIPS=1 (CI): only "needs CUDA" may skip; the compiled GGUF kernel once per ISA copy (`ext`)
