@@ -59,9 +59,12 @@ def key() -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", raw).strip("-")
 
 
-def cache_path() -> Path:
-    from .models.fetch import cache_dir
+def cache_dir() -> Path:
+    """Where this machine keeps what specengine fetched, converted and measured."""
+    return Path(os.environ.get("SPECENGINE_CACHE", Path.home() / ".cache" / "specengine"))
 
+
+def cache_path() -> Path:
     return cache_dir() / "plan" / f"{key()}.json"
 
 

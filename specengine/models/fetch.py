@@ -9,7 +9,6 @@ return at once. Nothing is fetched from a model hub.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import subprocess
@@ -23,6 +22,7 @@ from filelock import FileLock
 from tqdm.auto import tqdm
 
 from ..errors import SpecEngineError
+from ..machine import cache_dir  # noqa: F401 (fetch.cache_dir: where models go)
 
 
 @dataclass(frozen=True)
@@ -67,10 +67,6 @@ REGISTRY: dict[str, RegistryModel] = {
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SPECENGINE_CACHE", Path.home() / ".cache" / "specengine"))
 
 
 def model_dir(name: str) -> Path:

@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 FLOORS = {
     "errors": 0, "timing": 0, "eos": 0,
     "kernels": 1, "_kvext": 1, "_quantext": 1,  # the compiled extensions (csrc/, setup.py)
+    "machine": 1,  # the CPU at hand, its cache dir and its one measurement table
     "layers": 2,
-    "models": 3, "machine": 3,  # machine: the CPU at hand and its one measurement table
+    "models": 3,
     "runtime": 4, "drafting": 4, "structured": 4,  # structured: constraints, xgrammar matchers
     "methods": 5,
     "config": 6, "precision": 6, "planner": 6, "pair": 6, "request": 6, "counters": 6, "generation": 6, "detokenize": 6, "encoding": 6, "row_state": 6, "api": 6, "": 6,  # "": the package root
