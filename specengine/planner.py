@@ -88,6 +88,7 @@ def plan_of(engine) -> Plan:
     inv = {k: v for k, v in (engine.batch_invariant_info or {}).items() if k != "costs"}
     costs = {(str(b) if isinstance(b, int) else f"{b[0]} (target alone)"): {"draft_s": c.draft_s, "target_s": list(c.target_s)}
              for b, c in engine.measured_step_costs.items()}
-    return Plan(key=machine.key(), machine=machine.machine(), precision=precision,
-                ops={role: dict(r.ops.names) for role, r in runners.items()}, linears=linears, layouts=layouts,
-                invariance=inv, step_costs=costs)
+    # a draft on another device than its target is a CrossDeviceDraft over its own runner
+    ops = {role: dict(getattr(r, "runner", r).ops.names) for role, r in runners.items()}
+    return Plan(key=machine.key(), machine=machine.machine(), precision=precision, ops=ops, linears=linears,
+                layouts=layouts, invariance=inv, step_costs=costs)

@@ -62,3 +62,13 @@ def test_specengine_plan_prints_it(tiny_dir, cache, capsys):
     assert plan["ops"]["target"]["attention"] and "draft" not in plan["ops"]
     assert main(["plan", "--target", str(tiny_dir), "--max-seq-len", "64"]) == 0
     assert capsys.readouterr().out.startswith("plan for ")
+
+
+def test_a_draft_on_another_device_is_in_the_plan(tiny_dir, cache):
+    """A draft on its own device is a CrossDeviceDraft over its runner: the plan reads that runner."""
+    from specengine.runtime.cross_device import CrossDeviceDraft
+
+    eng = Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=64, cpu_matmul="linear")
+    runner = eng.draft
+    eng.draft = CrossDeviceDraft(runner, eng.device)
+    assert eng.plan.ops["draft"] == dict(runner.ops.names)
