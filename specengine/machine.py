@@ -1,8 +1,8 @@
 """The machine at hand, and the one cache of what was measured on it (docs/design.md, "The plan").
 
-Every load-time measurement (CPU matmul paths, GGUF block layouts and their costs, which feed
-the precision per role; the batch-invariant probe and its cost; step costs) files its result
-in one table per *key*: the CPU model, torch's and our kernels' instruction sets, the thread
+The persisted load-time measurements (CPU matmul paths, GGUF block layouts and their costs,
+which feed the precision per role; not yet the batch-invariant probe or step costs, which are
+taken per engine) file their results in one table per *key*: the CPU model, torch's and our kernels' instruction sets, the thread
 count, the torch version and a digest of the compiled kernels (the extension's bytes: any
 change of csrc/ or of its flags is a new digest). So a new kernel, torch or thread count reads
 a table of its own: nothing is bumped by hand, nothing stale is read.
