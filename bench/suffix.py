@@ -2,7 +2,8 @@
 greedy, whole replies (up to EOS), requests of a set in sequence through one engine so that the
 suffix cache grows as a server's would.
 
-Three agent-like sets of our own: edits of one file (each reply rewrites the whole file), tool
+Three agent-like sets of our own: an agent's successive edits of one file (each step asks for one
+change to the file as the previous reply left it, and the reply rewrites the whole file), tool
 calls of one JSON shape, and records put through one template; and HumanEval[:--humaneval]
 (text unlike anything the cache holds: suffix decoding must not be slower than `ar` there). Providers: `ar`, `ngram` (the
 row's own text), `suffix` and `hybrid-suffix` (each with its own cache, empty when its set
@@ -14,36 +15,66 @@ tokens. With --arctic, Arctic Inference's SuffixDecodingCache drafts inside our 
 (`arctic-suffix`, bench/peers/arctic.py: built from its source package first), verified by the same
 target and policies, its cache fresh for each set.
 
-    python bench/suffix.py --out bench/results/cpu_suffix.json [--max-new-tokens 320] [--arctic]
+    python bench/suffix.py --out bench/results/cpu_suffix.json [--max-new-tokens 512] [--arctic]
 """
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 
-FILE = '''def load(path):
-    with open(path) as f:
-        return f.read().splitlines()
+FILE = '''import json
 
 
-def count_words(lines):
-    total = 0
-    for line in lines:
-        total += len(line.split())
-    return total
+class Inventory:
+    def __init__(self, path):
+        self.path = path
+        self.items = {}
 
+    def load(self):
+        with open(self.path) as f:
+            self.items = json.load(f)
 
-def longest(lines):
-    best = ""
-    for line in lines:
-        if len(line) > len(best):
-            best = line
-    return best
+    def save(self):
+        with open(self.path, "w") as f:
+            json.dump(self.items, f, indent=2)
+
+    def add(self, name, count):
+        self.items[name] = self.items.get(name, 0) + count
+
+    def remove(self, name, count):
+        have = self.items.get(name, 0)
+        if count > have:
+            raise ValueError(f"only {have} of {name} left")
+        self.items[name] = have - count
+
+    def total(self):
+        return sum(self.items.values())
+
+    def report(self):
+        lines = []
+        for name, count in sorted(self.items.items()):
+            lines.append(f"{name}: {count}")
+        return "\\n".join(lines)
 '''
-EDITS = ["Add type hints to every function", "Rename `lines` to `rows` everywhere", "Add a one-line docstring to each "
-         "function", "Make `count_words` use sum() with a generator", "Add a `main()` that prints both results for "
-         "'notes.txt'", "Use pathlib in `load`"]
+EDITS = ["Make `remove` delete the item when its count reaches zero", "Add a `low_stock(self, limit)` method that "
+         "returns the names with fewer than `limit` items", "Make `add` raise ValueError when count is not positive",
+         "Add a one-line docstring to `report`", "Make `save` write the items sorted by name", "Add a `__len__` that "
+         "returns the number of distinct items"]
+
+
+def edit_step(edit: str):
+    """An agent's step: the edit applied to the file as the previous reply left it (the first: FILE)."""
+    def messages(previous: str | None) -> list[dict]:
+        code = FILE
+        if previous is not None:
+            got = re.search(r"```(?:python)?\n(.*?)```", previous, re.S)
+            code = got.group(1) if got else previous
+        return [{"role": "user", "content": f"{edit}. Reply with the whole file only.\n\n```python\n{code}```"}]
+    return messages
+
+
 TOOLS = ("You can call one tool per turn. Answer with a single JSON object: {\"tool\": \"search_docs\" | \"run_sql\" | "
          "\"send_message\", \"arguments\": {...}} and nothing else.")
 CALLS = ["Find the docs page about connection pooling.", "How many orders were placed yesterday? Query the orders "
@@ -57,8 +88,7 @@ RECORDS = ["joined 2021-03-14 as backend engineer on payments, Ana Souza", "Lee 
            "mobile team, from 2020-01-07", "Fatima Zahra, support lead for EMEA, started 2018-09-24",
            "QA engineer Jonas Berg (checkout team) joined on 2023-02-01"]
 SETS = {
-    "file_edits": [[{"role": "user", "content": f"{e}. Reply with the whole file only.\n\n```python\n{FILE}```"}]
-                   for e in EDITS],
+    "file_edits": [edit_step(e) for e in EDITS],
     "tool_calls": [[{"role": "system", "content": TOOLS}, {"role": "user", "content": c}] for c in CALLS],
     "templated_records": [[{"role": "user", "content": TEMPLATE + r}] for r in RECORDS],
 }
@@ -68,7 +98,7 @@ PROVIDERS = ["ar", "ngram", "suffix", "hybrid-suffix", "sd"]
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench/results/cpu_suffix.json")
-    ap.add_argument("--max-new-tokens", type=int, default=320)
+    ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--arctic", action="store_true", help="Arctic Inference's cache as a peer drafter (builds it)")
     ap.add_argument("--humaneval", type=int, default=4, help="HumanEval prompts run as a fourth set (0: none)")
     args = ap.parse_args(argv)
@@ -96,14 +126,16 @@ def main(argv=None) -> int:
             from peers import arctic
 
             arctic.install(arctic.cache())  # a fresh Arctic cache for the set
-        runs = {p: [] for p in providers}
-        for messages in tqdm(requests, desc=name, leave=False):
+        runs, previous = {p: [] for p in providers}, None
+        for request in tqdm(requests, desc=name, leave=False):
+            messages = request(previous) if callable(request) else request
             for p in providers:
                 engine.suffix_caches = caches[p]
                 t = time.perf_counter()
                 r = engine.generate(messages, max_new_tokens=args.max_new_tokens, method=p,
                                     suffix_cache=p.endswith("suffix"))
                 runs[p].append((time.perf_counter() - t, r.token_ids, r.stats))
+                previous = r.text if p == "ar" else previous  # every provider writes ar's text
         rows = []
         for p, rs in runs.items():
             row = {"provider": p, "same_tokens_as_ar": all(t == a[1] for (_, t, _), a in zip(rs, runs["ar"]))}

@@ -13,8 +13,9 @@ needs one never pays for it, and a missing one is an error of that call only):
   batch size (runtime/step_costs.py);
 - `acceptance_head(mode)`, `parallel_drafter()`: SpecDec++'s head, ParallelSpec's drafter;
 - `side_stream()`: the second CUDA stream PEARL drafts on (None off CUDA);
-- `acceptance`: the draft's acceptance rate per decoding mode that the engine's earlier calls
-  learned (γ auto starts from it rather than from a prior), keyed by `decoding_mode`;
+- `acceptance`: what the engine's earlier calls learned of acceptance, so that γ auto starts
+  from it rather than from a prior: the draft's rate per `decoding_mode`, and the n-gram
+  methods' curves per match length (ngram_policy.py) per method and mode;
 - `replay`: None, except in a benchmark replaying the real pair's decisions on random weights
   (specengine/replay): the round steps then take the draft's tokens from it.
 """

@@ -103,6 +103,8 @@ class NgramDecoding(Method):
         self.caches = ctx.suffix_caches if self.uses_cache else None
         self.saved = 0.0
         self.start_rows(generation.prompts, [row.max_new for row in generation.rows], generation.prefill_s)
+        if self.by_match:  # the match-length curves the engine's earlier calls of this method counted
+            self.policy.recall(ctx.acceptance, f"{self.name}:{ctx.decoding_mode(generation)}:by_match")
         if self.policy.needs_costs or (self.hybrid and self.draft_policy.needs_costs):
             costs = ctx.step_costs(generation.state, self.max_width, draft=self.hybrid)
             if self.policy.needs_costs:  # n-gram proposals are free: only the target's cost per width

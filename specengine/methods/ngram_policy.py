@@ -18,6 +18,10 @@ per verify width (step_costs.py):
 
     (1 + sum_{j<=γ} prod_{k<=j} q[k]) / verify_s(γ + 1),  against 1 / verify_s(1) with no proposal.
 
+The curves outlive the call: `recall` starts a call from what the engine's earlier calls counted
+for the method and decoding mode (MethodContext.acceptance), so a server's tenth request does not
+relearn at the prior what its first nine taught; counts are halved past MEMORY tries of a
+position, so the curve follows text that changes.
 A bin whose curve says "no proposal" is probed with its best γ >= 1 every PROBE_EVERY rows
 it declines, so that the bin's estimate can change as the text does.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 MATCH_BINS = (1, 2, 3, 4, 6, 9, 13, 21)  # lower bounds of the match-length bins
 PRIOR_Q1, PRIOR_WEIGHT = 0.5, 2.0  # position 1's prior, and the pseudo-counts of every prior
 PROBE_EVERY = 8
+MEMORY = 256  # tries of a position past which a bin's counts are halved: recent rounds weigh more
 EXPLORE_TRIES = 4  # hybrid: a bin tried fewer times than this gets its n-gram round whatever the estimate
 
 
@@ -51,6 +56,14 @@ class NgramGammaPolicy:
 
     def set_costs(self, costs) -> None:
         self.costs = costs
+
+    def recall(self, store: dict, key: str) -> None:
+        """Continue the curves the engine's earlier calls counted under `key` (none: the priors);
+        the store then holds this policy's counts, so the next call continues from them."""
+        seen, kept = store.get(key, (None, None))
+        if seen is not None and len(seen[0]) == self.gamma_max + 1:
+            self.seen, self.kept = [list(r) for r in seen], [list(r) for r in kept]
+        store[key] = (self.seen, self.kept)
 
     def expected(self, b: int) -> list[float]:
         """e[γ]: expected accepted tokens of a γ-token proposal from bin b, γ = 0..gamma_max."""
@@ -86,9 +99,12 @@ class NgramGammaPolicy:
             b, a = self.last_bins.get(row), n_acc[row]
             if b is None or not d:
                 continue
+            seen, kept = self.seen[b], self.kept[b]
             for k in range(1, min(a + 1, d) + 1):  # positions 1..a accepted, position a + 1 rejected
-                self.seen[b][k] += 1
-                self.kept[b][k] += k <= a
+                seen[k] += 1
+                kept[k] += k <= a
+            if seen[1] > MEMORY:
+                seen[:], kept[:] = [x / 2 for x in seen], [x / 2 for x in kept]
 
     def round_tokens(self, gammas: dict[int, int]) -> float:
         """Expected committed tokens of the rows in `gammas` (this round's choice) if they verify

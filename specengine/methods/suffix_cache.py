@@ -23,7 +23,7 @@ from bisect import bisect_left
 from collections import deque
 
 from ..errors import SpecEngineError
-from .ngram_index import MAX_OCCURRENCES, tree_of
+from .ngram_index import MATCH_CAP, MAX_OCCURRENCES, tree_of
 
 SEP = -1  # between responses: no match runs across two of them
 
@@ -92,6 +92,23 @@ class SuffixCache:
         out = self.tokens[start - self.base: start - self.base + gamma]
         return out[: out.index(SEP)] if SEP in out else out
 
+    def lookup(self, text: list[int]) -> tuple[int, int] | None:
+        """(continuation start, match length) of the held occurrence whose preceding tokens agree
+        with the end of `text` the longest (up to MATCH_CAP; the most recent on a tie), as
+        NgramIndex.lookup does in a row: how far γ auto trusts it. None without one."""
+        n, starts = self.occurrences(text)
+        if not starts:
+            return None
+        toks, base, last = self.tokens, self.base, len(text) - 1
+        best = None
+        for s in reversed(starts):  # most recent first: it wins ties
+            m, i = n, s - base - 1 - n  # the n-gram agrees; walk on before it (a SEP or `base` stops it)
+            while m < MATCH_CAP and i >= 0 and last - m >= 0 and toks[i] == text[last - m]:
+                m, i = m + 1, i - 1
+            if best is None or m > best[1]:
+                best = (s, m)
+        return best
+
     def propose(self, text: list[int], gamma: int) -> tuple[int, list[int]]:
         """(match length, up to γ tokens that followed the most recent occurrence)."""
         n, starts = self.occurrences(text)
@@ -121,10 +138,9 @@ class SuffixIndex:
 
     def lookup(self):
         """((source, start), match length) or None: the row's best occurrence or the cache's."""
-        own = self.row.lookup()
-        n, starts = self.cache.occurrences(self.row.tokens)
-        if starts and (own is None or n > own[1]):
-            return ("cache", starts[-1]), n
+        own, held = self.row.lookup(), self.cache.lookup(self.row.tokens)
+        if held is not None and (own is None or held[1] > own[1]):
+            return ("cache", held[0]), held[1]
         return None if own is None else (("row", own[0]), own[1])
 
     def continuation(self, handle, gamma: int) -> list[int]:

@@ -321,6 +321,41 @@ def test_gamma_per_match_length_follows_what_each_length_accepted():
     assert pol.choose({0: 12}) == {}
 
 
+def test_match_length_curves_carry_to_the_engine_next_call_and_stay_bounded(eng):
+    """γ auto's per-match-length counts continue from the engine's earlier calls of the method in
+    that decoding mode (a server's tenth request does not relearn at the prior); another mode or
+    method starts from the priors; warmup forgets; past MEMORY tries the counts are halved."""
+    from specengine.methods import ngram_policy
+
+    starts, recall = [], NgramGammaPolicy.recall
+
+    def spy(self, store, key):
+        recall(self, store, key)
+        starts.append((key, sum(self.seen[b][1] for b in range(len(self.seen)))))
+    NgramGammaPolicy.recall = spy
+    try:
+        eng.warmup()
+        starts.clear()  # warmup's own calls
+        for method, sampled in (("ngram", False), ("ngram", False), ("ngram", True), ("suffix", False)):
+            eng.generate(PROMPTS[0], max_new_tokens=24, method=method, gamma="auto", ignore_eos=True,
+                         **(dict(temperature=0.8, seed=1) if sampled else {}))
+    finally:
+        NgramGammaPolicy.recall = recall
+    assert [k for k, _ in starts] == ["ngram:greedy:by_match"] * 2 + ["ngram:sampled:by_match",
+                                                                     "suffix:greedy:by_match"]
+    assert starts[0][1] == 0 and starts[1][1] > 0  # the second call continues the first's counts
+    assert starts[2][1] == 0 and starts[3][1] == 0  # another mode, another method: the priors
+    eng.warmup()
+    assert not eng._acceptance
+    pol = NgramGammaPolicy(gamma_max=4)
+    pol.set_costs(flat(lambda w: 1.0))
+    for _ in range(3 * ngram_policy.MEMORY):
+        pol.choose({0: 12})
+        pol.update_rows({0: 4}, {0: 4})
+    assert pol.seen[match_bin(12)][1] <= ngram_policy.MEMORY  # bounded: recent rounds weigh more
+    assert pol.kept[match_bin(12)][1] == pol.seen[match_bin(12)][1]
+
+
 def test_gamma_weighs_the_cost_of_width():
     pol = NgramGammaPolicy(gamma_max=10)
     for k in range(1, 11):  # acceptance 0.7 at every position, learned

@@ -46,6 +46,46 @@ def test_the_cache_finds_what_a_plain_search_finds_and_forgets_the_oldest():
             assert cache.propose(text, 5) == reference_propose(held, text, (4, 2), 5)
 
 
+def reference_lookup(responses, text, sizes, cap=32, most=64):
+    """A plain search for `lookup`: the occurrences of the longest suffix of `text` (sizes) inside a
+    held response (its most recent `most`), each scored by how many tokens before its end agree
+    with `text` (at most `cap`, never across a response's start); the best, the most recent on a tie.
+    (absolute start is not comparable across implementations: returns (continuation, match length))."""
+    for n in sorted(sizes, reverse=True):
+        found = [(r, j) for r in responses for j in range(n, len(r) + 1) if len(text) >= n and r[j - n: j] == text[-n:]]
+        if found:
+            best = None
+            for r, j in reversed(found[-most:]):
+                m = 0
+                while m < cap and j - 1 - m >= 0 and m < len(text) and r[j - 1 - m] == text[-1 - m]:
+                    m += 1
+                if best is None or m > best[1]:
+                    best = (r[j:], m)
+            return best
+    return None
+
+
+def test_a_lookup_scores_the_whole_agreement_as_a_plain_search_does():
+    """The match length γ auto trusts runs past the indexed n-gram, to the response's start at most."""
+    g = torch.Generator().manual_seed(1)
+    cache, held = SuffixCache(max_tokens=200, sizes=(4, 2)), []
+    for _ in range(30):
+        r = torch.randint(0, 3, (int(torch.randint(2, 40, (1,), generator=g)),), generator=g).tolist()
+        cache.add(r)
+        held.append(r)
+        while sum(map(len, held)) > 200:
+            held.pop(0)
+        for _ in range(5):
+            text = torch.randint(0, 3, (int(torch.randint(1, 40, (1,), generator=g)),), generator=g).tolist()
+            got, want = cache.lookup(text), reference_lookup(held, text, (4, 2))
+            assert (got is None) == (want is None)
+            if got is not None:
+                assert (cache.continuation(got[0], 50), got[1]) == want
+    cache = SuffixCache(sizes=(2,))
+    cache.add([5, 1, 2, 3, 4, 9])
+    assert cache.lookup([7, 1, 2, 3, 4]) == (cache.base + 5, 4)  # 4 agree: two more than the 2-gram
+
+
 def test_an_evicted_response_is_never_proposed():
     cache = SuffixCache(max_tokens=10, sizes=(2,))
     cache.add([7, 8, 9, 9])
