@@ -6,8 +6,8 @@ Three agent-like sets of our own: an agent's successive edits of one file (each 
 change to the file as the previous reply left it, and the reply rewrites the whole file), tool
 calls of one JSON shape, and records put through one template; and HumanEval[:--humaneval]
 (text unlike anything the cache holds: suffix decoding must not be slower than `ar` there). Providers: `ar`, `ngram` (the
-row's own text), `suffix` and `hybrid-suffix` (each with its own cache, empty when its set
-starts), `sd` γ auto. Every provider runs request k before any runs request k + 1 (a drifting
+row's own text), `suffix` (chains), `suffix-tree` (tree="auto": Arctic's frequency tree priced by
+our costs) and `hybrid-suffix` (each with its own cache, empty when its set starts), `sd` γ auto. Every provider runs request k before any runs request k + 1 (a drifting
 machine weighs on all alike); the others neither read nor join a cache. Per set: tokens/s
 (prefill included), decode tokens/s, τ (tokens per target forward) and the ratios to `ar`, with
 the first request of each set (a cold cache) reported apart. Every provider must give `ar`'s
@@ -92,7 +92,8 @@ SETS = {
     "tool_calls": [[{"role": "system", "content": TOOLS}, {"role": "user", "content": c}] for c in CALLS],
     "templated_records": [[{"role": "user", "content": TEMPLATE + r}] for r in RECORDS],
 }
-PROVIDERS = ["ar", "ngram", "suffix", "hybrid-suffix", "sd"]
+PROVIDERS = ["ar", "ngram", "suffix", "suffix-tree", "hybrid-suffix", "sd"]
+OPTIONS = {"suffix-tree": dict(method="suffix", tree="auto")}  # providers that are a method with options
 
 
 def main(argv=None) -> int:
@@ -132,8 +133,8 @@ def main(argv=None) -> int:
             for p in providers:
                 engine.suffix_caches = caches[p]
                 t = time.perf_counter()
-                r = engine.generate(messages, max_new_tokens=args.max_new_tokens, method=p,
-                                    suffix_cache=p.endswith("suffix"))
+                call = OPTIONS.get(p, dict(method=p))
+                r = engine.generate(messages, max_new_tokens=args.max_new_tokens, suffix_cache="suffix" in p, **call)
                 runs[p].append((time.perf_counter() - t, r.token_ids, r.stats))
                 previous = r.text if p == "ar" else previous  # every provider writes ar's text
         rows = []

@@ -41,7 +41,7 @@ from .policies import expected_tokens, make_policy
 from .state import DecodeState, RoundOutput
 from .steps import PlainStep, chain_round, grammar_drafts, to_device, verify_proposals, verify_tree_and_commit
 from .suffix_cache import SuffixIndex
-from .token_tree import TokenTree
+from .token_tree import TokenTree, TreeShape
 
 MIN_TIMED_PREFILL = 16  # prompt tokens below which the driver's prefill time is mostly overhead, not a rate
 # hybrid, draft prefill deferred: the reply is expected to write this many times what it has so far
@@ -58,21 +58,26 @@ class NgramDecoding(Method):
     takes_tree = True
 
     def __init__(self, gamma=None, policy=None, threshold=None, tree=None, defaults=None):
-        super().__init__(threshold=threshold, tree=tree)
+        self.auto_tree = isinstance(tree, str) and tree == "auto"  # trees sized by the costs (choose_trees)
+        if self.auto_tree and not self.takes_tree:
+            raise SpecEngineError(f"tree drafting applies to sd, parallelspec and ngram, not to {self.name}", "tree")
+        if self.auto_tree and gamma not in (None, "auto"):
+            raise SpecEngineError("tree='auto' sizes each tree by the measured costs; leave gamma 'auto'", "gamma")
+        super().__init__(threshold=threshold, tree=None if self.auto_tree else tree)
         if policy not in (None, "fixed"):
             raise SpecEngineError(f"ngram proposes what matches; draft-length policy {policy!r} applies to sd",
                                   "policy")
         if self.tree is not None and gamma is not None:
             raise SpecEngineError("ngram with a tree takes its shape from the tree ('KxD:N'), not gamma", "tree")
         gamma = getattr(defaults, "gamma", "auto") if gamma is None else gamma
-        self.by_match = self.tree is None and gamma == "auto"
+        self.by_match = self.tree is None and (gamma == "auto" or self.auto_tree)
         self.policy = NgramGammaPolicy() if self.by_match else make_policy(
             "fixed", self.tree.depth if self.tree is not None else gamma)
         self.sizes = (getattr(defaults, "ngram_max", 3), getattr(defaults, "ngram_min", 1))
         check_sizes(*self.sizes)
         self.index: list[NgramIndex | None] = []
         self.plain = PlainStep()
-        self.matched_rounds = self.plain_rounds = self.draft_rounds = self.grammar_rounds = 0
+        self.matched_rounds = self.plain_rounds = self.draft_rounds = self.grammar_rounds = self.tree_rounds = 0
         self.draft_policy = make_policy("fixed", gamma)  # hybrid: the draft model's chain length
         self.hybrid, self.kind = False, "plain"  # this round: "ngram", "draft" or "plain"
         self.gap: list[int] = []  # hybrid: per row, at most this many committed tokens the draft has not read
@@ -85,6 +90,10 @@ class NgramDecoding(Method):
         self.prefill_token_s: float | None = None  # the target's measured prefill seconds per prompt token
         self.primes = 0  # deferred draft prefills run
         self.caches = None  # suffix decoding: the engine's SuffixCaches (methods/suffix_cache.py)
+
+    @property
+    def rows_independent(self) -> bool:
+        return super().rows_independent and not self.auto_tree
 
     @property
     def defers_draft_prefill(self) -> bool:
@@ -160,6 +169,11 @@ class NgramDecoding(Method):
         if self.tree is not None:
             shape = self.tree
             found = {b: self.index[b].propose_tree(shape.topk, shape.depth, shape.nodes) for b in live}
+        elif self.auto_tree:
+            hits = {b: hit for b in live if (hit := self.index[b].lookup()) is not None}
+            depth = self.policy.gamma_max
+            found = self.policy.choose_trees({b: (m, self.index[b].continuations(h, depth, m))
+                                              for b, (h, m) in hits.items()})
         elif self.by_match:
             found = {b: hit for b in live if (hit := self.index[b].lookup()) is not None}
             gammas = self.policy.choose({b: m for b, (_, m) in found.items()})
@@ -186,8 +200,8 @@ class NgramDecoding(Method):
             return self.plain(ctx, state, timer)
         self.matched_rounds += self.kind == "ngram"
         proposals = [found.get(b, ([], [])) for b in range(state.batch)]
-        if self.tree is None:
-            return verify_proposals(ctx, state, [t for t, _ in proposals], timer)
+        if self.tree is None and not any(par and par != list(range(len(par))) for _, par in proposals):
+            return verify_proposals(ctx, state, [t for t, _ in proposals], timer)  # chains (trees that are paths)
         return self._tree_round(state, proposals, timer)
 
     def _grammar_drafts(self, state: DecodeState, live: list[int]) -> dict:
@@ -273,20 +287,32 @@ class NgramDecoding(Method):
                 self.primes += 1
 
     def _tree_round(self, state: DecodeState, proposals, timer) -> RoundOutput:
-        """Rows padded to the tree's N nodes with parentless nodes (nobody's child: never tried)."""
-        N, dev = self.tree.nodes, state.tokens.device
-        rows = []
-        for toks, par in proposals:  # [tokens, parents, depths] of nodes 1..N per row: one copy
+        """Rows padded to the tree's N nodes with parentless nodes (nobody's child: never tried).
+        tree="auto": N, depth and children are this round's widest (a chain is a tree too)."""
+        dev, depths = state.tokens.device, []
+        for toks, par in proposals:
             depth = [0]
             for p in par:
                 depth.append(depth[p] + 1)
+            depths.append(depth)
+        shape = self.tree
+        if shape is None:
+            self.tree_rounds += 1
+            N, D = max(len(t) for t, _ in proposals), max(max(d) for d in depths)
+            k = max(max(par.count(u) for u in set(par)) for _, par in proposals if par)
+            shape = TreeShape(topk=max(k, -(-N // D)), depth=D, budget=N)  # nodes == N
+        N, rows = shape.nodes, []
+        for (toks, par), depth in zip(proposals, depths):  # [tokens, parents, depths] of nodes 1..N per row: one copy
             pad = N - len(toks)
             rows.append([toks + [0] * pad, par + [-1] * pad, depth[1:] + [1] * pad])
         nodes = to_device(rows, dev)
         root = state.last_tokens()[:, None]
         tree = TokenTree(torch.cat([root, nodes[:, 0]], 1), torch.cat([torch.full_like(root, -1), nodes[:, 1]], 1),
                          torch.cat([torch.zeros_like(root), nodes[:, 2]], 1))
-        out = verify_tree_and_commit(self.ctx, state, tree, self.tree, timer, draft_forwards=0)
+        out = verify_tree_and_commit(self.ctx, state, tree, shape, timer, draft_forwards=0)
+        if self.tree is None:  # each row proposed its own tree's depth (the policy learns per position)
+            deepest = torch.where(nodes[:, 1] >= 0, nodes[:, 2], 0).amax(1)  # padding: parent -1
+            out = dataclasses.replace(out, num_draft=deepest.to(out.num_draft.dtype))
         return dataclasses.replace(out, draft_lens=None)  # no draft model, no draft cache
 
     def _draft_round(self, state: DecodeState, live: list[int], timer) -> RoundOutput:
@@ -314,7 +340,8 @@ class NgramDecoding(Method):
             self.policy.update(n_acc, num_draft)  # counts plain rounds: a probe follows
 
     def stats(self, generation) -> dict:
-        return {"policy": self.policy.name, "gamma": self.policy.gamma, **self.tree_stats(),
+        trees = {"tree": "auto", "tree_rounds": self.tree_rounds} if self.auto_tree else self.tree_stats()
+        return {"policy": self.policy.name, "gamma": self.policy.gamma, **trees,
                 "ngram_max": self.sizes[0], "ngram_min": self.sizes[1],
                 "matched_rounds": self.matched_rounds, "plain_rounds": self.plain_rounds,
                 "draft_rounds": self.draft_rounds, "grammar_rounds": self.grammar_rounds, "hybrid": self.hybrid,

@@ -72,18 +72,27 @@ class NgramIndex:
 
     def lookup(self) -> tuple[int, int] | None:
         """(continuation start, match length) of the best earlier occurrence; None without one."""
-        _, starts = self.occurrences()
-        if not starts:
-            return None
-        toks, last = self.tokens, len(self.tokens) - 1
         best = None
-        for s in reversed(starts[-MAX_OCCURRENCES:]):  # most recent first: it wins ties
-            m = 0
-            while m < MATCH_CAP and s - 1 - m >= 0 and toks[s - 1 - m] == toks[last - m]:
-                m += 1
+        for s, m in self._scored():  # most recent first: it wins ties
             if best is None or m > best[1]:
                 best = (s, m)
         return best
+
+    def _scored(self):
+        """(continuation start, match length) of the recent occurrences of the longest suffix,
+        most recent first."""
+        _, starts = self.occurrences()
+        toks, last = self.tokens, len(self.tokens) - 1
+        for s in reversed(starts[-MAX_OCCURRENCES:]):
+            m = 0
+            while m < MATCH_CAP and s - 1 - m >= 0 and toks[s - 1 - m] == toks[last - m]:
+                m += 1
+            yield s, m
+
+    def continuations(self, handle, depth: int, m: int) -> list[tuple[int, list[int]]]:
+        """(recency, up to `depth` tokens) after each recent occurrence that agrees with the end of
+        the history over at least m tokens (a lookup's match length): what a tree is built from."""
+        return [(s, self.tokens[s: s + depth]) for s, k in self._scored() if k >= m]
 
     def propose_tree(self, topk: int, depth: int, budget: int) -> tuple[list[int], list[int]]:
         """(tokens, parents) of up to `budget` draft nodes in depth-major order, parents as
@@ -93,12 +102,11 @@ class NgramIndex:
         return tree_of([(s, self.tokens[s: s + depth]) for s in starts[-MAX_OCCURRENCES:]], topk, budget)
 
 
-def tree_of(continuations: list[tuple[int, list[int]]], topk: int, budget: int) -> tuple[list[int], list[int]]:
-    """Continuations (recency, tokens) merged into a trie, nodes ranked by how many continuations
-    pass through them, then shallower, then most recent; the `budget` best kept, at most `topk`
-    children a node, closed under ancestors; (tokens, parents) depth-major, 0 = the root."""
+def trie_of(continuations: list[tuple[int, list[int]]]) -> list[list[int]]:
+    """Continuations (recency, tokens) merged into a trie: nodes 1..N as [token, parent, depth,
+    how many continuations pass through it, the most recent of them], 0 = the root."""
     trie = {}  # (parent id, token) -> node id
-    nodes = []  # [token, parent, depth, count, most recent]
+    nodes = []
     for recency, toks in continuations:
         parent = 0
         for d, tok in enumerate(toks):
@@ -109,6 +117,14 @@ def tree_of(continuations: list[tuple[int, list[int]]], topk: int, budget: int) 
             nodes[node - 1][3] += 1
             nodes[node - 1][4] = recency
             parent = node
+    return nodes
+
+
+def tree_of(continuations: list[tuple[int, list[int]]], topk: int, budget: int) -> tuple[list[int], list[int]]:
+    """Continuations (recency, tokens) merged into a trie, nodes ranked by how many continuations
+    pass through them, then shallower, then most recent; the `budget` best kept, at most `topk`
+    children a node, closed under ancestors; (tokens, parents) depth-major, 0 = the root."""
+    nodes = trie_of(continuations)
     # most occurrences first, then shallower (a child never outnumbers its parent), then most recent
     order = sorted(range(1, len(nodes) + 1), key=lambda i: (-nodes[i - 1][3], nodes[i - 1][2], -nodes[i - 1][4]))
     kept, children = {0}, {}
@@ -121,7 +137,13 @@ def tree_of(continuations: list[tuple[int, list[int]]], topk: int, budget: int) 
             kept.add(i)
             children[p] = children.get(p, 0) + 1
             picked.append(i)
+    return layout(nodes, picked)
+
+
+def layout(nodes: list[list[int]], picked: list[int]) -> tuple[list[int], list[int]]:
+    """The picked trie nodes (closed under ancestors, in rank order) as (tokens, parents),
+    depth-major, parents renumbered (0 = the root, the nodes from 1)."""
     rank = {i: j for j, i in enumerate(picked)}
-    picked.sort(key=lambda i: (nodes[i - 1][2], rank[i]))  # depth-major: parents first
+    picked = sorted(picked, key=lambda i: (nodes[i - 1][2], rank[i]))  # depth-major: parents first
     new_id = {0: 0, **{old: j + 1 for j, old in enumerate(picked)}}
     return [nodes[i - 1][0] for i in picked], [new_id[nodes[i - 1][1]] for i in picked]

@@ -27,6 +27,8 @@ it declines, so that the bin's estimate can change as the text does.
 """
 from __future__ import annotations
 
+from .ngram_index import layout, trie_of
+
 MATCH_BINS = (1, 2, 3, 4, 6, 9, 13, 21)  # lower bounds of the match-length bins
 PRIOR_Q1, PRIOR_WEIGHT = 0.5, 2.0  # position 1's prior, and the pseudo-counts of every prior
 PROBE_EVERY = 8
@@ -65,13 +67,19 @@ class NgramGammaPolicy:
             self.seen, self.kept = [list(r) for r in seen], [list(r) for r in kept]
         store[key] = (self.seen, self.kept)
 
-    def expected(self, b: int) -> list[float]:
-        """e[γ]: expected accepted tokens of a γ-token proposal from bin b, γ = 0..gamma_max."""
-        e, s, q = [0.0], 1.0, PRIOR_Q1
+    def survival(self, b: int) -> list[float]:
+        """s[γ]: P(the first γ tokens of a proposal from bin b are all accepted), γ = 0..gamma_max."""
+        s, q = [1.0], PRIOR_Q1
         for k in range(1, self.gamma_max + 1):
             q = (self.kept[b][k] + PRIOR_WEIGHT * q) / (self.seen[b][k] + PRIOR_WEIGHT)
-            s *= q
-            e.append(e[-1] + s)
+            s.append(s[-1] * q)
+        return s
+
+    def expected(self, b: int) -> list[float]:
+        """e[γ]: expected accepted tokens of a γ-token proposal from bin b, γ = 0..gamma_max."""
+        e = [0.0]
+        for p in self.survival(b)[1:]:
+            e.append(e[-1] + p)
         return e
 
     def best(self, b: int, gamma_min: int = 0) -> int:
@@ -105,6 +113,38 @@ class NgramGammaPolicy:
                 kept[k] += k <= a
             if seen[1] > MEMORY:
                 seen[:], kept[:] = [x / 2 for x in seen], [x / 2 for x in kept]
+
+    def choose_trees(self, rows: dict[int, tuple[int, list]]) -> dict[int, tuple[list[int], list[int]]]:
+        """tree="auto": {row: (tokens, parents)} for rows with a match of length m and the
+        continuations of the occurrences that agree as far ({row: (m, continuations)}); rows left
+        out propose nothing. Arctic's speculation tree, priced by our costs: a node's chance of
+        being accepted is the bin's survival to its depth (what chains from matches this long
+        kept) times the share of the occurrences that pass through it; nodes are taken most
+        probable first (a parent is never less probable than its child), as many as maximize
+        (1 + their summed chances) / verify_s(nodes + 1), at most γ max. One occurrence, or
+        occurrences that agree: a chain, as choose() would size it."""
+        out, self.last_bins = {}, {}
+        for row, (m, conts) in rows.items():
+            b = match_bin(m)
+            nodes, picked = self._tree(b, conts, 0)
+            if not picked:
+                self.declined[b] += 1
+                if self.declined[b] % PROBE_EVERY:
+                    continue
+                nodes, picked = self._tree(b, conts, 1)
+            out[row], self.last_bins[row] = layout(nodes, picked), b
+        self.gamma = max((len(t) for t, _ in out.values()), default=0)
+        return out
+
+    def _tree(self, b: int, conts: list, n_min: int) -> tuple[list, list[int]]:
+        nodes, survive = trie_of(conts), self.survival(b)
+        chance = {i: survive[n[2]] * n[3] / max(len(conts), 1) for i, n in enumerate(nodes, 1)}
+        order = sorted(chance, key=lambda i: (-chance[i], nodes[i - 1][2], -nodes[i - 1][4]))[: self.gamma_max]
+        rate, gain = [1.0 / self.costs.verify_s(1)], 1.0  # expected tokens per second with the first n nodes
+        for n, i in enumerate(order, 1):
+            gain += chance[i]
+            rate.append(gain / self.costs.verify_s(n + 1))
+        return nodes, order[:max(range(min(n_min, len(order)), len(order) + 1), key=rate.__getitem__)]
 
     def round_tokens(self, gammas: dict[int, int]) -> float:
         """Expected committed tokens of the rows in `gammas` (this round's choice) if they verify

@@ -96,18 +96,25 @@ class SuffixCache:
         """(continuation start, match length) of the held occurrence whose preceding tokens agree
         with the end of `text` the longest (up to MATCH_CAP; the most recent on a tie), as
         NgramIndex.lookup does in a row: how far γ auto trusts it. None without one."""
-        n, starts = self.occurrences(text)
-        if not starts:
-            return None
-        toks, base, last = self.tokens, self.base, len(text) - 1
         best = None
-        for s in reversed(starts):  # most recent first: it wins ties
-            m, i = n, s - base - 1 - n  # the n-gram agrees; walk on before it (a SEP or `base` stops it)
-            while m < MATCH_CAP and i >= 0 and last - m >= 0 and toks[i] == text[last - m]:
-                m, i = m + 1, i - 1
+        for s, m in self._scored(text):  # most recent first: it wins ties
             if best is None or m > best[1]:
                 best = (s, m)
         return best
+
+    def _scored(self, text: list[int]):
+        """(absolute continuation start, match length) of the occurrences, most recent first."""
+        n, starts = self.occurrences(text)
+        toks, base, last = self.tokens, self.base, len(text) - 1
+        for s in reversed(starts):
+            m, i = n, s - base - 1 - n  # the n-gram agrees; walk on before it (a SEP or `base` stops it)
+            while m < MATCH_CAP and i >= 0 and last - m >= 0 and toks[i] == text[last - m]:
+                m, i = m + 1, i - 1
+            yield s, m
+
+    def continuations(self, text: list[int], depth: int, m: int) -> list[tuple[int, list[int]]]:
+        """(recency, up to `depth` tokens) after each held occurrence agreeing with `text` over >= m."""
+        return [(s, self.continuation(s, depth)) for s, k in self._scored(text) if k >= m]
 
     def propose(self, text: list[int], gamma: int) -> tuple[int, list[int]]:
         """(match length, up to γ tokens that followed the most recent occurrence)."""
@@ -146,6 +153,11 @@ class SuffixIndex:
     def continuation(self, handle, gamma: int) -> list[int]:
         source, start = handle
         return (self.cache if source == "cache" else self.row).continuation(start, gamma)
+
+    def continuations(self, handle, depth: int, m: int) -> list[tuple[int, list[int]]]:
+        if handle[0] == "cache":
+            return self.cache.continuations(self.row.tokens, depth, m)
+        return self.row.continuations(handle, depth, m)
 
     def propose(self, gamma: int) -> list[int]:
         hit = self.lookup()

@@ -151,6 +151,7 @@ CALLS = {
     "auto": dict(gamma="auto"),
     "tree": dict(tree="3x4:8"),
     "tree-wide": dict(tree="4x6:20"),
+    "tree-auto": dict(tree="auto"),
 }
 
 

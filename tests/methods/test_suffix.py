@@ -107,10 +107,20 @@ def hf_greedy(hf, tokenizer, prompt, n):
     return out[0, ids.shape[1]:].tolist()
 
 
+def free_width(eng):
+    """Costs under which a wider verify costs nothing more: tree="auto" then takes every node it has."""
+    from specengine.runtime.step_costs import StepCosts
+
+    eng.step_costs = lambda state, width, draft=True: StepCosts(state.batch, 0.0, (1.0,) * width)
+
+
 @pytest.mark.parametrize("method,opts", [("suffix", dict(gamma="auto")), ("suffix", dict(gamma=6)),
-                                         ("suffix", dict(tree="3x4:8")), ("hybrid-suffix", dict(gamma="auto"))])
+                                         ("suffix", dict(tree="3x4:8")), ("suffix", dict(tree="auto")),
+                                         ("hybrid-suffix", dict(gamma="auto"))])
 def test_suffix_equals_transformers_and_a_seen_request_takes_fewer_forwards(tiny_pair, tokenizer, hf, method, opts):
     eng = Engine(tiny_pair[0], tokenizer, draft=tiny_pair[2] if method.startswith("hybrid") else None, max_seq_len=256)
+    if opts.get("tree") == "auto":
+        free_width(eng)  # wide trees, branching where the occurrences disagree
     refs = [hf_greedy(hf, tokenizer, p, 40) for p in PROMPTS]
     first = eng.generate(PROMPTS, max_new_tokens=40, method=method, ignore_eos=True, **opts)
     assert [r.token_ids for r in first] == refs
@@ -118,24 +128,30 @@ def test_suffix_equals_transformers_and_a_seen_request_takes_fewer_forwards(tiny
     assert [r.token_ids for r in again] == refs
     assert again[0].stats["target_forwards"] < first[0].stats["target_forwards"]
     assert len(eng.suffix_caches.get("")) == 2 * 3 * 40
+    if opts.get("tree") == "auto":
+        assert first[0].stats["tree_rounds"] > 0  # some round's proposals branched
 
 
-def test_sampling_keeps_the_target_distribution(tmp_path, tokenizer):
+@pytest.mark.parametrize("opts", [dict(gamma=2), dict(tree="auto")])
+def test_sampling_keeps_the_target_distribution(tmp_path, tokenizer, opts):
     from helpers.distribution_bounds import total_variation_bound
     from helpers.exact import N, PROMPT, V, exact_joint
 
     hf, target, _ = small_vocab_models(tmp_path, V)
-    eng = Engine(target, tokenizer, max_seq_len=32)
+    eng = Engine(target, tokenizer, max_seq_len=48)
+    if "tree" in opts:
+        free_width(eng)  # the cache's V continuations of the prompt's end: a tree of V branches
     cache = eng.suffix_caches.get("")
     for a in range(V):  # earlier responses continuing the prompt's last tokens every way
         cache.add(PROMPT[-2:] + [a, (a * 3) % V, 1])
-    out = eng.generate([PROMPT] * N, max_new_tokens=2, method="suffix", gamma=2, temperature=1.0, seed=5,
-                       ignore_eos=True)
+    out = eng.generate([PROMPT] * N, max_new_tokens=2, method="suffix", temperature=1.0, seed=5,
+                       ignore_eos=True, **opts)
     pairs = torch.tensor([r.token_ids for r in out])
     emp = torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V).double() / N
     tv = 0.5 * (emp - exact_joint(hf, 1.0).double()).abs().sum().item()
     assert tv <= total_variation_bound(V * V, N), tv
     assert 0 < out[0].stats["acceptance_rate"] < 1
+    assert out[0].stats.get("tree_rounds", 1) > 0
 
 
 def test_nothing_is_shared_across_keys_or_kept_for_a_request_that_opts_out(tiny_pair, tokenizer):
