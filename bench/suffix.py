@@ -5,7 +5,9 @@ suffix cache grows as a server's would.
 Three agent-like sets of our own: an agent's successive edits of one file (each step asks for one
 change to the file as the previous reply left it, and the reply rewrites the whole file), tool
 calls of one JSON shape, and records put through one template; and HumanEval[:--humaneval]
-(text unlike anything the cache holds: suffix decoding must not be slower than `ar` there). Providers: `ar`, `ngram` (the
+(text unlike anything the cache holds: suffix decoding must not be slower than `ar` there), after
+`make bench-ngram`'s input-grounded prompts (single unrelated requests whose replies copy their own
+prompt: `suffix` must keep up with `ngram` there). Providers: `ar`, `ngram` (the
 row's own text), `suffix` (chains), `suffix-tree` (tree="auto": Arctic's frequency tree priced by
 our costs) and `hybrid-suffix` (each with its own cache, empty when its set starts), `sd` γ auto. Every provider runs request k before any runs request k + 1 (a drifting
 machine weighs on all alike); the others neither read nor join a cache. Per set: tokens/s
@@ -101,7 +103,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench/results/cpu_suffix.json")
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--arctic", action="store_true", help="Arctic Inference's cache as a peer drafter (builds it)")
-    ap.add_argument("--humaneval", type=int, default=4, help="HumanEval prompts run as a fourth set (0: none)")
+    ap.add_argument("--humaneval", type=int, default=4, help="HumanEval prompts run as a last set (0: none)")
+    ap.add_argument("--copy", action=argparse.BooleanOptionalAction, default=True,
+                    help="bench/ngram's input-grounded prompts as a set of single requests")
     args = ap.parse_args(argv)
 
     from tqdm import tqdm
@@ -117,6 +121,10 @@ def main(argv=None) -> int:
               "environment": environment(), "sets": {}}
     providers = PROVIDERS + (["arctic-suffix"] if args.arctic else [])
     sets = dict(SETS)
+    if args.copy:  # single, unrelated requests whose replies copy their own prompt (`ngram`'s ground)
+        from specengine.prompts import COPY_PROMPTS
+
+        sets["copy_prompts"] = [p for _, p in COPY_PROMPTS]
     if args.humaneval:
         from specengine.prompts import humaneval
 
