@@ -5,7 +5,9 @@ which feed the precision per role; not yet the batch-invariant probe or step cos
 taken per engine) file their results in one table per *key*: the CPU model, torch's and our kernels' instruction sets, the thread
 count, the torch version and a digest of the compiled kernels (the extension's bytes: any
 change of csrc/ or of its flags is a new digest). So a new kernel, torch or thread count reads
-a table of its own: nothing is bumped by hand, nothing stale is read.
+a table of its own: nothing is bumped by hand, nothing stale is read. Each entry also keeps how
+fast the machine ran when it was taken (`reference_ms`): one taken on a machine busier than now
+is measured again (`load`).
 """
 from __future__ import annotations
 
@@ -68,13 +70,42 @@ def cache_path() -> Path:
     return cache_dir() / "plan" / f"{key()}.json"
 
 
+STALE = 1.4  # an entry timed while the machine ran this much slower than now is timed again
+
+
+@functools.lru_cache(maxsize=None)
+def reference_ms() -> float:
+    """How fast this machine runs right now: the best of five fp32 matvecs over a 64 MB weight on
+    every thread (memory-bound, so a neighbour's load on a core or on the memory shows), ~30 ms once
+    per process. Each measured entry keeps the value it was taken at (`ref_ms`)."""
+    import time
+
+    w, x = torch.full((4096, 4096), 0.5), torch.ones(1, 4096)
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(6):
+            t = time.perf_counter()
+            torch.nn.functional.linear(x, w)
+            best = min(best, time.perf_counter() - t)
+    return 1e3 * best
+
+
+def _bare(entry: dict) -> dict:
+    return {k: v for k, v in entry.items() if k != "ref_ms"}
+
+
 def load() -> dict:
-    """The machine's table: {entry key: measured entry}; empty when nothing was measured yet
-    (or the file is unreadable: it is then measured again)."""
+    """The machine's table: {entry key: measured entry}; empty when nothing was measured yet (or the
+    file is unreadable: it is then measured again). Entries taken while the machine ran STALE times
+    slower than it does now (another process busy on a 2-core VM: a table measured then chose a bf16
+    draft that cost more than the target) are left out, so they are measured again and replaced; a
+    table taken on a quiet machine is kept when the machine is busy now."""
     try:
-        return json.loads(cache_path().read_text())["entries"]
+        entries = json.loads(cache_path().read_text())["entries"]
     except (OSError, ValueError, KeyError):
         return {}
+    now = reference_ms()
+    return {k: v for k, v in entries.items() if v.get("ref_ms", 0.0) <= STALE * now}
 
 
 def save(entries: dict) -> None:
@@ -89,8 +120,14 @@ def save(entries: dict) -> None:
 
 def update(new: dict) -> dict:
     """Merge `new` entries into the table (read again just before writing, so entries another
-    process saved meanwhile are kept) and return the table."""
+    process saved meanwhile are kept) and return the table. An entry new or changed here is
+    stamped, in place, with the machine's speed now (`reference_ms`); one handed back as it was
+    keeps its own."""
     table = load()
-    table.update(new)
+    for k, v in new.items():
+        old = table.get(k)
+        if old is None or "ref_ms" not in v or _bare(old) != _bare(v):
+            v["ref_ms"] = reference_ms()
+        table[k] = v
     save(table)
     return table

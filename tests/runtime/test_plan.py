@@ -55,6 +55,30 @@ def test_a_second_load_on_this_machine_measures_nothing(tiny_dir, cache, monkeyp
     assert len(list((cache / "plan").glob("*.json"))) == 1  # one table for every measurement
 
 
+def test_entries_taken_on_a_busier_machine_are_measured_again(tiny_dir, cache, monkeypatch):
+    """A table measured while another process slowed the machine is not kept for good: an entry
+    whose reference matvec ran STALE times slower than now is measured again and restamped; a table
+    measured on a quiet machine is kept while the machine is busy."""
+    calls, speed = [], {"ms": 10.0}
+    real = cpu_matmul.measure_group
+    monkeypatch.setattr(cpu_matmul, "measure_group", lambda *a, **k: calls.append(a) or real(*a, **k))
+    monkeypatch.setattr(machine, "reference_ms", lambda: speed["ms"])
+    load = lambda: Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), max_seq_len=128)  # noqa: E731
+
+    def stamps():
+        entries = json.loads(machine.cache_path().read_text())["entries"]
+        return {v["ref_ms"] for v in entries.values()}
+    load()
+    assert calls and stamps() == {10.0}
+    calls.clear()
+    speed["ms"] = 10.0 * machine.STALE * 1.1  # busier now: the quiet table stands
+    load()
+    assert not calls and stamps() == {10.0}
+    speed["ms"] = 10.0 / (machine.STALE * 1.1)  # faster now: what was measured at 10 ms is measured again
+    load()
+    assert calls and stamps() == {speed["ms"]}
+
+
 def test_specengine_plan_prints_it(tiny_dir, cache, capsys):
     assert main(["plan", "--target", str(tiny_dir), "--max-seq-len", "64", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
