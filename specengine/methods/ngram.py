@@ -290,6 +290,8 @@ class NgramDecoding(Method):
         """Rows padded to the tree's N nodes with parentless nodes (nobody's child: never tried).
         tree="auto": N, depth and children are this round's widest (a chain is a tree too)."""
         dev, depths = state.tokens.device, []
+        # a chain (the grammar's forced tokens, a path) rides in a tree round as a path
+        proposals = [(toks, list(range(len(toks))) if par is None else par) for toks, par in proposals]
         for toks, par in proposals:
             depth = [0]
             for p in par:

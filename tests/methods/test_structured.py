@@ -21,7 +21,8 @@ CONSTRAINTS = [("json_schema", SCHEMA), ("regex", r"(ab|cd)+[0-9]{2,4}x"), ("cho
                ("grammar", 'root ::= "(" item ("," item)* ")"\nitem ::= [a-d]+ | [0-9]')]
 CASES = [("ar", {}), ("sd", dict(gamma=3)), ("sd", dict(gamma="auto")), ("sd", dict(tree="2x3:5")),
          ("pearl", dict(gamma=3)), ("parallelspec", dict(gamma=3)), ("parallelspec", dict(tree="2x3:5")),
-         ("ngram", dict(gamma=4)), ("ngram", dict(tree="2x3:5")), ("hybrid", dict(gamma=3))]
+         ("ngram", dict(gamma=4)), ("ngram", dict(tree="2x3:5")), ("ngram", dict(tree="auto")), ("suffix", dict(tree="auto")),
+         ("hybrid", dict(gamma=3))]
 
 
 STOP = [1, 3]  # the engine's end-of-sequence ids for this tokenizer (<eos>, and <|im_end|> of its chat template)
@@ -87,12 +88,21 @@ def test_a_batch_mixes_rows_under_different_constraints_and_none(engine, hf, tok
 
     rows = [Constraint.parse(json_schema=SCHEMA), None, Constraint.parse(regex=CONSTRAINTS[1][1])]
     ids = tokenizer(PROMPT).input_ids
-    for method, opts in (("sd", dict(gamma=3)), ("ngram", dict(gamma=4)), ("ar", {})):
-        gen = Generation(engine, [ids] * 3, SamplingParams(), 30, engine.new_method(method, opts.get("gamma"), None,
-                                                                                     None, None),
-                         set(engine.eos_ids), [], constraints=rows)
-        for _ in gen.rounds():
-            pass
+    from specengine.runtime.step_costs import StepCosts
+
+    measured = engine.step_costs
+    for method, opts in (("sd", dict(gamma=3)), ("ngram", dict(gamma=4)), ("ar", {}), ("ngram", dict(tree="auto"))):
+        if "tree" in opts:  # free width: wide trees beside the grammar's forced chains in one round
+            engine.step_costs = lambda state, width, draft=True: StepCosts(state.batch, 0.0, (1.0,) * width)
+        try:
+            gen = Generation(engine, [ids] * 3, SamplingParams(), 30, engine.new_method(
+                method, opts.get("gamma"), None, None, opts.get("tree")), set(engine.eos_ids), [], constraints=rows)
+            for _ in gen.rounds():
+                pass
+        finally:
+            engine.step_costs = measured
+        if "tree" in opts:
+            assert gen.method.tree_rounds > 0 and gen.method.grammar_rounds > 0
         assert gen.rows[0].ids == hf_constrained(hf, tokenizer, "json_schema", SCHEMA, 30)
         assert gen.rows[2].ids == hf_constrained(hf, tokenizer, "regex", CONSTRAINTS[1][1], 30)
         alone = engine.generate(PROMPT, max_new_tokens=30, method="ar", ignore_eos=False)
