@@ -13,6 +13,7 @@
 
     python bench/gguf_cpu.py --out bench/results/cpu_gguf_first.json [--n-prompts 2 --max-new-tokens 48]
     python bench/gguf_cpu.py --llamacpp --out bench/results/cpu_gguf_vs_llamacpp.json
+    python bench/gguf_cpu.py --streams [avx2 ...] --out bench/results/cpu_gguf_streams.json
 """
 from __future__ import annotations
 
@@ -110,6 +111,51 @@ def kernels() -> list[dict]:
         r["GB_per_s"] = r["bytes"] / r["ms"] / 1e6
         print(f"{r['provider']:18s} rows {r['rows']}: {r['ms']:7.2f} ms  {r['GB_per_s']:5.1f} GB/s of weights", flush=True)
     return rows
+
+
+def read_bandwidth(nbytes: int = 1 << 29, reps: int = 5) -> float:
+    """This machine's read bandwidth (bytes/s, all threads): the best of `reps` reads of a buffer far
+    larger than any cache, streamed as the kernels stream weights (`read_stream`; torch's own sum
+    reads 25% slower on a 2-core Zen 4). What a one-row matvec can at best reach."""
+    buf = torch.ones(nbytes, dtype=torch.uint8)
+    return nbytes / best_ms(lambda: _quantext.read_stream(buf), reps) * 1e3
+
+
+REPEAT = 16  # the stream weight: this many gate/up shapes stacked
+
+
+def streams(isas: list[str], rows=(1, 2, 4, 5, 8), rounds: int = 3) -> list[dict]:
+    """The interleaved (x8) kernel, as decoding runs it, per instruction-set copy and format, on 16x the
+    gate/up shape (300 MB of Q5_0, 250 MB of Q4_K: far beyond a last-level cache, whose 32 MB on a Zen 4
+    VM served part of a 4x shape, so a one-row rate is a stream rate): GB/s of weights, and each width's
+    cost in one-row calls. A shared VM's bandwidth drifts by tens of percent within a minute, so the
+    copies and widths take turns, `rounds` times, and each keeps its best (`--streams avx2` on an
+    AVX-512 machine checks the AVX2 copy's arithmetic; its stream rate says nothing of an AVX2-only CPU)."""
+    from specengine.kernels.quant_pack import pack_x8
+
+    out, widest = [], _quantext.isa()
+    xs = {m: torch.randn(m, K) for m in rows}
+    try:
+        for qtype in ("Q4_K", "Q5_0", "Q6_K", "Q4_0"):
+            w = pack_x8(torch.cat([blocks(qtype)] * REPEAT), qtype)
+            best, bw = {}, 0.0
+            for _ in range(rounds):
+                bw = max(bw, read_bandwidth(reps=2))  # beside the kernels' turns: a ratio of one moment
+                for isa in isas:
+                    _quantext.set_isa(isa)
+                    for m in rows:
+                        ms = best_ms(lambda: _quantext.quant_matmul_x8(xs[m], w, EXT_CODES[qtype], REPEAT * N), reps=2)
+                        best[isa, m] = min(best.get((isa, m), ms), ms)
+            for isa in isas:
+                got = [dict(isa=isa, qtype=qtype, rows=m, ms=best[isa, m], GB_per_s=w.numel() / best[isa, m] / 1e6,
+                            x_one_row=best[isa, m] / best[isa, rows[0]], read_bandwidth_GB_per_s=bw / 1e9,
+                            of_bandwidth=w.numel() / best[isa, m] * 1e3 / bw) for m in rows]
+                out += got
+                print(f"{isa:11s} {qtype} (read {bw / 1e9:4.1f} GB/s): one row {got[0]['of_bandwidth']:.0%} of it;  "
+                      + "  ".join(f"{r['rows']} rows {r['GB_per_s']:5.1f} GB/s x{r['x_one_row']:.2f}" for r in got), flush=True)
+    finally:
+        _quantext.set_isa(widest)
+    return out
 
 
 def llamacpp_providers(n_prompts: int, new: int) -> dict:
@@ -211,7 +257,23 @@ def main(argv=None) -> int:
     ap.add_argument("--llamacpp", action="store_true", help="add llama.cpp's providers (bench/peers/llamacpp.py build first)")
     ap.add_argument("--interleaved", type=int, default=0, metavar="R",
                     help="only the interleaved comparison, R repeats of every prompt (the README's per-CPU row)")
+    ap.add_argument("--streams", metavar="ISA", nargs="*",
+                    help="only the interleaved kernel's stream rates, per instruction-set copy (default: every one "
+                         "this CPU runs), beside the machine's read bandwidth")
     args = ap.parse_args(argv)
+    if args.streams is not None:
+        if _quantext is None:
+            print("the quantized kernel is not built (make install builds it)", file=sys.stderr)
+            return 2
+        isas = args.streams or _quantext.isas()
+        unknown = sorted(set(isas) - set(_quantext.isas()))
+        if unknown:
+            print(f"this CPU does not run {', '.join(unknown)}; it runs {', '.join(_quantext.isas())}", file=sys.stderr)
+            return 2
+        report = {"benchmark": "gguf_cpu_streams", "environment": environment(), "kernel_isa": extension_isa(),
+                  "shape": [REPEAT * N, K], "streams": streams(isas)}
+        print(f"wrote {save(report, args.out)}")
+        return 0
     if args.interleaved:
         eng = Engine.from_pretrained(DEFAULT_TARGET, draft=DEFAULT_DRAFT, max_seq_len=1024)
         report = {"benchmark": "gguf_cpu_interleaved", "environment": environment(), "kernel_isa": extension_isa(),

@@ -13,6 +13,7 @@
 #include "cpu_ops.h"
 #include "cpu/common.h"
 
+#include <atomic>
 #include <chrono>
 #include <string>
 
@@ -242,6 +243,27 @@ torch::Tensor dense_matmul(const torch::Tensor& x, const torch::Tensor& w) {
   return y;
 }
 
+// Every byte of w read once, the way the matmuls stream their weights (contiguous ranges split across
+// the threads, the kernels' software prefetch ahead): the machine's read bandwidth that a one-row
+// matvec is held to (bench/gguf_cpu.py --streams). Returns a checksum, so no read can be dropped.
+int64_t read_stream(const torch::Tensor& w) {
+  TORCH_CHECK(w.device().is_cpu() && w.is_contiguous() && w.nbytes() % 64 == 0 && w.nbytes() > 0,
+              "read_stream takes a contiguous CPU tensor of whole 64-byte lines");
+  const uint64_t* p = static_cast<const uint64_t*>(w.data_ptr());
+  std::atomic<uint64_t> sum{0};
+  at::parallel_for(0, int64_t(w.nbytes() / 64), 1024, [&](int64_t begin, int64_t end) {
+    uint64_t s[8] = {};
+    for (int64_t l = begin; l < end; ++l) {
+      __builtin_prefetch(reinterpret_cast<const char*>(p + 8 * l) + kPrefetchAhead);
+      for (int k = 0; k < 8; ++k) s[k] ^= p[8 * l + k];
+    }
+    uint64_t t = 0;
+    for (int k = 0; k < 8; ++k) t ^= s[k];
+    sum.fetch_xor(t);
+  });
+  return int64_t(sum.load());
+}
+
 // Whether row_attention runs its scalar loops only (a test switch: the vectorized ones must equal them).
 bool& plain_attention() {
   static bool plain = false;
@@ -319,6 +341,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(kernels/quant_pack.py; Q4_0, Q5_0, Q4_K, Q6_K): x [M, K] fp32, wp [ceil(N/8), 8 * row_bytes], N -> [M, N]");
   m.def("dequantize", &dequantize, "w [N, row_bytes] GGUF blocks -> fp32 [N, cols]");
   m.def("dense_matmul", &dense_matmul, "x [M, K] fp32 @ w [N, K] (bf16 or fp32).T -> [M, N] fp32, few rows");
+  m.def("read_stream", &read_stream, "every byte of w read once as the matmuls stream weights -> a checksum "
+        "(time it for the machine's read bandwidth)");
   m.def("row_attention", &row_attention, "batch-invariant verification attention: q [B, Q, Hq, D] over k, v "
         "[B, L, Hkv, D] up to lens[b] + (chain or tree), from window[b, i] when given -> [B, Q, Hq, D]",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lens"), py::arg("tree"), py::arg("scale"),

@@ -160,3 +160,18 @@ def test_dense_few_row_kernel_is_the_matmul_and_batch_invariant(ext, wdtype, N, 
         assert torch.equal(ext.dense_matmul(x[m:m + 1].contiguous(), w)[0], got[m])
     with pytest.raises(RuntimeError, match="bfloat16 or float32"):
         ext.dense_matmul(x, w.half())
+
+
+@pytest.mark.parametrize("lines", [1, 3, 4097])
+def test_read_stream_reads_every_byte_once(lines):
+    """The bandwidth probe of `bench/gguf_cpu.py --streams`: its checksum is the XOR of every 8-byte
+    word (so no line is skipped or read twice), and it refuses what is not whole lines."""
+    ext = quant_linear._quantext
+    buf = torch.randint(0, 256, (lines * 64,), dtype=torch.uint8, generator=torch.Generator().manual_seed(lines))
+    words = buf.view(torch.int64)
+    expect = 0
+    for w in words.tolist():
+        expect ^= w
+    assert ext.read_stream(buf) == expect
+    with pytest.raises(RuntimeError, match="whole 64-byte lines"):
+        ext.read_stream(buf[:63])
