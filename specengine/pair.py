@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from . import precision
+from . import draft_requant, precision
 from .config import EngineConfig
 from .errors import SpecEngineError
 from .models.decoder import Transformer
-from .models.loading import load_config, load_model, resolve
+from .models import requant
+from .models.loading import load_config, load_model, load_tokenizer, resolve
 
 
 def device_of(device) -> torch.device:
@@ -67,14 +68,14 @@ def load_pair(target, draft, cfg: EngineConfig):
     if on_cpu[0]:
         quant = {"target": gguf_twin(target, cfg, dev), "draft": gguf_twin(draft if on_cpu[1] else None, cfg, ddev)}
         choice = precision.choose(tmodel, cpu_draft, method, gamma=cfg.gamma, quant=quant)
-        tmodel = _take(tmodel, quant["target"], choice["target"])
+        tmodel = _take(tmodel, quant, "target", choice["target"])
     else:  # only the draft on a CPU: its one-row steps decide
         quant = {"target": gguf_twin(draft, cfg, ddev)}
         choice = precision.choose(dmodel, None, "ar", quant=quant)
         choice = {**choice, "target": "bfloat16", "draft": choice["target"], "method": method}
         quant = {"draft": quant["target"]}
     if cpu_draft is not None and choice["draft"]:
-        dmodel = _take(cpu_draft, quant.get("draft"), choice["draft"])
+        dmodel = _take(cpu_draft, quant, "draft", choice["draft"])
     return tmodel, tpath, dmodel, choice
 
 
@@ -85,10 +86,11 @@ def _choose_before_loading(target, draft, cfg: EngineConfig, method: str, dev):
     quant = {"target": gguf_twin(target, cfg, dev), "draft": gguf_twin(draft, cfg, dev)}
     if quant["target"] is None or (draft is not None and quant["draft"] is None):
         return None
+    if draft is not None and requant.offered(quant["draft"]):
+        quant["calibration"] = draft_requant.calibration_ids(load_tokenizer(resolve(target)))
     shapes = {role: _shapes(name) for role, name in (("target", target), ("draft", draft)) if name is not None}
     choice = precision.choose(shapes["target"], shapes.get("draft"), method, gamma=cfg.gamma, quant=quant)
-    models = {role: quant[role] if choice[role] == precision.GGUF else load_model(name, getattr(torch, choice[role]),
-                                                                                  dev)[0]
+    models = {role: _held(choice[role], quant, role) or load_model(name, getattr(torch, choice[role]), dev)[0]
               for role, name in (("target", target), ("draft", draft)) if name is not None}
     return models["target"], resolve(target), models.get("draft"), choice
 
@@ -99,7 +101,17 @@ def _shapes(name):
         return Transformer(load_config(resolve(name)))
 
 
-def _take(model, twin, setting: str):
-    """The model in the chosen setting: its GGUF twin, or itself in the chosen dtype (the loser's
+def _held(setting: str, quant: dict, role: str):
+    """The role's model where the chosen setting holds GGUF blocks: the file's, or the draft's
+    requantized (built now if the grid priced it from the cache alone); else None."""
+    if setting == precision.GGUF:
+        return quant[role]
+    if setting == requant.SETTING:
+        return quant["requant"].model()
+    return None
+
+
+def _take(model, quant: dict, role: str, setting: str):
+    """The model in the chosen setting: blocks (`_held`), or itself in the chosen dtype (the loser's
     memory is released when its last reference goes)."""
-    return twin if setting == precision.GGUF else model.to(getattr(torch, setting))
+    return _held(setting, quant, role) or model.to(getattr(torch, setting))

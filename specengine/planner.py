@@ -41,6 +41,10 @@ class Plan:
             out.append(f"precision: target {p.get('target')}, draft {p.get('draft')} ({p.get('why')})"
                        + (f", predicted {p['predicted_tokens_per_s']:.1f} tok/s at γ {p['predicted_gamma']}"
                           if p.get("predicted_tokens_per_s") else ""))
+            if p.get("draft_agreement"):
+                a = p["draft_agreement"]
+                out.append(f"  draft agrees with the target on {a['file']:.0%} of {a['tokens']} tokens as the file holds it, "
+                           f"{a['requantized']:.0%} in Q4_0 (its acceptance in the grid scaled by the ratio)")
         for role, names in self.ops.items():
             out.append(f"{role} ops: " + ", ".join(f"{op}={impl}" for op, impl in sorted(names.items())))
         for role, groups in self.linears.items():

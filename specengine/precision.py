@@ -27,7 +27,8 @@ import torch
 
 from .errors import SpecEngineError
 from .methods.policies import expected_tokens
-from .models import cpu_matmul
+from . import draft_requant
+from .models import cpu_matmul, requant
 
 FORCE_ENV = "SPECENGINE_CPU_DTYPE"
 CPU_DTYPES = ("float32", "bfloat16")
@@ -45,9 +46,12 @@ def forced_cpu_dtype() -> str | None:
 
 
 def setting_of(model) -> str:
-    """The grid's name for how `model` is held: "gguf" (blocks) or its dtype's name."""
+    """The grid's name for how `model` is held: "gguf" (blocks), "gguf-q4_0" (a draft's blocks
+    requantized, models/requant.py) or its dtype's name."""
     from .models.quant_linear import quant_layers
 
+    if getattr(model, "requantized", None):
+        return requant.SETTING
     return GGUF if quant_layers(model) else str(model.dtype).removeprefix("torch.")
 
 
@@ -58,6 +62,8 @@ def matmul_seconds(model, dtype: str, rows: tuple[int, ...], progress: bool = Tr
         from .models import quant_plan
 
         return quant_plan.step_seconds(model, rows, progress)
+    if dtype == requant.SETTING:  # model: a draft_requant.Candidate
+        return model.step_seconds(rows, progress)
     dt = getattr(torch, dtype)
     entries = cpu_matmul.tune(model, rows=rows, progress=progress, dtype=dt)
     return {r: cpu_matmul.step_seconds(model, entries, r, dt) for r in rows}
@@ -104,9 +110,18 @@ def choose(target, draft, method: str, gamma=None, tree=None, alpha: float = EXP
     the grid behind the choice and each other method's best pair. Models in fp32 (as loaded);
     `quant`: {"target": ..., "draft": ...} the same models as GGUF blocks, where the file has them
     (each adds the setting "gguf" for its role)."""
-    quant = quant or {}
+    quant = quant if quant is not None else {}
     t_opts = _options(target, quant.get("target"))
     d_opts = _options(draft, quant.get("draft"))
+    # the draft's blocks in fewer bits (models/requant.py): its acceptance scaled by how much less
+    # often it agrees with the target than the file's draft does, measured (once; cached)
+    alpha_of, agreement = {}, None
+    if draft is not None and quant.get("calibration") is not None and requant.offered(quant.get("draft")) \
+            and quant.get("target") is not None:
+        cand = quant["requant"] = draft_requant.Candidate(quant["draft"], progress)
+        agreement = draft_requant.agreement(quant["target"], quant["draft"], cand.model, quant["calibration"], progress)
+        d_opts = {requant.SETTING: cand} if requant.mode() == requant.FORMAT else {**d_opts, requant.SETTING: cand}
+        alpha_of[requant.SETTING] = alpha * agreement["requantized"] / max(agreement["file"], 1e-9)
     widths = {m: method_widths(m, gamma if m == method else None, tree if m == method else None)
               for m in ("ar", "sd", "parallelspec")} if draft is not None else {"ar": method_widths("ar")}
     widths.setdefault(method, method_widths(method, gamma, tree))
@@ -121,7 +136,7 @@ def choose(target, draft, method: str, gamma=None, tree=None, alpha: float = EXP
             # cheapest draft step first: on a tie (γ 0 predicted best, where the draft's cost does not
             # enter) the cheapest draft wins, since γ auto may still draft and a plain round catches up
             for ddt in (sorted(d_sec, key=lambda dt: d_sec[dt][1]) if m != "ar" and draft is not None else (None,)):
-                rate, g = best_round(m, t_sec[tdt], d_sec.get(ddt), alpha, **kw)
+                rate, g = best_round(m, t_sec[tdt], d_sec.get(ddt), min(alpha_of.get(ddt, alpha), 1.0), **kw)
                 cell = {"method": m, "target": tdt, "draft": ddt, "gamma": g, "tokens_per_s": rate}
                 grid.append(cell)
                 if m not in best or rate > best[m]["tokens_per_s"]:
@@ -132,7 +147,8 @@ def choose(target, draft, method: str, gamma=None, tree=None, alpha: float = EXP
             "predicted_tokens_per_s": chosen["tokens_per_s"], "predicted_gamma": chosen["gamma"],
             "best_by_method": {m: {k: c[k] for k in ("target", "draft", "gamma", "tokens_per_s")}
                                for m, c in best.items()},
-            "grid": grid, "matmul_s": {"target": _named(t_sec), "draft": _named(d_sec)}}
+            "grid": grid, "matmul_s": {"target": _named(t_sec), "draft": _named(d_sec)},
+            **({"draft_agreement": agreement} if agreement else {})}
 
 
 def _options(model, blocks) -> dict:

@@ -18,7 +18,7 @@ FLOORS = {
     "models": 3,
     "runtime": 4, "drafting": 4, "structured": 4,  # structured: constraints, xgrammar matchers
     "methods": 5,
-    "config": 6, "precision": 6, "planner": 6, "pair": 6, "request": 6, "counters": 6, "generation": 6, "detokenize": 6, "encoding": 6, "row_state": 6, "api": 6, "": 6,  # "": the package root
+    "config": 6, "precision": 6, "draft_requant": 6, "planner": 6, "pair": 6, "request": 6, "counters": 6, "generation": 6, "detokenize": 6, "encoding": 6, "row_state": 6, "api": 6, "": 6,  # "": the package root
     "serve": 7, "training": 7,
     "cli": 8, "demo": 8, "benchmark": 8, "prompts": 8, "replay": 8,  # replay: benchmarks only
 }
