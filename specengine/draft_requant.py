@@ -18,14 +18,15 @@ def _greedy(model, ids: torch.Tensor) -> torch.Tensor:
     return model(ids[None], cache)[0].argmax(-1)
 
 
-def agreement(target, draft, requant, ids: torch.Tensor, progress: bool = True) -> dict:
+def agreement(target, draft, requant, ids, progress: bool = True) -> dict:
     """{"file": a, "requantized": a'}: how often each draft's greedy next token equals the target's
-    over `ids` (teacher-forced), measured once per pair of models and machine (the machine table)."""
+    over `ids` (teacher-forced; a tensor, or a callable making it: a tokenizer is loaded only when
+    measuring), measured once per pair of models and machine (the machine table)."""
     key = f"requant:{FORMAT}:agreement:{fingerprint(target)}:{fingerprint(draft)}"
     table = cpu_matmul._load_table()
     if key in table:
         return {k: table[key][k] for k in ("file", "requantized", "tokens")}
-    ids = ids[:CALIBRATION_TOKENS]
+    ids = (ids() if callable(ids) else ids)[:CALIBRATION_TOKENS]
     with tqdm(total=3, desc="measuring the requantized draft's agreement (once per machine)",
               disable=not progress, leave=False) as bar:
         want = _greedy(target, ids)

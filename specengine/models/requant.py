@@ -49,10 +49,15 @@ def quantize_q4_0(x: torch.Tensor) -> torch.Tensor:
     if k % 32:
         raise ValueError(f"Q4_0 rows hold whole blocks of 32 values; {k} is not a multiple")
     b = x.float().reshape(n, k // 32, 32)
-    peak = b.gather(-1, b.abs().argmax(-1, keepdim=True))  # the first of equal magnitudes, as ggml's loop
+    hi, lo = b.amax(-1, keepdim=True), b.amin(-1, keepdim=True)  # (half the time of an argmax over |b|)
+    peak = torch.where(hi >= -lo, hi, lo)
+    tie = ((hi == -lo) & (hi != 0)).squeeze(-1).nonzero(as_tuple=True)
+    if tie[0].numel():  # both signs at the largest magnitude: the first one wins, as in ggml's loop
+        tied = b[tie]
+        peak[tie] = tied.gather(-1, tied.abs().argmax(-1, keepdim=True))
     d = peak / -8
     inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
-    q = (b * inv + 8.5).to(torch.int8).clamp(max=15).to(torch.uint8)  # trunc toward zero, as (int8_t) does
+    q = (b * inv + 8.5).to(torch.int8).clamp_(max=15).to(torch.uint8)  # trunc toward zero, as (int8_t) does
     packed = q[..., :16] | (q[..., 16:] << 4)
     scale = d.to(torch.float16).view(torch.uint8).reshape(n, k // 32, 2)
     return torch.cat([scale, packed], -1).reshape(n, -1).contiguous()

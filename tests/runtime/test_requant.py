@@ -27,6 +27,7 @@ def test_q4_0_quantizer_is_the_gguf_packages(rows, cols):
     x[0, :32] = 0.0  # an all-zero block: d = 0
     if rows > 1:
         x[1, :32] = torch.linspace(-1, 1, 32)  # equal magnitudes at both ends: the first one wins
+        x[1, 32:64] = torch.linspace(1, -1, 32)  # and the other way round
         x[1, 40] = -5.0  # a negative peak
     ours = requant.quantize_q4_0(x)
     theirs = gguf.quants.quantize(x.numpy(), gguf.GGMLQuantizationType.Q4_0)
@@ -135,8 +136,9 @@ def test_the_agreement_is_measured_once(blocks, monkeypatch, tmp_path):
     monkeypatch.setattr(draft_requant, "_greedy", lambda m, ids: calls.append(m) or real(m, ids))
     built = []
     ids = torch.randint(0, 60, (40,), generator=torch.Generator().manual_seed(0))
-    first = draft_requant.agreement(target, draft, lambda: built.append(1) or requant.requantized(draft, False), ids, False)
+    first = draft_requant.agreement(target, draft, lambda: built.append(1) or requant.requantized(draft, False),
+                                    lambda: ids, False)
     assert len(calls) == 3 and built == [1] and 0 <= first["requantized"] <= 1 and first["tokens"] == 40
-    again = draft_requant.agreement(target, draft, lambda: built.append(1), ids, False)
-    assert again == first and len(calls) == 3 and built == [1]  # from the machine table: no model run or built
+    again = draft_requant.agreement(target, draft, lambda: built.append(1), lambda: 1 / 0, False)
+    assert again == first and len(calls) == 3 and built == [1]  # from the machine table: nothing run, built or tokenized
     assert isinstance(quant_layers(draft)[0], QuantLinear)
