@@ -8,7 +8,7 @@ from tqdm.auto import tqdm
 
 from .models import cpu_matmul, quant_plan
 from .models.quant_linear import quant_layers
-from .models.requant import BITS, CALIBRATION_TOKENS, FORMAT, wide, fingerprint, requantized
+from .models.requant import CALIBRATION_TOKENS, FORMAT, fingerprint, formats_after, requantized
 from .runtime.kv_cache import KVCache
 
 
@@ -57,15 +57,12 @@ class Candidate:
         was measured (by its formats and shape, as quant_plan files them), else measured on the model."""
         counts: dict[str, int] = {}
         for layer in quant_layers(self.blocks):
-            formats = [FORMAT if wide(layer) and BITS.get(q, 0) > BITS[FORMAT] else q for q in layer.qtypes]
-            key = f"gguf:{'+'.join(formats)}:{layer.out_features}x{layer.in_features}"
+            key = quant_plan.group_key(formats_after(layer), layer)
             counts[key] = counts.get(key, 0) + 1
         table = cpu_matmul._load_table()
         if not all(str(r) in table.get(k, {}).get("ms", {}) for k in counts for r in rows):
             return quant_plan.step_seconds(self.model(), rows, progress)
-        floats = cpu_matmul.tune(self.blocks, rows=rows, progress=progress) if cpu_matmul._linears(self.blocks) else {}
-        return {r: sum(n * table[k]["ms"][str(r)]["blocks"] / 1e3 for k, n in counts.items())
-                + (cpu_matmul.step_seconds(self.blocks, floats, r) if floats else 0.0) for r in rows}
+        return quant_plan.seconds_of(counts, table, self.blocks, rows, progress)
 
 
 def calibration_ids(tokenizer) -> torch.Tensor:

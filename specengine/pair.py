@@ -86,8 +86,8 @@ def _choose_before_loading(target, draft, cfg: EngineConfig, method: str, dev):
     quant = {"target": gguf_twin(target, cfg, dev), "draft": gguf_twin(draft, cfg, dev)}
     if quant["target"] is None or (draft is not None and quant["draft"] is None):
         return None
-    if draft is not None and requant.offered(quant["draft"]):
-        quant["calibration"] = lambda: draft_requant.calibration_ids(load_tokenizer(resolve(target)))  # if measured
+    if draft is not None:  # the grid tokenizes it only if it measures the requantized draft's agreement
+        quant["calibration"] = lambda: draft_requant.calibration_ids(load_tokenizer(resolve(target)))
     shapes = {role: _shapes(name) for role, name in (("target", target), ("draft", draft)) if name is not None}
     choice = precision.choose(shapes["target"], shapes.get("draft"), method, gamma=cfg.gamma, quant=quant)
     models = {role: _held(choice[role], quant, role) or load_model(name, getattr(torch, choice[role]), dev)[0]

@@ -15,13 +15,17 @@ from .quant_linear import QuantLinear, _quantext, quant_layers, quant_matmul, qu
 LAYOUT_ROWS = (1, 4)  # a decode and a typical verify: the layout faster over both is kept
 
 
+def group_key(formats, layer) -> str:
+    """A shape group's entry in the machine table: "gguf:<formats>:<out>x<in>" (the table itself is
+    the kernels': its key holds their instruction set and digest, specengine/machine.py)."""
+    return f"gguf:{'+'.join(formats)}:{layer.out_features}x{layer.in_features}"
+
+
 def groups(model) -> dict[str, list[QuantLinear]]:
-    """QuantLinear layers keyed by "gguf:<formats>:<out>x<in>" (the table itself is the kernels':
-    its key holds their instruction set and digest, specengine/machine.py)."""
-    tag = "gguf"
+    """QuantLinear layers keyed by `group_key`."""
     out: dict[str, list] = {}
     for layer in quant_layers(model):
-        out.setdefault(f"{tag}:{'+'.join(layer.qtypes)}:{layer.out_features}x{layer.in_features}", []).append(layer)
+        out.setdefault(group_key(layer.qtypes, layer), []).append(layer)
     return out
 
 
@@ -73,12 +77,15 @@ def step_seconds(model, rows, progress: bool = True) -> dict[int, float]:
     kept unquantized, from the fp32 table)."""
     by_key = groups(model)
     entries = tune(by_key, rows, progress=progress)
+    return seconds_of({k: len(layers) for k, layers in by_key.items()}, entries, model, rows, progress)
+
+
+def seconds_of(counts: dict[str, int], entries: dict, model, rows, progress: bool = True) -> dict[int, float]:
+    """rows -> seconds of `counts[key]` layers of each group from their measured `entries`, plus the
+    model's float Linear layers (the fp32 table)."""
     floats = cpu_matmul.tune(model, rows=rows, progress=progress) if cpu_matmul._linears(model) else {}
-    out = {}
-    for r in rows:
-        t = sum(len(layers) * entries[k]["ms"][str(r)]["blocks"] / 1e3 for k, layers in by_key.items())
-        out[r] = t + (cpu_matmul.step_seconds(model, floats, r) if floats else 0.0)
-    return out
+    return {r: sum(n * entries[k]["ms"][str(r)]["blocks"] / 1e3 for k, n in counts.items())
+            + (cpu_matmul.step_seconds(model, floats, r) if floats else 0.0) for r in rows}
 
 
 def _packable(model) -> dict[tuple, list[tuple]]:

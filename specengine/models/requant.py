@@ -74,6 +74,11 @@ def wide(layer: QuantLinear) -> bool:
     return layer.in_features % 32 == 0 and any(BITS.get(q, 0) > BITS[FORMAT] for q in layer.qtypes)
 
 
+def formats_after(layer: QuantLinear) -> list[str]:
+    """The layer's segment formats once requantized: Q4_0 for each of more bits in a wide layer."""
+    return [FORMAT if wide(layer) and BITS.get(q, 0) > BITS[FORMAT] else q for q in layer.qtypes]
+
+
 def offered(blocks) -> bool:
     """Whether the grid may offer the setting for this draft: blocks of more than Q4_0's bits, and
     the switch not off."""
@@ -90,8 +95,8 @@ def requantized(blocks, progress: bool = True):
     model = copy.deepcopy(blocks, memo=shared)  # new modules over the same tensors
     layers = [layer for layer in quant_layers(model) if wide(layer)]
     for layer in tqdm(layers, desc=f"requantizing the draft to {FORMAT}", disable=not progress, leave=False):
-        segments = [(FORMAT, quantize_q4_0(_dequantized(q, w, layer.in_features))) if BITS.get(q, 0) > BITS[FORMAT]
-                    else (q, w) for q, w in layer.segments()]
+        segments = [(after, w if after == q else quantize_q4_0(_dequantized(q, w, layer.in_features)))
+                    for after, (q, w) in zip(formats_after(layer), layer.segments())]
         fresh = QuantLinear(segments, None, layer.parts)
         layer.qtypes, layer.packed = fresh.qtypes, fresh.packed
         for i, (_, w) in enumerate(segments):
