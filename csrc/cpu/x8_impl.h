@@ -148,7 +148,7 @@ void dot_q4k_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
     if constexpr (R == 1) {
       // a decode: unrolled whole, each fold's byte pattern is a constant and no branch is left on
       // j's parity (+21% one-row compute rate, avx2 copy on Zen 4; with more rows the unrolled
-      // loop ran out of registers and lost 7-12%: bench/kernels.py --isa avx2)
+      // loop ran out of registers and lost 7-12%: docs/design.md, "Experiments", CPU kernels)
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) sub_block(j);
     } else {
