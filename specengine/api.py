@@ -1,6 +1,7 @@
 """Public API: `Engine.from_pretrained(...)`, `generate(...)`, `stream(...)`."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from .encoding import check_capacity, encode
 from .request import RequestParams
 from .structured.constraint import Compiler
 from .methods.suffix_cache import SuffixCaches
-from .runtime.step_costs import measure_step_costs
+from .runtime.step_costs import recalled_or_measured
 
 
 @dataclass
@@ -175,13 +176,16 @@ class Engine:
 
     def step_costs(self, state, max_width: int, draft: bool = True):
         """Measured draft step and target forward costs for the state's batch (widths 1..max_width),
-        cached per engine and batch size. draft=False: the target's only (draft_s 0), for a method
+        cached per engine and batch size (and on a CPU in the machine's table). draft=False: the target's only (draft_s 0), for a method
         that leaves the draft model out (its cache then holds nothing to time a step on)."""
         key = state.batch if draft and self.draft is not None else (state.batch, "target")
         have = self._step_costs.get(key)
+        wide = self._step_costs.get(state.batch)
+        if have is None and key != state.batch and wide is not None and len(wide.target_s) >= max_width:
+            have = self._step_costs[key] = dataclasses.replace(wide, draft_s=0.0)  # the target's, timed with the draft's
         if have is None or len(have.target_s) < max_width:
-            have = self._step_costs[key] = measure_step_costs(self.target, self.draft if draft else None, state,
-                                                              max_width)
+            have = self._step_costs[key] = recalled_or_measured(self.target, self.draft if draft else None, state,
+                                                                max_width)
         return have
 
     @property
@@ -205,7 +209,8 @@ class Engine:
         PEARL's window), at the widest width each may run. The CPU matmul paths are tuned at
         construction. Returns what the graphs hold, per model."""
         prompt = [[0, 0]] * batch if batch > 1 else [0, 0]
-        methods = ("sd", "hybrid", "pearl", "ngram") if self.draft is not None else ("ngram",)
+        # the widest first (hybrid): the others' costs are its widths' (n-gram's without the draft step)
+        methods = ("hybrid", "sd", "pearl", "ngram") if self.draft is not None else ("ngram",)
         for method in methods:  # each measures (once per engine and batch) what its first call would
             self.generate(prompt, max_new_tokens=2, ignore_eos=True, method=method, gamma="auto", suffix_cache=False)
         # what those calls learned of acceptance comes from a junk prompt: a first request that

@@ -45,6 +45,9 @@ class Plan:
                 a = p["draft_agreement"]
                 out.append(f"  draft agrees with the target on {a['file']:.0%} of {a['tokens']} tokens as the file holds it, "
                            f"{a['requantized']:.0%} in Q4_0 (its acceptance in the grid scaled by the ratio)")
+            if p.get("floored"):
+                out.append(f"  not measured past one row (its one-row time at every width still loses): "
+                           + ", ".join(p["floored"]))
         for role, names in self.ops.items():
             out.append(f"{role} ops: " + ", ".join(f"{op}={impl}" for op, impl in sorted(names.items())))
         for role, groups in self.linears.items():

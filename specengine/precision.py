@@ -69,6 +69,11 @@ def matmul_seconds(model, dtype: str, rows: tuple[int, ...], progress: bool = Tr
     return {r: cpu_matmul.step_seconds(model, entries, r, dt) for r in rows}
 
 
+def one_row_floor(model, dtype: str, progress: bool = True) -> float:
+    """Seconds of one forward's matmuls at one row in a float `dtype`: a floor under any width."""
+    return cpu_matmul.one_row_seconds(model, getattr(torch, dtype), progress)
+
+
 # ----------------------------------------------------------------------------- the methods' work
 def method_widths(method: str, gamma=None, tree=None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(target widths, draft widths) the method's rounds run, for the rows to measure."""
@@ -127,28 +132,60 @@ def choose(target, draft, method: str, gamma=None, tree=None, alpha: float = EXP
     widths.setdefault(method, method_widths(method, gamma, tree))
     t_rows = tuple(sorted({w for tw, _ in widths.values() for w in tw}))
     d_rows = tuple(sorted({w for _, dw in widths.values() for w in dw}))
-    t_sec = {dt: matmul_seconds(m, dt, t_rows, progress) for dt, m in t_opts.items()}
-    d_sec = {dt: matmul_seconds(m, dt, d_rows, progress) for dt, m in d_opts.items()} if draft is not None else {}
-    grid, best = [], {}
-    for m in widths:
-        kw = dict(gamma=gamma, tree=tree) if m == method else {}
-        for tdt in t_sec:
-            # cheapest draft step first: on a tie (γ 0 predicted best, where the draft's cost does not
-            # enter) the cheapest draft wins, since γ auto may still draft and a plain round catches up
-            for ddt in (sorted(d_sec, key=lambda dt: d_sec[dt][1]) if m != "ar" and draft is not None else (None,)):
-                rate, g = best_round(m, t_sec[tdt], d_sec.get(ddt), min(alpha_of.get(ddt, alpha), 1.0), **kw)
-                cell = {"method": m, "target": tdt, "draft": ddt, "gamma": g, "tokens_per_s": rate}
-                grid.append(cell)
-                if m not in best or rate > best[m]["tokens_per_s"]:
-                    best[m] = cell
+    opts = {"target": t_opts, "draft": d_opts if draft is not None else {}}
+    rows = {"target": t_rows, "draft": d_rows}
+    # a float setting beside a role's blocks is first priced at its one-row time for every width (a
+    # floor: k rows stream the same weights); measured in full only where that floor could still
+    # win some method's grid: the dequantized weights are 2-4x the blocks' bytes, so on most CPUs
+    # it cannot, and its full table was most of a first load (70 of 145 s on the AVX2 EPYC)
+    sec, floors = {role: {} for role in opts}, set()
+    for role, options in opts.items():
+        for dt, m in options.items():
+            if dt in CPU_DTYPES and quant.get(role) is not None:
+                one = one_row_floor(m, dt, progress)
+                sec[role][dt], floors = dict.fromkeys(rows[role], one), floors | {(role, dt)}
+            else:
+                sec[role][dt] = matmul_seconds(m, dt, rows[role], progress)
+    grid, best = _grid(widths, method, sec, alpha_of, alpha, gamma, tree, draft is not None, floors)
+    need = {(role, dt) for role, dt in floors
+            if any(c[role] == dt and c["tokens_per_s"] >= best[c["method"]]["tokens_per_s"] for c in grid)}
+    for role, dt in need:
+        sec[role][dt] = matmul_seconds(opts[role][dt], dt, rows[role], progress)
+    floors -= need
+    if need:
+        grid, best = _grid(widths, method, sec, alpha_of, alpha, gamma, tree, draft is not None, floors)
     chosen = best[method]
     return {"target": chosen["target"], "draft": chosen["draft"] if draft is not None else None,
             "method": method, "why": "measured", "expected_alpha": alpha,
             "predicted_tokens_per_s": chosen["tokens_per_s"], "predicted_gamma": chosen["gamma"],
             "best_by_method": {m: {k: c[k] for k in ("target", "draft", "gamma", "tokens_per_s")}
                                for m, c in best.items()},
-            "grid": grid, "matmul_s": {"target": _named(t_sec), "draft": _named(d_sec)},
+            "grid": grid, "matmul_s": {"target": _named(sec["target"]), "draft": _named(sec["draft"])},
+            "floored": sorted(f"{role} {dt}" for role, dt in floors),
             **({"draft_agreement": agreement} if agreement else {})}
+
+
+def _grid(widths: dict, method: str, sec: dict, alpha_of: dict, alpha: float, gamma, tree, has_draft: bool,
+          floors: set) -> tuple[list, dict]:
+    """Every (method, target setting, draft setting) cell's expected tokens/s, and each method's
+    best cell among those priced by measurement alone (a cell priced by a floor is an upper bound,
+    marked "floor")."""
+    t_sec, d_sec = sec["target"], sec["draft"]
+    grid, best = [], {}
+    for m in widths:
+        kw = dict(gamma=gamma, tree=tree) if m == method else {}
+        for tdt in t_sec:
+            # cheapest draft step first: on a tie (γ 0 predicted best, where the draft's cost does not
+            # enter) the cheapest draft wins, since γ auto may still draft and a plain round catches up
+            for ddt in (sorted(d_sec, key=lambda dt: d_sec[dt][1]) if m != "ar" and has_draft else (None,)):
+                rate, g = best_round(m, t_sec[tdt], d_sec.get(ddt), min(alpha_of.get(ddt, alpha), 1.0), **kw)
+                cell = {"method": m, "target": tdt, "draft": ddt, "gamma": g, "tokens_per_s": rate}
+                if ("target", tdt) in floors or ("draft", ddt) in floors:
+                    cell["floor"] = True
+                elif m not in best or rate > best[m]["tokens_per_s"]:
+                    best[m] = cell
+                grid.append(cell)
+    return grid, best
 
 
 def _options(model, blocks) -> dict:

@@ -164,12 +164,13 @@ def shape_groups(model, dtype=None) -> dict[str, list]:
 
 def _dense(layer) -> torch.Tensor:
     """The layer's weight to time paths on. A layer on the meta device (a float model's shapes
-    only: precision.py chooses before loading) gets random fp32 rows, only as many as `_sample`
+    only: precision.py chooses before loading) gets fp32 rows of a constant, only as many as `_sample`
     can time: past 2x a pass's rows it keeps just the first pass's."""
     if layer.weight is not None and layer.weight.is_meta:
         need = -(-MIN_PASS_BYTES // (layer.in_features * 4))
-        g = torch.Generator().manual_seed(layer.out_features * 31 + layer.in_features)
-        return torch.randn(min(layer.out_features, 2 * need + 1), layer.in_features, generator=g) * 0.02
+        # values never change a matmul's time: a constant fill is 10x cheaper than randn (which was
+        # 7 of a first load's 10 s of bf16 one-row floors on the AVX2 EPYC)
+        return torch.full((min(layer.out_features, 2 * need + 1), layer.in_features), 0.02)
     return layer.weight.detach() if layer.weight is not None else layer.packed_weight.to_dense()
 
 
@@ -257,6 +258,28 @@ def tune(model, rows=ROWS_TUNED, reps: int = 2, progress: bool = True, dtype=Non
                 entry["storage"] = _choose_storage(entry["ms"], storages)
         _save_table(table)
     return {key: table[key] for key in groups}
+
+
+def one_row_seconds(model, dtype, progress: bool = True) -> float:
+    """One forward's matmuls at one row, every group at its fastest path of any storage: a floor
+    under the forward at any row count (k rows stream the same weights; precision.py prunes by
+    it). Only row 1 is measured (entries `tune` completes later, if asked)."""
+    table = _load_table()
+    groups = shape_groups(model, dtype)
+    todo = {key: layers for key, layers in groups.items()
+            if table.get(key, {}).get("paths") != sorted(PATHS) or "1" not in table[key]["ms"]}
+    if todo:
+        with tqdm(total=len(todo), desc="measuring CPU matmul paths at one row (once per machine)",
+                  disable=not progress, leave=False) as bar:
+            for key, layers in todo.items():
+                if table.get(key, {}).get("paths") != sorted(PATHS):
+                    table[key] = {"ms": {}, "paths": sorted(PATHS)}
+                storages = ["plain"] + (["mkldnn"] if not key.endswith(":tied") and storage_available("mkldnn", dtype)
+                                        else [])
+                table[key]["ms"].update(measure_group(layers, dtype, [1], storages))
+                bar.update(1)
+        _save_table(table)
+    return sum(len(layers) * min(table[key]["ms"]["1"].values()) for key, layers in groups.items()) / 1e3
 
 
 def apply(model, entries: dict[str, dict]) -> dict[str, Plan]:

@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import SpecEngineError
-from .quant_linear import EXT_CODES, QuantLinear, _quantext, dequantize_ref, quant_layers
+from .quant_linear import EXT_CODES, QuantLinear, _quantext, dequantize_ref, quant_layers, unpack_x8
 
 FORMAT = "Q4_0"
 SETTING = "gguf-q4_0"  # the grid's name for "the draft's blocks requantized to Q4_0"
@@ -110,7 +110,8 @@ def fingerprint(model) -> str:
     """A model's blocks, identified cheaply: formats, shapes and the first bytes of every layer."""
     h = hashlib.sha256()
     for layer in quant_layers(model):
-        for q, w in layer.segments()[:1]:
-            h.update(f"{q}:{tuple(w.shape)}".encode())
-            h.update(w.reshape(-1)[:256].numpy().tobytes())
+        (q, w), n = layer.stored()[0], layer.packed[0]
+        first = w if n is None else unpack_x8(w[:1], q, min(n, 8))  # held interleaved: its first group only
+        h.update(f"{q}:{(w.shape[0] if n is None else n, first.shape[1])}".encode())
+        h.update(first.reshape(-1)[:256].numpy().tobytes())
     return h.hexdigest()[:16]

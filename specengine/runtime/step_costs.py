@@ -5,11 +5,20 @@ function of its width (1 … γmax+1 tokens per row: on a CPU a verify of 4 toke
 anything from 1x to 3x a decode step, depending on the BLAS); PEARL needs their ratio c.
 Both are timed on the real models, at the call's batch size, right after prefill.
 Each timed step writes K/V at positions >= cache.lens (scratch that later steps overwrite).
+
+On a CPU the costs are kept in the machine's table (machine.py) under the models' cost signature
+(shapes, dtypes, block formats and layouts, the ops and batch-invariant mode: what a forward's
+time depends on), so a second load reads them instead of timing ~100 forwards again (18 of a warm
+load's 54 s on the AVX2 EPYC). The table drops an entry taken while the machine ran much slower
+than now (`machine.STALE`); the rounds' measured times correct what drifts after (`measured`).
 """
 from __future__ import annotations
 
+import hashlib
+import itertools
 from dataclasses import dataclass
 
+from .. import machine
 from ..timing import best_seconds
 
 
@@ -53,3 +62,36 @@ def measure_step_costs(target, draft, state, max_width: int, repeats: int = 3) -
         for key, (fn, device) in calls.items():
             best[key] = best_seconds(fn, 1, device, best=best[key])
     return StepCosts(state.batch, best.get(0, 0.0), tuple(best[w] for w in range(1, max_width + 1)), measured=True)
+
+
+def cost_signature(runner) -> str:
+    """What a forward's time depends on, as a short digest: the model's tensors (names, shapes,
+    dtypes), which block segments are held interleaved, and the runner's ops and batch-invariant
+    mode. Values are left out: they never change a kernel's time."""
+    h = hashlib.sha256()
+    model = runner.model
+    for name, t in itertools.chain(model.named_parameters(), model.named_buffers()):
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
+    for name, m in model.named_modules():
+        if getattr(m, "packed", None) is not None:
+            h.update(f"{name}:{m.packed};".encode())
+    inv = runner.invariance
+    h.update(f"{sorted(runner.ops.names.items())}:{inv.width}:{inv.pad_width}:{type(model).__name__}".encode())
+    return h.hexdigest()[:16]
+
+
+def recalled_or_measured(target, draft, state, max_width: int) -> StepCosts:
+    """`measure_step_costs`, through the machine's table on a CPU: an entry for these runners'
+    cost signatures, batch and at least `max_width` widths is read; else the costs are timed and
+    filed."""
+    runners = [r for r in (target, draft) if r is not None]
+    if state.tokens.device.type != "cpu" or not all(r.device.type == "cpu" and hasattr(r, "invariance")
+                                                    for r in runners):  # a GPU, or a draft across devices
+        return measure_step_costs(target, draft, state, max_width)
+    key = f"step_costs:{cost_signature(target)}:{cost_signature(draft) if draft is not None else 'none'}:b{state.batch}"
+    entry = machine.load().get(key)
+    if entry is not None and len(entry["target_s"]) >= max_width:
+        return StepCosts(state.batch, entry["draft_s"], tuple(entry["target_s"]), measured=True)
+    costs = measure_step_costs(target, draft, state, max_width)
+    machine.update({key: {"draft_s": costs.draft_s, "target_s": list(costs.target_s)}})
+    return costs

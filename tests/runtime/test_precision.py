@@ -135,6 +135,7 @@ def test_gguf_blocks_join_the_grid_per_role(monkeypatch):
         assert (dtype == "gguf") == model.startswith("q"), (model, dtype)  # blocks are measured on the twin
         return {r: (0.1 if model.endswith("draft") else 1.0) * table[dtype](r) for r in rows}
     monkeypatch.setattr(precision, "matmul_seconds", seconds)
+    monkeypatch.setattr(precision, "one_row_floor", lambda model, dtype, progress=True: seconds(model, dtype, (1,))[1])
     for alpha in (0.3, 0.9):
         choice = precision.choose("target", "draft", "sd", alpha=alpha, quant={"target": "qtarget", "draft": "qdraft"})
         by_hand = {(t, d, g): sd_rate_by_hand(table[t], lambda r, d=d: 0.1 * table[d](r), alpha, g)
@@ -145,3 +146,57 @@ def test_gguf_blocks_join_the_grid_per_role(monkeypatch):
         if choice["predicted_gamma"] == 0:
             assert choice["draft"] == "gguf"  # the cheapest one-row draft step: 0.09 s vs 0.10
         assert choice["best_by_method"]["ar"]["target"] == "gguf"  # plain decoding: one-row steps only
+
+
+def _counting_tables(monkeypatch, table, draft_scale=0.1):
+    """Fake measurements that record which (model, dtype) got a full table and which a one-row floor."""
+    full, floored = [], []
+
+    def cost(model, dtype, r):
+        return (draft_scale if model.endswith("draft") else 1.0) * table[dtype](r)
+
+    def seconds(model, dtype, rows, progress=True):
+        full.append((model, dtype))
+        return {r: cost(model, dtype, r) for r in rows}
+
+    def floor(model, dtype, progress=True):
+        floored.append((model, dtype))
+        return cost(model, dtype, 1)
+    monkeypatch.setattr(precision, "matmul_seconds", seconds)
+    monkeypatch.setattr(precision, "one_row_floor", floor)
+    return full, floored
+
+
+def test_a_float_setting_that_cannot_win_is_priced_by_its_one_row_floor_only(monkeypatch):
+    """Blocks at a third of bf16's one-row time (a dequantized copy streams 2-4x the bytes): bf16's
+    one-row time, taken as its cost at every width, already loses every method's grid, so its full
+    table is never measured, and the choice equals the one made with bf16 measured in full."""
+    table = {"bfloat16": lambda r: 1.0 * r, "gguf": lambda r: 0.3 + 0.1 * r}
+    full, floored = _counting_tables(monkeypatch, table)
+    quant = {"target": "qtarget", "draft": "qdraft"}
+    choice = precision.choose("target", "draft", "sd", alpha=0.7, quant=quant)
+    assert sorted(floored) == [("draft", "bfloat16"), ("target", "bfloat16")]
+    assert all(dt == "gguf" for _, dt in full), full  # bf16 never measured past one row
+    assert choice["floored"] == ["draft bfloat16", "target bfloat16"]
+    # priced at exactly its one-row time at every width: never above what a width could cost
+    assert set(choice["matmul_s"]["target"]["bfloat16"].values()) == {1.0}
+    assert list(set(choice["matmul_s"]["draft"]["bfloat16"].values())) == [pytest.approx(0.1)]
+    assert (choice["target"], choice["draft"]) == ("gguf", "gguf")
+    assert all(bool(c.get("floor")) == (c["target"] == "bfloat16" or c["draft"] == "bfloat16") for c in choice["grid"])
+    # the same choice as with every setting measured in full (the floor is never above the truth)
+    monkeypatch.setattr(precision, "one_row_floor", lambda model, dtype, progress=True: 1e-9)  # floors win: all measured
+    exact = precision.choose("target", "draft", "sd", alpha=0.7, quant=quant)
+    assert exact["floored"] == [] and {k: exact[k] for k in ("target", "draft", "predicted_gamma")} == \
+        {k: choice[k] for k in ("target", "draft", "predicted_gamma")}
+    assert exact["best_by_method"] == choice["best_by_method"]
+
+
+def test_a_float_setting_whose_floor_could_win_is_measured_in_full_and_chosen(monkeypatch):
+    """AMX-like: bf16 one row dearer than the blocks but nearly flat in rows, so a wide verify is
+    cheaper in bf16; its floor could win sd's grid, so it is measured in full, and it wins."""
+    table = {"bfloat16": lambda r: 1.0 + 0.01 * r, "gguf": lambda r: 0.8 * r}
+    full, floored = _counting_tables(monkeypatch, table)
+    choice = precision.choose("target", "draft", "sd", alpha=0.9, quant={"target": "qtarget", "draft": "qdraft"})
+    assert ("target", "bfloat16") in full and "target bfloat16" not in choice["floored"]
+    assert choice["target"] == "bfloat16" and choice["predicted_gamma"] >= 2
+    assert choice["best_by_method"]["ar"]["target"] == "gguf"

@@ -108,6 +108,7 @@ def test_the_grid_prices_the_requantized_draft_by_its_agreement(blocks, monkeypa
         return {r: base * (1 + 0.1 * (r - 1)) for r in rows}
 
     monkeypatch.setattr(precision, "matmul_seconds", seconds)
+    monkeypatch.setattr(precision, "one_row_floor", lambda model, dtype, progress=True: seconds(model, dtype, (1,))[1])
     for agree, chosen in ((0.6, requant.SETTING), (0.15, precision.GGUF)):
         monkeypatch.setattr(draft_requant, "agreement", lambda *a, **k: {"file": 0.6, "requantized": agree, "tokens": 9})
         quant = {"target": target, "draft": draft, "calibration": torch.arange(9)}

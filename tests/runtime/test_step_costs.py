@@ -55,19 +55,50 @@ def test_without_a_draft_the_step_is_free(monkeypatch):
 
 
 def test_warmup_measures_what_every_cost_driven_method_would_measure_in_its_first_call(tiny_pair, tokenizer,
-                                                                                        monkeypatch):
+                                                                                        monkeypatch, tmp_path):
     """After warmup() no call measures step costs (the first request pays nothing): sd / hybrid γ
     auto and PEARL with the draft, n-gram rounds on the target alone, at their widest widths."""
     from specengine import Engine
     from specengine.runtime import step_costs as sc
 
+    monkeypatch.setenv("SPECENGINE_CACHE", str(tmp_path))  # an empty machine table: warmup times them
+    measured = []
+    real = sc.measure_step_costs
+    monkeypatch.setattr(sc, "measure_step_costs", lambda *a, **k: measured.append(1) or real(*a, **k))
     eng = Engine(tiny_pair[0], tokenizer, draft=tiny_pair[2], max_seq_len=96)
     eng.warmup()
     assert set(eng.measured_step_costs) == {1, (1, "target")}
+    # timed once, at hybrid's widest width: sd and PEARL read its widths, n-gram the target's alone
+    assert measured == [1] and eng.measured_step_costs[(1, "target")].target_s == eng.measured_step_costs[1].target_s
     assert not eng._acceptance  # nothing learned of acceptance from warmup's junk prompt carries over
-    measured = []
-    real = sc.measure_step_costs
-    monkeypatch.setattr("specengine.api.measure_step_costs", lambda *a, **k: measured.append(1) or real(*a, **k))
+    measured.clear()
     for method in ("sd", "hybrid", "pearl", "ngram"):
         eng.generate([5, 9, 2], max_new_tokens=4, ignore_eos=True, method=method, gamma="auto")
     assert not measured
+
+
+def test_a_second_engine_on_this_machine_reads_the_costs_from_its_table(tiny_pair, tokenizer, monkeypatch, tmp_path):
+    """Step costs are filed in the machine's table under the runners' cost signature: a second engine
+    of the same models reads them (no forward timed); one whose forward differs (the torch ops
+    instead of the compiled ones) times them again."""
+    import copy
+
+    from specengine import Engine
+    from specengine.runtime import step_costs as sc
+
+    monkeypatch.setenv("SPECENGINE_CACHE", str(tmp_path))
+    measured = []
+    real = sc.measure_step_costs
+    monkeypatch.setattr(sc, "measure_step_costs", lambda *a, **k: measured.append(a[3]) or real(*a, **k))
+    first = Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]), max_seq_len=96)
+    first.generate([5, 9, 2], max_new_tokens=4, ignore_eos=True, method="sd", gamma="auto")
+    assert len(measured) == 1
+    second = Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]), max_seq_len=96)
+    second.generate([7, 1], max_new_tokens=4, ignore_eos=True, method="sd", gamma="auto")
+    assert len(measured) == 1 and second.measured_step_costs[1] == first.measured_step_costs[1]
+    assert sc.cost_signature(second.target) == sc.cost_signature(first.target)
+    third = Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]), max_seq_len=96,
+                   kernels="torch")
+    assert sc.cost_signature(third.target) != sc.cost_signature(first.target)
+    third.generate([7, 1], max_new_tokens=4, ignore_eos=True, method="sd", gamma="auto")
+    assert len(measured) == 2
