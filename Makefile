@@ -3,22 +3,32 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+CORE   := $(VENV)/.core-installed
 PYTEST_ARGS ?=
 
 .PHONY: gpu-run trace gpu-check install demo test test-fast bench bench-gguf bench-structured bench-suffix bench-serve bench-ray bench-ngram bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
 
-$(STAMP): pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/*.cu csrc/*.cuh csrc/cpu/*.cpp csrc/cpu/*.h)
+# Two steps: what `make demo` needs (torch, the project with the GGUF reader, the compiled kernels:
+# one translation unit per instruction set this CPU runs, in parallel), then the extras the tests,
+# benchmarks and servers need, installed without compiling again (SPECENGINE_BUILD_EXT=0 keeps the
+# extension built in the first step).
+$(CORE): pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/*.cu csrc/*.cuh csrc/cpu/*.cpp csrc/cpu/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0 ninja
-	# no build isolation: setup.py needs this torch to compile the KV extension (csrc/)
-	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[gguf,test,bench,triton,serve,structured,ray]"
+	# no build isolation: setup.py needs this torch to compile the extensions (csrc/)
+	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[gguf]"
+	touch $(CORE)
+
+$(STAMP): $(CORE)
+	SPECENGINE_BUILD_EXT=0 $(PY) -m pip install -q --disable-pip-version-check --no-build-isolation \
+	  -e ".[gguf,test,bench,triton,serve,structured,ray]"
 	touch $(STAMP)
 
 install: $(STAMP)
 
 # Fetch the default real pair (sha256-checked, converted once) and compare ar vs sd.
-demo: $(STAMP)
+demo: $(CORE)
 	$(PY) -m specengine.demo
 
 # The whole suite on CPU, real pair included (fetched into the cache on first run). The

@@ -30,7 +30,7 @@ namespace {
 
 // AMX-INT8 in CPUID, and Linux lets this process use tile data (ARCH_REQ_XCOMP_PERM: the tiles' 8 KiB of
 // state are opt-in per process; a VM can also withhold them). Asked once.
-bool amx_usable() {
+[[maybe_unused]] bool amx_usable() {
 #if defined(SPECENGINE_X86) && defined(__linux__)
   static const bool ok = [] {
     unsigned a, b, c, d;
@@ -44,7 +44,7 @@ bool amx_usable() {
 #endif
 }
 
-#ifdef SPECENGINE_X86
+#if defined(SPECENGINE_X86) && defined(SE_BUILT_VNNI)
 bool amx_faster();
 #endif
 
@@ -54,13 +54,19 @@ std::vector<Kernels> runnable() {
 #ifdef SPECENGINE_X86
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl");
+  (void)avx512;
+  // (a copy is compiled only where the build machine runs it, or with SPECENGINE_ISAS=all: setup.py)
+#ifdef SE_BUILT_VNNI
   if (avx512 && __builtin_cpu_supports("avx512vnni")) {
     out.push_back(vnni_kernels());
     // the tile copy first only where it measured faster; it gives the same bits either way
     if (amx_usable()) out.insert(amx_faster() ? out.begin() : out.end(), amx_kernels());
   }
+#endif
+#ifdef SE_BUILT_AVX512
   if (avx512)
     out.push_back(avx512_kernels());
+#endif
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
     out.push_back(avx2_kernels());
 #endif
@@ -139,7 +145,7 @@ QuantizedRows quantize_rows_for(const Kernels& k, const torch::Tensor& x, int64_
   return r;
 }
 
-#ifdef SPECENGINE_X86
+#if defined(SPECENGINE_X86) && defined(SE_BUILT_VNNI)
 // Does the tile loop beat the vector loop on this machine? Timed once, one thread, best of 3 each, at a
 // prefill width (32 rows, two tile chunks) on a synthetic Q4_K weight small enough to stay in cache:
 // what differs between the two is compute. Never a per-machine constant.

@@ -29,3 +29,32 @@ def test_one_translation_unit_per_instruction_set_in_the_build():
     assert units == ["isa_avx2.cpp", "isa_avx512.cpp", "isa_baseline.cpp", "isa_vnni.cpp"]
     assert all(f"csrc/cpu/{u}" in setup for u in units)
     assert not list((ROOT / "csrc").glob("*_impl.h"))  # the hot loops live in csrc/cpu only
+
+
+def test_the_build_compiles_every_copy_this_cpu_runs(monkeypatch):
+    """setup.py's `isa_units`: baseline and avx2 always, avx512 / vnni where /proc/cpuinfo says the CPU
+    runs them (or SPECENGINE_ISAS=all), each with the macro that puts it in the dispatch; the compiled
+    extension offers every copy this CPU can run (its CPUID list), so nothing runnable was left out."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("specengine_setup_probe", ROOT / "setup.py")
+    src = (ROOT / "setup.py").read_text().split("\ncmdclass, ext_modules = extensions()")[0]
+    ns = {"__name__": "probe"}
+    exec(compile(src, str(ROOT / "setup.py"), "exec"), ns)
+    monkeypatch.setenv("SPECENGINE_ISAS", "all")
+    units, macros = ns["isa_units"]()
+    assert [u.split("/")[-1] for u in units] == ["isa_baseline.cpp", "isa_avx2.cpp", "isa_avx512.cpp", "isa_vnni.cpp"]
+    assert [m for m, _ in macros] == ["SE_BUILT_AVX512", "SE_BUILT_VNNI"]
+    monkeypatch.setenv("SPECENGINE_ISAS", "native")
+    units, macros = ns["isa_units"]()
+    flags = set(open("/proc/cpuinfo").read().split("flags")[1].split("\n")[0].split())
+    assert ("csrc/cpu/isa_avx512.cpp" in units) == ({"avx512f", "avx512bw", "avx512vl"} <= flags)
+    monkeypatch.setenv("SPECENGINE_ISAS", "avx9")
+    with pytest.raises(SystemExit, match="SPECENGINE_ISAS must be 'native' or 'all'"):
+        ns["isa_units"]()
+    from specengine.kernels.cpu_ext import EXT
+
+    if EXT is not None:  # the copies this CPU runs, widest first, all compiled here
+        runs = ["avx2"] * ("avx2" in flags) + ["baseline"]
+        assert set(runs) <= set(EXT.isas())
+        assert ("avx512" in EXT.isas()) == ({"avx512f", "avx512bw", "avx512vl"} <= flags)
