@@ -232,6 +232,11 @@ def _choose_storage(ms: dict, storages) -> str:
     return min(storages, key=total)
 
 
+def _storages(key: str, dtype) -> list[str]:
+    """The storages a group is timed in: plain, and oneDNN-packed where available (a tied LM head stays plain)."""
+    return ["plain"] + (["mkldnn"] if not key.endswith(":tied") and storage_available("mkldnn", dtype) else [])
+
+
 def tune(model, rows=ROWS_TUNED, reps: int = 2, progress: bool = True, dtype=None) -> dict[str, dict]:
     """Measure (or read from the machine's table) every shape group of `model`; returns entries."""
     dtype = dtype or model.dtype
@@ -240,7 +245,7 @@ def tune(model, rows=ROWS_TUNED, reps: int = 2, progress: bool = True, dtype=Non
     groups = shape_groups(model, dtype)
     todo = {}
     for key, layers in groups.items():
-        storages = ["plain"] + (["mkldnn"] if not key.endswith(":tied") and storage_available("mkldnn", dtype) else [])
+        storages = _storages(key, dtype)
         entry = table.get(key, {})
         # an entry timed over another set of paths (a path added or gone) is timed again
         missing = [r for r in rows if str(r) not in entry.get("ms", {})] if entry.get("paths") == sorted(PATHS) else list(rows)
@@ -274,9 +279,7 @@ def one_row_seconds(model, dtype, progress: bool = True) -> float:
             for key, layers in todo.items():
                 if table.get(key, {}).get("paths") != sorted(PATHS):
                     table[key] = {"ms": {}, "paths": sorted(PATHS)}
-                storages = ["plain"] + (["mkldnn"] if not key.endswith(":tied") and storage_available("mkldnn", dtype)
-                                        else [])
-                table[key]["ms"].update(measure_group(layers, dtype, [1], storages))
+                table[key]["ms"].update(measure_group(layers, dtype, [1], _storages(key, dtype)))
                 bar.update(1)
         _save_table(table)
     return sum(len(layers) * min(table[key]["ms"]["1"].values()) for key, layers in groups.items()) / 1e3
