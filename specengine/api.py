@@ -32,7 +32,7 @@ from .encoding import check_capacity, encode
 from .request import RequestParams
 from .structured.constraint import Compiler
 from .methods.suffix_cache import SuffixCaches
-from .runtime.step_costs import recalled_or_measured
+from .runtime.step_costs import FiledClocks, recalled_or_measured
 
 
 @dataclass
@@ -271,10 +271,16 @@ class Engine:
         """What a method may use during a generation: runners, samplers, and this engine's
         step-cost cache, head, drafter and side stream (resolved lazily, on first use)."""
         replay = self._replay  # set only by specengine.replay.Replay.attach (benchmarks)
+        self._clocks.seed(self._acceptance)  # the rounds' cost corrections the last process filed
         return MethodContext(self.target, self.draft, self.device, self.ops, step_costs=self.step_costs,
                              acceptance_head=replay.acceptance_head if replay else self.acceptance_head,
                              parallel_drafter=self.parallel_drafter, side_stream=self.side_stream,
                              acceptance=self._acceptance, replay=replay, suffix_caches=self.suffix_caches)
+
+    @functools.cached_property
+    def _clocks(self) -> FiledClocks:
+        """The rounds' measured cost corrections, filed in the machine's table (step_costs.py)."""
+        return FiledClocks(self.target, self.draft)
 
     # ------------------------------------------------------------------ helpers
     def _say_better_dtypes(self, method: str) -> None:
@@ -362,6 +368,7 @@ class Engine:
         for _ in gen.rounds():
             pass
         stats = gen.stats()
+        self._clocks.file(self._acceptance)  # re-planned where this call's rounds missed the filed plan
         results = []
         for row in gen.rows:
             text = self.decode(row.ids)
@@ -389,4 +396,5 @@ class Engine:
                 yield text[len(sent):]
                 sent = text
         self.last_stats = gen.stats()
+        self._clocks.file(self._acceptance)
 

@@ -102,3 +102,13 @@ def speculative_stats(generation, times: dict[str, float]) -> dict:
         "draft_s": times.get("draft", 0.0),
         "draft_cost_ratio": per_draft / per_target if per_target > 0 else None,
     }
+
+
+def prediction(predicted: list[float], generation) -> dict:
+    """The plan's tokens/s for the rounds it ran (predicted: [expected tokens, expected seconds],
+    summed as each round was chosen) beside the measured decode rate (rounds only: prefill and
+    the one-time measurements excluded), and the error between them; {} before any round."""
+    if predicted[1] <= 0 or generation.decode_s <= 0:
+        return {}
+    rate, measured = predicted[0] / predicted[1], generation.new_tokens / generation.decode_s
+    return {"predicted_tokens_per_s": rate, "decode_tokens_per_s": measured, "prediction_error": rate / measured - 1}

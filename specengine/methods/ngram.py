@@ -35,9 +35,10 @@ import torch
 from .ngram_index import NgramIndex, check_sizes
 from .ngram_policy import NgramGammaPolicy
 from ..errors import SpecEngineError
-from .base import Method, speculative_stats
+from .base import Method, prediction, speculative_stats
 from .context import MethodContext
 from .policies import expected_tokens, make_policy
+from .round_clock import RoundClock
 from .state import DecodeState, RoundOutput
 from .steps import PlainStep, chain_round, grammar_drafts, to_device, verify_proposals, verify_tree_and_commit
 from .suffix_cache import SuffixIndex
@@ -90,6 +91,10 @@ class NgramDecoding(Method):
         self.prefill_token_s: float | None = None  # the target's measured prefill seconds per prompt token
         self.primes = 0  # deferred draft prefills run
         self.caches = None  # suffix decoding: the engine's SuffixCaches (methods/suffix_cache.py)
+        # γ by match: n-gram and plain rounds' measured vs predicted seconds (round_clock.py; greedy,
+        # measured costs) and the plan's forecast of them
+        self.clock, self.calibrate, self.clock_key = RoundClock(switch_costs=False), False, None
+        self._booked = None  # this round's (kind, tokens, model seconds)
 
     @property
     def rows_independent(self) -> bool:
@@ -118,6 +123,12 @@ class NgramDecoding(Method):
             costs = ctx.step_costs(generation.state, self.max_width, draft=self.hybrid)
             if self.policy.needs_costs:  # n-gram proposals are free: only the target's cost per width
                 self.policy.set_costs(dataclasses.replace(costs, draft_s=0.0))
+            if self.by_match:
+                mode = ctx.decoding_mode(generation)
+                self.calibrate = mode == "greedy" and getattr(costs, "measured", False)
+                self.clock_key = f"{self.name}:{mode}:round_clock"
+                if self.calibrate:  # the corrections the engine's last calls (or the machine's table) measured
+                    self.clock.seed(ctx.acceptance.get(self.clock_key, {}))
             if self.hybrid and self.draft_policy.needs_costs:
                 self.key = ctx.decoding_mode(generation)
                 self.draft_policy.recall(ctx.acceptance, self.key)
@@ -176,14 +187,18 @@ class NgramDecoding(Method):
                                               for b, (h, m) in hits.items()})
         elif self.by_match:
             found = {b: hit for b in live if (hit := self.index[b].lookup()) is not None}
+            self.policy.scale = self.clock.factors() if self.calibrate else {}
             gammas = self.policy.choose({b: m for b, (_, m) in found.items()})
             found = {b: (self.index[b].continuation(s, gammas[b]), None) for b, (s, _) in found.items() if b in gammas}
         else:
             g = self.policy.gamma
             found = {b: (self.index[b].propose(g), None) for b in live} if g else {}
         if self.hybrid and self._draft_wins(found, gammas, live):  # never with γ auto at 0
+            self._booked = None  # the draft policy books its chains
             return "draft", {}
-        return ("ngram" if any(toks for toks, _ in found.values()) else "plain"), found
+        kind = "ngram" if any(toks for toks, _ in found.values()) else "plain"
+        self._booked = self.policy.forecast(kind, len(live), gammas) if self.by_match else None
+        return kind, found
 
     def round(self, state: DecodeState, timer) -> RoundOutput:
         ctx, live = self.ctx, self._live(state)
@@ -327,6 +342,9 @@ class NgramDecoding(Method):
                            self.max_width)
 
     def after_round(self, n_acc, num_draft) -> None:
+        if self._booked is not None and self.kind in ("ngram", "plain"):  # before the policy learns from it
+            kind, tokens, model_s = self._booked
+            self.clock.expect(kind, model_s, tokens)
         if self.kind == "draft":
             self.draft_policy.update(n_acc, num_draft)
             if self.draft_policy.needs_costs:
@@ -341,7 +359,13 @@ class NgramDecoding(Method):
         elif self.policy.needs_costs and self.policy.gamma == 0:
             self.policy.update(n_acc, num_draft)  # counts plain rounds: a probe follows
 
+    def timed(self, seconds: float) -> None:
+        if self.calibrate and self._booked is not None and self.kind in ("ngram", "plain"):
+            self.clock.timed(seconds)
+            self.ctx.acceptance[self.clock_key] = self.clock.factors()  # the engine's next call starts here
+
     def stats(self, generation) -> dict:
+        drafted = self.draft_policy.clock.forecast if self.hybrid and self.draft_policy.needs_costs else [0.0, 0.0]
         trees = {"tree": "auto", "tree_rounds": self.tree_rounds} if self.auto_tree else self.tree_stats()
         return {"policy": self.policy.name, "gamma": self.policy.gamma, **trees,
                 "ngram_max": self.sizes[0], "ngram_min": self.sizes[1],
@@ -350,6 +374,8 @@ class NgramDecoding(Method):
                 "draft_prefills_deferred": self.primes,
                 # proposed tokens per row and proposing round (n-gram and draft rounds)
                 "gamma_mean": generation.counters.proposed / max(generation.counters.row_rounds - self.plain_rounds, 1),
+                **prediction([a + b for a, b in zip(self.clock.forecast, drafted)], generation),  # hybrid: + its chains'
+                "round_cost_factors": self.clock.factors(),
                 **speculative_stats(generation, generation.timer.totals())}
 
 

@@ -54,6 +54,7 @@ class NgramGammaPolicy:
         self.kept = [[0.0] * (gamma_max + 1) for _ in MATCH_BINS]  # ... accepted
         self.declined = [0] * len(MATCH_BINS)
         self.costs = None
+        self.scale: dict = {}  # measured / predicted seconds per kind of round ("plain", "spec": round_clock.py)
         self.last_bins: dict[int, int] = {}  # row -> bin of its proposal this round
 
     def set_costs(self, costs) -> None:
@@ -82,9 +83,13 @@ class NgramGammaPolicy:
             e.append(e[-1] + p)
         return e
 
+    def seconds(self, width: int) -> float:
+        """A round's seconds at this verify width (1: a plain step), as the measured rounds corrected them."""
+        return self.costs.verify_s(width) * self.scale.get("plain" if width == 1 else "spec", 1.0)
+
     def best(self, b: int, gamma_min: int = 0) -> int:
-        e, c = self.expected(b), self.costs
-        return max(range(gamma_min, self.gamma_max + 1), key=lambda g: (1 + e[g]) / c.verify_s(g + 1))
+        e = self.expected(b)
+        return max(range(gamma_min, self.gamma_max + 1), key=lambda g: (1 + e[g]) / self.seconds(g + 1))
 
     def choose(self, matches: dict[int, int]) -> dict[int, int]:
         """{row: γ} for rows with a match of length m ({row: m}); rows left out propose nothing."""
@@ -140,16 +145,26 @@ class NgramGammaPolicy:
         nodes, survive = trie_of(conts), self.survival(b)
         chance = {i: survive[n[2]] * n[3] / max(len(conts), 1) for i, n in enumerate(nodes, 1)}
         order = sorted(chance, key=lambda i: (-chance[i], nodes[i - 1][2], -nodes[i - 1][4]))[: self.gamma_max]
-        rate, gain = [1.0 / self.costs.verify_s(1)], 1.0  # expected tokens per second with the first n nodes
+        rate, gain = [1.0 / self.seconds(1)], 1.0  # expected tokens per second with the first n nodes
         for n, i in enumerate(order, 1):
             gain += chance[i]
-            rate.append(gain / self.costs.verify_s(n + 1))
+            rate.append(gain / self.seconds(n + 1))
         return nodes, order[:max(range(min(n_min, len(order)), len(order) + 1), key=rate.__getitem__)]
 
     def round_tokens(self, gammas: dict[int, int]) -> float:
         """Expected committed tokens of the rows in `gammas` (this round's choice) if they verify
         their proposals: 1 + e[γ] per row, from the bins choose() put them in."""
         return sum(1.0 + self.expected(self.last_bins[row])[g] for row, g in gammas.items())
+
+    def forecast(self, kind: str, live: int, gammas: dict | None) -> tuple | None:
+        """What the plan expects of an n-gram or plain round of `live` rows: (kind of round,
+        tokens, the model's seconds); None for trees (no per-round token count is kept for those)."""
+        if kind == "plain":
+            return "plain", float(live), self.costs.verify_s(1)
+        if gammas is None:
+            return None
+        tokens = self.round_tokens(gammas) + live - len(gammas)  # a row without a match: its one token
+        return "spec", tokens, self.costs.verify_s(max(gammas.values()) + 1)
 
     def unexplored(self, gammas: dict[int, int]) -> bool:
         """Some row's bin has too few verified tries to be trusted against a draft model."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import SpecEngineError
-from .base import Method, speculative_stats
+from .base import Method, prediction, speculative_stats
 from .context import MethodContext
 from .logprobs import capture
 from .policies import expected_tokens
@@ -36,6 +36,7 @@ from .steps import PlainStep, draft_chain, draft_resync, parallel_draft
 
 GAMMA_MAX = 16  # the longest window round(1/c) may choose
 PROBE_EVERY = 16  # plain rounds between two PEARL rounds that re-measure the acceptance
+PRIOR_ROUNDS = 4.0  # weight of the chain-model prior of tokens per round, as the acceptance prior's
 
 
 def gamma_for(cost_ratio: float, gamma_max: int = GAMMA_MAX) -> int:
@@ -89,8 +90,12 @@ class Pearl(Method):
         self.plain, self.behind, self.plain_rounds = PlainStep(), 0, 0  # γ = 0 rounds (see _plain_wins)
         self.plain_total = 0
         self.accepted, self.proposed = 0.7 * 4, 4.0  # running acceptance: prior 0.7, weight 4, decayed
+        # committed tokens per row of a PEARL round, running (sum, weight): its pre/post-verify modes
+        # commit other than a chain of γ at that acceptance would (the chain's count: +30% on the real pair)
+        self.yield_ = None
         # measured vs predicted round seconds (round_clock.py): greedy, window by cost, measured costs
         self.clock, self.calibrate, self._kind = RoundClock(), False, None  # _kind: (kind, predicted s) of this round
+        self.clock_key = None  # where the engine keeps this call's corrections (begin)
 
     @property
     def max_width(self) -> int:
@@ -110,6 +115,9 @@ class Pearl(Method):
         if self.by_cost:  # the verify widths the window's rounds run, for the plain-decoding check
             self.costs = ctx.step_costs(state, self.gamma + 1)
             self.calibrate = ctx.decoding_mode(generation) == "greedy" and getattr(self.costs, "measured", False)
+            self.clock_key = f"pearl:{ctx.decoding_mode(generation)}:round_clock"  # PEARL's rounds are its own kind
+            if self.calibrate:  # the corrections the engine's last calls (or the machine's table) measured
+                self.clock.seed(ctx.acceptance.get(self.clock_key, {}))
         self.modes = PearlModes(torch.zeros(state.batch, dtype=torch.bool, device=state.tokens.device))
 
     def _plain_wins(self) -> bool:
@@ -122,8 +130,15 @@ class Pearl(Method):
         if self.calibrate and self.clock.wants_plain():  # time plain decoding once to compare
             return True
         f = self.clock.factors() if self.calibrate else {}
-        return expected_tokens(self.accepted / self.proposed, self.gamma) / (self._round_s() * f.get("spec", 1.0)) \
+        return self.round_tokens() / (self._round_s() * f.get("spec", 1.0)) \
             < 1.0 / (self.costs.verify_s(1) * f.get("plain", 1.0))
+
+    def round_tokens(self) -> float:
+        """Expected committed tokens per row of a PEARL round: the running mean of this call's rounds,
+        from the chain model's count at the prior acceptance (PRIOR_ROUNDS rounds' weight, as α's)."""
+        if self.yield_ is None:
+            return expected_tokens(self.accepted / self.proposed, self.gamma)
+        return self.yield_[0] / self.yield_[1]
 
     def _round_s(self) -> float:
         """The model's seconds of a PEARL round: the draft's window and the verify, overlapped on
@@ -214,9 +229,12 @@ class Pearl(Method):
     def after_round(self, n_acc, num_draft) -> None:
         """Host bookkeeping after the round's sync (the modes themselves moved on the device)."""
         if self._kind is not None:
-            self.clock.expect(*self._kind)
+            kind, model_s = self._kind  # booked with the tokens the plan expected of it
+            self.clock.expect(kind, model_s, len(n_acc) * (1.0 if kind == "plain" else self.round_tokens()))
         if not any(num_draft):  # a plain round: nothing was proposed
             return
+        total, weight = self.yield_ or (PRIOR_ROUNDS * self.round_tokens(), PRIOR_ROUNDS)  # the prior: α's, as a chain
+        self.yield_ = (0.9 * total + sum(a + 1 for a in n_acc), 0.9 * weight + len(n_acc))
         self.accepted = 0.9 * self.accepted + sum(n_acc)
         self.proposed = 0.9 * self.proposed + sum(num_draft)
         full = [a >= d for a, d in zip(n_acc, num_draft)]
@@ -228,6 +246,8 @@ class Pearl(Method):
     def timed(self, seconds: float) -> None:
         if self.calibrate:
             self.clock.timed(seconds)
+            if self.clock_key is not None:  # the engine's next call starts from these corrections
+                self.ctx.acceptance[self.clock_key] = self.clock.factors()
 
     def reset_rows(self, rows: list[int]) -> None:
         """A new request starts in pre-verify with nothing pending."""
@@ -251,4 +271,5 @@ class Pearl(Method):
             "concurrent": self.ctx.device.type == "cuda",
             "plain_rounds": self.plain_total,
             "round_cost_factors": self.clock.factors(),  # measured / predicted round seconds
+            **prediction(self.clock.forecast, generation),
         }

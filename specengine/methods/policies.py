@@ -90,6 +90,17 @@ def round_rate(alpha: float, gamma: int, costs, extra_s: float = 0.0, scale: dic
     return expected_tokens(alpha, gamma) / ((gamma * costs.draft_s + costs.verify_s(gamma + 1) + extra_s) * factor)
 
 
+def catch_up_s(costs, behind: int, width: int) -> float:
+    """Seconds a chain's first draft forward adds when the draft missed `behind` tokens (plain rounds
+    it sat out): it reads them with its usual 2, in forwards of at most `width` (steps.chain_round),
+    the draft's cost per width scaled as the target's."""
+    if behind <= 0:
+        return 0.0
+    scale = lambda w: costs.verify_s(w) / costs.verify_s(1)  # noqa: E731
+    full, rest = divmod(behind + 2, width)
+    return costs.draft_s * (full * scale(width) + (scale(rest) if rest else 0.0) - scale(2))
+
+
 def best_gamma(alpha: float, costs, gamma_max: int, gamma_min: int = 1, scale: dict | None = None) -> int:
     """The γ in [gamma_min, gamma_max] that maximizes committed tokens per second."""
     return max(range(gamma_min, gamma_max + 1), key=lambda g: round_rate(alpha, g, costs, scale=scale))
@@ -124,8 +135,8 @@ class AutoGammaPolicy(FixedPolicy):
         self.probe_first, self.probe_max = probe_every, probe_max
         self.probe_every, self.plain_run = probe_every, 0  # the current wait; consecutive plain rounds so far
         self.probing = False  # this round is a probe
-        self.predicted = [0.0, 0.0]  # expected tokens, expected seconds of the rounds run
-        self.clock = RoundClock()  # rounds' measured vs predicted seconds
+        self.clock = RoundClock(switch_costs=False)  # rounds' measured vs predicted seconds (catch-ups priced)
+        self.extra_s = 0.0  # what the round about to be booked pays besides its chain (sd: the draft's catch-up)
         # greedy only: there γ never changes the tokens, while a seeded sampled call must draw the
         # same tokens each time, so its choices may depend on nothing the clock measures
         self.calibrate = False
@@ -167,19 +178,15 @@ class AutoGammaPolicy(FixedPolicy):
         self.gamma = best_gamma(self.alpha, self.costs, self.gamma_max, gamma_min=1 if self.probing else 0,
                                 scale=self.clock.factors())
 
-    def prediction(self) -> float | None:
-        """Tokens/s the cost model expected of the rounds run so far (None before any)."""
-        return self.predicted[0] / self.predicted[1] if self.predicted[1] > 0 else None
-
     def update(self, n_acc, num_draft):
         # a plain round is one that proposed nothing: with rounds launched ahead (sd.one_token_rounds)
         # it may be booked after γ already moved on to a probe
         plain = not any(num_draft)
-        if self.costs is not None:  # what the model expected of this round, before it learns from it
-            c, g = self.costs, 0 if plain else self.gamma
-            self.predicted[0] += len(n_acc) * expected_tokens(self.alpha, g)
-            self.predicted[1] += g * c.draft_s + c.verify_s(g + 1)
-            self.clock.expect("plain" if plain else "spec", g * c.draft_s + c.verify_s(g + 1))
+        if self.costs is not None:  # what the plan expected of this round, before it learns from it:
+            c, g, kind = self.costs, 0 if plain else self.gamma, "plain" if plain else "spec"
+            model_s = g * c.draft_s + c.verify_s(g + 1) + (0.0 if plain else self.extra_s)
+            self.clock.expect(kind, model_s, len(n_acc) * expected_tokens(self.alpha, g))
+        self.extra_s = 0.0
         probed = self.probing
         if plain:
             self.plain_run += 1

@@ -18,24 +18,35 @@ DECAY = 0.85
 
 
 class RoundClock:
-    def __init__(self):
+    def __init__(self, switch_costs: bool = True):
+        """switch_costs: the first round of a kind after the other pays what the model leaves out (see
+        `expect`); False where the model prices the switch (sd's catch-up) or there is none (n-gram)."""
+        self.switch_costs = switch_costs
         self.measured = {"plain": 0.0, "spec": 0.0}
         self.predicted = {"plain": 0.0, "spec": 0.0}
         self.count = {"plain": 0, "spec": 0}
         self._last, self._pending = None, None  # the kind of the round expected last; what awaits its time
+        self.forecast = [0.0, 0.0]  # the plan's expected tokens and seconds of the rounds expected so far
 
-    def expect(self, kind: str, predicted_s: float) -> None:
-        """The round just booked and what the model predicted it costs; its time comes next
-        (`timed`). Steady state only: the first round of a kind after the other pays the switch (a
-        drafted round after plain ones reads what the draft missed: a wider catch-up), and a probe
-        booked with it would always confirm plain decoding."""
-        self._pending = (kind, predicted_s) if kind == self._last else None
+    def expect(self, kind: str, predicted_s: float, tokens: float = 0.0) -> None:
+        """The round just booked, what the model predicted it costs and the tokens it was expected
+        to commit; its time comes next (`timed`). The forecast (`stats["prediction_error"]`) charges
+        it the model's seconds as the corrections measured so far scale them: what the plan chose by.
+        Where the model leaves out what a switch costs (PEARL's resync after plain rounds), the first
+        round of a kind after the other is only an upper bound of its kind's time: it is booked only
+        where it lowers the factor (else a probe would always confirm plain decoding, and a factor
+        taken in a slow moment could never come down while probes are all that run of its kind)."""
+        self.forecast[0] += tokens
+        self.forecast[1] += predicted_s * self.factor(kind)
+        self._pending = (kind, predicted_s, self.switch_costs and kind != self._last)
         self._last = kind
 
     def timed(self, seconds: float) -> None:
         """The driver's measured seconds of the round last expected."""
         if self._pending is not None:
-            self.book(*self._pending, seconds)
+            kind, predicted_s, bound = self._pending
+            if not bound or seconds < self.factor(kind) * predicted_s:
+                self.book(kind, predicted_s, seconds)
         self._pending = None
 
     def book(self, kind: str, predicted_s: float, measured_s: float) -> None:

@@ -10,9 +10,9 @@ tokens behind after a round) is in steps.py.
 from __future__ import annotations
 
 from ..errors import SpecEngineError
-from .base import Method, speculative_stats
+from .base import Method, prediction, speculative_stats
 from .context import MethodContext
-from .policies import make_policy
+from .policies import catch_up_s, make_policy
 from .state import DecodeState, RoundOutput
 from .steps import PlainStep, chain_round, draft_tree, grammar_drafts, verify_proposals, verify_tree_and_commit
 
@@ -80,6 +80,8 @@ class SpeculativeDecoding(Method):
             self.gammas.append(0)
             self.behind += 1
             return self.plain(ctx, state, timer)
+        if self.policy.needs_costs:  # the catch-up this round pays, priced where the clock books it
+            self.policy.extra_s = catch_up_s(self.policy.costs, self.behind, self.max_width)
         out = chain_round(ctx, state, self.policy, timer, self.behind)
         self.behind = 0
         self.gammas.append(out.draft_forwards)  # a policy may have ended the loop early
@@ -98,15 +100,11 @@ class SpeculativeDecoding(Method):
             self.policy.timed(seconds)
 
     def prediction(self, generation) -> dict:
-        """γ auto: the cost model's tokens/s for the rounds it chose beside the measured decode
-        rate (rounds only: prefill and the one-time cost measurement excluded)."""
-        predicted = getattr(self.policy, "prediction", lambda: None)()
-        if predicted is None or generation.decode_s <= 0:
+        """γ auto: the plan's tokens/s for the rounds it chose beside the measured decode rate."""
+        if not self.policy.needs_costs:
             return {}
-        measured = generation.new_tokens / generation.decode_s
-        return {"predicted_tokens_per_s": predicted, "decode_tokens_per_s": measured,
-                "prediction_error": predicted / measured - 1,
-                "round_cost_factors": self.policy.clock.factors()}  # measured / predicted round seconds
+        found = prediction(self.policy.clock.forecast, generation)
+        return found and {**found, "round_cost_factors": self.policy.clock.factors()}  # measured / predicted s
 
     def stats(self, generation) -> dict:
         drafted = [g for g in self.gammas if g]

@@ -95,3 +95,43 @@ def recalled_or_measured(target, draft, state, max_width: int) -> StepCosts:
     costs = measure_step_costs(target, draft, state, max_width)
     machine.update({key: {"draft_s": costs.draft_s, "target_s": list(costs.target_s)}})
     return costs
+
+
+# The plain rounds' correction (methods/round_clock.py: measured / predicted seconds of a plain decode
+# round), filed beside the step costs it corrects, so that an engine's first call starts from what the
+# last process measured instead of from the bare costs (on the AVX2 EPYC a plain round ran 1.05-1.45x
+# the best-of forward time: a first call then predicted 30-70% too fast). A call whose correction moved
+# by more than REPLAN from what is filed files it again: the plan it predicted by missed. The drafted
+# rounds' correction is not filed: one slow first call's (2.5x) kept the next processes' γ auto plain
+# while γ 3 ran 1.4x `ar`; a call measures its own within 3 drafted rounds, a bias toward trying.
+REPLAN = 0.10
+CLOCK_SUFFIX = ":round_clock"
+FILED_KINDS = ("plain",)
+
+
+class FiledClocks:
+    """One engine's corrections in the machine's table (None off a CPU): `seed` puts what is filed
+    into the engine's acceptance store where the store has none (a new engine, or one whose warmup
+    cleared it); `file` files what a call measured where it moved by more than REPLAN."""
+
+    def __init__(self, target, draft):
+        runners = [r for r in (target, draft) if r is not None]
+        self.key = None
+        if all(r.device.type == "cpu" and hasattr(r, "invariance") for r in runners):
+            self.key = f"round_clock:{cost_signature(target)}:{cost_signature(draft) if draft is not None else 'none'}"
+        entry = machine.load().get(self.key, {}) if self.key is not None else {}
+        self.filed = {k: v for k, v in entry.items() if k.endswith(CLOCK_SUFFIX)}  # not the entry's ref_ms
+
+    def seed(self, store: dict) -> None:
+        for k, v in self.filed.items():
+            store.setdefault(k, dict(v))
+
+    def file(self, store: dict) -> None:
+        now = {k: {kind: f for kind, f in v.items() if kind in FILED_KINDS} for k, v in store.items()
+               if k.endswith(CLOCK_SUFFIX)}
+        now = {k: v for k, v in now.items() if v}
+        moved = any(abs(f / self.filed[k][kind] - 1) > REPLAN if self.filed.get(k, {}).get(kind) else True
+                    for k, kinds in now.items() for kind, f in kinds.items())
+        if self.key is not None and moved:
+            self.filed = {**self.filed, **now}
+            machine.update({self.key: dict(self.filed)})  # stamped with the machine's speed now (ref_ms)

@@ -282,3 +282,53 @@ def test_pinned_costs_are_never_corrected_by_round_times():
     pol = _calibrating(measured=False)
     gammas = _simulate(pol, 60, spec_slowdown=3.0)
     assert 0 not in gammas and pol.clock.factors() == {}
+
+
+def test_the_prediction_is_the_plan_as_the_measured_rounds_corrected_it():
+    """Rounds that take 1.5x (drafted) and 1.2x (plain) what the step costs say: the prediction
+    reported beside the measured rate charges each round the model's seconds times the correction
+    measured before it, so past the first rounds it matches the time the rounds took (the bare
+    model would be 20-50% fast)."""
+    from specengine.methods.policies import expected_tokens
+
+    pol = _calibrating()
+    measured = 0.0
+    for i in range(80):
+        g = pol.gamma
+        c = pol.costs
+        pol.update([g // 2], [g])
+        seconds = (g * c.draft_s + c.verify_s(g + 1)) * (1.5 if g else 1.2)
+        pol.timed(seconds)
+        measured += seconds
+        if i == 9:
+            early = (pol.clock.forecast[1], measured)
+    late_predicted, late_measured = pol.clock.forecast[1] - early[0], measured - early[1]
+    assert late_predicted == pytest.approx(late_measured, rel=0.02)
+    assert pol.clock.forecast[0] > 0 and expected_tokens(pol.alpha, 1) > 1
+
+
+def test_a_probe_after_plain_rounds_is_priced_with_its_catch_up():
+    """A drafted round after k plain rounds first reads the k tokens the draft missed: the model
+    prices that (`catch_up_s`, the draft's width scaled as the target's), so a probe that took what
+    its catch-up costs books as predicted, and the corrections stay at 1 (unpriced, the probe read
+    as 1.2x slow and a factor taken in a slow moment could never come down by probes)."""
+    from specengine.methods.policies import catch_up_s
+
+    pol = _calibrating()
+    c = pol.costs
+    assert catch_up_s(c, 0, 9) == 0.0
+    assert catch_up_s(c, 6, 5) == pytest.approx(0.2 * (c.verify_s(5) + c.verify_s(3) - c.verify_s(2)) / c.verify_s(1))
+
+    def run(g, behind=0):
+        pol.gamma = g
+        extra = catch_up_s(c, behind, 9) if g else 0.0
+        pol.extra_s = extra
+        pol.update([min(g, 1)], [g])
+        pol.timed(g * c.draft_s + c.verify_s(g + 1) + extra)
+
+    for _ in range(5):
+        run(3)
+    for _ in range(8):
+        run(0)
+    run(3, behind=8)  # the probe
+    assert pol.clock.factors() == {"plain": pytest.approx(1.0), "spec": pytest.approx(1.0)}

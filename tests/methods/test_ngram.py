@@ -500,3 +500,29 @@ def test_the_draft_acceptance_carries_to_the_engine_next_call(tiny_pair, tokeniz
     assert starts[0] == ("greedy", pytest.approx(AutoGammaPolicy().alpha))  # a fresh engine: the prior
     assert starts[1] == ("greedy", pytest.approx(learned)) and learned != pytest.approx(AutoGammaPolicy().alpha)
     assert starts[2] == ("sampled", pytest.approx(AutoGammaPolicy().alpha))  # another mode: its own
+
+
+def test_gamma_by_match_weighs_what_its_rounds_measured():
+    """The rounds' measured corrections (round_clock.py) scale the model's seconds of each kind:
+    n-gram rounds measured 20x slower than their verify widths say lose to plain steps, and the
+    choice goes back with the corrections."""
+    pol = NgramGammaPolicy(gamma_max=10)
+    for k in range(1, 11):  # acceptance 0.7 at every position, learned
+        pol.seen[0][k], pol.kept[0][k] = 100.0, 70.0
+    pol.set_costs(flat(lambda w: 1.0))
+    assert pol.best(0) == 10
+    pol.scale = {"plain": 1.0, "spec": 20.0}
+    assert pol.best(0) == 0 and pol.seconds(1) == 1.0 and pol.seconds(4) == 20.0
+    pol.scale = {"plain": 2.0, "spec": 2.0}
+    assert pol.best(0) == 10
+
+
+def test_ngram_auto_reports_the_plans_prediction_and_keeps_its_corrections(eng):
+    """γ by match books every n-gram and plain round (the tokens its bins expected, the verify's
+    seconds) against the measured time, so a call reports its prediction error, and the engine
+    keeps the corrections for its next call (and the machine's table)."""
+    out = eng.generate(PROMPTS[0], max_new_tokens=32, method="ngram", gamma="auto", ignore_eos=True)
+    s = out.stats
+    assert s["predicted_tokens_per_s"] > 0 and s["decode_tokens_per_s"] > 0
+    assert s["prediction_error"] == pytest.approx(s["predicted_tokens_per_s"] / s["decode_tokens_per_s"] - 1)
+    assert "ngram:greedy:round_clock" in eng._acceptance and "round_cost_factors" in s

@@ -207,3 +207,18 @@ def test_pearl_by_cost_settles_on_plain_rounds_when_its_rounds_measure_slower():
     fair = _pearl_rounds(1.0)
     assert sum(fair) <= 4
     assert not any(_pearl_rounds(3.0, measured=False))  # pinned costs: the model alone
+
+
+def test_pearl_expects_the_tokens_its_rounds_commit_not_a_chains():
+    """A pre-verify round proposes one token and commits at most two, whatever the acceptance: the
+    chain model at that acceptance (nearly 1) would expect γ + 1. PEARL's expected tokens per round,
+    which its plain-round check and its prediction use, follow what its rounds commit."""
+    from specengine.methods.pearl import Pearl, PearlModes
+    from specengine.methods.policies import expected_tokens
+
+    p = Pearl()
+    p.gamma, p.modes = 3, PearlModes(torch.zeros(1, dtype=torch.bool))
+    for _ in range(30):
+        p.after_round([1], [1])  # the one proposed token accepted: two committed
+    assert expected_tokens(p.accepted / p.proposed, p.gamma) > 3.5
+    assert p.round_tokens() == pytest.approx(2.0, rel=0.05)

@@ -102,3 +102,39 @@ def test_a_second_engine_on_this_machine_reads_the_costs_from_its_table(tiny_pai
     assert sc.cost_signature(third.target) != sc.cost_signature(first.target)
     third.generate([7, 1], max_new_tokens=4, ignore_eos=True, method="sd", gamma="auto")
     assert len(measured) == 2
+
+
+def test_the_rounds_corrections_are_filed_and_a_new_engine_starts_from_them(tiny_pair, tokenizer, monkeypatch,
+                                                                             tmp_path):
+    """What a call's plain rounds measured against the step costs (round_clock.py: measured /
+    predicted seconds) is filed beside them: a second engine of the same models starts its first call
+    from it. The drafted rounds' correction is never filed. A call whose correction moved by no more
+    than REPLAN writes nothing; one that moved more files it again (the plan it predicted by missed)."""
+    import copy
+
+    from specengine import Engine, machine
+    from specengine.methods import round_clock
+
+    monkeypatch.setenv("SPECENGINE_CACHE", str(tmp_path))
+    first = Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]), max_seq_len=96)
+    first.generate([5, 9, 2], max_new_tokens=4, ignore_eos=True, method="sd", gamma="auto")  # costs filed
+    first._acceptance["greedy:round_clock"] = {"plain": 1.3, "spec": 1.5}  # as a call's rounds leave them
+    first._clocks.file(first._acceptance)
+    filed = {"plain": 1.3}  # the drafted rounds' is the call's own: a slow call's must not stick
+
+    seeded = []
+    real_seed = round_clock.RoundClock.seed
+    monkeypatch.setattr(round_clock.RoundClock, "seed", lambda self, f: seeded.append(dict(f)) or real_seed(self, f))
+    second = Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]), max_seq_len=96)
+    second.generate([7, 1], max_new_tokens=4, ignore_eos=True, method="sd", gamma="auto")
+    assert seeded[0] == filed  # the first call's policy started from the filed corrections
+
+    writes = []
+    real_update = machine.update
+    monkeypatch.setattr(machine, "update", lambda new: writes.append(new) or real_update(new))
+    second._clocks.file({"greedy:round_clock": {"plain": 1.35, "spec": 3.0}})  # within 10%: the plan holds
+    assert writes == []
+    second._clocks.file({"greedy:round_clock": {"plain": 1.0, "spec": 1.5}})  # missed by 23%: re-planned
+    assert len(writes) == 1
+    third = Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]), max_seq_len=96)
+    assert third._clocks.filed == {"greedy:round_clock": {"plain": 1.0}}
