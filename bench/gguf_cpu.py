@@ -226,11 +226,17 @@ def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool) -> dic
         ours_best = [max(rate[k + (n,)] for n in providers if n.startswith("ours")) for k in keys]
         theirs = [max(rate[k + (n,)] for n in providers if n.startswith("llama.cpp")) for k in keys]
         ratios["ours best / llama.cpp best"] = statistics.median(a / b for a, b in zip(ours_best, theirs))
-    errors = [r["prediction_error"] for r in runs if r.get("prediction_error") is not None]
+    errors = {}  # per provider of ours: the plan's predicted / measured decode rate - 1, per run
+    for r in runs:
+        if r.get("prediction_error") is not None:
+            errors.setdefault(r["provider"], []).append(r["prediction_error"])
+    errors = {name: statistics.median(e) for name, e in errors.items()}
     for k, v in ratios.items():
         print(f"median {k}: {v:.3f}", flush=True)
+    for name, e in errors.items():
+        print(f"median prediction error {name}: {e:+.1%}", flush=True)
     return {"repeats": repeats, "prompts": n_prompts, "new_tokens": new, "runs": runs, "median_ratios": ratios,
-            "sd_prediction_error_median": statistics.median(errors) if errors else None}
+            "prediction_error_median": errors}
 
 
 def agreement(eng, llama_runs: list[dict], n_prompts: int, new: int) -> dict:

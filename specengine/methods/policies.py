@@ -152,8 +152,7 @@ class AutoGammaPolicy(FixedPolicy):
         alpha, weight = store.get(key), self.accepted + self.rejected
         if alpha is not None:
             self.accepted, self.rejected = alpha * weight, (1 - alpha) * weight
-        if self.calibrate:
-            self.clock.seed(store.get(key + ":round_clock", {}))
+        self._seed = store.get(key + ":round_clock", {}) if self.calibrate else {}  # for measured costs only
 
     def remember(self, store: dict, key: str) -> None:
         """Leave the current rate for the engine's next call (a plain round leaves it as it was)."""
@@ -168,6 +167,9 @@ class AutoGammaPolicy(FixedPolicy):
 
     def set_costs(self, costs) -> None:
         self.costs = costs
+        if getattr(costs, "measured", False) and getattr(self, "_seed", None):  # pinned costs stay the model
+            self.clock.seed(self._seed)
+        self._seed = {}
         self._choose()
 
     def _choose(self) -> None:

@@ -332,3 +332,17 @@ def test_a_probe_after_plain_rounds_is_priced_with_its_catch_up():
         run(0)
     run(3, behind=8)  # the probe
     assert pol.clock.factors() == {"plain": pytest.approx(1.0), "spec": pytest.approx(1.0)}
+
+
+def test_carried_corrections_apply_to_measured_costs_only():
+    """The corrections an earlier call (or the machine's table) left start a call whose costs were
+    measured; pinned costs (tests, replays) stay the model whatever the store holds."""
+    from specengine.methods.policies import AutoGammaPolicy
+
+    store = {"greedy:round_clock": {"plain": 5.0}}
+    for measured in (False, True):
+        pol = AutoGammaPolicy()
+        pol.calibrate = True
+        pol.recall(store, "greedy")
+        pol.set_costs(StepCosts(1, 0.2, tuple(1.0 + 0.05 * w for w in range(9)), measured=measured))
+        assert pol.clock.factors() == ({"plain": 5.0} if measured else {})
