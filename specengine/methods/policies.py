@@ -137,6 +137,7 @@ class AutoGammaPolicy(FixedPolicy):
         self.probing = False  # this round is a probe
         self.clock = RoundClock(switch_costs=False)  # rounds' measured vs predicted seconds (catch-ups priced)
         self.extra_s = 0.0  # what the round about to be booked pays besides its chain (sd: the draft's catch-up)
+        self._seed: dict = {}  # corrections `recall` found, applied by `set_costs` to measured costs only
         # greedy only: there γ never changes the tokens, while a seeded sampled call must draw the
         # same tokens each time, so its choices may depend on nothing the clock measures
         self.calibrate = False
@@ -167,7 +168,7 @@ class AutoGammaPolicy(FixedPolicy):
 
     def set_costs(self, costs) -> None:
         self.costs = costs
-        if getattr(costs, "measured", False) and getattr(self, "_seed", None):  # pinned costs stay the model
+        if getattr(costs, "measured", False) and self._seed:  # pinned costs stay the model
             self.clock.seed(self._seed)
         self._seed = {}
         self._choose()

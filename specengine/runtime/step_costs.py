@@ -80,15 +80,24 @@ def cost_signature(runner) -> str:
     return h.hexdigest()[:16]
 
 
+def table_key(kind: str, target, draft) -> str | None:
+    """The machine table's key of what these runners measured (`kind`: "step_costs", "round_clock"),
+    by their cost signatures; None unless both run on this CPU (a GPU, or a draft across devices:
+    the table is a CPU's)."""
+    runners = [r for r in (target, draft) if r is not None]
+    if not all(r.device.type == "cpu" and hasattr(r, "invariance") for r in runners):
+        return None
+    return f"{kind}:{cost_signature(target)}:{cost_signature(draft) if draft is not None else 'none'}"
+
+
 def recalled_or_measured(target, draft, state, max_width: int) -> StepCosts:
     """`measure_step_costs`, through the machine's table on a CPU: an entry for these runners'
     cost signatures, batch and at least `max_width` widths is read; else the costs are timed and
     filed."""
-    runners = [r for r in (target, draft) if r is not None]
-    if state.tokens.device.type != "cpu" or not all(r.device.type == "cpu" and hasattr(r, "invariance")
-                                                    for r in runners):  # a GPU, or a draft across devices
+    runners_key = table_key("step_costs", target, draft)
+    if state.tokens.device.type != "cpu" or runners_key is None:
         return measure_step_costs(target, draft, state, max_width)
-    key = f"step_costs:{cost_signature(target)}:{cost_signature(draft) if draft is not None else 'none'}:b{state.batch}"
+    key = f"{runners_key}:b{state.batch}"
     entry = machine.load().get(key)
     if entry is not None and len(entry["target_s"]) >= max_width:
         return StepCosts(state.batch, entry["draft_s"], tuple(entry["target_s"]), measured=True)
@@ -115,10 +124,7 @@ class FiledClocks:
     cleared it); `file` files what a call measured where it moved by more than REPLAN."""
 
     def __init__(self, target, draft):
-        runners = [r for r in (target, draft) if r is not None]
-        self.key = None
-        if all(r.device.type == "cpu" and hasattr(r, "invariance") for r in runners):
-            self.key = f"round_clock:{cost_signature(target)}:{cost_signature(draft) if draft is not None else 'none'}"
+        self.key = table_key("round_clock", target, draft)
         entry = machine.load().get(self.key, {}) if self.key is not None else {}
         self.filed = {k: v for k, v in entry.items() if k.endswith(CLOCK_SUFFIX)}  # not the entry's ref_ms
 
