@@ -37,7 +37,7 @@ from .ngram_policy import NgramGammaPolicy
 from ..errors import SpecEngineError
 from .base import Method, prediction, speculative_stats
 from .context import MethodContext
-from .policies import expected_tokens, make_policy
+from .policies import catch_up_s, expected_tokens, make_policy, read_s
 from .round_clock import RoundClock
 from .state import DecodeState, RoundOutput
 from .steps import PlainStep, chain_round, grammar_drafts, to_device, verify_proposals, verify_tree_and_commit
@@ -46,10 +46,7 @@ from .token_tree import TokenTree, TreeShape
 
 MIN_TIMED_PREFILL = 16  # prompt tokens below which the driver's prefill time is mostly overhead, not a rate
 # hybrid, draft prefill deferred: the reply is expected to write this many times what it has so far
-# (host-only replays, the better single source: on the benchmark's prompts 1x 1.00,
-# 2x 1.016, 4x 1.021, 8x 0.974; on prompts kept apart from the benchmark's, 1x 1.005,
-# 2x 1.076, 3x 1.092; measured, interleaved A/B: 2x 1.011, and 2x with a floor of 32 tokens 0.975;
-# docs/design.md, "Experiments")
+# (chosen by host-only replays and an interleaved A/B: docs/design.md, "Experiments")
 PRIME_HORIZON = 2.0
 
 
@@ -89,10 +86,9 @@ class NgramDecoding(Method):
         self.primed: list[bool] = []  # hybrid, per row: the draft's cache holds the row's text
         self.n_host: list[int] = []  # per row: its committed length (prompt + what the syncs read)
         self.prefill_token_s: float | None = None  # the target's measured prefill seconds per prompt token
-        self.primes = 0  # deferred draft prefills run
+        self.primes, self.primed_now = 0, False  # deferred draft prefills run; one ran in this (draft) round
         self.caches = None  # suffix decoding: the engine's SuffixCaches (methods/suffix_cache.py)
-        # γ by match: n-gram and plain rounds' measured vs predicted seconds (round_clock.py; greedy,
-        # measured costs) and the plan's forecast of them
+        # γ by match: n-gram and plain rounds' measured vs predicted seconds, the plan's forecast (round_clock.py)
         self.clock, self.calibrate, self.clock_key = RoundClock(switch_costs=False), False, None
         self._booked = None  # this round's (kind, tokens, model seconds)
 
@@ -131,6 +127,7 @@ class NgramDecoding(Method):
                     self.clock.seed(ctx.acceptance.get(self.clock_key, {}))
             if self.hybrid and self.draft_policy.needs_costs:
                 self.key = ctx.decoding_mode(generation)
+                self.draft_policy.calibrate = self.key == "greedy"  # its chains' times correct its costs
                 self.draft_policy.recall(ctx.acceptance, self.key)
                 self.draft_policy.set_costs(costs)
 
@@ -232,7 +229,7 @@ class NgramDecoding(Method):
         decode) and the draft's chain the measured costs and learned acceptances expect to commit
         more tokens per second, each charged what it adds:
         - an n-gram or plain round, while the draft is in use, the draft's later reading of the
-          tokens it commits (`_read_s` per token: what the catch-up will cost);
+          tokens it commits (`policies.read_s` per token: what the catch-up will cost);
         - the draft's chain nothing more: the catch-up of earlier rounds was charged to them.
         While the draft has not read the rows' text (its prefill deferred), its chain would first
         pay that prefill once (`_prime_s`). It does so when the time the draft would have saved
@@ -247,10 +244,11 @@ class NgramDecoding(Method):
         if dp.gamma == 0 or (gammas and pol.unexplored(gammas)):
             return False  # the draft's own costs say plain decoding (which the n-gram round beats)
         tokens = (pol.round_tokens(gammas) if gammas else 0.0) + len(live) - len(gammas)
-        seconds = c.verify_s(max(gammas.values(), default=0) + 1)
-        draft = len(live) * expected_tokens(dp.alpha, dp.gamma) / (dp.gamma * c.draft_s + c.verify_s(dp.gamma + 1))
+        seconds = pol.seconds(max(gammas.values(), default=0) + 1)  # as the measured rounds corrected it
+        chain_s = (dp.gamma * c.draft_s + c.verify_s(dp.gamma + 1)) * dp.clock.factor("spec")
+        draft = len(live) * expected_tokens(dp.alpha, dp.gamma) / chain_s
         if all(self.primed[b] for b in live):
-            return draft > tokens / (seconds + tokens * self._read_s(self.max_width, c) / self.max_width)
+            return draft > tokens / (seconds + tokens * read_s(c, self.max_width, self.max_width) / self.max_width)
         if draft <= tokens / seconds:
             return False
         if self.key not in self.ctx.acceptance:
@@ -261,12 +259,6 @@ class NgramDecoding(Method):
         prime = self._prime_s([self.n_host[b] for b in live if not self.primed[b]], c)
         return self.saved * ahead / max(sum(written), 1) > prime
 
-    def _read_s(self, tokens: int, costs) -> float:
-        """Seconds of draft forwards that read `tokens` tokens, at most the method's width each."""
-        full, rest = divmod(max(tokens, 0), self.max_width)
-        scale = lambda w: costs.verify_s(w) / costs.verify_s(1)  # noqa: E731
-        return costs.draft_s * (full * scale(self.max_width) + (scale(rest) if rest else 0.0))
-
     def _prime_s(self, lengths: list[int], costs) -> float:
         """Seconds of the deferred prefill of rows of these committed lengths (all but the last
         token of each): the target's measured prefill rate scaled by the draft/target step ratio,
@@ -275,7 +267,7 @@ class NgramDecoding(Method):
         serving core admits rows one by one)."""
         if not lengths:
             return 0.0
-        chunks = self._read_s(max(lengths) - 1, costs)
+        chunks = read_s(costs, max(lengths) - 1, self.max_width)
         if self.prefill_token_s is None:
             return chunks
         tokens = sum(n - 1 for n in lengths)
@@ -335,11 +327,15 @@ class NgramDecoding(Method):
     def _draft_round(self, state: DecodeState, live: list[int], timer) -> RoundOutput:
         """Hybrid: the draft model's chain (sd's round), after reading what it missed."""
         self.draft_rounds += 1
+        primes = self.primes
         with timer.phase("draft"):
             self._prime(state, live)
+        self.primed_now = self.primes > primes
         # up to 2 behind the chain's own catch-up reads; more after n-gram rounds it sat out
-        return chain_round(self.ctx, state, self.draft_policy, timer, max(self.gap[b] for b in live) - 2,
-                           self.max_width)
+        behind = max(self.gap[b] for b in live) - 2
+        if self.draft_policy.needs_costs:  # what the chain's time holds besides the chain, for its clock
+            self.draft_policy.extra_s = catch_up_s(self.draft_policy.costs, behind, self.max_width)
+        return chain_round(self.ctx, state, self.draft_policy, timer, behind, self.max_width)
 
     def after_round(self, n_acc, num_draft) -> None:
         if self._booked is not None and self.kind in ("ngram", "plain"):  # before the policy learns from it
@@ -360,16 +356,20 @@ class NgramDecoding(Method):
             self.policy.update(n_acc, num_draft)  # counts plain rounds: a probe follows
 
     def timed(self, seconds: float) -> None:
+        dp = self.draft_policy
+        if self.kind == "draft" and dp.needs_costs and not self.primed_now:  # a prefill's round: not a chain's time
+            dp.timed(seconds)
         if self.calibrate and self._booked is not None and self.kind in ("ngram", "plain"):
             self.clock.timed(seconds)
             self.ctx.acceptance[self.clock_key] = self.clock.factors()  # the engine's next call starts here
+            if self.hybrid and dp.needs_costs:  # the draft's γ compares its chains with these plain rounds
+                dp.adopt_plain(self.clock)
 
     def stats(self, generation) -> dict:
         drafted = self.draft_policy.clock.forecast if self.hybrid and self.draft_policy.needs_costs else [0.0, 0.0]
         trees = {"tree": "auto", "tree_rounds": self.tree_rounds} if self.auto_tree else self.tree_stats()
-        return {"policy": self.policy.name, "gamma": self.policy.gamma, **trees,
-                "ngram_max": self.sizes[0], "ngram_min": self.sizes[1],
-                "matched_rounds": self.matched_rounds, "plain_rounds": self.plain_rounds,
+        return {"policy": self.policy.name, "gamma": self.policy.gamma, **trees, "ngram_max": self.sizes[0],
+                "ngram_min": self.sizes[1], "matched_rounds": self.matched_rounds, "plain_rounds": self.plain_rounds,
                 "draft_rounds": self.draft_rounds, "grammar_rounds": self.grammar_rounds, "hybrid": self.hybrid,
                 "draft_prefills_deferred": self.primes,
                 # proposed tokens per row and proposing round (n-gram and draft rounds)

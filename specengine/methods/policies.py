@@ -90,15 +90,18 @@ def round_rate(alpha: float, gamma: int, costs, extra_s: float = 0.0, scale: dic
     return expected_tokens(alpha, gamma) / ((gamma * costs.draft_s + costs.verify_s(gamma + 1) + extra_s) * factor)
 
 
+def read_s(costs, tokens: int, width: int) -> float:
+    """Seconds of draft forwards that read `tokens` tokens in forwards of at most `width`, the
+    draft's cost per width scaled as the target's."""
+    full, rest = divmod(max(tokens, 0), width)
+    scale = lambda w: costs.verify_s(w) / costs.verify_s(1)  # noqa: E731
+    return costs.draft_s * (full * scale(width) + (scale(rest) if rest else 0.0))
+
+
 def catch_up_s(costs, behind: int, width: int) -> float:
     """Seconds a chain's first draft forward adds when the draft missed `behind` tokens (plain rounds
-    it sat out): it reads them with its usual 2, in forwards of at most `width` (steps.chain_round),
-    the draft's cost per width scaled as the target's."""
-    if behind <= 0:
-        return 0.0
-    scale = lambda w: costs.verify_s(w) / costs.verify_s(1)  # noqa: E731
-    full, rest = divmod(behind + 2, width)
-    return costs.draft_s * (full * scale(width) + (scale(rest) if rest else 0.0) - scale(2))
+    it sat out): it reads them with its usual 2, in forwards of at most `width` (steps.chain_round)."""
+    return read_s(costs, behind + 2, width) - read_s(costs, 2, width) if behind > 0 else 0.0
 
 
 def best_gamma(alpha: float, costs, gamma_max: int, gamma_min: int = 1, scale: dict | None = None) -> int:
@@ -165,6 +168,13 @@ class AutoGammaPolicy(FixedPolicy):
         corrects the model's costs of that kind of round, from the next choice on."""
         if self.calibrate and getattr(self.costs, "measured", False):
             self.clock.timed(seconds)
+
+    def adopt_plain(self, clock) -> None:
+        """Plain rounds another clock timed (hybrid: its n-gram side runs them, never the chain's
+        policy), then γ chosen again: a policy that timed chains but no plain round holds γ at 0."""
+        self.clock.adopt("plain", clock)
+        if self.costs is not None:
+            self._choose()
 
     def set_costs(self, costs) -> None:
         self.costs = costs

@@ -74,6 +74,12 @@ class RoundClock:
         for kind, f in factors.items():
             self.predicted[kind], self.measured[kind], self.count[kind] = 1.0, f, MIN_ROUNDS
 
+    def adopt(self, kind: str, other: "RoundClock") -> None:
+        """Take `other`'s timings of one kind of round (hybrid: its draft chains' clock learns the
+        plain rounds the n-gram side timed), leaving this clock's forecast alone."""
+        self.measured[kind], self.predicted[kind], self.count[kind] = (other.measured[kind], other.predicted[kind],
+                                                                       other.count[kind])
+
     def wants_plain(self) -> bool:
         """Speculation has been timed but plain decoding not yet: time plain rounds to compare."""
         return self.known("spec") and not self.known("plain")

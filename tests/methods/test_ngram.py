@@ -526,3 +526,34 @@ def test_ngram_auto_reports_the_plans_prediction_and_keeps_its_corrections(eng):
     assert s["predicted_tokens_per_s"] > 0 and s["decode_tokens_per_s"] > 0
     assert s["prediction_error"] == pytest.approx(s["predicted_tokens_per_s"] / s["decode_tokens_per_s"] - 1)
     assert "ngram:greedy:round_clock" in eng._acceptance and "round_cost_factors" in s
+
+
+def test_hybrid_weighs_its_draft_chains_by_what_they_measured():
+    """Greedy, measured costs: the hybrid's draft chains are booked against their times like sd's,
+    so chains measured 2x slower than the model lose the round to an n-gram proposal they beat
+    on paper (the draft's own γ still drafts). The chain's policy never runs plain rounds itself:
+    after four timed chains it holds γ at 0 to time plain decoding, and the plain rounds the n-gram
+    side times release it."""
+    from specengine.methods.context import MethodContext
+
+    cost = lambda w: 1.0 + 0.1 * (w - 1)  # noqa: E731
+    for slow, wins in [(1.3, True), (2.0, False)]:
+        m, gammas = hybrid_at(0.6, 0.9, 0.1, cost)
+        m.ctx, m.calibrate, m.clock_key = MethodContext(target=None, draft=None, device=None), True, "h:round_clock"
+        m.hybrid = True  # begin()'s: the engine has a draft
+        dp = m.draft_policy
+        dp.calibrate = True
+        dp.set_costs(dataclasses.replace(dp.costs, measured=True))
+        assert m._draft_wins({0: ([1], None)}, gammas, [0])
+        for _ in range(4):  # chains, each timed `slow` times what the model says
+            g = dp.gamma
+            m.kind, m.primed_now = "draft", False
+            m.after_round([g], [g])
+            m.timed(slow * (g * 0.1 + cost(g + 1)))
+        assert dp.gamma == 0 and not m._draft_wins({0: ([1], None)}, gammas, [0])
+        for _ in range(3):  # plain rounds, on the n-gram side, timed as predicted
+            m.kind, m._booked = "plain", ("plain", 1.0, cost(1))
+            m.after_round([0], [0])
+            m.timed(cost(1))
+        assert dp.gamma >= 1 and dp.clock.factors() == {"plain": 1.0, "spec": pytest.approx(slow)}
+        assert m._draft_wins({0: ([1], None)}, m.policy.choose({0: 1}), [0]) == wins, slow
