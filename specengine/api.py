@@ -205,16 +205,16 @@ class Engine:
         """Pay one-time costs now rather than in the first timed call (which does it otherwise):
         allocate the KV buffers and capture the CUDA graphs of every bucket (Triton autotuning
         runs there), and measure the step costs that every cost-driven choice this engine can
-        make uses (sd and hybrid γ auto with the draft, the target alone for n-gram rounds,
-        PEARL's window), at the widest width each may run. The CPU matmul paths are tuned at
-        construction. Returns what the graphs hold, per model."""
+        make uses (sd and hybrid γ auto with the draft, the target alone for n-gram rounds, PEARL's
+        window), at the widest width each may run. Returns what the graphs hold, per model."""
         prompt = [[0, 0]] * batch if batch > 1 else [0, 0]
         # the widest first (hybrid): the others' costs are its widths' (n-gram's without the draft step)
         methods = ("hybrid", "sd", "pearl", "ngram") if self.draft is not None else ("ngram",)
-        for method in methods:  # each measures (once per engine and batch) what its first call would
-            self.generate(prompt, max_new_tokens=2, ignore_eos=True, method=method, gamma="auto", suffix_cache=False)
-        # what those calls learned of acceptance comes from a junk prompt: a first request that
-        # recalled it started with plain rounds (0.77x the next call of `sd` on the real pair)
+        with self._clocks.paused():  # each measures (once per engine and batch) what its first call would
+            for kw in [dict(method=m, gamma="auto", suffix_cache=False) for m in methods]:
+                self.generate(prompt, max_new_tokens=2, ignore_eos=True, **kw)
+        # what those calls learned comes from a junk prompt (not filed): a first request that recalled
+        # it started with plain rounds (0.77x the next call of `sd` on the real pair)
         self._acceptance.clear()
         return {name: (r.graphs.memory_bytes if r.graphs is not None else 0)
                 for name, r in zip(("target", "draft"), self._runners())}

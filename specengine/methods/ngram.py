@@ -251,8 +251,8 @@ class NgramDecoding(Method):
             return draft > tokens / (seconds + tokens * read_s(c, self.max_width, self.max_width) / self.max_width)
         if draft <= tokens / seconds:
             return False
-        if self.key not in self.ctx.acceptance:
-            return True  # this engine has never seen the draft's acceptance: learn it (one prefill)
+        if not dp.learned:
+            return True  # neither this engine nor the machine's table knows the draft's acceptance: learn it
         self.saved += seconds - tokens / draft  # what this round would have saved with the draft
         written = [self.n_host[b] - self.start[b] for b in live]
         ahead = sum(min(PRIME_HORIZON * w, self.limit[b] - self.n_host[b]) for w, b in zip(written, live))

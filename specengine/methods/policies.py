@@ -141,6 +141,7 @@ class AutoGammaPolicy(FixedPolicy):
         self.clock = RoundClock(switch_costs=False)  # rounds' measured vs predicted seconds (catch-ups priced)
         self.extra_s = 0.0  # what the round about to be booked pays besides its chain (sd: the draft's catch-up)
         self._seed: dict = {}  # corrections `recall` found, applied by `set_costs` to measured costs only
+        self._filed_alpha, self.learned = None, False  # the same for a filed acceptance; α known to the engine
         # greedy only: there γ never changes the tokens, while a seeded sampled call must draw the
         # same tokens each time, so its choices may depend on nothing the clock measures
         self.calibrate = False
@@ -152,11 +153,18 @@ class AutoGammaPolicy(FixedPolicy):
     def recall(self, store: dict, key: str) -> None:
         """Start from the acceptance rate the engine's earlier calls learned for this pair and
         decoding mode (`store[key]`), at the prior's weight, instead of the prior's rate, and
-        from their rounds' measured cost corrections."""
-        alpha, weight = store.get(key), self.accepted + self.rejected
+        from their rounds' measured cost corrections; where this engine learned none, greedy, from
+        the rate earlier processes filed (step_costs.FiledClocks: measured costs only)."""
+        alpha = store.get(key)
+        self.learned = alpha is not None
         if alpha is not None:
-            self.accepted, self.rejected = alpha * weight, (1 - alpha) * weight
+            self._set_alpha(alpha)
         self._seed = store.get(key + ":round_clock", {}) if self.calibrate else {}  # for measured costs only
+        self._filed_alpha = store.get(key + ":filed") if self.calibrate and alpha is None else None
+
+    def _set_alpha(self, alpha: float) -> None:
+        weight = self.accepted + self.rejected
+        self.accepted, self.rejected = alpha * weight, (1 - alpha) * weight
 
     def remember(self, store: dict, key: str) -> None:
         """Leave the current rate for the engine's next call (a plain round leaves it as it was)."""
@@ -178,9 +186,12 @@ class AutoGammaPolicy(FixedPolicy):
 
     def set_costs(self, costs) -> None:
         self.costs = costs
-        if getattr(costs, "measured", False) and self._seed:  # pinned costs stay the model
+        if getattr(costs, "measured", False):  # pinned costs stay the model
             self.clock.seed(self._seed)
-        self._seed = {}
+            if self._filed_alpha is not None:
+                self._set_alpha(self._filed_alpha)
+                self.learned = True
+        self._seed, self._filed_alpha = {}, None
         self._choose()
 
     def _choose(self) -> None:
@@ -204,7 +215,7 @@ class AutoGammaPolicy(FixedPolicy):
         if plain:
             self.plain_run += 1
         else:
-            self.plain_run = 0
+            self.plain_run, self.learned = 0, True
             self.accepted = self.decay * self.accepted + sum(n_acc)
             self.rejected = self.decay * self.rejected + sum(a < d for a, d in zip(n_acc, num_draft))
         if self.costs is not None:

@@ -14,6 +14,7 @@ than now (`machine.STALE`); the rounds' measured times correct what drifts after
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 from dataclasses import dataclass
@@ -113,24 +114,43 @@ def recalled_or_measured(target, draft, state, max_width: int) -> StepCosts:
 # by more than REPLAN from what is filed files it again: the plan it predicted by missed. The drafted
 # rounds' correction is not filed: one slow first call's (2.5x) kept the next processes' γ auto plain
 # while γ 3 ran 1.4x `ar`; a call measures its own within 3 drafted rounds, a bias toward trying.
+# The draft's greedy acceptance is filed too (moved by more than ALPHA_MOVED): a pair's property, so
+# an engine's first hybrid call need not pay the draft's prefill to learn it (the next call did not:
+# 0.85x the next on the AVX2 EPYC). Greedy only: there γ never changes the tokens, while a seeded
+# sampled call must draw the same tokens whatever the table holds. Seeded under FILED, beside the
+# engine's own, so that a policy applies it to measured costs only (as the corrections).
 REPLAN = 0.10
+ALPHA_MOVED = 0.05
 CLOCK_SUFFIX = ":round_clock"
+FILED = ":filed"  # the store's key of the filed greedy acceptance: "greedy:filed"
 FILED_KINDS = ("plain",)
 
 
 class FiledClocks:
-    """One engine's corrections in the machine's table (None off a CPU): `seed` puts what is filed
-    into the engine's acceptance store where the store has none (a new engine, or one whose warmup
-    cleared it); `file` files what a call measured where it moved by more than REPLAN."""
+    """One engine's corrections and greedy acceptance in the machine's table (None off a CPU):
+    `seed` puts what is filed into the engine's acceptance store where the store has none (a new
+    engine, or one whose warmup cleared it); `file` files what a call measured where it moved."""
 
     def __init__(self, target, draft):
         self.key = table_key("round_clock", target, draft)
         entry = machine.load().get(self.key, {}) if self.key is not None else {}
-        self.filed = {k: v for k, v in entry.items() if k.endswith(CLOCK_SUFFIX)}  # not the entry's ref_ms
+        self.filed = {k: v for k, v in entry.items() if k.endswith(CLOCK_SUFFIX) or k == "greedy"}  # not ref_ms
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Calls made meanwhile file nothing (warmup's: what a junk prompt accepts is no pair's rate)."""
+        key, self.key = self.key, None
+        try:
+            yield
+        finally:
+            self.key = key
 
     def seed(self, store: dict) -> None:
         for k, v in self.filed.items():
-            store.setdefault(k, dict(v))
+            if k.endswith(CLOCK_SUFFIX):
+                store.setdefault(k, dict(v))
+            else:
+                store.setdefault(k + FILED, v)
 
     def file(self, store: dict) -> None:
         now = {k: {kind: f for kind, f in v.items() if kind in FILED_KINDS} for k, v in store.items()
@@ -138,6 +158,9 @@ class FiledClocks:
         now = {k: v for k, v in now.items() if v}
         moved = any(abs(f / self.filed[k][kind] - 1) > REPLAN if self.filed.get(k, {}).get(kind) else True
                     for k, kinds in now.items() for kind, f in kinds.items())
+        if "greedy" in store:
+            now["greedy"] = store["greedy"]
+            moved |= abs(store["greedy"] - self.filed.get("greedy", -1.0)) > ALPHA_MOVED
         if self.key is not None and moved:
             self.filed = {**self.filed, **now}
             machine.update({self.key: dict(self.filed)})  # stamped with the machine's speed now (ref_ms)

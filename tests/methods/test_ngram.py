@@ -445,7 +445,7 @@ def test_hybrid_prefills_the_draft_once_the_projected_saving_pays_for_it():
     m.ctx = MethodContext(target=None, draft=None, device=None)
     m.prefill_token_s, m.primed, m.start, m.n_host, m.limit = 0.2, [False], [3000], [3000], [3000 + 512]
     assert m._draft_wins({}, {}, [0])  # the acceptance unknown to the engine: tried at once
-    m.ctx.acceptance[m.key] = 0.9
+    m.draft_policy.learned = True  # the engine (or the machine's table) knows the draft's acceptance
     gd = m.draft_policy.gamma
     saving = cost(1) - (gd * 0.1 + cost(gd + 1)) / sum(0.9 ** j for j in range(gd + 1))  # per plain round
     assert saving > 0

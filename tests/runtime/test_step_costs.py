@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specengine import timing
-from specengine.runtime.step_costs import measure_step_costs
+from specengine.runtime.step_costs import StepCosts, measure_step_costs
 
 
 class Clock:
@@ -137,4 +137,58 @@ def test_the_rounds_corrections_are_filed_and_a_new_engine_starts_from_them(tiny
     second._clocks.file({"greedy:round_clock": {"plain": 1.0, "spec": 1.5}})  # missed by 23%: re-planned
     assert len(writes) == 1
     third = Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]), max_seq_len=96)
-    assert third._clocks.filed == {"greedy:round_clock": {"plain": 1.0}}
+    assert {k: v for k, v in third._clocks.filed.items() if k.endswith(":round_clock")} == {
+        "greedy:round_clock": {"plain": 1.0}}
+
+
+def test_the_greedy_acceptance_is_filed_and_seeds_measured_costs_only(tiny_pair, tokenizer, monkeypatch, tmp_path):
+    """The draft's greedy acceptance a call learned is filed beside the corrections (moved by more
+    than ALPHA_MOVED): a second engine's first γ auto call starts from it (hybrid need not pay the
+    draft's prefill to learn it), unless its step costs are pinned (then the prior: choices that
+    depend on no earlier process); a sampled call never starts from it."""
+    import copy
+
+    from specengine import Engine
+    from specengine.methods.policies import AutoGammaPolicy
+
+    monkeypatch.setenv("SPECENGINE_CACHE", str(tmp_path))
+    engine = lambda: Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]),  # noqa: E731
+                            max_seq_len=96)
+    first = engine()
+    first.generate([5, 9, 2], max_new_tokens=4, ignore_eos=True, method="sd", gamma="auto")
+    first._acceptance["greedy"] = 0.83
+    first._clocks.file(first._acceptance)
+    assert engine()._clocks.filed["greedy"] == 0.83
+    first._clocks.file({**first._acceptance, "greedy": 0.85})  # within ALPHA_MOVED: nothing written
+    assert engine()._clocks.filed["greedy"] == 0.83
+
+    starts = []
+    real_set_costs = AutoGammaPolicy.set_costs
+    monkeypatch.setattr(AutoGammaPolicy, "set_costs",
+                        lambda self, c: real_set_costs(self, c) or starts.append((self.alpha, self.learned)))
+    second = engine()
+    second.generate([7, 1], max_new_tokens=4, ignore_eos=True, method="sd", gamma="auto")
+    prior = AutoGammaPolicy().alpha
+    assert starts[-1] == (pytest.approx(0.83), True)
+    third = engine()
+    third.generate([7, 1], max_new_tokens=4, ignore_eos=True, method="sd", gamma="auto", temperature=0.8, seed=1)
+    assert starts[-1] == (pytest.approx(prior), False)  # sampled: the prior
+    third.step_costs = lambda state, width, draft=True: StepCosts(state.batch, 0.05, (1.0,) * width)
+    third._acceptance.clear()
+    third.generate([7, 1], max_new_tokens=4, ignore_eos=True, method="hybrid", gamma="auto")
+    assert starts[-1] == (pytest.approx(prior), False)  # pinned costs: the prior
+
+
+def test_warmup_files_nothing(tiny_pair, tokenizer, monkeypatch, tmp_path):
+    """warmup's calls decode a junk prompt: what they accept is no pair's rate, so the machine's
+    table is left as it was (a first request seeded from it started with plain rounds)."""
+    import copy
+
+    from specengine import Engine, machine
+
+    monkeypatch.setenv("SPECENGINE_CACHE", str(tmp_path))
+    eng = Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]), max_seq_len=96)
+    eng.warmup()
+    assert eng._clocks.key is not None and eng._clocks.key not in machine.load()
+    eng.generate([5, 9, 2], max_new_tokens=8, ignore_eos=True, method="sd", gamma="auto")
+    assert "greedy" in machine.load()[eng._clocks.key]  # a request's is filed
