@@ -88,6 +88,7 @@ def _choose_before_loading(target, draft, cfg: EngineConfig, method: str, dev):
         return None
     if draft is not None:  # the grid tokenizes it only if it measures the requantized draft's agreement
         quant["calibration"] = lambda: draft_requant.calibration_ids(load_tokenizer(resolve(target)))
+        quant["requant"] = draft_requant.Candidate(quant["draft"])  # built only if priced or chosen
     shapes = {role: _shapes(name) for role, name in (("target", target), ("draft", draft)) if name is not None}
     choice = precision.choose(shapes["target"], shapes.get("draft"), method, gamma=cfg.gamma, quant=quant)
     models = {role: _held(choice[role], quant, role) or load_model(name, getattr(torch, choice[role]), dev)[0]

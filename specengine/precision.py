@@ -114,7 +114,8 @@ def choose(target, draft, method: str, gamma=None, tree=None, alpha: float = EXP
     """The (target, draft) settings that maximize `method`'s expected tokens/s on this CPU, with
     the grid behind the choice and each other method's best pair. Models in fp32 (as loaded);
     `quant`: {"target": ..., "draft": ...} the same models as GGUF blocks, where the file has them
-    (each adds the setting "gguf" for its role)."""
+    (each adds the setting "gguf" for its role), and optionally "requant": the draft's
+    `draft_requant.Candidate`, which the caller keeps to build the model the choice names."""
     quant = quant if quant is not None else {}
     t_opts = _options(target, quant.get("target"))
     d_opts = _options(draft, quant.get("draft"))
@@ -123,7 +124,7 @@ def choose(target, draft, method: str, gamma=None, tree=None, alpha: float = EXP
     alpha_of, agreement = {}, None
     if draft is not None and quant.get("calibration") is not None and requant.offered(quant.get("draft")) \
             and quant.get("target") is not None:
-        cand = quant["requant"] = draft_requant.Candidate(quant["draft"], progress)
+        cand = quant.get("requant") or draft_requant.Candidate(quant["draft"], progress)  # the caller's, if made
         agreement = draft_requant.agreement(quant["target"], quant["draft"], cand.model, quant["calibration"], progress)
         d_opts = {requant.SETTING: cand} if requant.mode() == requant.FORMAT else {**d_opts, requant.SETTING: cand}
         alpha_of[requant.SETTING] = alpha * agreement["requantized"] / max(agreement["file"], 1e-9)

@@ -112,9 +112,10 @@ def test_the_grid_prices_the_requantized_draft_by_its_agreement(blocks, monkeypa
     for agree, chosen in ((0.6, requant.SETTING), (0.15, precision.GGUF)):
         monkeypatch.setattr(draft_requant, "agreement", lambda *a, **k: {"file": 0.6, "requantized": agree, "tokens": 9})
         quant = {"target": target, "draft": draft, "calibration": torch.arange(9)}
+        given = dict(quant)
         choice = precision.choose(target, draft, "sd", quant=quant)
         assert choice["draft"] == chosen and choice["draft_agreement"]["requantized"] == agree
-        assert isinstance(quant["requant"], draft_requant.Candidate)
+        assert quant == given  # the caller's dict is read, never written
         cells = {c["draft"]: c for c in choice["grid"] if c["method"] == "sd" and c["target"] == "gguf"}
         assert cells[requant.SETTING]["tokens_per_s"] != cells[precision.GGUF]["tokens_per_s"]
 
