@@ -210,11 +210,11 @@ class Engine:
         prompt = [[0, 0]] * batch if batch > 1 else [0, 0]
         # the widest first (hybrid): the others' costs are its widths' (n-gram's without the draft step)
         methods = ("hybrid", "sd", "pearl", "ngram") if self.draft is not None else ("ngram",)
+        kw = dict(max_new_tokens=2, ignore_eos=True, gamma="auto", suffix_cache=False)
         with self._clocks.paused():  # each measures (once per engine and batch) what its first call would
-            for kw in [dict(method=m, gamma="auto", suffix_cache=False) for m in methods]:
-                self.generate(prompt, max_new_tokens=2, ignore_eos=True, **kw)
-        # what those calls learned comes from a junk prompt (not filed): a first request that recalled
-        # it started with plain rounds (0.77x the next call of `sd` on the real pair)
+            for method in methods:
+                self.generate(prompt, method=method, **kw)
+        # a junk prompt's acceptance (not filed): a first request recalling it ran plain rounds (0.77x the next sd call)
         self._acceptance.clear()
         return {name: (r.graphs.memory_bytes if r.graphs is not None else 0)
                 for name, r in zip(("target", "draft"), self._runners())}

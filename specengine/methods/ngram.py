@@ -362,7 +362,7 @@ class NgramDecoding(Method):
         if self.calibrate and self._booked is not None and self.kind in ("ngram", "plain"):
             self.clock.timed(seconds)
             self.ctx.acceptance[self.clock_key] = self.clock.factors()  # the engine's next call starts here
-            if self.hybrid and dp.needs_costs:  # the draft's γ compares its chains with these plain rounds
+            if self.hybrid and dp.needs_costs and self.kind == "plain":  # its γ compares its chains with them
                 dp.adopt_plain(self.clock)
 
     def stats(self, generation) -> dict:

@@ -115,14 +115,15 @@ def recalled_or_measured(target, draft, state, max_width: int) -> StepCosts:
 # rounds' correction is not filed: one slow first call's (2.5x) kept the next processes' γ auto plain
 # while γ 3 ran 1.4x `ar`; a call measures its own within 3 drafted rounds, a bias toward trying.
 # The draft's greedy acceptance is filed too (moved by more than ALPHA_MOVED): a pair's property, so
-# an engine's first hybrid call need not pay the draft's prefill to learn it (the next call did not:
-# 0.85x the next on the AVX2 EPYC). Greedy only: there γ never changes the tokens, while a seeded
-# sampled call must draw the same tokens whatever the table holds. Seeded under FILED, beside the
-# engine's own, so that a policy applies it to measured costs only (as the corrections).
+# an engine's first hybrid call need not pay the draft's prefill only to learn it (whether to prime
+# the draft is then its projected savings' call, as in later calls). Greedy only: there γ never
+# changes the tokens, while a seeded sampled call must draw the same tokens whatever the table holds.
+# Seeded under FILED, beside the engine's own, so that a policy applies it to measured costs only.
 REPLAN = 0.10
 ALPHA_MOVED = 0.05
 CLOCK_SUFFIX = ":round_clock"
-FILED = ":filed"  # the store's key of the filed greedy acceptance: "greedy:filed"
+ALPHA_KEY = "greedy"  # the store's key of the draft's greedy acceptance (sd and hybrid share it)
+FILED = ":filed"  # seeded beside it: "greedy:filed"
 FILED_KINDS = ("plain",)
 
 
@@ -134,7 +135,7 @@ class FiledClocks:
     def __init__(self, target, draft):
         self.key = table_key("round_clock", target, draft)
         entry = machine.load().get(self.key, {}) if self.key is not None else {}
-        self.filed = {k: v for k, v in entry.items() if k.endswith(CLOCK_SUFFIX) or k == "greedy"}  # not ref_ms
+        self.filed = {k: v for k, v in entry.items() if k.endswith(CLOCK_SUFFIX) or k == ALPHA_KEY}  # not ref_ms
 
     @contextlib.contextmanager
     def paused(self):
@@ -158,9 +159,9 @@ class FiledClocks:
         now = {k: v for k, v in now.items() if v}
         moved = any(abs(f / self.filed[k][kind] - 1) > REPLAN if self.filed.get(k, {}).get(kind) else True
                     for k, kinds in now.items() for kind, f in kinds.items())
-        if "greedy" in store:
-            now["greedy"] = store["greedy"]
-            moved |= abs(store["greedy"] - self.filed.get("greedy", -1.0)) > ALPHA_MOVED
+        if ALPHA_KEY in store:
+            now[ALPHA_KEY] = store[ALPHA_KEY]
+            moved |= ALPHA_KEY not in self.filed or abs(store[ALPHA_KEY] - self.filed[ALPHA_KEY]) > ALPHA_MOVED
         if self.key is not None and moved:
             self.filed = {**self.filed, **now}
             machine.update({self.key: dict(self.filed)})  # stamped with the machine's speed now (ref_ms)
