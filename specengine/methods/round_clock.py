@@ -25,6 +25,7 @@ class RoundClock:
         self.measured = {"plain": 0.0, "spec": 0.0}
         self.predicted = {"plain": 0.0, "spec": 0.0}
         self.count = {"plain": 0, "spec": 0}
+        self.prior: dict = {}  # kind -> an earlier call's factor, until this call times a round of that kind
         self._last, self._pending = None, None  # the kind of the round expected last; what awaits its time
         self.forecast = [0.0, 0.0]  # the plan's expected tokens and seconds of the rounds expected so far
 
@@ -50,6 +51,10 @@ class RoundClock:
         self._pending = None
 
     def book(self, kind: str, predicted_s: float, measured_s: float) -> None:
+        if kind in self.prior:  # the seed weighs MIN_ROUNDS rounds of this call's size, whatever a round lasts
+            f = self.prior.pop(kind)
+            self.predicted[kind] = MIN_ROUNDS * predicted_s
+            self.measured[kind] = f * self.predicted[kind]
         for k in self.measured:
             self.measured[k] *= DECAY if k == kind else 1.0
             self.predicted[k] *= DECAY if k == kind else 1.0
@@ -62,6 +67,8 @@ class RoundClock:
 
     def factor(self, kind: str) -> float:
         """measured / predicted seconds of this kind of round (1 until enough rounds were timed)."""
+        if kind in self.prior:
+            return self.prior[kind]
         if not self.known(kind) or self.predicted[kind] <= 0:
             return 1.0
         return self.measured[kind] / self.predicted[kind]
@@ -70,15 +77,21 @@ class RoundClock:
         return {k: self.factor(k) for k in self.count if self.known(k)}
 
     def seed(self, factors: dict) -> None:
-        """Start from an earlier call's factors (as if MIN_ROUNDS rounds of each had been timed)."""
+        """Start from an earlier call's factors, as if MIN_ROUNDS rounds of each had been timed at
+        that factor: weighed against this call's rounds when the first of its kind is booked (in
+        rounds, not seconds: a seed of 1 s would outweigh ~14 rounds of 70 ms on a CPU, hundreds on
+        a GPU, and one slow call's factor would then outlast the rounds that contradict it)."""
         for kind, f in factors.items():
-            self.predicted[kind], self.measured[kind], self.count[kind] = 1.0, f, MIN_ROUNDS
+            self.prior[kind], self.measured[kind], self.predicted[kind], self.count[kind] = f, 0.0, 0.0, MIN_ROUNDS
 
     def adopt(self, kind: str, other: "RoundClock") -> None:
         """Take `other`'s timings of one kind of round (hybrid: its draft chains' clock learns the
         plain rounds the n-gram side timed), leaving this clock's forecast alone."""
         self.measured[kind], self.predicted[kind], self.count[kind] = (other.measured[kind], other.predicted[kind],
                                                                        other.count[kind])
+        self.prior.pop(kind, None)
+        if kind in other.prior:
+            self.prior[kind] = other.prior[kind]
 
     def wants_plain(self) -> bool:
         """Speculation has been timed but plain decoding not yet: time plain rounds to compare."""

@@ -346,3 +346,22 @@ def test_carried_corrections_apply_to_measured_costs_only():
         pol.recall(store, "greedy")
         pol.set_costs(StepCosts(1, 0.2, tuple(1.0 + 0.05 * w for w in range(9)), measured=measured))
         assert pol.clock.factors() == ({"plain": 5.0} if measured else {})
+
+
+@pytest.mark.parametrize("round_s", [0.005, 0.07, 2.0])
+def test_a_carried_correction_weighs_three_rounds_however_long_a_round_lasts(round_s):
+    """A factor carried from an earlier call (or process) counts as MIN_ROUNDS rounds of this
+    call's size: three rounds at factor 1 then bring a carried 4.0 to the same value whether a
+    round lasts 5 ms (a GPU) or 2 s. Weighed in seconds, a slow call's 4.0 outlasted the hundreds of
+    GPU rounds that contradicted it. Expected value computed here from the decayed weights."""
+    from specengine.methods.round_clock import DECAY, MIN_ROUNDS, RoundClock
+
+    clock = RoundClock(switch_costs=False)
+    clock.seed({"plain": 4.0})
+    assert clock.factor("plain") == 4.0 and clock.known("plain")
+    for _ in range(3):
+        clock.expect("plain", round_s)
+        clock.timed(round_s)  # measured as the model predicted: factor 1
+    prior = MIN_ROUNDS * DECAY ** 3
+    own = sum(DECAY ** k for k in range(3))
+    assert clock.factor("plain") == pytest.approx((4.0 * prior + own) / (prior + own))
