@@ -29,7 +29,6 @@ carry never pays it.
 from __future__ import annotations
 
 import dataclasses
-
 import torch
 
 from .ngram_index import NgramIndex, check_sizes
@@ -38,6 +37,7 @@ from ..errors import SpecEngineError
 from .base import Method, prediction, speculative_stats
 from .context import MethodContext
 from .policies import catch_up_s, expected_tokens, make_policy, read_s
+from ..timing import CLOCK_SUFFIX
 from .round_clock import RoundClock
 from .state import DecodeState, RoundOutput
 from .steps import PlainStep, chain_round, grammar_drafts, to_device, verify_proposals, verify_tree_and_commit
@@ -122,7 +122,7 @@ class NgramDecoding(Method):
             if self.by_match:
                 mode = ctx.decoding_mode(generation)
                 self.calibrate = mode == "greedy" and getattr(costs, "measured", False)
-                self.clock_key = f"{self.name}:{mode}:round_clock"
+                self.clock_key = f"{self.name}:{mode}{CLOCK_SUFFIX}"
                 if self.calibrate:  # the corrections the engine's last calls (or the machine's table) measured
                     self.clock.seed(ctx.acceptance.get(self.clock_key, {}))
             if self.hybrid and self.draft_policy.needs_costs:

@@ -29,6 +29,7 @@ from .base import Method, prediction, speculative_stats
 from .context import MethodContext
 from .logprobs import capture
 from .policies import expected_tokens
+from ..timing import CLOCK_SUFFIX
 from .round_clock import RoundClock
 from .sampling import filter_logits
 from .state import DecodeState, RoundOutput
@@ -115,7 +116,7 @@ class Pearl(Method):
         if self.by_cost:  # the verify widths the window's rounds run, for the plain-decoding check
             self.costs = ctx.step_costs(state, self.gamma + 1)
             self.calibrate = ctx.decoding_mode(generation) == "greedy" and getattr(self.costs, "measured", False)
-            self.clock_key = f"pearl:{ctx.decoding_mode(generation)}:round_clock"  # PEARL's rounds are its own kind
+            self.clock_key = f"pearl:{ctx.decoding_mode(generation)}{CLOCK_SUFFIX}"  # PEARL's rounds are its own kind
             if self.calibrate:  # the corrections the engine's last calls (or the machine's table) measured
                 self.clock.seed(ctx.acceptance.get(self.clock_key, {}))
         self.modes = PearlModes(torch.zeros(state.batch, dtype=torch.bool, device=state.tokens.device))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SpecEngineError
+from ..timing import CLOCK_SUFFIX, FILED
 from .round_clock import RoundClock
 from .sampling import check_number
 
@@ -159,8 +160,8 @@ class AutoGammaPolicy(FixedPolicy):
         self.learned = alpha is not None
         if alpha is not None:
             self._set_alpha(alpha)
-        self._seed = store.get(key + ":round_clock", {}) if self.calibrate else {}  # for measured costs only
-        self._filed_alpha = store.get(key + ":filed") if self.calibrate and alpha is None else None
+        self._seed = store.get(key + CLOCK_SUFFIX, {}) if self.calibrate else {}  # for measured costs only
+        self._filed_alpha = store.get(key + FILED) if self.calibrate and alpha is None else None
 
     def _set_alpha(self, alpha: float) -> None:
         weight = self.accepted + self.rejected
@@ -169,7 +170,7 @@ class AutoGammaPolicy(FixedPolicy):
     def remember(self, store: dict, key: str) -> None:
         """Leave the current rate for the engine's next call (a plain round leaves it as it was)."""
         store[key] = self.alpha
-        store[key + ":round_clock"] = self.clock.factors()
+        store[key + CLOCK_SUFFIX] = self.clock.factors()
 
     def timed(self, seconds: float) -> None:
         """The driver's measured seconds of the round last booked by `update` (round_clock.py):

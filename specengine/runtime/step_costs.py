@@ -20,7 +20,7 @@ import itertools
 from dataclasses import dataclass
 
 from .. import machine
-from ..timing import best_seconds
+from ..timing import CLOCK_SUFFIX, FILED, best_seconds
 
 
 @dataclass(frozen=True)
@@ -121,9 +121,7 @@ def recalled_or_measured(target, draft, state, max_width: int) -> StepCosts:
 # Seeded under FILED, beside the engine's own, so that a policy applies it to measured costs only.
 REPLAN = 0.10
 ALPHA_MOVED = 0.05
-CLOCK_SUFFIX = ":round_clock"
 ALPHA_KEY = "greedy"  # the store's key of the draft's greedy acceptance (sd and hybrid share it)
-FILED = ":filed"  # seeded beside it: "greedy:filed"
 FILED_KINDS = ("plain",)
 
 

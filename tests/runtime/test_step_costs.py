@@ -126,7 +126,8 @@ def test_the_rounds_corrections_are_filed_and_a_new_engine_starts_from_them(tiny
     real_seed = round_clock.RoundClock.seed
     monkeypatch.setattr(round_clock.RoundClock, "seed", lambda self, f: seeded.append(dict(f)) or real_seed(self, f))
     second = Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]), max_seq_len=96)
-    second.generate([7, 1], max_new_tokens=4, ignore_eos=True, method="sd", gamma="auto")
+    with second._clocks.paused():  # its own rounds' factor (timing-dependent) is not what is tested here
+        second.generate([7, 1], max_new_tokens=4, ignore_eos=True, method="sd", gamma="auto")
     assert seeded[0] == filed  # the first call's policy started from the filed corrections
 
     writes = []
@@ -155,7 +156,8 @@ def test_the_greedy_acceptance_is_filed_and_seeds_measured_costs_only(tiny_pair,
     engine = lambda: Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]),  # noqa: E731
                             max_seq_len=96)
     first = engine()
-    first.generate([5, 9, 2], max_new_tokens=4, ignore_eos=True, method="sd", gamma="auto")
+    with first._clocks.paused():  # the α this call learns (its rounds follow measured costs) is not filed
+        first.generate([5, 9, 2], max_new_tokens=4, ignore_eos=True, method="sd", gamma="auto")
     first._acceptance["greedy"] = 0.83
     first._clocks.file(first._acceptance)
     assert engine()._clocks.filed["greedy"] == 0.83
