@@ -102,9 +102,7 @@ class NgramDecoding(Method):
 
     @property
     def max_width(self) -> int:
-        if self.tree is not None:
-            return self.tree.nodes + 1
-        return max(self.policy.gamma_max, self.draft_policy.gamma_max) + 1
+        return self.tree.nodes + 1 if self.tree is not None else max(self.policy.gamma_max, self.draft_policy.gamma_max) + 1
 
     def begin(self, ctx: MethodContext, generation) -> None:
         super().begin(ctx, generation)
@@ -234,9 +232,10 @@ class NgramDecoding(Method):
         While the draft has not read the rows' text (its prefill deferred), its chain would first
         pay that prefill once (`_prime_s`). It does so when the time the draft would have saved
         so far, projected over what the reply may still write (PRIME_HORIZON times what it has
-        written, at most its limit), exceeds the prefill. A match-length bin with too few tries
-        takes its n-gram round, so that its estimate is learned. With a fixed γ: the draft unless
-        every row matched."""
+        written, at most its limit), exceeds the prefill; being paid for good, until chains are
+        timed it prices them no cheaper than the plain rounds measure. A match-length bin with too
+        few tries takes its n-gram round, so that its estimate is learned. With a fixed γ: the draft
+        unless every row matched."""
         dp = self.draft_policy
         if gammas is None or getattr(dp, "costs", None) is None:
             return not all(found.get(b, ([], []))[0] for b in live)
@@ -249,6 +248,7 @@ class NgramDecoding(Method):
         draft = len(live) * expected_tokens(dp.alpha, dp.gamma) / chain_s
         if all(self.primed[b] for b in live):
             return draft > tokens / (seconds + tokens * read_s(c, self.max_width, self.max_width) / self.max_width)
+        draft /= 1.0 if dp.clock.known("spec") else max(1.0, dp.clock.factor("plain"))
         if draft <= tokens / seconds:
             return False
         if not dp.learned:

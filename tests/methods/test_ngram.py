@@ -432,12 +432,15 @@ def test_hybrid_explores_an_untried_bin_and_charges_ngram_rounds_the_draft_readi
     assert W is not None and flipped  # the charge decided at least one round
 
 
-def test_hybrid_prefills_the_draft_once_the_projected_saving_pays_for_it():
+@pytest.mark.parametrize("plain_factor", [1.0, 1.5])
+def test_hybrid_prefills_the_draft_once_the_projected_saving_pays_for_it(plain_factor):
     """Draft prefill deferred (γ auto): an engine that never measured the draft's acceptance
     tries the draft at the first round it would win, to learn it. Once it knows, each round adds
     what the draft's chain would have saved; the prefill waits until that saving, projected over
     what the reply may still write (PRIME_HORIZON times what it has written, at most its limit),
-    exceeds the prefill."""
+    exceeds the prefill. Until chains are timed, a chain is priced no cheaper than the plain
+    rounds measure (their factor here 1.5): the prefill is paid for good, and on the AVX2 EPYC
+    chains priced at the bare model primed the draft on replies where drafting then lost."""
     from specengine.methods.ngram import PRIME_HORIZON
 
     cost = lambda w: 1.0 + 0.1 * (w - 1)  # noqa: E731
@@ -446,8 +449,10 @@ def test_hybrid_prefills_the_draft_once_the_projected_saving_pays_for_it():
     m.prefill_token_s, m.primed, m.start, m.n_host, m.limit = 0.2, [False], [3000], [3000], [3000 + 512]
     assert m._draft_wins({}, {}, [0])  # the acceptance unknown to the engine: tried at once
     m.draft_policy.learned = True  # the engine (or the machine's table) knows the draft's acceptance
+    m.draft_policy.clock.seed({"plain": plain_factor})  # plain rounds timed, no chain yet
     gd = m.draft_policy.gamma
-    saving = cost(1) - (gd * 0.1 + cost(gd + 1)) / sum(0.9 ** j for j in range(gd + 1))  # per plain round
+    chain_per_token = (gd * 0.1 + cost(gd + 1)) / sum(0.9 ** j for j in range(gd + 1))
+    saving = cost(1) - plain_factor * chain_per_token  # per plain round
     assert saving > 0
     prime = m._prime_s  # checked against the prefill rate above
 
