@@ -130,9 +130,10 @@ if has suite; then  # two workers at most (two CUDA contexts), where xdist is in
   step suite ${SUITE_TIMEOUT:-120} "$LOGS/gpu_suite_$DEV.xml" $PY -m pytest -q -p no:cacheprovider \
     -m "not real and not gpu and not interpreter" ${SMOKE:+tests/runtime/test_config.py} $FLAGS --junitxml="$LOGS/gpu_suite_$DEV.xml"
   # the tests that run kernels on CPU tensors, under the interpreter in a process of their own
+  # (smoke: one quick file of them; the launch-count tests take minutes there and run in the suite)
   # shellcheck disable=SC2086
   step suite-interpreter ${SUITE_INTERPRETER_TIMEOUT:-60} "$LOGS/gpu_suite_interpreter_$DEV.xml" env \
     SPECENGINE_TEST_INTERPRETER=1 CUDA_VISIBLE_DEVICES= $PY -m pytest -q -p no:cacheprovider -m interpreter \
-    ${SMOKE:+tests/runtime/test_round_launches.py -k counter_sees} $FLAGS --junitxml="$LOGS/gpu_suite_interpreter_$DEV.xml"
+    ${SMOKE:+tests/ops/test_attention_window.py} $FLAGS --junitxml="$LOGS/gpu_suite_interpreter_$DEV.xml"
 fi
 exit $status

@@ -21,7 +21,7 @@ from .counters import Counters
 from .kernels.rng import row_seeds
 from .detokenize import IncrementalDetokenizer, find_stop
 from .errors import SpecEngineError
-from .methods.base import Method
+from .methods.base import CallInputs, CallTotals, Method
 from .methods.logprobs import LogprobSpec, entries, token_logprobs
 from .methods.sampling import SamplingParams
 from .methods.state import DecodeState
@@ -90,7 +90,8 @@ class Generation:
         self.prefill_s = time.perf_counter() - self.t0
         self.decode_s = 0.0  # wall time inside rounds (step costs and prefill excluded)
         self.ctx = engine.method_context()
-        method.begin(self.ctx, self)  # may measure step costs: once per engine and batch size
+        # what the method reads of this call (may measure step costs: once per engine and batch size)
+        method.begin(self.ctx, CallInputs(self.state, self.prompts, self.rows, self.prefill_s))
 
     # ------------------------------------------------------------------ set-up
     def _runners(self):
@@ -376,6 +377,6 @@ class Generation:
             **RowConstraints.stats_of(self.state.constraints),  # grammar_tokens, grammar_mask_s
             # what batch-invariant mode decided and the figures behind it (runtime/invariance.py)
             "batch_invariant": getattr(self.engine, "batch_invariant_info", None),
-            **self.method.stats(self),
+            **self.method.stats(CallTotals(self.counters, self.timer.totals(), self.rows, new_tokens, self.decode_s)),
         }
 

@@ -1,26 +1,50 @@
 """The method interface: what one round of a decoding method does (docs/design.md, "Methods").
 
 A method is one file under `methods/` and one entry in the registry (`methods/__init__.py`);
-the driver (generation.py) knows nothing else about it, and it knows nothing of the Engine.
+the driver (generation.py) knows nothing else about it, and it knows nothing of the Engine nor
+of the driver: what it reads of the call comes in explicitly (`CallInputs`, `CallTotals`).
 Per generate call:
   method = Cls(gamma, policy, threshold, tree, defaults)   validate the call's options
-  method.begin(ctx, generation)         after prefill: the MethodContext (runners, samplers,
-                                        step costs, head / drafter, side stream)
+  method.begin(ctx, call)               after prefill: the MethodContext (runners, samplers,
+                                        step costs, head / drafter, side stream) and CallInputs
   method.round(state, timer)            -> RoundOutput, device tensors only, no host sync
   method.see_tokens(committed)          each row's committed tokens, as the sync read them
   method.after_round(n_acc, num_draft)  host bookkeeping on what the round's one sync read
   method.timed(seconds)                 the round's measured wall time (cost-driven choices)
-  method.stats(generation)              method-specific numbers for GenerationResult.stats
+  method.stats(totals)                  method-specific numbers for GenerationResult.stats (CallTotals)
 `gamma` is each method's draft length: sd's γ, PEARL's window, ParallelSpec's k (a tree
 takes its depth from its shape). `defaults` carries the engine's gamma / policy / threshold,
 which only methods that draft by policy (sd) read.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..errors import SpecEngineError
 from .context import MethodContext
 from .state import DecodeState, RoundOutput
 from .token_tree import TreeShape
+
+
+@dataclass
+class CallInputs:
+    """What a method reads of the call it runs in, handed over at `begin`. `prompts` and `rows`
+    are the driver's per-row lists themselves: the serving core replaces a row's entries when a
+    request takes it, and a method reads them again at `reset_rows`."""
+    state: DecodeState
+    prompts: list  # per row: its prompt's token ids
+    rows: list  # per row: what it may write (`max_new`) and its suffix cache key (`cache_key`)
+    prefill_s: float  # the call's prefill seconds (what a deferred draft prefill is priced from)
+
+
+@dataclass
+class CallTotals:
+    """What a method's `stats` reads of the finished call."""
+    counters: object  # counters.Counters: forwards, proposals, acceptances, rounds
+    times: dict  # the phase totals, read once (on CUDA that resolves every event)
+    rows: list
+    new_tokens: int
+    decode_s: float  # wall seconds inside rounds (prefill and one-time measurements excluded)
 
 
 class Method:
@@ -52,10 +76,10 @@ class Method:
     @property
     def max_width(self) -> int:
         """The most tokens per row any forward of a round feeds (draft catch-up included);
-        the driver derives the KV headroom a round needs from it (generation.headroom)."""
+        the driver derives the KV headroom a round needs from it."""
         return 1
 
-    def begin(self, ctx: MethodContext, generation) -> None:
+    def begin(self, ctx: MethodContext, call: CallInputs) -> None:
         self.ctx = ctx
 
     def round(self, state: DecodeState, timer) -> RoundOutput:
@@ -75,7 +99,7 @@ class Method:
     def reset_rows(self, rows: list[int]) -> None:
         """New requests took these rows (serving core): forget any per-row state."""
 
-    def stats(self, generation) -> dict:
+    def stats(self, totals: CallTotals) -> dict:
         return {}
 
     def tree_stats(self) -> dict:
@@ -83,10 +107,9 @@ class Method:
         return {} if t is None else {"tree": f"{t.topk}x{t.depth}:{t.nodes}", "tree_nodes": t.nodes}
 
 
-def speculative_stats(generation, times: dict[str, float]) -> dict:
-    """What every draft-and-verify method reports (docs/design.md, "Metrics"); `times` are
-    the call's phase totals (read once: on CUDA that resolves every event)."""
-    counters = generation.counters
+def speculative_stats(totals: CallTotals) -> dict:
+    """What every draft-and-verify method reports (docs/design.md, "Metrics")."""
+    counters, times = totals.counters, totals.times
     per_draft = times.get("draft", 0.0) / max(counters.draft_forwards, 1)
     per_target = times.get("target", 0.0) / max(counters.target_forwards, 1)
     return {
@@ -104,11 +127,11 @@ def speculative_stats(generation, times: dict[str, float]) -> dict:
     }
 
 
-def prediction(predicted: list[float], generation) -> dict:
+def prediction(predicted: list[float], totals: CallTotals) -> dict:
     """The plan's tokens/s for the rounds it ran (predicted: [expected tokens, expected seconds],
     summed as each round was chosen) beside the measured decode rate (rounds only: prefill and
     the one-time measurements excluded), and the error between them; {} before any round."""
-    if predicted[1] <= 0 or generation.decode_s <= 0:
+    if predicted[1] <= 0 or totals.decode_s <= 0:
         return {}
-    rate, measured = predicted[0] / predicted[1], generation.new_tokens / generation.decode_s
+    rate, measured = predicted[0] / predicted[1], totals.new_tokens / totals.decode_s
     return {"predicted_tokens_per_s": rate, "decode_tokens_per_s": measured, "prediction_error": rate / measured - 1}

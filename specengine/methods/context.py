@@ -51,9 +51,9 @@ class MethodContext:
     suffix_caches: object = None  # suffix decoding: earlier responses per key (methods/suffix_cache.py)
 
     @staticmethod
-    def decoding_mode(generation) -> str:
-        """"greedy" or "sampled": what SpecDec++'s head and the acceptance memory are kept per."""
-        return "greedy" if generation.state.params.greedy else "sampled"
+    def decoding_mode(call) -> str:
+        """"greedy" or "sampled" (of a CallInputs): what SpecDec++'s head and the acceptance memory are kept per."""
+        return "greedy" if call.state.params.greedy else "sampled"
 
     def sample_draft(self, logits, params, seed, offset, pos: int):
         """One draft token per row (methods/sampling.py `sample_draft`, on this table's sampler)."""

@@ -34,7 +34,7 @@ import torch
 from .ngram_index import NgramIndex, check_sizes
 from .ngram_policy import NgramGammaPolicy
 from ..errors import SpecEngineError
-from .base import Method, prediction, speculative_stats
+from .base import CallInputs, CallTotals, Method, prediction, speculative_stats
 from .context import MethodContext
 from .policies import catch_up_s, expected_tokens, make_policy, read_s
 from ..timing import CLOCK_SUFFIX
@@ -104,27 +104,27 @@ class NgramDecoding(Method):
     def max_width(self) -> int:
         return self.tree.nodes + 1 if self.tree is not None else max(self.policy.gamma_max, self.draft_policy.gamma_max) + 1
 
-    def begin(self, ctx: MethodContext, generation) -> None:
-        super().begin(ctx, generation)
-        self.generation = generation
+    def begin(self, ctx: MethodContext, call: CallInputs) -> None:
+        super().begin(ctx, call)
+        self.call = call
         self.hybrid = self.needs_draft  # `hybrid`: the engine has a draft (checked before the call)
         self.caches = ctx.suffix_caches if self.uses_cache else None
         self.saved = 0.0
-        self.start_rows(generation.prompts, [row.max_new for row in generation.rows], generation.prefill_s)
+        self.start_rows(call.prompts, [row.max_new for row in call.rows], call.prefill_s)
         if self.by_match:  # the match-length curves the engine's earlier calls of this method counted
-            self.policy.recall(ctx.acceptance, f"{self.name}:{ctx.decoding_mode(generation)}:by_match")
+            self.policy.recall(ctx.acceptance, f"{self.name}:{ctx.decoding_mode(call)}:by_match")
         if self.policy.needs_costs or (self.hybrid and self.draft_policy.needs_costs):
-            costs = ctx.step_costs(generation.state, self.max_width, draft=self.hybrid)
+            costs = ctx.step_costs(call.state, self.max_width, draft=self.hybrid)
             if self.policy.needs_costs:  # n-gram proposals are free: only the target's cost per width
                 self.policy.set_costs(dataclasses.replace(costs, draft_s=0.0))
             if self.by_match:
-                mode = ctx.decoding_mode(generation)
+                mode = ctx.decoding_mode(call)
                 self.calibrate = mode == "greedy" and getattr(costs, "measured", False)
                 self.clock_key = f"{self.name}:{mode}{CLOCK_SUFFIX}"
                 if self.calibrate:  # the corrections the engine's last calls (or the machine's table) measured
                     self.clock.seed(ctx.acceptance.get(self.clock_key, {}))
             if self.hybrid and self.draft_policy.needs_costs:
-                self.key = ctx.decoding_mode(generation)
+                self.key = ctx.decoding_mode(call)
                 self.draft_policy.calibrate = self.key == "greedy"  # its chains' times correct its costs
                 self.draft_policy.recall(ctx.acceptance, self.key)
                 self.draft_policy.set_costs(costs)
@@ -143,7 +143,7 @@ class NgramDecoding(Method):
     def _start_row(self, b: int, prompt: list[int], max_new: int) -> None:
         self.index[b] = NgramIndex(prompt, *self.sizes)
         if self.caches is not None:  # suffix decoding: earlier responses under the row's key too (None: opted out)
-            key = self.generation.rows[b].cache_key
+            key = self.call.rows[b].cache_key
             if key is not None:
                 self.index[b] = SuffixIndex(self.index[b], self.caches.get(key))
         self.gap[b] = 1  # after a prefill the draft holds all but the last token
@@ -153,7 +153,7 @@ class NgramDecoding(Method):
 
     def reset_rows(self, rows: list[int]) -> None:
         for b in rows:  # the serving core put a new request there (prefilled: the draft 1 behind)
-            self._start_row(b, self.generation.prompts[b], self.generation.rows[b].max_new)
+            self._start_row(b, self.call.prompts[b], self.call.rows[b].max_new)
 
     def see_tokens(self, committed: list[list[int]]) -> None:
         for b, new in enumerate(committed):
@@ -164,7 +164,7 @@ class NgramDecoding(Method):
                 self.gap[b] = 2 if self.kind == "draft" else self.gap[b] + len(new)
 
     def _live(self, state: DecodeState) -> list[int]:
-        rows = self.generation.rows
+        rows = self.call.rows
         return [b for b in range(state.batch) if rows[b].finish_reason is None]
 
     def plan(self, live: list[int]) -> tuple[str, dict]:
@@ -365,7 +365,7 @@ class NgramDecoding(Method):
             if self.hybrid and dp.needs_costs and self.kind == "plain":  # its γ compares its chains with them
                 dp.adopt_plain(self.clock)
 
-    def stats(self, generation) -> dict:
+    def stats(self, totals: CallTotals) -> dict:
         drafted = self.draft_policy.clock.forecast if self.hybrid and self.draft_policy.needs_costs else [0.0, 0.0]
         trees = {"tree": "auto", "tree_rounds": self.tree_rounds} if self.auto_tree else self.tree_stats()
         return {"policy": self.policy.name, "gamma": self.policy.gamma, **trees, "ngram_max": self.sizes[0],
@@ -373,10 +373,10 @@ class NgramDecoding(Method):
                 "draft_rounds": self.draft_rounds, "grammar_rounds": self.grammar_rounds, "hybrid": self.hybrid,
                 "draft_prefills_deferred": self.primes,
                 # proposed tokens per row and proposing round (n-gram and draft rounds)
-                "gamma_mean": generation.counters.proposed / max(generation.counters.row_rounds - self.plain_rounds, 1),
-                **prediction([a + b for a, b in zip(self.clock.forecast, drafted)], generation),  # hybrid: + its chains'
+                "gamma_mean": totals.counters.proposed / max(totals.counters.row_rounds - self.plain_rounds, 1),
+                **prediction([a + b for a, b in zip(self.clock.forecast, drafted)], totals),  # hybrid: + its chains'
                 "round_cost_factors": self.clock.factors(),
-                **speculative_stats(generation, generation.timer.totals())}
+                **speculative_stats(totals)}
 
 
 class HybridDecoding(NgramDecoding):

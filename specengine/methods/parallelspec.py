@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SpecEngineError
-from .base import Method, speculative_stats
+from .base import CallInputs, CallTotals, Method, speculative_stats
 from .context import MethodContext
 from .state import DecodeState, RoundOutput
 from .steps import parallel_draft, parallel_logits, positional_tree, verify_and_commit, verify_tree_and_commit
@@ -44,8 +44,8 @@ class ParallelSpec(Method):
     def max_width(self) -> int:  # the draft forward: k+1 real slots and k-1 masks; a tree's verify
         return max(2 * self.k, 0 if self.tree is None else self.tree.nodes + 1)
 
-    def begin(self, ctx: MethodContext, generation) -> None:
-        super().begin(ctx, generation)
+    def begin(self, ctx: MethodContext, call: CallInputs) -> None:
+        super().begin(ctx, call)
         self.drafter = ctx.parallel_drafter()
         if self.k > self.drafter.meta.k_max:
             raise SpecEngineError(f"parallelspec k={self.k} exceeds the drafter's k_max={self.drafter.meta.k_max}")
@@ -67,6 +67,6 @@ class ParallelSpec(Method):
         return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1,
                            draft_forwards=1, draft_lens=start)
 
-    def stats(self, generation) -> dict:
+    def stats(self, totals: CallTotals) -> dict:
         return {"policy": "parallel", "gamma": self.k, **self.tree_stats(), "gamma_mean": float(self.k),
-                **speculative_stats(generation, generation.timer.totals())}
+                **speculative_stats(totals)}

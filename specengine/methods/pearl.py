@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import SpecEngineError
-from .base import Method, prediction, speculative_stats
+from .base import CallInputs, CallTotals, Method, prediction, speculative_stats
 from .context import MethodContext
 from .logprobs import capture
 from .policies import expected_tokens
@@ -104,9 +104,9 @@ class Pearl(Method):
             return 2 * self.gamma
         return (self.gamma or GAMMA_MAX) + 1
 
-    def begin(self, ctx: MethodContext, generation) -> None:
-        super().begin(ctx, generation)
-        state = generation.state
+    def begin(self, ctx: MethodContext, call: CallInputs) -> None:
+        super().begin(ctx, call)
+        state = call.state
         if self.parallel:
             self.drafter = ctx.parallel_drafter()
             if self.gamma > self.drafter.meta.k_max:
@@ -115,8 +115,8 @@ class Pearl(Method):
         self.gamma = self.gamma or gamma_for(self.cost_ratio)
         if self.by_cost:  # the verify widths the window's rounds run, for the plain-decoding check
             self.costs = ctx.step_costs(state, self.gamma + 1)
-            self.calibrate = ctx.decoding_mode(generation) == "greedy" and getattr(self.costs, "measured", False)
-            self.clock_key = f"pearl:{ctx.decoding_mode(generation)}{CLOCK_SUFFIX}"  # PEARL's rounds are its own kind
+            self.calibrate = ctx.decoding_mode(call) == "greedy" and getattr(self.costs, "measured", False)
+            self.clock_key = f"pearl:{ctx.decoding_mode(call)}{CLOCK_SUFFIX}"  # PEARL's rounds are its own kind
             if self.calibrate:  # the corrections the engine's last calls (or the machine's table) measured
                 self.clock.seed(ctx.acceptance.get(self.clock_key, {}))
         self.modes = PearlModes(torch.zeros(state.batch, dtype=torch.bool, device=state.tokens.device))
@@ -255,15 +255,14 @@ class Pearl(Method):
         if self.modes is not None:
             self.modes.post[rows] = False
 
-    def stats(self, generation) -> dict:
+    def stats(self, totals: CallTotals) -> dict:
         """MAT: mean run length between rejections (PEARL's definition), and per-round times."""
-        rows, rounds = generation.rows, max(generation.counters.rounds, 1)
+        rows, rounds, times = totals.rows, max(totals.counters.rounds, 1), totals.times
         new_tokens = sum(len(r.ids) for r in rows)
         runs = self.modes.rejections + sum(1 for r in rows if r.ids)
-        times = generation.timer.totals()
         return {
             "policy": "pearl+parallel" if self.parallel else "pearl", "gamma": self.gamma, "gamma_mean": float(self.gamma),
-            **speculative_stats(generation, times),
+            **speculative_stats(totals),
             "mean_accepted_tokens": new_tokens / max(runs, 1),
             "measured_cost_ratio": self.cost_ratio,
             "round_draft_s": times.get("draft", 0.0) / rounds,
@@ -272,5 +271,5 @@ class Pearl(Method):
             "concurrent": self.ctx.device.type == "cuda",
             "plain_rounds": self.plain_total,
             "round_cost_factors": self.clock.factors(),  # measured / predicted round seconds
-            **prediction(self.clock.forecast, generation),
+            **prediction(self.clock.forecast, totals),
         }

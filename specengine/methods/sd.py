@@ -10,7 +10,7 @@ tokens behind after a round) is in steps.py.
 from __future__ import annotations
 
 from ..errors import SpecEngineError
-from .base import Method, prediction, speculative_stats
+from .base import CallInputs, CallTotals, Method, prediction, speculative_stats
 from .context import MethodContext
 from .policies import catch_up_s, make_policy
 from .state import DecodeState, RoundOutput
@@ -50,19 +50,19 @@ class SpeculativeDecoding(Method):
             return max(self.tree.nodes + 1, (self.tree.depth - 1) * self.tree.topk, 2)
         return self.policy.gamma_max + 1
 
-    def begin(self, ctx: MethodContext, generation) -> None:
-        super().begin(ctx, generation)
+    def begin(self, ctx: MethodContext, call: CallInputs) -> None:
+        super().begin(ctx, call)
         if self.tree is not None:
             return
         if self.policy.wants_hidden:  # specdec++: the acceptance head for this draft and mode
-            mode = ctx.decoding_mode(generation)
+            mode = ctx.decoding_mode(call)
             # reading a flag per draft step is free only without an asynchronous device queue
             self.policy.attach(ctx.acceptance_head(mode), early_exit=ctx.device.type == "cpu")
         if self.policy.needs_costs:  # gamma="auto": γ from measured step costs and the last call's acceptance
-            self.key = ctx.decoding_mode(generation)
+            self.key = ctx.decoding_mode(call)
             self.policy.calibrate = self.key == "greedy"
             self.policy.recall(ctx.acceptance, self.key)
-            self.policy.set_costs(ctx.step_costs(generation.state, self.max_width))
+            self.policy.set_costs(ctx.step_costs(call.state, self.max_width))
 
     def round(self, state: DecodeState, timer) -> RoundOutput:
         ctx = self.ctx
@@ -99,17 +99,16 @@ class SpeculativeDecoding(Method):
         if self.tree is None and self.policy.needs_costs:
             self.policy.timed(seconds)
 
-    def prediction(self, generation) -> dict:
+    def prediction(self, totals: CallTotals) -> dict:
         """γ auto: the plan's tokens/s for the rounds it chose beside the measured decode rate."""
         if not self.policy.needs_costs:
             return {}
-        found = prediction(self.policy.clock.forecast, generation)
+        found = prediction(self.policy.clock.forecast, totals)
         return found and {**found, "round_cost_factors": self.policy.clock.factors()}  # measured / predicted s
 
-    def stats(self, generation) -> dict:
+    def stats(self, totals: CallTotals) -> dict:
         drafted = [g for g in self.gammas if g]
         return {"policy": self.policy.name, "gamma": self.policy.gamma, **self.tree_stats(),
                 "gamma_mean": sum(drafted) / max(len(drafted), 1),  # over the rounds that drafted
                 "plain_rounds": len(self.gammas) - len(drafted), "grammar_rounds": self.grammar_rounds,
-                **self.prediction(generation),
-                **speculative_stats(generation, generation.timer.totals())}
+                **self.prediction(totals), **speculative_stats(totals)}

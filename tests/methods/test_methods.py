@@ -14,14 +14,14 @@ class Greedy2(AutoRegressive):
     """A toy method written against the interface only: ar, counting its own rounds."""
     name = "ar-counted"
 
-    def begin(self, ctx, generation):
-        super().begin(ctx, generation)
+    def begin(self, ctx, call):
+        super().begin(ctx, call)
         self.rounds_seen = 0
 
     def after_round(self, n_acc, num_draft):
         self.rounds_seen += 1
 
-    def stats(self, generation):
+    def stats(self, totals):
         return {"rounds_seen": self.rounds_seen}
 
 

@@ -110,16 +110,14 @@ def test_gateway_metrics_parse_with_prometheus_and_follow_the_core(server, clien
     assert idle["specengine_tokens_per_target_forward"].labels == {"method": "sd"}
     assert idle["specengine_tokens_per_target_forward"].value >= 1  # a round commits one token at least
     assert 0 <= idle["specengine_method_acceptance_rate"].value <= 1
-    seen = []
-    stream = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=40, temperature=0, stream=True,
+    seen, new = [], 160  # a long reply: a loaded machine must not finish it before the first scrape
+    stream = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=new, temperature=0, stream=True,
                                        extra_body={"ignore_eos": True})
-    for i, _ in enumerate(stream):
-        if i == 2:  # mid-stream: one request holds a row and its tokens
+    for _ in stream:  # mid-stream: one request holds a row and its tokens (scraped until seen: on a
+        if not seen or seen[0] == 0:  # loaded machine the server may finish before the first scrape)
             now = scrape()
             seen = [now["vllm:num_requests_running"].value, now["vllm:kv_cache_usage_perc"].value]
-    # at most the request's whole text (read after the scrape, the row may already be gone: a slow
-    # machine finished the 40 tokens before the test looked, and held read 0)
-    held = len(aeng.engine.encode(PROMPTS[0])[0][0]) + 40
+    held = len(aeng.engine.encode(PROMPTS[0])[0][0]) + new  # at most the request's whole text
     assert seen[0] == 1 and 0 < seen[1] <= held / (aeng.core.max_batch * aeng.engine.max_seq_len) + 1e-9
 
 
