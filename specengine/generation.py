@@ -377,6 +377,6 @@ class Generation:
             **RowConstraints.stats_of(self.state.constraints),  # grammar_tokens, grammar_mask_s
             # what batch-invariant mode decided and the figures behind it (runtime/invariance.py)
             "batch_invariant": getattr(self.engine, "batch_invariant_info", None),
-            **self.method.stats(CallTotals(self.counters, self.timer.totals(), self.rows, new_tokens, self.decode_s)),
+            **self.method.stats(CallTotals(self.counters, self.timer, self.rows, new_tokens, self.decode_s)),
         }
 

@@ -18,6 +18,7 @@ which only methods that draft by policy (sd) read.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ..errors import SpecEngineError
@@ -36,15 +37,25 @@ class CallInputs:
     rows: list  # per row: what it may write (`max_new`) and its suffix cache key (`cache_key`)
     prefill_s: float  # the call's prefill seconds (what a deferred draft prefill is priced from)
 
+    @property
+    def mode(self) -> str:
+        """"greedy" or "sampled": what SpecDec++'s head and the acceptance memory are kept per."""
+        return "greedy" if self.state.params.greedy else "sampled"
+
 
 @dataclass
 class CallTotals:
     """What a method's `stats` reads of the finished call."""
     counters: object  # counters.Counters: forwards, proposals, acceptances, rounds
-    times: dict  # the phase totals, read once (on CUDA that resolves every event)
+    timer: object  # timing.PhaseTimer of the call's rounds
     rows: list
     new_tokens: int
     decode_s: float  # wall seconds inside rounds (prefill and one-time measurements excluded)
+
+    @functools.cached_property
+    def times(self) -> dict:
+        """The phase totals, read once and only where a method reports them (on CUDA that resolves every event)."""
+        return self.timer.totals()
 
 
 class Method:

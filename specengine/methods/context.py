@@ -14,7 +14,7 @@ needs one never pays for it, and a missing one is an error of that call only):
 - `acceptance_head(mode)`, `parallel_drafter()`: SpecDec++'s head, ParallelSpec's drafter;
 - `side_stream()`: the second CUDA stream PEARL drafts on (None off CUDA);
 - `acceptance`: what the engine's earlier calls learned of acceptance, so that γ auto starts
-  from it rather than from a prior: the draft's rate per `decoding_mode`, and the n-gram
+  from it rather than from a prior: the draft's rate per decoding mode (`CallInputs.mode`), and the n-gram
   methods' curves per match length (ngram_policy.py) per method and mode;
 - `replay`: None, except in a benchmark replaying the real pair's decisions on random weights
   (specengine/replay): the round steps then take the draft's tokens from it.
@@ -49,11 +49,6 @@ class MethodContext:
     acceptance: dict = field(default_factory=dict)
     replay: object = None  # a benchmark's acceptance replay (specengine/replay), never set otherwise
     suffix_caches: object = None  # suffix decoding: earlier responses per key (methods/suffix_cache.py)
-
-    @staticmethod
-    def decoding_mode(call) -> str:
-        """"greedy" or "sampled" (of a CallInputs): what SpecDec++'s head and the acceptance memory are kept per."""
-        return "greedy" if call.state.params.greedy else "sampled"
 
     def sample_draft(self, logits, params, seed, offset, pos: int):
         """One draft token per row (methods/sampling.py `sample_draft`, on this table's sampler)."""

@@ -29,6 +29,7 @@ carry never pays it.
 from __future__ import annotations
 
 import dataclasses
+
 import torch
 
 from .ngram_index import NgramIndex, check_sizes
@@ -37,8 +38,7 @@ from ..errors import SpecEngineError
 from .base import CallInputs, CallTotals, Method, prediction, speculative_stats
 from .context import MethodContext
 from .policies import catch_up_s, expected_tokens, make_policy, read_s
-from ..timing import CLOCK_SUFFIX
-from .round_clock import RoundClock
+from .round_clock import RoundClock, recall_clock
 from .state import DecodeState, RoundOutput
 from .steps import PlainStep, chain_round, grammar_drafts, to_device, verify_proposals, verify_tree_and_commit
 from .suffix_cache import SuffixIndex
@@ -102,7 +102,9 @@ class NgramDecoding(Method):
 
     @property
     def max_width(self) -> int:
-        return self.tree.nodes + 1 if self.tree is not None else max(self.policy.gamma_max, self.draft_policy.gamma_max) + 1
+        if self.tree is not None:
+            return self.tree.nodes + 1
+        return max(self.policy.gamma_max, self.draft_policy.gamma_max) + 1
 
     def begin(self, ctx: MethodContext, call: CallInputs) -> None:
         super().begin(ctx, call)
@@ -112,19 +114,15 @@ class NgramDecoding(Method):
         self.saved = 0.0
         self.start_rows(call.prompts, [row.max_new for row in call.rows], call.prefill_s)
         if self.by_match:  # the match-length curves the engine's earlier calls of this method counted
-            self.policy.recall(ctx.acceptance, f"{self.name}:{ctx.decoding_mode(call)}:by_match")
+            self.policy.recall(ctx.acceptance, f"{self.name}:{call.mode}:by_match")
         if self.policy.needs_costs or (self.hybrid and self.draft_policy.needs_costs):
             costs = ctx.step_costs(call.state, self.max_width, draft=self.hybrid)
             if self.policy.needs_costs:  # n-gram proposals are free: only the target's cost per width
                 self.policy.set_costs(dataclasses.replace(costs, draft_s=0.0))
             if self.by_match:
-                mode = ctx.decoding_mode(call)
-                self.calibrate = mode == "greedy" and getattr(costs, "measured", False)
-                self.clock_key = f"{self.name}:{mode}{CLOCK_SUFFIX}"
-                if self.calibrate:  # the corrections the engine's last calls (or the machine's table) measured
-                    self.clock.seed(ctx.acceptance.get(self.clock_key, {}))
+                self.calibrate, self.clock_key = recall_clock(self.clock, ctx.acceptance, self.name, call, costs)
             if self.hybrid and self.draft_policy.needs_costs:
-                self.key = ctx.decoding_mode(call)
+                self.key = call.mode
                 self.draft_policy.calibrate = self.key == "greedy"  # its chains' times correct its costs
                 self.draft_policy.recall(ctx.acceptance, self.key)
                 self.draft_policy.set_costs(costs)

@@ -29,8 +29,7 @@ from .base import CallInputs, CallTotals, Method, prediction, speculative_stats
 from .context import MethodContext
 from .logprobs import capture
 from .policies import expected_tokens
-from ..timing import CLOCK_SUFFIX
-from .round_clock import RoundClock
+from .round_clock import RoundClock, recall_clock
 from .sampling import filter_logits
 from .state import DecodeState, RoundOutput
 from .steps import PlainStep, draft_chain, draft_resync, parallel_draft
@@ -115,10 +114,8 @@ class Pearl(Method):
         self.gamma = self.gamma or gamma_for(self.cost_ratio)
         if self.by_cost:  # the verify widths the window's rounds run, for the plain-decoding check
             self.costs = ctx.step_costs(state, self.gamma + 1)
-            self.calibrate = ctx.decoding_mode(call) == "greedy" and getattr(self.costs, "measured", False)
-            self.clock_key = f"pearl:{ctx.decoding_mode(call)}{CLOCK_SUFFIX}"  # PEARL's rounds are its own kind
-            if self.calibrate:  # the corrections the engine's last calls (or the machine's table) measured
-                self.clock.seed(ctx.acceptance.get(self.clock_key, {}))
+            # PEARL's rounds are its own kind of round: its own key
+            self.calibrate, self.clock_key = recall_clock(self.clock, ctx.acceptance, self.name, call, self.costs)
         self.modes = PearlModes(torch.zeros(state.batch, dtype=torch.bool, device=state.tokens.device))
 
     def _plain_wins(self) -> bool:

@@ -13,6 +13,8 @@ call. Only measured step costs are corrected (tests pin theirs, and get the mode
 """
 from __future__ import annotations
 
+from ..timing import CLOCK_SUFFIX
+
 MIN_ROUNDS = 3  # rounds of a kind before its factor is trusted
 DECAY = 0.85
 
@@ -96,3 +98,15 @@ class RoundClock:
     def wants_plain(self) -> bool:
         """Speculation has been timed but plain decoding not yet: time plain rounds to compare."""
         return self.known("spec") and not self.known("plain")
+
+
+def recall_clock(clock: RoundClock, store: dict, name: str, call, costs) -> tuple[bool, str]:
+    """(calibrate, key) of a method's round clock for this call (PEARL's, the n-gram methods'):
+    greedy calls over measured costs correct the model by their rounds' times (a seeded sampled
+    call must draw the same tokens each time; pinned costs stay the model), starting from the
+    factors the engine's last call, or the machine's table, left under `key`."""
+    key = f"{name}:{call.mode}{CLOCK_SUFFIX}"
+    calibrate = call.mode == "greedy" and getattr(costs, "measured", False)
+    if calibrate:
+        clock.seed(store.get(key, {}))
+    return calibrate, key

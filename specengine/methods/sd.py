@@ -55,11 +55,11 @@ class SpeculativeDecoding(Method):
         if self.tree is not None:
             return
         if self.policy.wants_hidden:  # specdec++: the acceptance head for this draft and mode
-            mode = ctx.decoding_mode(call)
+            mode = call.mode
             # reading a flag per draft step is free only without an asynchronous device queue
             self.policy.attach(ctx.acceptance_head(mode), early_exit=ctx.device.type == "cpu")
         if self.policy.needs_costs:  # gamma="auto": γ from measured step costs and the last call's acceptance
-            self.key = ctx.decoding_mode(call)
+            self.key = call.mode
             self.policy.calibrate = self.key == "greedy"
             self.policy.recall(ctx.acceptance, self.key)
             self.policy.set_costs(ctx.step_costs(call.state, self.max_width))
