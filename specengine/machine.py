@@ -67,7 +67,10 @@ def cache_dir() -> Path:
 
 
 def cache_path() -> Path:
-    return cache_dir() / "plan" / f"{key()}.json"
+    """This machine's table: under SPECENGINE_PLAN_DIR if set (the test suite keeps its own, so
+    tests never file into a user's table), else <cache>/plan."""
+    folder = os.environ.get("SPECENGINE_PLAN_DIR")
+    return (Path(folder) if folder else cache_dir() / "plan") / f"{key()}.json"
 
 
 STALE = 1.4  # an entry timed while the machine ran this much slower than now is timed again

@@ -15,6 +15,15 @@ import torch
 INTERPRETER_ENV = "SPECENGINE_TEST_INTERPRETER"
 if not torch.cuda.is_available() or os.environ.get(INTERPRETER_ENV) == "1":
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# The suite's own machine table (what the tests' engines measure and file), shared by the xdist
+# workers and the processes tests start, removed at the end: no test files into the user's table.
+if not os.environ.get("SPECENGINE_PLAN_DIR"):
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["SPECENGINE_PLAN_DIR"] = tempfile.mkdtemp(prefix="specengine-test-plan-")
+    atexit.register(shutil.rmtree, os.environ["SPECENGINE_PLAN_DIR"], True)
 if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("SPECENGINE_TEST_THREADS"):
     torch.set_num_threads(int(os.environ["SPECENGINE_TEST_THREADS"]))  # one per worker: no oversubscription
 

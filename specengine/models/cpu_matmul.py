@@ -92,6 +92,11 @@ class Plan:
     def fns(self):
         return tuple(PATHS[p][1] for p in self.by_rows), PATHS[STORAGE_LARGE_PATH[self.storage]][1]
 
+    @property
+    def pack(self):
+        """The weight's packing function for this storage (None: the plain tensor)."""
+        return _pack_mkldnn if self.storage == "mkldnn" else None
+
 
 def fastest(times: dict[str, float], storage: str) -> tuple[float, str]:
     """(ms, path) of the fastest measured path that works on weights in `storage`."""
@@ -107,29 +112,11 @@ def plan_from_entry(entry: dict) -> Plan:
     return Plan(storage, tuple(by_rows))
 
 
-def apply_plan(layer, plan: Plan) -> None:
-    """Set a Linear's plan, packing (or unpacking) its weight to the plan's storage."""
-    if plan.storage == "mkldnn" and getattr(layer, "packed_weight", None) is None:
-        layer.packed_weight = _pack_mkldnn(layer.weight.detach())
-        layer.weight = None  # one copy: the packed one
-    elif plan.storage == "plain":
-        unpack_layer(layer)
-    layer.plan = plan
-    layer.plan_fns = plan.fns()
-
-
-def unpack_layer(layer) -> None:
-    if getattr(layer, "packed_weight", None) is not None:
-        layer.weight = torch.nn.Parameter(layer.packed_weight.to_dense(), requires_grad=False)
-        layer.packed_weight = None
-    layer.plan = layer.plan_fns = None
-
-
 def unpack(model) -> None:
     """Back to plain weights and F.linear everywhere (e.g. before moving a model to a GPU), and
     GGUF blocks back to the file's rows."""
     for layer in _linears(model):
-        unpack_layer(layer)
+        layer.plain()
     for layer in quant_linear.quant_layers(model):
         layer.pack(False)
 
@@ -290,7 +277,7 @@ def apply(model, entries: dict[str, dict]) -> dict[str, Plan]:
     for key, layers in shape_groups(model).items():
         plans[key] = plan_from_entry(entries[key])
         for layer in layers:
-            apply_plan(layer, plans[key])
+            layer.use(plans[key])
     return plans
 
 

@@ -26,14 +26,31 @@ from ..layers.rotary import StepRope
 class Linear(nn.Linear):
     """nn.Linear whose CPU matmul path per row count is chosen by measurement.
 
-    `cpu_matmul.apply` sets `plan_fns` (a path per row count 1..16 and one for larger
-    inputs) and may move the weight into oneDNN's packed layout (`packed_weight`, with
-    `weight` then None). Without a plan (GPU, or not tuned) this is plain F.linear.
-    `parts`: for a merged projection, the checkpoint's projections it stacks (name, rows),
-    in order (the loader merges them; the parallel drafter adapts each part).
+    `use(plan)` (the planner's cpu_matmul.Plan: a path per row count 1..16, one for larger
+    inputs, and the weight's storage) may move the weight into oneDNN's packed layout
+    (`packed_weight`, with `weight` then None); `plain()` undoes it. Without a plan (GPU, or
+    not tuned) this is plain F.linear. `parts`: for a merged projection, the checkpoint's
+    projections it stacks (name, rows), in order (the loader merges them; the parallel
+    drafter adapts each part).
     """
     plan = plan_fns = packed_weight = None
     parts: tuple[tuple[str, int], ...] = ()
+
+    def use(self, plan) -> None:
+        """Multiply along `plan`, packing (or unpacking) the weight to its storage: one copy of
+        the weight in memory, never two."""
+        if plan.pack is None:
+            self.plain()
+        elif self.packed_weight is None:
+            self.packed_weight, self.weight = plan.pack(self.weight.detach()), None
+        self.plan, self.plan_fns = plan, plan.fns()
+
+    def plain(self) -> None:
+        """Back to the plain weight and F.linear (before a move to a GPU, or a head re-cut)."""
+        if self.packed_weight is not None:
+            self.weight = nn.Parameter(self.packed_weight.to_dense(), requires_grad=False)
+            self.packed_weight = None
+        self.plan = self.plan_fns = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.plan_fns is None:

@@ -14,7 +14,6 @@ import torch
 from torch import nn
 from torch.nn.utils import skip_init
 
-from .cpu_matmul import unpack_layer
 from .decoder import Linear
 from .quant_linear import QuantLinear
 
@@ -45,7 +44,7 @@ def _rows(head: nn.Module, ids: torch.Tensor) -> nn.Module:
         small = QuantLinear([(q, w[ids].contiguous())], bias)
         small.pack(any(n is not None for n in head.packed))  # held as the full head was
         return small
-    unpack_layer(head)  # planned by an earlier engine (oneDNN-packed): plain weights again
+    head.plain()  # planned by an earlier engine (oneDNN-packed): plain weights again
     # skip_init: no random initialisation of weights that are replaced at once
     small = skip_init(Linear, head.in_features, len(ids), bias=head.bias is not None,
                       device=head.weight.device, dtype=head.weight.dtype)

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from ..errors import SpecEngineError
-from .cpu_matmul import unpack_layer
 from .quant_linear import QuantEmbedding, QuantLinear
 
 
@@ -49,7 +48,7 @@ def pad_vocab(model, size: int):
                               "target cannot score would be proposed", "draft")
     extra, emb, head = size - old, model.embed_tokens, model.lm_head
     if not isinstance(head, QuantLinear):
-        unpack_layer(head)  # planned by an earlier engine (oneDNN-packed): plain weights again
+        head.plain()  # planned by an earlier engine (oneDNN-packed): plain weights again
     head_w = head.stored()[0][1] if isinstance(head, QuantLinear) else head.weight
     emb_w = emb.qweight if isinstance(emb, QuantEmbedding) else emb.weight
     tied = head_w.data_ptr() == emb_w.data_ptr()

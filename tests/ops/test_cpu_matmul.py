@@ -11,11 +11,12 @@ from specengine.models import cpu_matmul
 from specengine.models.cpu_matmul import PATHS, Plan, plan_from_entry, storage_available
 from specengine.models.loading import load_model
 from specengine.runtime.runner import ModelRunner
+from helpers.cache import fresh_cache
 
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECENGINE_CACHE", str(tmp_path))
+    fresh_cache(monkeypatch, tmp_path)
     return tmp_path
 
 
@@ -121,7 +122,7 @@ def test_applied_plans_keep_logits_and_unpack_restores_weights(tiny_dir, storage
         names = [p for p, (s, _) in PATHS.items() if s == storage and p != "wxt_pad"]
         plan = Plan(storage, tuple(names[i % len(names)] for i in range(17)))  # paths vary by rows
         for layer in layers:
-            cpu_matmul.apply_plan(layer, plan if not key.endswith(":tied") else Plan("plain", ("linear",) * 17))
+            layer.use(plan if not key.endswith(":tied") else Plan("plain", ("linear",) * 17))
     packed = [m for m in cpu_matmul._linears(model) if m.packed_weight is not None]
     assert bool(packed) == (storage == "mkldnn") and all(m.weight is None for m in packed)  # one copy
     for a, b in zip(ref, _logits(model, tokens)):
@@ -167,7 +168,7 @@ def test_a_packed_model_deep_copies_to_plain_weights(tiny_dir):
     model = load_model(tiny_dir)[0]
     layer = model.layers[0].mlp.down_proj
     dense = layer.weight.detach().clone()
-    cpu_matmul.apply_plan(layer, Plan("mkldnn", ("mkldnn",) * 3))
+    layer.use(Plan("mkldnn", ("mkldnn",) * 3))
     clone = copy.deepcopy(model).layers[0].mlp.down_proj
     assert layer.weight is None and layer.packed_weight is not None
     assert clone.packed_weight is None and clone.plan_fns is None and torch.equal(clone.weight, dense)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from helpers import attention_cases
 from helpers.attention_cases import random_tree
-from helpers.ops import DEVICE
+from helpers.ops import DEVICE, on_cpu_fewer
 
 from specengine.kernels import verify_attention_ref
 
@@ -17,8 +17,13 @@ def rand_case(B, Q, Hq, Hkv, D, S, seed, dtype=torch.float32):
     return attention_cases.rand_case(B, Q, Hq, Hkv, D, S, seed, dtype, DEVICE)
 
 
-@pytest.mark.parametrize("Q", [1, 3, 7, 17])
-@pytest.mark.parametrize("Hq,Hkv,D", [(12, 2, 16), (14, 2, 64), (8, 8, 16), (4, 1, 128)])
+LAYOUTS = [(12, 2, 16), (14, 2, 64), (8, 8, 16), (4, 1, 128)]  # (query heads, KV heads, head dim)
+CASES = [(q, *layout) for q in (1, 3, 7, 17) for layout in LAYOUTS]
+# interpreted: every layout at 1 and 7 queries, 3 and 17 (past a 16-query tile) on two layouts
+INTERPRETED = [c for c in CASES if c[0] in (1, 7) or c[1:] in (LAYOUTS[0], LAYOUTS[3])]
+
+
+@pytest.mark.parametrize("Q,Hq,Hkv,D", on_cpu_fewer(CASES, INTERPRETED))
 @pytest.mark.parametrize("tree", [False, True])
 def test_matches_reference_fp32(Q, Hq, Hkv, D, tree):
     q, k, v, lens = rand_case(3, Q, Hq, Hkv, D, 37 + Q, seed=Q * 100 + Hq)

@@ -91,7 +91,8 @@ def test_the_quantized_pair_is_lossless_small_and_close_to_the_float_model():
     ar = eng.generate(prompt, max_new_tokens=16, method="ar", ignore_eos=True).token_ids
     for method, kw in [("sd", {"gamma": 3}), ("sd", {"gamma": "auto"}), ("pearl", {}),
                        ("sd", {"policy": "specdec++", "gamma": 8}),  # the heads and drafter shipped for the
-                       ("parallelspec", {"gamma": 3}), ("pearl", {"policy": "parallel"})]:  # float draft fit its blocks
+                       ("parallelspec", {"gamma": 3}), ("pearl", {"policy": "parallel"}),  # float draft fit its blocks
+                       ("sd", {"tree": "3x3"})]:
         assert eng.generate(prompt, max_new_tokens=16, method=method, ignore_eos=True, **kw).token_ids == ar, method
     text = prompt + "".join(f"    # step {i}: add the two previous numbers\n" for i in range(6)) + "    return n\n"
     ids = torch.tensor([eng.tokenizer(text).input_ids])

@@ -47,21 +47,20 @@ def test_sd_equals_ar_on_humaneval(pair, prompts, ar_tokens):
         assert r.stats["acceptance_rate"] > 0.3  # a real pair accepts a good share
 
 
+# One prompt per method and setting below (CI time: an fp32 step of the 1.5B target costs ~0.4 s
+# on 2 cores); every method also runs on the quantized pair (test_real_gguf.py).
 def test_pearl_equals_ar_on_humaneval(pair, prompts, ar_tokens):
-    eng = pair[0]
-    for p, ref in zip(prompts, ar_tokens):
-        r = eng.generate(p, max_new_tokens=NEW, method="pearl", ignore_eos=True)  # gamma = round(1/c)
-        assert r.token_ids == ref
-        assert r.stats["gamma"] >= 1  # the window comes from measured costs: no timing is asserted here
+    r = pair[0].generate(prompts[0], max_new_tokens=NEW, method="pearl", ignore_eos=True)  # gamma = round(1/c)
+    assert r.token_ids == ar_tokens[0]
+    assert r.stats["gamma"] >= 1  # the window comes from measured costs: no timing is asserted here
 
 
 def test_specdec_with_the_shipped_head_equals_ar(pair, prompts, ar_tokens):
     """The head shipped for this draft loads automatically; its stopping rule varies K."""
     eng = pair[0]
-    for p, ref in zip(prompts, ar_tokens):
-        r = eng.generate(p, max_new_tokens=NEW, method="sd", policy="specdec++", gamma=8, ignore_eos=True)
-        assert r.token_ids == ref
-        assert r.stats["policy"] == "specdec++" and 1 <= r.stats["gamma_mean"] < 8
+    r = eng.generate(prompts[1], max_new_tokens=NEW, method="sd", policy="specdec++", gamma=8, ignore_eos=True)
+    assert r.token_ids == ar_tokens[1]
+    assert r.stats["policy"] == "specdec++" and 1 <= r.stats["gamma_mean"] < 8
     assert eng.acceptance_head("greedy").meta.draft == DEFAULT_DRAFT
 
 
@@ -69,27 +68,23 @@ def test_parallelspec_with_the_shipped_drafter_equals_ar(pair, prompts, ar_token
     """The drafter shipped for this draft loads automatically: parallelspec (k proposals from one
     draft forward) and PEARL drafting with it both reproduce ar; its masks are accepted."""
     eng = pair[0]
-    first_k4 = None
-    for p, ref, ks in zip(prompts, ar_tokens, ((2, 4), (4,))):  # k 2 on one prompt: CI time
-        for k in ks:
-            r = eng.generate(p, max_new_tokens=NEW, method="parallelspec", gamma=k, ignore_eos=True)
-            assert r.token_ids == ref
-            assert r.stats["draft_forwards"] == r.stats["target_forwards"]  # one draft forward per round
-            first_k4 = first_k4 or (r.stats if k == 4 else None)
-        r = eng.generate(p, max_new_tokens=NEW, method="pearl", policy="parallel", ignore_eos=True)
-        assert r.token_ids == ref
+    r = eng.generate(prompts[0], max_new_tokens=NEW, method="parallelspec", gamma=4, ignore_eos=True)
+    assert r.token_ids == ar_tokens[0]
+    assert r.stats["draft_forwards"] == r.stats["target_forwards"]  # one draft forward per round
+    assert r.stats["acceptance_by_position"][1] > MIN_MASK1_ACCEPTANCE  # MASK_1 proposes usable tokens
+    pearl = eng.generate(prompts[1], max_new_tokens=NEW, method="pearl", policy="parallel", ignore_eos=True)
+    assert pearl.token_ids == ar_tokens[1]
     assert eng.parallel_drafter().meta.draft == DEFAULT_DRAFT
-    assert first_k4["acceptance_by_position"][1] > MIN_MASK1_ACCEPTANCE  # MASK_1 proposes usable tokens
 
 
 def test_token_trees_equal_ar(pair, prompts, ar_tokens):
     """Tree drafting from the AR draft and from the shipped parallel drafter, verified in one
     target forward with a tree mask, paths compacted: ar's tokens."""
     eng = pair[0]
-    for p, ref in zip(prompts, ar_tokens):
-        assert eng.generate(p, max_new_tokens=NEW, method="sd", tree="4x4:8", ignore_eos=True).token_ids == ref
-        r = eng.generate(p, max_new_tokens=NEW, method="parallelspec", tree="3x3", ignore_eos=True)
-        assert r.token_ids == ref and r.stats["tree"] == "3x3:9"
+    assert eng.generate(prompts[0], max_new_tokens=NEW, method="sd", tree="4x4:8", ignore_eos=True).token_ids \
+        == ar_tokens[0]
+    r = eng.generate(prompts[1], max_new_tokens=NEW, method="parallelspec", tree="3x3", ignore_eos=True)
+    assert r.token_ids == ar_tokens[1] and r.stats["tree"] == "3x3:9"
 
 
 def test_a_replay_of_the_real_pairs_trace_makes_its_rounds(pair, prompts, monkeypatch):

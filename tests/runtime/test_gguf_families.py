@@ -15,6 +15,7 @@ from specengine.models.gguf_weights import load_quantized
 from specengine.models.loading import load_model
 from specengine.runtime.runner import ModelRunner
 from helpers.gguf_files import write_gguf
+from helpers.cache import fresh_cache
 
 gguf = pytest.importorskip("gguf")
 
@@ -55,7 +56,7 @@ def test_tensors_read_through_the_cached_index_are_the_gguf_packages(tmp_path, m
 
     from specengine.models import gguf_weights
 
-    monkeypatch.setenv("SPECENGINE_CACHE", str(tmp_path / "cache"))
+    fresh_cache(monkeypatch, tmp_path / "cache")
     torch.manual_seed(0)
     hf = AutoModelForCausalLM_from(Qwen3Config(vocab_size=96, hidden_size=64, intermediate_size=96,
                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -10,11 +10,12 @@ import torch
 from specengine import Engine, machine
 from specengine.cli import main
 from specengine.models import cpu_matmul
+from helpers.cache import fresh_cache
 
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECENGINE_CACHE", str(tmp_path))
+    fresh_cache(monkeypatch, tmp_path)
     return tmp_path
 
 

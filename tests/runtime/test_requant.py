@@ -16,6 +16,7 @@ from specengine.models.decoder import Transformer
 from specengine.models.gguf_weights import load_quantized
 from specengine.models.quant_linear import QuantLinear, quant_layers
 from specengine.runtime.kv_cache import KVCache
+from helpers.cache import fresh_cache
 
 gguf = pytest.importorskip("gguf")
 
@@ -131,7 +132,7 @@ def test_the_switch_and_its_errors(blocks, monkeypatch):
 
 
 def test_the_agreement_is_measured_once(blocks, monkeypatch, tmp_path):
-    monkeypatch.setenv("SPECENGINE_CACHE", str(tmp_path))
+    fresh_cache(monkeypatch, tmp_path)
     target, draft = blocks
     calls = []
     real = draft_requant._greedy

@@ -7,6 +7,7 @@ import torch
 
 from specengine import timing
 from specengine.runtime.step_costs import StepCosts, measure_step_costs
+from helpers.cache import fresh_cache
 
 
 class Clock:
@@ -61,7 +62,7 @@ def test_warmup_measures_what_every_cost_driven_method_would_measure_in_its_firs
     from specengine import Engine
     from specengine.runtime import step_costs as sc
 
-    monkeypatch.setenv("SPECENGINE_CACHE", str(tmp_path))  # an empty machine table: warmup times them
+    fresh_cache(monkeypatch, tmp_path)  # an empty machine table: warmup times them
     measured = []
     real = sc.measure_step_costs
     monkeypatch.setattr(sc, "measure_step_costs", lambda *a, **k: measured.append(1) or real(*a, **k))
@@ -86,7 +87,7 @@ def test_a_second_engine_on_this_machine_reads_the_costs_from_its_table(tiny_pai
     from specengine import Engine
     from specengine.runtime import step_costs as sc
 
-    monkeypatch.setenv("SPECENGINE_CACHE", str(tmp_path))
+    fresh_cache(monkeypatch, tmp_path)
     measured = []
     real = sc.measure_step_costs
     monkeypatch.setattr(sc, "measure_step_costs", lambda *a, **k: measured.append(a[3]) or real(*a, **k))
@@ -115,7 +116,7 @@ def test_the_rounds_corrections_are_filed_and_a_new_engine_starts_from_them(tiny
     from specengine import Engine, machine
     from specengine.methods import round_clock
 
-    monkeypatch.setenv("SPECENGINE_CACHE", str(tmp_path))
+    fresh_cache(monkeypatch, tmp_path)
     first = Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]), max_seq_len=96)
     first.generate([5, 9, 2], max_new_tokens=4, ignore_eos=True, method="sd", gamma="auto")  # costs filed
     first._acceptance["greedy:round_clock"] = {"plain": 1.3, "spec": 1.5}  # as a call's rounds leave them
@@ -152,7 +153,7 @@ def test_the_greedy_acceptance_is_filed_and_seeds_measured_costs_only(tiny_pair,
     from specengine import Engine
     from specengine.methods.policies import AutoGammaPolicy
 
-    monkeypatch.setenv("SPECENGINE_CACHE", str(tmp_path))
+    fresh_cache(monkeypatch, tmp_path)
     engine = lambda: Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]),  # noqa: E731
                             max_seq_len=96)
     first = engine()
@@ -188,7 +189,7 @@ def test_warmup_files_nothing(tiny_pair, tokenizer, monkeypatch, tmp_path):
 
     from specengine import Engine, machine
 
-    monkeypatch.setenv("SPECENGINE_CACHE", str(tmp_path))
+    fresh_cache(monkeypatch, tmp_path)
     eng = Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]), max_seq_len=96)
     eng.warmup()
     assert eng._clocks.key is not None and eng._clocks.key not in machine.load()
