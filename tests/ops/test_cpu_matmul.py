@@ -1,6 +1,8 @@
 """CPU matmul paths chosen by measurement: every path computes F.linear, the choice follows
 the timings, the table is cached per machine, packed weights round-trip, tokens unchanged."""
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -174,3 +176,14 @@ def test_a_packed_model_deep_copies_to_plain_weights(tiny_dir):
     assert clone.packed_weight is None and clone.plan_fns is None and torch.equal(clone.weight, dense)
     x = torch.randn(2, dense.shape[1])
     torch.testing.assert_close(clone(x), layer(x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_suite_files_into_a_table_of_its_own(monkeypatch, tmp_path):
+    """conftest.py points the machine's table away from the user's cache (no test files into a
+    user's table); SPECENGINE_PLAN_DIR moves it."""
+    assert machine.cache_path().parent == Path(os.environ["SPECENGINE_PLAN_DIR"])
+    assert machine.cache_dir() not in machine.cache_path().parents
+    monkeypatch.setenv("SPECENGINE_PLAN_DIR", str(tmp_path))
+    assert machine.cache_path().parent == tmp_path
+    monkeypatch.delenv("SPECENGINE_PLAN_DIR")
+    assert machine.cache_path().parent == machine.cache_dir() / "plan"
