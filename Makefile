@@ -35,20 +35,20 @@ demo: $(CORE)
 # headers of a CUDA build of torch are extracted once (cached) so csrc/ is nvcc-checked
 # against them; where they cannot be had, that one test skips (and fails CI, which allows
 # only "needs CUDA" skips: SPECENGINE_NO_SKIPS=1 in .ci/run). The fast tier on two
-# pytest-xdist workers (WORKERS), a test file's tests on one of them, one torch thread each
-# (914 s in one process, 483 s so on the 2-core EPYC; two threads each, four on two cores,
-# was slower); then the slow tier (real models, GPU-check rehearsals, Ray) in one process
-# with torch's default threads: on two workers a real pair beside Ray's object store ran the
-# 24 GiB machine out of memory. The slowest tests are listed at the end: CI is held to about
-# 20 minutes, and each run states its peak memory.
+# pytest-xdist workers (WORKERS), test by test, one torch thread each (438 s on a 2-core Zen 5;
+# two threads each, four on two cores, was slower); then the slow tier (real models, GPU-command
+# rehearsals, Ray) on two workers, a file at a time: every memory-heavy file (real models, Ray's
+# cluster) in turn on one worker with every core's thread, the light ones (the rehearsals: mostly
+# one busy thread) on the other with one (tests/helpers/scheduling.py). The slowest tests are
+# listed at the end: CI is held to about 20 minutes, and each run states its peak memory.
 # Then the tests that depend on what this machine makes `auto` choose run again with each
 # choice forced, so a submission made on one CPU kind is checked for the others too.
 WORKERS ?= 2
-XDIST = -n $(WORKERS) --dist loadgroup
+XDIST = -n $(WORKERS)
 test: $(STAMP)
 	$(PY) tools/ext_check.py --fetch-only
-	SPECENGINE_TEST_THREADS=1 $(VENV)/bin/pytest -q $(XDIST) -m "not slow" --durations=10 $(PYTEST_ARGS)
-	$(VENV)/bin/pytest -q -m slow --durations=10 $(PYTEST_ARGS)
+	SPECENGINE_TEST_THREADS=1 $(VENV)/bin/pytest -q $(XDIST) --dist load -m "not slow" --durations=10 $(PYTEST_ARGS)
+	SPECENGINE_HEAVY_THREADS=$$(nproc) $(VENV)/bin/pytest -q $(XDIST) --dist loadscope -m slow --durations=10 $(PYTEST_ARGS)
 	SPECENGINE_CPU_DTYPE=bfloat16 $(VENV)/bin/pytest -q -m cpu_dtype_choice $(PYTEST_ARGS)
 	SPECENGINE_CPU_DTYPE=float32 $(VENV)/bin/pytest -q -m cpu_dtype_choice $(PYTEST_ARGS)
 	SPECENGINE_INVARIANT_PROBE=refuse $(VENV)/bin/pytest -q -m invariance_probe $(PYTEST_ARGS)

@@ -26,17 +26,14 @@ if not os.environ.get("SPECENGINE_PLAN_DIR"):
     atexit.register(shutil.rmtree, os.environ["SPECENGINE_PLAN_DIR"], True)
 if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("SPECENGINE_TEST_THREADS"):
     torch.set_num_threads(int(os.environ["SPECENGINE_TEST_THREADS"]))  # one per worker: no oversubscription
+# the slow tier on two workers: every memory-heavy file on one (helpers/scheduling.py)
+from helpers.scheduling import pytest_runtest_setup, pytest_xdist_make_scheduler  # noqa: E402,F401
 
 
 def pytest_collection_modifyitems(config, items):
-    # a fast tier first: the tests marked `slow` (real models, the GPU-check rehearsals, the
+    # a fast tier first: the tests marked `slow` (real models, the GPU-command rehearsals, the
     # nvcc compile) run last, in their order, so a broken change fails in minutes
     items[:] = [i for i in items if "slow" not in i.keywords] + [i for i in items if "slow" in i.keywords]
-    # two workers (`make test`): a file's tests stay on one worker (its module fixtures load once),
-    # and every real-model test on the same one, in turn: one real pair in memory at a time
-    if config.getoption("dist", "no") == "loadgroup":
-        for item in items:
-            item.add_marker(pytest.mark.xdist_group("real" if "real" in item.keywords else item.path.name))
     if os.environ.get("TRITON_INTERPRET") == "1":
         return
     skip = pytest.mark.skip(reason=f"runs Triton kernels on CPU tensors: on a GPU machine run it with "
@@ -44,6 +41,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "interpreter" in item.keywords:
             item.add_marker(skip)
+
 
 def _peaks() -> tuple[float, float]:
     """(this process, the largest process it ran and waited for) peak resident GiB. Linux counts a
