@@ -52,7 +52,8 @@ REAL_FILES = ["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "smo
 @pytest.mark.parametrize("name", REAL_FILES)
 def test_every_tensor_dequantizes_as_the_gguf_package_does(name):
     """Our torch reference against `gguf`'s dequantizer on every quantized tensor of the file
-    (in row chunks, to keep memory small)."""
+    (its first and last 1,024 rows: a block decodes alike at every row, and `gguf`'s numpy
+    dequantizer took a minute over both real files' every row in CI)."""
     import numpy as np
     from gguf import GGUFReader
     from gguf.quants import dequantize
@@ -66,8 +67,8 @@ def test_every_tensor_dequantizes_as_the_gguf_package_does(name):
         if t.tensor_type.name not in FORMATS:
             continue
         data = np.asarray(t.data)
-        for lo in range(0, data.shape[0], 8192):
-            chunk = data[lo:lo + 8192]
+        for lo in sorted({0, max(0, data.shape[0] - 1024)}):
+            chunk = data[lo:lo + 1024]
             theirs = torch.from_numpy(dequantize(chunk, t.tensor_type).reshape(chunk.shape[0], -1))
             ours = dequantize_ref(torch.from_numpy(chunk.copy()), t.tensor_type.name)
             assert torch.equal(ours, theirs), (t.name, t.tensor_type.name)
