@@ -93,6 +93,8 @@ bench-serve: $(STAMP)
 bench-ray: $(STAMP)
 	$(PY) bench/serve_ray.py --out bench/results/cpu_serve_ray.json
 
+# The stream rates per ISA copy, llama.cpp beside ours, the same interleaved prompt by prompt (the
+# README's per-CPU row), and the first reply after warmup() against the next, in fresh processes.
 CPU_KIND = $$($(PY) -c "from specengine.machine import machine; print(machine()['isa'].lower())")
 bench-gguf: $(STAMP)
 	$(PY) bench/peers/llamacpp.py build
@@ -100,6 +102,7 @@ bench-gguf: $(STAMP)
 	$(PY) bench/gguf_cpu.py --llamacpp --out bench/results/cpu_gguf_vs_llamacpp.json
 	$(PY) bench/gguf_cpu.py --llamacpp --interleaved 2 --n-prompts 3 --max-new-tokens 64 \
 	  --out bench/results/cpu_gguf_interleaved_$(CPU_KIND).json
+	$(PY) bench/gguf_cpu.py --first-reply 3 --max-new-tokens 64 --out bench/results/cpu_gguf_first_reply_$(CPU_KIND).json
 
 # N-gram drafting on prompts that copy their input (specengine/prompts.py, COPY_PROMPTS) and on HumanEval:
 # HF generate and its prompt lookup, our ar, n-gram chains and tree, the draft model, the hybrid

@@ -9,7 +9,6 @@ silently ignored (tests/repo/test_suite_scheduling.py)."""
 import os
 
 import pytest
-import torch
 
 HEAVY_PATHS = ("tests/real/", "tests/serve/test_ray.py")
 
@@ -38,6 +37,8 @@ def pytest_runtest_setup(item):
     are mostly one busy Python thread, the real pair's matmuls want every core."""
     heavy_threads = os.environ.get("SPECENGINE_HEAVY_THREADS")
     if heavy_threads and os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
         threads = int(heavy_threads) if is_heavy(item.nodeid) else 1
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)

@@ -11,7 +11,7 @@ FILES = {"tests/real/test_pair.py": 3, "tests/real/test_gguf.py": 2, "tests/serv
          "tests/repo/test_rehearsal.py": 2, "tests/repo/test_packaging.py": 1}
 BODY = """import os, time
 def test_{i}(request):
-    time.sleep(0.3)
+    time.sleep(0.1)
     with open({log!r}, "a") as f:
         f.write(request.node.nodeid + " " + os.environ["PYTEST_XDIST_WORKER"] + " " + os.environ["OMP_NUM_THREADS"] + "\\n")
 """
