@@ -7,7 +7,11 @@ chain, the verify, the sampler and the commit with no eager gaps between them").
 Counted on CPU with the GPU op selection forced (Triton attention, sampler and commit under
 the interpreter, the engine's `kernels="triton"`) and graphs on through a stand-in capture
 whose replays are marked: every aten op outside a replay that is not a view or an
-allocation, plus every Triton launch, is a launch a GPU would see."""
+allocation, plus every Triton launch, is a launch a GPU would see. The interpreter runs each
+kernel once per call signature in this module (helpers/launches.py, Rehearsal: later calls
+report the launches the first made and compute with the torch reference), which took the file
+from ~150 to ~30 test-seconds on a 2-core Zen 5; the last test holds the shortcut to the full
+path, launch for launch."""
 import dataclasses
 import pytest
 import torch
@@ -16,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from specengine import Engine, generation
 
 pytest.importorskip("triton")
-from helpers.launches import NO_KERNEL  # noqa: E402
+from helpers.launches import NO_KERNEL, Rehearsal  # noqa: E402
 
 pytestmark = pytest.mark.interpreter  # kernels on CPU tensors (conftest.py)
 
@@ -31,14 +35,17 @@ SYNC = "SYNC"  # a device value read on the host
 class RoundLaunches(TorchDispatchMode):
     """Eager launches per round, and from each round's sync to its first graph replay."""
 
-    def __init__(self):
+    def __init__(self, rehearsal: Rehearsal | None = None):
         super().__init__()
+        self.rehearsal = rehearsal
         self.depth = 0  # > 0 inside a graph replay or a Triton launch
         self.rounds: list[list[str]] = []
         self.before_replay: list[int] = []  # launches from the sync to the first replay, per round
         self.captured: set[int] = set()  # rounds that captured a graph (and ran its warm-ups)
 
     def launch(self, name):
+        if self.rehearsal is not None:
+            self.rehearsal.note(name, self.depth)
         if self.depth == 0 and self.rounds:
             self.rounds[-1].append(name)
 
@@ -58,14 +65,21 @@ class RoundLaunches(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.fixture(scope="module")
+def rehearsal():
+    """The engine's Triton ops, interpreted once per call signature in this module (helpers/launches.py)."""
+    return Rehearsal()
+
+
 @pytest.fixture()
-def counted(monkeypatch):
+def counted(monkeypatch, rehearsal):
     """A RoundLaunches that sees Triton launches, graph replays and round boundaries."""
     from helpers.launches import launch_class
 
     InterpretedFunction = launch_class()  # noqa: N806 - the class whose `run` launches a kernel here
 
-    counter = RoundLaunches()
+    counter = RoundLaunches(rehearsal)
+    monkeypatch.setattr(rehearsal, "counter", counter)
     real_run, real_step = InterpretedFunction.run, generation.Generation.step
 
     def run(self, *a, **k):
@@ -116,14 +130,22 @@ def round_launches(engine, counter, **kw):
     return [rounds[i] for i in plain], gaps
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_pair, tokenizer):
+def triton_engine(tiny_pair, tokenizer):
     from helpers.fakes import random_drafter
     from helpers.fakes import random_head
 
     target, _, draft = tiny_pair
     return Engine(target, tokenizer, draft, max_seq_len=128, kernels="triton",
                   acceptance_head=random_head(draft, seed=3, bias=1.0), parallel_drafter=random_drafter(draft, k_max=3))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_pair, tokenizer, rehearsal):
+    """Every op on Triton, each kernel shape interpreted once in this module (the rehearsal)."""
+    eng = triton_engine(tiny_pair, tokenizer)
+    for runner in (eng.target, eng.draft):
+        runner.set_kernels(rehearsal.table(runner.normal_ops))
+    return eng
 
 
 # method -> (call, eager launches per round, launches from a round's sync to the next round's
@@ -193,3 +215,20 @@ def test_the_counter_sees_an_eager_tail(engine, counted, gpu_policies, monkeypat
     commit_with(lambda *a: (commit_tokens_ref(*a), a[1].tolist()))
     rounds, _ = round_launches(engine, counted, method="ar")
     assert all(r.count(SYNC) == 2 for r in rounds)
+
+
+@pytest.mark.parametrize("name", ["sd", "sd-tree", "pearl"])  # a chain, a tree, PEARL's overlap
+def test_the_rehearsal_counts_what_every_kernel_run_counts(tiny_pair, tokenizer, engine, counted, gpu_policies, name,
+                                                           monkeypatch):
+    """The shortcut against the full path: the same rounds counted with every Triton op
+    interpreted at every call (a fresh engine) and with the module's rehearsal (each call
+    signature interpreted once, then its launches reported): launch for launch alike."""
+    kw = CALLS[name][0]
+    rehearsed = round_launches(engine, counted, **kw)
+    full_counter = RoundLaunches()
+    monkeypatch.setattr(counted, "rounds", full_counter.rounds)  # the patched launches now feed a fresh count
+    monkeypatch.setattr(counted, "before_replay", full_counter.before_replay)
+    monkeypatch.setattr(counted, "captured", full_counter.captured)
+    monkeypatch.setattr(counted, "rehearsal", None)
+    full = round_launches(triton_engine(tiny_pair, tokenizer), counted, **kw)
+    assert rehearsed == full
