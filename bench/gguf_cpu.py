@@ -178,6 +178,12 @@ def llamacpp_providers(n_prompts: int, new: int) -> dict:
     return out
 
 
+def decode_rate(stats: dict) -> float:
+    """New tokens over the call's wall time less its prefill: one-time work that lands inside the
+    call counts (stats["decode_tokens_per_s"], the plan's measured rate, times rounds only)."""
+    return stats["new_tokens"] / max(stats["wall_time_s"] - stats["prefill_s"], 1e-9)
+
+
 def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool) -> dict:
     """Providers interleaved prompt by prompt and repeated (a shared VM's speed drifts by +-20%
     within minutes, so providers run one after another compare two moments): per prompt and
@@ -189,10 +195,8 @@ def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool) -> dic
 
     def ours(method, **kw):
         def run(prompt):
-            r = eng.generate(prompt, max_new_tokens=new, method=method, ignore_eos=True, **kw)
-            s = r.stats
-            return {"decode_tokens_per_s": s["new_tokens"] / max(s["wall_time_s"] - s["prefill_s"], 1e-9),
-                    "prediction_error": s.get("prediction_error")}
+            s = eng.generate(prompt, max_new_tokens=new, method=method, ignore_eos=True, **kw).stats
+            return {"decode_tokens_per_s": decode_rate(s), "prediction_error": s.get("prediction_error")}
         return run
 
     providers = {"ours ar": ours("ar"), "ours sd:auto": ours("sd", gamma="auto"),
@@ -269,7 +273,7 @@ def one_first_reply(method: str, new: int) -> dict:
     prompt, rates, stats = humaneval(2)[1]["prompt"], [], []
     for _ in range(2):
         s = eng.generate(prompt, max_new_tokens=new, method=method, gamma="auto", ignore_eos=True).stats
-        rates.append(s["new_tokens"] / max(s["wall_time_s"] - s["prefill_s"], 1e-9))
+        rates.append(decode_rate(s))
         stats.append({k: s.get(k) for k in ("draft_rounds", "draft_prefills_deferred", "plain_rounds", "rounds")})
     return {"method": method, "first_decode_tokens_per_s": rates[0], "next_decode_tokens_per_s": rates[1],
             "first_over_next": rates[0] / rates[1], "first_stats": stats[0], "next_stats": stats[1]}
@@ -285,9 +289,12 @@ def first_replies(processes: int, new: int) -> dict:
     runs = []
     for rep in range(processes):
         for method in FIRST_REPLY:
-            out = subprocess.run([sys.executable, __file__, "--one-first-reply", method, "--max-new-tokens", str(new)],
-                                 capture_output=True, text=True, check=True).stdout
-            runs.append(dict(json.loads(out.strip().splitlines()[-1]), process=rep))
+            proc = subprocess.run([sys.executable, __file__, "--one-first-reply", method, "--max-new-tokens", str(new)],
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"first reply {method}, process {rep} failed (exit {proc.returncode}):\n"
+                                 f"{proc.stderr[-3000:]}")
+            runs.append(dict(json.loads(proc.stdout.strip().splitlines()[-1]), process=rep))
             print(f"first reply {method:7s} process {rep}: {runs[-1]['first_over_next']:.2f}x the next", flush=True)
     ratios = {m: [r["first_over_next"] for r in runs if r["method"] == m] for m in FIRST_REPLY}
     return {"processes": processes, "new_tokens": new, "runs": runs,

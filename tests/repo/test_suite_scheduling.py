@@ -7,8 +7,9 @@ from collections import defaultdict
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]  # tests/: the plugin imports as helpers.scheduling
-FILES = {"tests/real/test_pair.py": 3, "tests/real/test_gguf.py": 2, "tests/serve/test_ray.py": 2,
-         "tests/repo/test_rehearsal.py": 2, "tests/repo/test_packaging.py": 1}
+FILES = {  # path: (tests, memory-heavy)
+    "tests/real/test_pair.py": (3, True), "tests/real/test_gguf.py": (2, True), "tests/serve/test_ray.py": (2, True),
+    "tests/repo/test_rehearsal.py": (2, False), "tests/repo/test_packaging.py": (1, False)}
 BODY = """import os, time
 def test_{i}(request):
     time.sleep(0.1)
@@ -20,7 +21,7 @@ def test_{i}(request):
 def test_heavy_files_share_one_worker_and_light_ones_take_the_other(tmp_path):
     log = tmp_path / "ran.txt"
     (tmp_path / "pyproject.toml").write_text("")  # the rootdir: node ids start with tests/
-    for name, n in FILES.items():
+    for name, (n, _) in FILES.items():
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join(BODY.format(i=i, log=str(log)) for i in range(n)))
@@ -32,9 +33,9 @@ def test_heavy_files_share_one_worker_and_light_ones_take_the_other(tmp_path):
     workers, threads = defaultdict(set), {}
     for line in log.read_text().splitlines():
         nodeid, worker, omp = line.split()
-        heavy = nodeid.startswith(("tests/real/", "tests/serve/test_ray.py"))
+        heavy = FILES[nodeid.split("::")[0]][1]
         workers[heavy].add(worker)
         threads[nodeid] = (heavy, omp)
-    assert len(threads) == sum(FILES.values())
+    assert len(threads) == sum(n for n, _ in FILES.values())
     assert len(workers[True]) == 1 and workers[True].isdisjoint(workers[False])  # one real pair at a time
     assert all(omp == ("2" if heavy else "1") for heavy, omp in threads.values())

@@ -225,10 +225,7 @@ def test_the_rehearsal_counts_what_every_kernel_run_counts(tiny_pair, tokenizer,
     signature interpreted once, then its launches reported): launch for launch alike."""
     kw = CALLS[name][0]
     rehearsed = round_launches(engine, counted, **kw)
-    full_counter = RoundLaunches()
-    monkeypatch.setattr(counted, "rounds", full_counter.rounds)  # the patched launches now feed a fresh count
-    monkeypatch.setattr(counted, "before_replay", full_counter.before_replay)
-    monkeypatch.setattr(counted, "captured", full_counter.captured)
-    monkeypatch.setattr(counted, "rehearsal", None)
+    for name, empty in (("rounds", []), ("before_replay", []), ("captured", set()), ("rehearsal", None)):
+        monkeypatch.setattr(counted, name, empty)  # the patched launches now feed a fresh count
     full = round_launches(triton_engine(tiny_pair, tokenizer), counted, **kw)
     assert rehearsed == full
