@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .machine import machine
+from .machine import cpuinfo, machine
 from .models.cpu_matmul import matvec_bound
 from .errors import SpecEngineError
 from .prompts import humaneval
@@ -88,7 +88,8 @@ def environment() -> dict:
     cpu = machine()
     commit = os.environ.get("SPECENGINE_COMMIT") or commit  # set by gpu_check: a copied tree's .git may be stale
     env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-           "cpu": cpu["cpu"], "cpu_isa": cpu["isa"], "cpu_threads": cpu["threads"],
+           "cpu": cpu["cpu"], "cpu_family_model": f"{cpuinfo('cpu family')}/{cpuinfo('model')}",
+           "cpu_isa": cpu["isa"], "cpu_threads": cpu["threads"],
            "commit": commit, "command": " ".join(sys.argv)}
     if torch.cuda.is_available():
         env.update(device=torch.cuda.get_device_name(), cuda=torch.version.cuda)

@@ -24,14 +24,18 @@ import torch
 
 @functools.lru_cache(maxsize=None)
 def cpu_name() -> str:
+    return cpuinfo("model name") or platform.processor() or platform.machine()
+
+
+def cpuinfo(field: str) -> str | None:
+    """A field of /proc/cpuinfo's first processor (None off Linux or where it is missing): a VM
+    may name its CPU only "AMD EPYC", so benchmarks also record "cpu family" and "model"."""
     try:
         with open("/proc/cpuinfo") as f:
-            found = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.M)
-            if found:
-                return found.group(1).strip()
+            found = re.search(rf"^{re.escape(field)}\s*:\s*(.+)$", f.read(), re.M)
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return None
+    return found.group(1).strip() if found else None
 
 
 @functools.lru_cache(maxsize=None)
