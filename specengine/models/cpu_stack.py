@@ -1,17 +1,18 @@
 """A GGUF model's decoder layers in one compiled call at decode and verify widths (CPU).
 
 The Python layer loop dispatches ~15 short ops a layer; on a 2-core CPU that is ~5 ms a step,
-a third of what a 0.5B draft's weights take to read. `csrc/decode_stack.cpp` holds the same
-ops for every layer and runs them in C++ (the CPU's counterpart of a CUDA graph): the same
-functions, arguments and order as decoder.py's layers with the "cpu" ops table, so the result
-is the Python loop's bit for bit (tests/runtime/test_cpu_stack.py compares them).
+a third of what a 0.5B draft's weights take to read. `csrc/decode_stack.cpp` walks the same
+layer program as decoder.py's loop (layer_program.py: one description of the layer) in C++
+(the CPU's counterpart of a CUDA graph), calling the functions the "cpu" ops table calls with
+the same arguments, so the result is the Python loop's bit for bit
+(tests/runtime/test_cpu_stack.py compares them).
 
 It applies where that equivalence holds: a CPU model whose projections are all GGUF blocks the
-extension multiplies (QuantLinear), plain Llama-family layers (no Gemma norms, no sliding
-windows), a chain step (no tree) of at most MAX_WIDTH tokens per row, and the compiled ops
-(attention "cpu" or "cpu-rows": the per-row attention at these widths), outside any tracing
-(a trace, e.g. a graph stand-in's make_fx, would record one call's result, not the ops). Anything
-else runs the Python loop. The stack is built on first use per model and rebuilt when a layer's layout
+extension multiplies (QuantLinear), whose program's ops the executor knows (DecodeStack.OPS),
+without sliding windows; a chain step (no tree) of at most MAX_WIDTH tokens per row; the
+compiled ops (attention "cpu" or "cpu-rows": the per-row attention at these widths); outside
+any tracing (a trace, e.g. a graph stand-in's make_fx, would record one call's result, not the
+ops). Anything else runs the Python loop. The stack is built on first use per model and rebuilt when a layer's layout
 changes (QuantLinear.pack_segment) or the model's dtype does.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..kernels import cpu_ext
 from ..kernels.row_attention import ROW_ATTENTION_WIDTH
-from . import quant_linear
+from . import layer_program, quant_linear
 from .quant_linear import EXT_CODES, QuantLinear
 
 MAX_WIDTH = ROW_ATTENTION_WIDTH  # tokens per row: where the "cpu" attention is the per-row one
@@ -44,9 +45,14 @@ def _segments(layer) -> list | None:
 
 
 def build(model):
-    """The model's DecodeStack, or None where some layer needs the Python loop."""
+    """The model's DecodeStack, or None where some layer needs the Python loop: an op of its program
+    the C++ executor does not know, a projection that is not GGUF blocks it multiplies, norms of
+    another eps or dtype."""
     cfg, dtype = model.config, model.dtype
-    if not cpu_ext.has("DecodeStack") or model.device.type != "cpu" or cfg.gemma or model.windows:
+    if not cpu_ext.has("DecodeStack") or model.device.type != "cpu" or model.windows:
+        return None
+    program = layer_program.program_for(cfg)
+    if any(op not in cpu_ext.EXT.DecodeStack.OPS for op, _ in program):
         return None
     first = model.layers[0]
     eps, attn = first.input_layernorm.eps, first.self_attn
@@ -54,16 +60,18 @@ def build(model):
     scale = attn.scale if attn.scale is not None else attn.hd ** -0.5
     stack = cpu_ext.EXT.DecodeStack(attn.nh, attn.nkv, eps, qk_eps, scale)
     for layer in model.layers:
-        a, mlp = layer.self_attn, layer.mlp
-        norms = [layer.input_layernorm, layer.post_attention_layernorm]
+        steps = layer_program.bind(program, layer)
+        norms = [m for op, m in steps if op in ("norm", "add_norm")]
+        linears = [m for op, m in steps if op == "linear"]
+        projections = [_segments(p) for p in linears]
+        a = layer.self_attn
         qk = (a.q_norm.weight, a.k_norm.weight) if hasattr(a, "q_norm") else (None, None)
-        projections = [_segments(p) for p in (a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj)]
-        if (any(p is None for p in projections) or mlp.gelu or any(n.eps != eps for n in norms)
+        if (any(p is None for p in projections) or any(n.eps != eps for n in norms)
                 or any(w is not None and w.dtype != dtype for w in [n.weight for n in norms] + list(qk))
                 or (qk[0] is not None and a.q_norm.eps != qk_eps)):
             return None
-        qkv, o, gate_up, down = projections
-        stack.add_layer(norms[0].weight, norms[1].weight, qkv, a.qkv_proj.bias, o, gate_up, down, *qk)
+        stack.add_layer([op for op, _ in program], [n.weight for n in norms],
+                        [(segs, lin.bias) for segs, lin in zip(projections, linears)], *qk)
     return stack
 
 

@@ -2,9 +2,10 @@
 
 Parameter names mirror transformers' (minus the `model.` prefix), except that q/k/v and
 gate/up are merged into one projection each (`qkv_proj`, `gate_up_proj`: one GEMM instead
-of three or two); `merge_checkpoint` maps a checkpoint's HF names onto them. Each op goes
+of three or two); `merge_checkpoint` maps a checkpoint's HF names onto them. Each op
 comes from the forward's ops table (kernels/ops.py: the torch reference or the Triton
-kernel, as the engine's `kernels` option chose; the runner passes it).
+kernel, as the engine's `kernels` option chose; the runner passes it), in the order the layer
+program says (layer_program.py; csrc/decode_stack.cpp walks the same program in C++).
 Every entry point writes the new tokens' K/V at `cache.lens[b] + j` and
 returns logits; the caller decides what to commit and sets `cache.lens` (rollback is
 lowering it). Nothing here syncs with the host.
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import cpu_stack
+from . import cpu_stack, layer_program
 from .config import ModelConfig
 from ..kernels.ops import TORCH, Ops
 from ..layers.norm import RMSNorm
@@ -103,6 +104,8 @@ def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
+    """The attention's weights and its two steps of the layer program (layer_program.py)."""
+
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -118,61 +121,65 @@ class Attention(nn.Module):
         """(q weight, k weight, eps) for the rope_kv_write op, or None."""
         return (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if hasattr(self, "q_norm") else None
 
-    def forward(self, x, layer_idx, cache, step: Step):
-        B, T, _ = x.shape
+    def rope_kv_write(self, qkv, layer_idx, cache, step: Step):
+        """The rotated q of the merged projection; k and v go into the cache."""
         rope = step.rope_local if self.window is not None and step.rope_local is not None else step.rope
-        q = cache.store(layer_idx, self.qkv_proj(x), rope, self.nh, self.nkv, step.ops.rope_kv_write,
-                        self.qk_norm())
+        return cache.store(layer_idx, qkv, rope, self.nh, self.nkv, step.ops.rope_kv_write, self.qk_norm())
+
+    def attention(self, q, layer_idx, cache, step: Step):
+        B, T = q.shape[:2]
         k_all, v_all = cache.layer(layer_idx, step.attn_len)
         window = step.windows[self.window] if self.window is not None else None
         out = step.ops.attention(q, k_all, v_all, cache.lens, step.tree_mask, sm_scale=self.scale, window=window)
-        return self.o_proj(out.reshape(B, T, self.nh * self.hd))
+        return out.reshape(B, T, self.nh * self.hd)
 
 
 class MLP(nn.Module):
+    """The MLP's weights (its steps: layer_program.py)."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         inter = cfg.intermediate_size
         self.gate_up_proj = merged_linear(cfg.hidden_size, {"gate_proj": inter, "up_proj": inter}, False)
         self.down_proj = Linear(inter, cfg.hidden_size, bias=False)
-        self.gelu = cfg.act == "gelu_tanh"
-
-    def forward(self, x, ops: Ops = TORCH):
-        act = gelu_tanh_and_mul if self.gelu else ops.silu_and_mul
-        return self.down_proj(act(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
+    """A layer's weights, and the Python executor of its program (layer_program.py: LLAMA, or
+    GEMMA's sandwich of norms before and after attention and MLP, whose norm weights are held as
+    Gemma's (1 + w): loading.py adds the 1). csrc/decode_stack.cpp walks the same program."""
+
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
+        self.program = layer_program.program_for(cfg)
         self.self_attn = Attention(cfg, layer)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if cfg.gemma:
+            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, residual, layer_idx, cache, step: Step):
-        """(this layer's MLP output, the residual stream before it): the next norm adds them."""
-        h, residual = self.input_layernorm.add_forward(x, residual, step.ops)
-        h, residual = self.post_attention_layernorm.add_forward(self.self_attn(h, layer_idx, cache, step), residual,
-                                                                step.ops)
-        return self.mlp(h, step.ops), residual
-
-
-class GemmaDecoderLayer(DecoderLayer):
-    """Gemma 3's sandwich: norms before and after attention and MLP. The post norms' outputs
-    join the residual stream in the next norm's fused add, as in DecoderLayer. Norm weights
-    are held as Gemma's (1 + w) (loading.py adds the 1), so every norm is the same RMSNorm."""
-
-    def __init__(self, cfg: ModelConfig, layer: int = 0):
-        super().__init__(cfg, layer)
-        self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(self, x, residual, layer_idx, cache, step: Step):
-        h, residual = self.input_layernorm.add_forward(x, residual, step.ops)
-        a = self.post_attention_layernorm(self.self_attn(h, layer_idx, cache, step), step.ops)
-        h, residual = self.pre_feedforward_layernorm.add_forward(a, residual, step.ops)
-        return self.post_feedforward_layernorm(self.mlp(h, step.ops), step.ops), residual
+    def forward(self, h, residual, layer_idx, cache, step: Step):
+        """(this layer's last output, the residual stream before it): the next norm adds them."""
+        for op, module in layer_program.bind(self.program, self):
+            if op == "add_norm":
+                h, residual = module.add_forward(h, residual, step.ops)
+            elif op == "norm":
+                h = module(h, step.ops)
+            elif op == "linear":
+                h = module(h)
+            elif op == "rope_kv_write":
+                h = module.rope_kv_write(h, layer_idx, cache, step)
+            elif op == "attention":
+                h = module.attention(h, layer_idx, cache, step)
+            elif op == "silu_and_mul":
+                h = step.ops.silu_and_mul(h)
+            elif op == "gelu_tanh_and_mul":
+                h = gelu_tanh_and_mul(h)
+            else:
+                raise ValueError(f"decoder layer: no Python executor for op {op!r}")
+        return h, residual
 
 
 class Transformer(nn.Module):
@@ -184,8 +191,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        layer = GemmaDecoderLayer if cfg.gemma else DecoderLayer
-        self.layers = nn.ModuleList(layer(cfg, i) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.windows = sorted({w for w in cfg.layer_windows if w is not None})  # the distinct sliding windows
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -229,7 +235,7 @@ class Transformer(nn.Module):
             step.windows = {w: (pos - (w - 1)).to(torch.int32) for w in self.windows}
             if cache.rope_local is not None:
                 step.rope_local = StepRope.build(cache, pos, write_pos, x, kernel, local=True)
-        stacked = cpu_stack.run(self, x, cache, step)  # the same layers in one compiled call, where it can
+        stacked = cpu_stack.run(self, x, cache, step)  # the same layer program in one compiled call, where it can
         if stacked is not None:
             x, residual = stacked
         else:

@@ -1,15 +1,18 @@
 """The compiled layer stack (models/cpu_stack.py, csrc/decode_stack.cpp) is the Python layer loop
-bit for bit: logits and every K/V it writes, at decode and verify widths, batches, Qwen2's q/k/v
-bias, Qwen3's q/k norms, fp32 and bf16 activations, layers whose formats differ per segment and
-that are held interleaved or as the file's rows; a layout change rebuilds it; what it cannot run
-(trees, wider steps, float weights, Gemma) takes the Python loop; generation gives the same tokens."""
+bit for bit, both walking the layer program (models/layer_program.py): logits and every K/V it
+writes, at decode and verify widths, batches, Qwen2's q/k/v bias, Qwen3's q/k norms, Gemma 3's
+sandwich of norms and GeGLU, fp32 and bf16 activations, layers whose formats differ per segment
+and that are held interleaved or as the file's rows; a layout change rebuilds it; what it cannot
+run (trees, wider steps, float weights, sliding windows, an op it does not know) takes the Python
+loop; generation gives the same tokens."""
 import pytest
 import torch
 from conftest import tiny_config
 
 from ops.test_quant_matmul import random_blocks
 from specengine.kernels import cpu_ext
-from specengine.models import cpu_stack
+from specengine.layers.norm import RMSNorm
+from specengine.models import cpu_stack, layer_program
 from specengine.models.config import ModelConfig
 from specengine.models.decoder import Transformer
 from specengine.models.quant_linear import QuantLinear, quant_layers
@@ -25,11 +28,17 @@ FORMATS = {"qkv_proj": ("Q4_K", "Q6_K"), "o_proj": ("Q5_0", None), "gate_up_proj
 def quantized_tiny(kind="qwen2", dtype=torch.float32, seed=0, **kw):
     """A tiny random decoder (hidden 256: whole K-quant blocks) whose projections are GGUF blocks."""
     torch.manual_seed(seed)
+    if kind == "gemma3":
+        kw.setdefault("sliding_window", None)  # windows take the Python loop (a test below)
     cfg = ModelConfig.from_hf(tiny_config(kind, hidden_size=256, intermediate_size=512, head_dim=64, **kw))
     model = Transformer(cfg)
     for i, layer in enumerate(model.layers):
-        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+        for norm in (m for m in layer.modules() if isinstance(m, RMSNorm)):  # q/k norms too
             norm.weight.data = 1 + 0.3 * torch.randn_like(norm.weight)
+        # random blocks make outputs of ~30: scale the MLP's input so its gates sit where silu and
+        # gelu bend (else gelu(x) = x or 0 and an activation's error would not show)
+        steps = [name for _, name in layer_program.program_for(cfg)]
+        layer.get_submodule(steps[steps.index("mlp.gate_up_proj") - 1]).weight.data *= 0.05
         for parent in (layer.self_attn, layer.mlp):
             for name, (first, rest) in FORMATS.items():
                 lin = getattr(parent, name, None)
@@ -75,7 +84,7 @@ def ids(B, T, seed, vocab):
     return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])  # qkv bias, q/k norms, neither
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama", "gemma3"])  # qkv bias, q/k norms, neither, sandwich
 @pytest.mark.parametrize("B,T", [(1, 1), (2, 1), (1, 5), (2, 16)])
 @pytest.mark.parametrize("interleave", [False, True])
 @torch.inference_mode()
@@ -128,7 +137,22 @@ def test_what_the_stack_cannot_run_takes_the_python_loop(monkeypatch):
     float_layer.layers[0].self_attn.o_proj.parts = ()
     assert cpu_stack.build(float_layer) is None
     gemma = quantized_tiny("gemma3", num_hidden_layers=2, sliding_window=4)
-    assert cpu_stack.build(gemma) is None
+    assert gemma.windows and cpu_stack.build(gemma) is None
+    assert cpu_stack.build(quantized_tiny("gemma3")) is not None  # the same without windows
+
+
+@torch.inference_mode()
+def test_a_program_with_an_op_the_executor_does_not_know_takes_the_python_loop(monkeypatch):
+    model = quantized_tiny("llama")
+    assert cpu_stack.build(model) is not None
+    unknown = layer_program.LLAMA + (("softcap", None),)
+    monkeypatch.setattr(layer_program, "program_for", lambda cfg: unknown)
+    assert cpu_stack.build(model) is None
+    with pytest.raises(RuntimeError, match="no op 'softcap'"):
+        cpu_ext.EXT.DecodeStack(4, 2, 1e-6, 0.0, 0.125).add_layer(["softcap"], [], [], None, None)
+    with pytest.raises(RuntimeError, match="takes 2 norms and 4 projections"):
+        cpu_ext.EXT.DecodeStack(4, 2, 1e-6, 0.0, 0.125).add_layer([op for op, _ in layer_program.LLAMA], [], [],
+                                                                  None, None)
 
 
 @torch.inference_mode()
