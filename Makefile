@@ -95,11 +95,11 @@ bench-ray: $(STAMP)
 
 # The stream rates per ISA copy, llama.cpp beside ours, the same interleaved prompt by prompt (the
 # README's per-CPU row), and the first reply after warmup() against the next, in fresh processes.
-CPU_KIND = $$($(PY) -c "from specengine.machine import machine; print(machine()['isa'].lower())")
+CPU_KIND = $$($(PY) -c "from specengine.machine import cpu_kind; print(cpu_kind())")  # avx512_zen5, avx2_zen3, ...
 bench-gguf: $(STAMP)
 	$(PY) bench/peers/llamacpp.py build
 	$(PY) bench/gguf_cpu.py --streams --out bench/results/cpu_gguf_streams_$(CPU_KIND).json
-	$(PY) bench/gguf_cpu.py --llamacpp --out bench/results/cpu_gguf_vs_llamacpp.json
+	$(PY) bench/gguf_cpu.py --llamacpp --out bench/results/cpu_gguf_vs_llamacpp_$(CPU_KIND).json
 	$(PY) bench/gguf_cpu.py --llamacpp --interleaved 2 --n-prompts 3 --max-new-tokens 64 \
 	  --out bench/results/cpu_gguf_interleaved_$(CPU_KIND).json
 	$(PY) bench/gguf_cpu.py --first-reply 3 --max-new-tokens 64 --out bench/results/cpu_gguf_first_reply_$(CPU_KIND).json

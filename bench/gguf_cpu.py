@@ -12,9 +12,10 @@
    and 6) and its n-gram drafting, decode tokens/s from its own timers.
 
     python bench/gguf_cpu.py --out bench/results/cpu_gguf_first.json [--n-prompts 2 --max-new-tokens 48]
-    python bench/gguf_cpu.py --llamacpp --out bench/results/cpu_gguf_vs_llamacpp.json
-    python bench/gguf_cpu.py --streams [avx2 ...] --out bench/results/cpu_gguf_streams.json
-    python bench/gguf_cpu.py --first-reply 4 --out bench/results/cpu_gguf_first_reply.json
+    python bench/gguf_cpu.py --llamacpp --out bench/results/cpu_gguf_vs_llamacpp_<kind>.json
+    python bench/gguf_cpu.py --streams [avx2 ...] --out bench/results/cpu_gguf_streams_<kind>.json
+    python bench/gguf_cpu.py --first-reply 4 --out bench/results/cpu_gguf_first_reply_<kind>.json
+(<kind>: specengine.machine.cpu_kind(), e.g. avx512_zen5; `make bench-gguf` names them so)
 """
 from __future__ import annotations
 

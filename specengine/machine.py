@@ -38,6 +38,26 @@ def cpuinfo(field: str) -> str | None:
     return found.group(1).strip() if found else None
 
 
+ZEN = {23: "zen2", 26: "zen5"}  # AMD CPU family -> core; family 25 is Zen 3 without AVX-512, Zen 4 with it
+
+
+def cpu_kind() -> str:
+    """A short name of this CPU's kind for result files: torch's instruction set and the core where
+    /proc/cpuinfo tells it ("avx2_zen3", "avx512_zen4", "avx512_zen5", "avx512_xeon_amx"). A VM may
+    call Zen 4 and Zen 5 both "AMD EPYC", and both run AVX-512: the ISA alone would let one kind's
+    results overwrite the other's."""
+    isa = torch.backends.cpu.get_cpu_capability().lower()
+    vendor, family, flags = cpuinfo("vendor_id") or "", cpuinfo("cpu family") or "", (cpuinfo("flags") or "").split()
+    if vendor == "AuthenticAMD" and family.isdigit():
+        f = int(family)
+        core = ("zen4" if "avx512f" in flags else "zen3") if f == 25 else ZEN.get(f, f"amd{f}")
+    elif vendor == "GenuineIntel":
+        core = "xeon_amx" if "amx_tile" in flags else "xeon"
+    else:
+        core = re.sub(r"[^a-z0-9]+", "", (vendor or platform.machine()).lower()) or "cpu"
+    return f"{isa}_{core}"
+
+
 @functools.lru_cache(maxsize=None)
 def kernel_digest() -> str:
     """The compiled CPU kernels' identity: the first 12 hex digits of the extension file's

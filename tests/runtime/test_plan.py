@@ -97,3 +97,20 @@ def test_a_draft_on_another_device_is_in_the_plan(tiny_dir, cache):
     runner = eng.draft
     eng.draft = CrossDeviceDraft(runner, eng.device)
     assert eng.plan.ops["draft"] == dict(runner.ops.names)
+
+
+@pytest.mark.parametrize("vendor,family,flags,isa,kind", [
+    ("AuthenticAMD", "25", "fma avx2", "AVX2", "avx2_zen3"),
+    ("AuthenticAMD", "25", "avx2 avx512f avx512_vnni", "AVX512", "avx512_zen4"),
+    ("AuthenticAMD", "26", "avx2 avx512f avx512_vnni", "AVX512", "avx512_zen5"),
+    ("GenuineIntel", "6", "avx2 avx512f amx_tile", "AVX512", "avx512_xeon_amx"),
+    ("GenuineIntel", "6", "avx2 avx512f", "AVX512", "avx512_xeon"),
+    ("AuthenticAMD", "27", "avx2", "AVX2", "avx2_amd27"),
+])
+def test_the_cpu_kind_tells_zen_4_from_zen_5(monkeypatch, vendor, family, flags, isa, kind):
+    """Result files are named by CPU kind: a VM calls Zen 4 and Zen 5 both "AMD EPYC" and both run
+    AVX-512, so the ISA alone let one kind's benchmark overwrite the other's."""
+    fields = {"vendor_id": vendor, "cpu family": family, "flags": flags}
+    monkeypatch.setattr(machine, "cpuinfo", fields.get)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: isa)
+    assert machine.cpu_kind() == kind
