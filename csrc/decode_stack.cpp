@@ -6,7 +6,7 @@
 // decoder.py's Python loop walks, calling for each op the function the "cpu" ops table calls there
 // (and QuantLinear's forward for "linear"), with the same arguments, so the output is the Python
 // loop's bit for bit (the tests compare them). A program with an op not in kOps stays on the Python
-// loop, as do trees, windows and float weights: cpu_stack.py decides.
+// loop, as do trees and float weights: cpu_stack.py decides.
 #include "cpu_ops.h"
 
 #include <string>
@@ -58,6 +58,7 @@ struct Layer {
   std::vector<torch::Tensor> norms;     // one per norm / add_norm, in program order
   std::vector<Projection> projections;  // one per linear, in program order
   c10::optional<torch::Tensor> q_norm, k_norm;  // Qwen3's and Gemma's per-head norms
+  int64_t window;  // index of its sliding window in forward's `windows` (Gemma 3's local layers), or -1
 };
 
 using SegmentSpec = std::tuple<torch::Tensor, int64_t, int64_t, bool>;
@@ -80,8 +81,8 @@ class DecodeStack {
   // linear steps take, in program order.
   void add_layer(const std::vector<std::string>& program, const std::vector<torch::Tensor>& norms,
                  const std::vector<ProjectionSpec>& projections, const c10::optional<torch::Tensor>& q_norm,
-                 const c10::optional<torch::Tensor>& k_norm) {
-    Layer layer{{}, norms, {}, q_norm, k_norm};
+                 const c10::optional<torch::Tensor>& k_norm, int64_t window) {
+    Layer layer{{}, norms, {}, q_norm, k_norm, window};
     int64_t n_norms = 0, n_linears = 0;
     for (const auto& name : program) {
       const Op op = op_named(name);
@@ -99,15 +100,23 @@ class DecodeStack {
   int64_t size() const { return static_cast<int64_t>(layers_.size()); }
 
   // x [B, T, H] (the embeddings); cos / sin [B, T, D] in x's dtype, write_pos [B, T] int64, kv the cache
-  // [layers, 2, B, S, Hkv, D], lens [B] int32, attn_len the positions attention reads (<= S).
+  // [layers, 2, B, S, Hkv, D], lens [B] int32, attn_len the positions attention reads (<= S);
+  // local_cos / local_sin: the sliding-window layers' own RoPE tables where they differ (Gemma 3);
+  // windows: per sliding window, [B, T] int32, the first position each token sees.
   // Returns (the last layer's output, the residual stream), both [B, T, H], as decoder.py's loop.
   std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x, const torch::Tensor& cos,
                                                    const torch::Tensor& sin, const torch::Tensor& write_pos,
-                                                   const torch::Tensor& kv, const torch::Tensor& lens,
-                                                   int64_t attn_len) const {
+                                                   const torch::Tensor& kv, const torch::Tensor& lens, int64_t attn_len,
+                                                   const c10::optional<torch::Tensor>& local_cos,
+                                                   const c10::optional<torch::Tensor>& local_sin,
+                                                   const std::vector<torch::Tensor>& windows) const {
     TORCH_CHECK(x.dim() == 3 && kv.dim() == 6 && kv.size(0) == size() && kv.size(2) == x.size(0),
                 "DecodeStack.forward: x [B, T, H] and a cache [", size(), ", 2, B, S, Hkv, D] expected, got ",
                 x.sizes(), " and ", kv.sizes());
+    TORCH_CHECK(local_cos.has_value() == local_sin.has_value(), "DecodeStack.forward: local_cos and local_sin go together");
+    for (const Layer& L : layers_)
+      TORCH_CHECK(L.window < static_cast<int64_t>(windows.size()), "DecodeStack.forward: a layer reads window ",
+                  L.window, " of ", windows.size());
     pybind11::gil_scoped_release no_gil;
     const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = kv.size(5);
     const at::ScalarType dtype = x.scalar_type();
@@ -133,15 +142,21 @@ class DecodeStack {
           case Op::Linear:
             h = L.projections[linear++](h, dtype);
             break;
-          case Op::RopeKvWrite:
-            h = rope_kv_write_cpu(h.reshape({B, T, -1}), cos, sin, wpos, k_cache, v_cache, heads_, kv_heads_,
-                                  L.q_norm, L.k_norm, L.q_norm.has_value() ? qk_eps_ : 0.0);
+          case Op::RopeKvWrite: {
+            const bool local = L.window >= 0 && local_cos.has_value();
+            h = rope_kv_write_cpu(h.reshape({B, T, -1}), local ? *local_cos : cos, local ? *local_sin : sin, wpos,
+                                  k_cache, v_cache, heads_, kv_heads_, L.q_norm, L.k_norm,
+                                  L.q_norm.has_value() ? qk_eps_ : 0.0);
             break;
-          case Op::Attention:
+          }
+          case Op::Attention: {
+            const c10::optional<torch::Tensor> window =
+                L.window >= 0 ? c10::optional<torch::Tensor>(windows[L.window]) : c10::nullopt;
             h = row_attention(h, k_cache.narrow(1, 0, attn_len), v_cache.narrow(1, 0, attn_len), lens32,
-                              c10::nullopt, scale_, c10::nullopt)
+                              c10::nullopt, scale_, window)
                     .reshape({B * T, heads_ * D});
             break;
+          }
           case Op::SiluAndMul:
             h = silu_and_mul_cpu(h);
             break;
@@ -176,8 +191,11 @@ void register_decode_stack(pybind11::module& m) {
       .def(pybind11::init<int64_t, int64_t, double, double, double>(), pybind11::arg("heads"),
            pybind11::arg("kv_heads"), pybind11::arg("eps"), pybind11::arg("qk_eps"), pybind11::arg("scale"))
       .def("add_layer", &DecodeStack::add_layer, pybind11::arg("program"), pybind11::arg("norms"),
-           pybind11::arg("projections"), pybind11::arg("q_norm"), pybind11::arg("k_norm"))
+           pybind11::arg("projections"), pybind11::arg("q_norm"), pybind11::arg("k_norm"), pybind11::arg("window") = -1)
       .def("__len__", &DecodeStack::size)
-      .def("forward", &DecodeStack::forward)
+      .def("forward", &DecodeStack::forward, pybind11::arg("x"), pybind11::arg("cos"), pybind11::arg("sin"),
+           pybind11::arg("write_pos"), pybind11::arg("kv"), pybind11::arg("lens"), pybind11::arg("attn_len"),
+           pybind11::arg("local_cos") = c10::nullopt, pybind11::arg("local_sin") = c10::nullopt,
+           pybind11::arg("windows") = std::vector<torch::Tensor>{})
       .def_property_readonly_static("OPS", [](pybind11::object) { return op_names(); });
 }

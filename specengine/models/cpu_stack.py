@@ -9,7 +9,7 @@ the same arguments, so the result is the Python loop's bit for bit
 
 It applies where that equivalence holds: a CPU model whose projections are all GGUF blocks the
 extension multiplies (QuantLinear), whose program's ops the executor knows (DecodeStack.OPS),
-without sliding windows; a chain step (no tree) of at most MAX_WIDTH tokens per row; the
+sliding windows included (Gemma 3); a chain step (no tree) of at most MAX_WIDTH tokens per row; the
 compiled ops (attention "cpu" or "cpu-rows": the per-row attention at these widths); outside
 any tracing (a trace, e.g. a graph stand-in's make_fx, would record one call's result, not the
 ops). Anything else runs the Python loop. The stack is built on first use per model and rebuilt when a layer's layout
@@ -49,7 +49,7 @@ def build(model):
     the C++ executor does not know, a projection that is not GGUF blocks it multiplies, norms of
     another eps or dtype."""
     cfg, dtype = model.config, model.dtype
-    if not cpu_ext.has("DecodeStack") or model.device.type != "cpu" or model.windows:
+    if not cpu_ext.has("DecodeStack") or model.device.type != "cpu":
         return None
     program = layer_program.program_for(cfg)
     if any(op not in cpu_ext.EXT.DecodeStack.OPS for op, _ in program):
@@ -70,8 +70,9 @@ def build(model):
                 or any(w is not None and w.dtype != dtype for w in [n.weight for n in norms] + list(qk))
                 or (qk[0] is not None and a.q_norm.eps != qk_eps)):
             return None
+        window = -1 if a.window is None else model.windows.index(a.window)  # Gemma 3's local layers
         stack.add_layer([op for op, _ in program], [n.weight for n in norms],
-                        [(segs, lin.bias) for segs, lin in zip(projections, linears)], *qk)
+                        [(segs, lin.bias) for segs, lin in zip(projections, linears)], *qk, window)
     return stack
 
 
@@ -89,7 +90,7 @@ def run(model, x: torch.Tensor, cache, step):
     """(the last layer's MLP output, the residual stream) [B,T,H] from the compiled stack, or None
     where this step must take the Python loop."""
     B, T, _ = x.shape
-    if (T > MAX_WIDTH or B * T > MAX_ROWS or step.tree_mask is not None or step.windows
+    if (T > MAX_WIDTH or B * T > MAX_ROWS or step.tree_mask is not None
             or x.device.type != "cpu" or torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
             or any(step.ops.names[op] not in ok for op, ok in _FUSED.items())):
         return None
@@ -97,4 +98,7 @@ def run(model, x: torch.Tensor, cache, step):
     if stack is None:
         return None
     attn_len = cache.max_seq_len if step.attn_len is None else step.attn_len
-    return stack.forward(x, step.rope.cos, step.rope.sin, step.rope.write_pos, cache.kv, cache.lens, attn_len)
+    local = step.rope_local
+    windows = [step.windows[w] for w in model.windows] if step.windows else []
+    return stack.forward(x, step.rope.cos, step.rope.sin, step.rope.write_pos, cache.kv, cache.lens, attn_len,
+                         None if local is None else local.cos, None if local is None else local.sin, windows)

