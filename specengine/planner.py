@@ -27,6 +27,7 @@ class Plan:
     linears: dict  # role -> {shape group: {"storage", "paths": {rows: path}, "ms": {rows: ms of that path}}}
     layouts: dict  # role -> {"<qtype>:<rows>x<cols>": "x8" | "rows"} (GGUF blocks)
     invariance: dict  # batch-invariant mode: on, pad width, why, cost
+    forward: dict  # role -> what runs its layers on a CPU: the compiled layer stack or the Python loop, and why
     step_costs: dict  # batch -> {"draft_s", "target_s": per width}, measured so far
 
     def as_dict(self) -> dict:
@@ -50,6 +51,8 @@ class Plan:
                            + ", ".join(p["floored"]))
         for role, names in self.ops.items():
             out.append(f"{role} ops: " + ", ".join(f"{op}={impl}" for op, impl in sorted(names.items())))
+        for role, how in self.forward.items():
+            out.append(f"{role} layers: {how}")
         for role, groups in self.linears.items():
             for group, g in groups.items():
                 paths = " ".join(f"{r}:{p}" for r, p in g["paths"].items())
@@ -67,7 +70,7 @@ class Plan:
 
 def plan_of(engine) -> Plan:
     """The engine's plan as it stands (step costs appear once a call or `warmup` measured them)."""
-    from .models import cpu_matmul
+    from .models import cpu_matmul, cpu_stack
     from .models.quant_linear import quant_layers
 
     runners = {"target": engine.target} | ({"draft": engine.draft} if engine.draft is not None else {})
@@ -97,5 +100,7 @@ def plan_of(engine) -> Plan:
              for b, c in engine.measured_step_costs.items()}
     # a draft on another device than its target is a CrossDeviceDraft over its own runner
     ops = {role: dict(getattr(r, "runner", r).ops.names) for role, r in runners.items()}
+    models = {role: getattr(r, "runner", r).model for role, r in runners.items()}
+    forward = {role: cpu_stack.describe(m, ops[role]) for role, m in models.items() if m.device.type == "cpu"}
     return Plan(key=machine.key(), machine=machine.machine(), precision=precision, ops=ops, linears=linears,
-                layouts=layouts, invariance=inv, step_costs=costs)
+                layouts=layouts, invariance=inv, forward=forward, step_costs=costs)

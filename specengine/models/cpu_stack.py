@@ -44,36 +44,75 @@ def _segments(layer) -> list | None:
             for (q, w), n in zip(layer.stored(), layer.packed)]
 
 
+class Unfit(Exception):
+    """Why a model's layers take the Python loop (`refusal`, engine.plan says it)."""
+
+
 def build(model):
-    """The model's DecodeStack, or None where some layer needs the Python loop: an op of its program
-    the C++ executor does not know, a projection that is not GGUF blocks it multiplies, norms of
-    another eps or dtype."""
+    """The model's DecodeStack, or None where some layer needs the Python loop (`refusal` says why)."""
+    try:
+        return _build(model)
+    except Unfit:
+        return None
+
+
+def _build(model):
     cfg, dtype = model.config, model.dtype
-    if not cpu_ext.has("DecodeStack") or model.device.type != "cpu":
-        return None
+    if not cpu_ext.has("DecodeStack"):
+        raise Unfit("the compiled extension is not built")
+    if model.device.type != "cpu":
+        raise Unfit(f"the model is on {model.device.type}, not a CPU")
     program = layer_program.program_for(cfg)
-    if any(op not in cpu_ext.EXT.DecodeStack.OPS for op, _ in program):
-        return None
+    lacking = sorted({op for op, _ in program} - set(cpu_ext.EXT.DecodeStack.OPS))
+    if lacking:
+        raise Unfit(f"its layer program has ops the compiled executor lacks: {', '.join(lacking)}")
     first = model.layers[0]
     eps, attn = first.input_layernorm.eps, first.self_attn
     qk_eps = attn.q_norm.eps if hasattr(attn, "q_norm") else 0.0
     scale = attn.scale if attn.scale is not None else attn.hd ** -0.5
     stack = cpu_ext.EXT.DecodeStack(attn.nh, attn.nkv, eps, qk_eps, scale)
-    for layer in model.layers:
+    for i, layer in enumerate(model.layers):
         steps = layer_program.bind(program, layer)
         norms = [m for op, m in steps if op in ("norm", "add_norm")]
-        linears = [m for op, m in steps if op == "linear"]
+        named = [(name, m) for (op, m), (_, name) in zip(steps, program) if op == "linear"]
+        linears = [m for _, m in named]
         projections = [_segments(p) for p in linears]
         a = layer.self_attn
         qk = (a.q_norm.weight, a.k_norm.weight) if hasattr(a, "q_norm") else (None, None)
-        if (any(p is None for p in projections) or any(n.eps != eps for n in norms)
+        floats = [name for (name, _), p in zip(named, projections) if p is None]
+        if floats:
+            raise Unfit(f"layer {i}'s {', '.join(floats)} are not GGUF blocks the extension multiplies")
+        if (any(n.eps != eps for n in norms)
                 or any(w is not None and w.dtype != dtype for w in [n.weight for n in norms] + list(qk))
                 or (qk[0] is not None and a.q_norm.eps != qk_eps)):
-            return None
+            raise Unfit(f"layer {i}'s norms differ in eps or dtype from layer 0's")
         window = -1 if a.window is None else model.windows.index(a.window)  # Gemma 3's local layers
         stack.add_layer([op for op, _ in program], [n.weight for n in norms],
                         [(segs, lin.bias) for segs, lin in zip(projections, linears)], *qk, window)
     return stack
+
+
+def refusal(model) -> str | None:
+    """Why `model`'s layers take the Python loop at every width, or None: the compiled stack runs them."""
+    if stack_for(model) is not None:
+        return None
+    try:
+        _build(model)
+    except Unfit as why:
+        return str(why)
+    return None
+
+
+def describe(model, ops_names) -> str:
+    """What runs `model`'s layers under an ops table with these names (engine.plan)."""
+    why = refusal(model)
+    other = [f"{op}={ops_names.get(op)}" for op, ok in _FUSED.items() if ops_names.get(op) not in ok]
+    if why is None and other:
+        why = f"the ops table's {', '.join(other)} are not the compiled ones"
+    if why is not None:
+        return f"Python layer loop: {why}"
+    return (f"compiled layer stack (csrc/decode_stack.cpp) for decode and verify steps of up to {MAX_WIDTH} tokens "
+            "a row; the Python layer loop for prefill and trees")
 
 
 def stack_for(model):

@@ -133,9 +133,10 @@ def test_what_the_stack_cannot_run_takes_the_python_loop(monkeypatch):
     _, _, ran = step(model, monkeypatch, ids(1, 3, 9, V), ids(1, 4, 8, V), stacked=True, tree_mask=tree)
     assert not ran
     float_layer = quantized_tiny("qwen2")
-    float_layer.layers[0].self_attn.o_proj = torch.nn.Linear(256, 256, bias=False)
-    float_layer.layers[0].self_attn.o_proj.parts = ()
+    float_layer.layers[1].self_attn.o_proj = torch.nn.Linear(256, 256, bias=False)
+    float_layer.layers[1].self_attn.o_proj.parts = ()
     assert cpu_stack.build(float_layer) is None
+    assert cpu_stack.refusal(float_layer) == "layer 1's self_attn.o_proj are not GGUF blocks the extension multiplies"
 
 
 @pytest.mark.parametrize("B,T", [(1, 1), (2, 3), (1, 9)])
@@ -161,11 +162,24 @@ def test_a_program_with_an_op_the_executor_does_not_know_takes_the_python_loop(m
     unknown = layer_program.LLAMA + (("softcap", None),)
     monkeypatch.setattr(layer_program, "program_for", lambda cfg: unknown)
     assert cpu_stack.build(model) is None
+    assert cpu_stack.refusal(model) == "its layer program has ops the compiled executor lacks: softcap"
     with pytest.raises(RuntimeError, match="no op 'softcap'"):
         cpu_ext.EXT.DecodeStack(4, 2, 1e-6, 0.0, 0.125).add_layer(["softcap"], [], [], None, None)
     with pytest.raises(RuntimeError, match="takes 2 norms and 4 projections"):
         cpu_ext.EXT.DecodeStack(4, 2, 1e-6, 0.0, 0.125).add_layer([op for op, _ in layer_program.LLAMA], [], [],
                                                                   None, None)
+
+
+@torch.inference_mode()
+def test_the_plan_says_which_executor_runs_the_layers_and_why():
+    model = quantized_tiny("qwen2")
+    cpu_ops = ModelRunner(model, kernels="auto", cuda_graphs=False).ops.names
+    assert cpu_stack.refusal(model) is None
+    assert cpu_stack.describe(model, cpu_ops).startswith("compiled layer stack (csrc/decode_stack.cpp)")
+    torch_ops = ModelRunner(model, kernels="torch", cuda_graphs=False).ops.names
+    assert cpu_stack.describe(model, torch_ops) == ("Python layer loop: the ops table's add_rms_norm=torch, "
+                                                    "rope_kv_write=torch, silu_and_mul=torch, attention=torch "
+                                                    "are not the compiled ones")
 
 
 @torch.inference_mode()

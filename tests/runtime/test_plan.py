@@ -35,12 +35,15 @@ def test_the_plan_says_what_the_engine_runs(tiny_dir, cache):
             assert [entry["paths"][r] for r in sorted(entry["paths"])] == list(layers[0].plan.by_rows[1:])
             assert all(ms is not None and ms > 0 for ms in entry["ms"].values())
     assert plan.invariance["on"] == eng.batch_invariant and "why" in plan.invariance
+    # float weights: the Python layer loop, and the plan names the layer and projections that keep it there
+    assert plan.forward["target"].startswith("Python layer loop: layer 0's self_attn.qkv_proj, ")
     assert plan.step_costs == {}  # nothing has needed them yet
     eng.warmup()
     costs = eng.plan.step_costs["1"]
     assert costs["draft_s"] > 0 and len(costs["target_s"]) >= 2
     text = str(eng.plan)
     assert "precision: target" in text and "step costs (batch 1)" in text and "target linear" in text
+    assert "target layers: Python layer loop" in text
 
 
 def test_a_second_load_on_this_machine_measures_nothing(tiny_dir, cache, monkeypatch):
