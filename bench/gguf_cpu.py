@@ -197,7 +197,9 @@ def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool) -> dic
     def ours(method, **kw):
         def run(prompt):
             s = eng.generate(prompt, max_new_tokens=new, method=method, ignore_eos=True, **kw).stats
-            return {"decode_tokens_per_s": decode_rate(s), "prediction_error": s.get("prediction_error")}
+            why = {k: s[k] for k in ("gamma_mean", "plain_rounds", "rounds", "acceptance_rate", "round_cost_factors",
+                                     "predicted_tokens_per_s") if s.get(k) is not None}  # to read a slow run back
+            return {"decode_tokens_per_s": decode_rate(s), "prediction_error": s.get("prediction_error"), **why}
         return run
 
     providers = {"ours ar": ours("ar"), "ours sd:auto": ours("sd", gamma="auto"),
