@@ -1,8 +1,9 @@
 """The machine at hand, and the one cache of what was measured on it (docs/design.md, "The plan").
 
-The persisted load-time measurements (CPU matmul paths, GGUF block layouts and their costs,
-which feed the precision per role; not yet the batch-invariant probe or step costs, which are
-taken per engine) file their results in one table per *key*: the CPU model, torch's and our kernels' instruction sets, the thread
+The persisted measurements (CPU matmul paths, GGUF block layouts and their costs, which feed the
+precision per role; the step costs and the round clock's corrections, runtime/step_costs.py; not
+the batch-invariant probe, taken per engine: on a CPU it needs no timing where no padding is
+needed) file their results in one table per *key*: the CPU model, torch's and our kernels' instruction sets, the thread
 count, the torch version and a digest of the compiled kernels (the extension's bytes: any
 change of csrc/ or of its flags is a new digest). So a new kernel, torch or thread count reads
 a table of its own: nothing is bumped by hand, nothing stale is read. Each entry also keeps how
