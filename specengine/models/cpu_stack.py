@@ -31,7 +31,7 @@ MAX_WIDTH = ROW_ATTENTION_WIDTH  # tokens per row: where the "cpu" attention is 
 MAX_ROWS = 64  # B*T: decode and verify steps; a prefill takes the Python loop (same kernels and arithmetic)
 _FUSED = {"add_rms_norm": ("cpu",), "rope_kv_write": ("cpu",), "silu_and_mul": ("cpu",),
           "attention": ("cpu", "cpu-rows")}
-_STACKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> (key, DecodeStack | None)
+_STACKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> (key, DecodeStack | None, why not)
 quant_linear.on_layout_change(_STACKS.clear)  # a stale stack would keep the old weights alive
 
 
@@ -50,10 +50,15 @@ class Unfit(Exception):
 
 def build(model):
     """The model's DecodeStack, or None where some layer needs the Python loop (`refusal` says why)."""
+    return _built(model)[0]
+
+
+def _built(model) -> tuple:
+    """(the model's DecodeStack, None) or (None, why its layers take the Python loop)."""
     try:
-        return _build(model)
-    except Unfit:
-        return None
+        return _build(model), None
+    except Unfit as why:
+        return None, str(why)
 
 
 def _build(model):
@@ -93,20 +98,22 @@ def _build(model):
 
 
 def refusal(model) -> str | None:
-    """Why `model`'s layers take the Python loop at every width, or None: the compiled stack runs them."""
-    if stack_for(model) is not None:
-        return None
-    try:
-        _build(model)
-    except Unfit as why:
-        return str(why)
-    return None
+    """Why `model`'s layers take the Python loop at every width, or None: the compiled stack runs them
+    (read from the cached build, made now if there is none)."""
+    stack_for(model)
+    return _STACKS[model][2]
+
+
+def _uncompiled(ops_names):
+    """The ops whose implementation in this table the stack does not run (lazily: `run` stops at the
+    first, every forward)."""
+    return (op for op, ok in _FUSED.items() if ops_names.get(op) not in ok)
 
 
 def describe(model, ops_names) -> str:
     """What runs `model`'s layers under an ops table with these names (engine.plan)."""
     why = refusal(model)
-    other = [f"{op}={ops_names.get(op)}" for op, ok in _FUSED.items() if ops_names.get(op) not in ok]
+    other = [f"{op}={ops_names.get(op)}" for op in _uncompiled(ops_names)]
     if why is None and other:
         why = f"the ops table's {', '.join(other)} are not the compiled ones"
     if why is not None:
@@ -121,7 +128,7 @@ def stack_for(model):
     key = (model.dtype, model.device)
     have = _STACKS.get(model)
     if have is None or have[0] != key:
-        have = _STACKS[model] = (key, build(model))
+        have = _STACKS[model] = (key, *_built(model))
     return have[1]
 
 
@@ -131,7 +138,7 @@ def run(model, x: torch.Tensor, cache, step):
     B, T, _ = x.shape
     if (T > MAX_WIDTH or B * T > MAX_ROWS or step.tree_mask is not None
             or x.device.type != "cpu" or torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
-            or any(step.ops.names[op] not in ok for op, ok in _FUSED.items())):
+            or any(_uncompiled(step.ops.names))):
         return None
     stack = stack_for(model)
     if stack is None:

@@ -84,6 +84,17 @@ def ids(B, T, seed, vocab):
     return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
+def assert_stack_is_loop(model, monkeypatch, B, T, prefix_len, seed):
+    """One step of T tokens after a prefill of `prefix_len`: the stack ran, and its logits and every
+    K/V it wrote equal the Python loop's bit for bit."""
+    V = model.config.vocab_size
+    prefix, new = ids(B, prefix_len, seed, V), ids(B, T, seed + 1, V)
+    got, kv_got, ran = step(model, monkeypatch, new, prefix, stacked=True)
+    want, kv_want, python = step(model, monkeypatch, new, prefix, stacked=False)
+    assert ran and not python
+    assert torch.equal(got, want) and torch.equal(kv_got, kv_want)
+
+
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama", "gemma3"])  # qkv bias, q/k norms, neither, sandwich
 @pytest.mark.parametrize("B,T", [(1, 1), (2, 1), (1, 5), (2, 16)])
 @pytest.mark.parametrize("interleave", [False, True])
@@ -94,20 +105,13 @@ def test_the_stack_is_the_python_loop_bit_for_bit(monkeypatch, kind, B, T, inter
         for layer in quant_layers(model):
             layer.pack()
         assert any(n is not None for layer in quant_layers(model) for n in layer.packed)
-    prefix, new = ids(B, 7, 1, model.config.vocab_size), ids(B, T, 2, model.config.vocab_size)
-    got, kv_got, ran = step(model, monkeypatch, new, prefix, stacked=True)
-    want, kv_want, python = step(model, monkeypatch, new, prefix, stacked=False)
-    assert ran and not python
-    assert torch.equal(got, want) and torch.equal(kv_got, kv_want)
+    assert_stack_is_loop(model, monkeypatch, B, T, prefix_len=7, seed=1)
 
 
 @torch.inference_mode()
 def test_bf16_activations_too(monkeypatch):
     model = quantized_tiny("qwen2", torch.bfloat16)
-    prefix, new = ids(2, 9, 3, model.config.vocab_size), ids(2, 4, 4, model.config.vocab_size)
-    got, kv_got, ran = step(model, monkeypatch, new, prefix, stacked=True)
-    want, kv_want, _ = step(model, monkeypatch, new, prefix, stacked=False)
-    assert ran and torch.equal(got, want) and torch.equal(kv_got, kv_want)
+    assert_stack_is_loop(model, monkeypatch, 2, 4, prefix_len=9, seed=3)
 
 
 @torch.inference_mode()
@@ -148,11 +152,7 @@ def test_gemma_sliding_windows_and_local_rope_too(monkeypatch, B, T):
     model = quantized_tiny("gemma3", num_hidden_layers=3, sliding_window=5,
                            layer_types=["sliding_attention", "sliding_attention", "full_attention"])
     assert model.windows == [5] and [layer.self_attn.window for layer in model.layers] == [5, 5, None]
-    prefix, new = ids(B, 7, 11, model.config.vocab_size), ids(B, T, 12, model.config.vocab_size)
-    got, kv_got, ran = step(model, monkeypatch, new, prefix, stacked=True)
-    want, kv_want, python = step(model, monkeypatch, new, prefix, stacked=False)
-    assert ran and not python
-    assert torch.equal(got, want) and torch.equal(kv_got, kv_want)
+    assert_stack_is_loop(model, monkeypatch, B, T, prefix_len=7, seed=11)
 
 
 @torch.inference_mode()
