@@ -3,7 +3,8 @@ steps they share (steps.py), sampling, token trees and draft-length policies; a 
 only its MethodContext, never the Engine (docs/design.md, "Methods")."""
 from .ar import AutoRegressive
 from .base import Method
-from .ngram import HybridDecoding, HybridSuffixDecoding, NgramDecoding, SuffixDecoding
+from .hybrid import HybridDecoding, HybridSuffixDecoding
+from .ngram import NgramDecoding, SuffixDecoding
 from .parallelspec import ParallelSpec
 from .pearl import Pearl
 from .sd import SpeculativeDecoding

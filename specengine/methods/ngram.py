@@ -15,16 +15,8 @@ per row, from the occurrence whose preceding tokens match the history's end the 
 and the acceptance learned for matches of that length (ngram_policy.py); γ = 0 proposes
 nothing for that row.
 
-`hybrid` (HybridDecoding, below): with a draft model, each round goes to the n-gram proposals
-or to the draft model's chain as `sd` drafts it (its own γ: the call's, or auto from the draft's
-measured step cost and the acceptance the engine's last call learned). With γ auto, to the one
-the costs and acceptances expect to commit more tokens per second (`_draft_wins`), an n-gram
-round charged the draft's later reading of its tokens; with a fixed γ, to the n-gram proposals
-when every live row has one. The draft sits out the n-gram rounds; before it drafts again it
-reads what it missed in forwards of at most the method's width. With γ auto the draft's prefill
-is deferred (one prefill of the row's text, at its first chain) until the time its chains would
-have saved, projected over the rest of the reply, pays for it: a reply the n-gram proposals
-carry never pays it.
+`hybrid` (hybrid.py) adds the draft model's chains where they are expected to commit more
+tokens per second; this class keeps its per-row bookkeeping (what the draft has read).
 """
 from __future__ import annotations
 
@@ -37,17 +29,14 @@ from .ngram_policy import NgramGammaPolicy
 from ..errors import SpecEngineError
 from .base import CallInputs, CallTotals, Method, prediction, speculative_stats
 from .context import MethodContext
-from .policies import catch_up_s, expected_tokens, make_policy, read_s
+from .policies import make_policy
 from .round_clock import RoundClock, recall_clock
 from .state import DecodeState, RoundOutput
-from .steps import PlainStep, chain_round, grammar_drafts, to_device, verify_proposals, verify_tree_and_commit
+from .steps import PlainStep, grammar_drafts, to_device, verify_proposals, verify_tree_and_commit
 from .suffix_cache import SuffixIndex
 from .token_tree import TokenTree, TreeShape
 
 MIN_TIMED_PREFILL = 16  # prompt tokens below which the driver's prefill time is mostly overhead, not a rate
-# hybrid, draft prefill deferred: the reply is expected to write this many times what it has so far
-# (chosen by host-only replays and an interleaved A/B: docs/design.md, "Experiments")
-PRIME_HORIZON = 2.0
 
 
 class NgramDecoding(Method):
@@ -186,7 +175,7 @@ class NgramDecoding(Method):
         else:
             g = self.policy.gamma
             found = {b: (self.index[b].propose(g), None) for b in live} if g else {}
-        if self.hybrid and self._draft_wins(found, gammas, live):  # never with γ auto at 0
+        if self.hybrid and self._draft_wins(found, gammas, live):  # hybrid.py; never with γ auto at 0
             self._booked = None  # the draft policy books its chains
             return "draft", {}
         kind = "ngram" if any(toks for toks, _ in found.values()) else "plain"
@@ -202,7 +191,7 @@ class NgramDecoding(Method):
             self.kind, found = "grammar", {b: (forced[b], None) if b in forced else found[b]
                                            for b in set(forced) | (set() if self.kind == "draft" else set(found))}
         if self.kind == "draft":
-            return self._draft_round(state, live, timer)
+            return self._draft_round(state, live, timer)  # hybrid.py
         if self.kind == "plain":
             self.plain_rounds += 1
             return self.plain(ctx, state, timer)
@@ -218,78 +207,6 @@ class NgramDecoding(Method):
         forced = {} if self.tree is not None else grammar_drafts(state, live, self.max_width - 1)
         self.grammar_rounds += bool(forced)
         return forced
-
-    def _draft_wins(self, found, gammas, live: list[int]) -> bool:
-        """Hybrid: does this round go to the draft model? With γ auto, to whichever of the rows'
-        n-gram proposals (a row without one commits its one token; no row with one: a plain
-        decode) and the draft's chain the measured costs and learned acceptances expect to commit
-        more tokens per second, each charged what it adds:
-        - an n-gram or plain round, while the draft is in use, the draft's later reading of the
-          tokens it commits (`policies.read_s` per token: what the catch-up will cost);
-        - the draft's chain nothing more: the catch-up of earlier rounds was charged to them.
-        While the draft has not read the rows' text (its prefill deferred), its chain would first
-        pay that prefill once (`_prime_s`). It does so when the time the draft would have saved
-        so far, projected over what the reply may still write (PRIME_HORIZON times what it has
-        written, at most its limit), exceeds the prefill; being paid for good, until chains are
-        timed it prices them no cheaper than the plain rounds measure. A match-length bin with too
-        few tries takes its n-gram round, so that its estimate is learned. With a fixed γ: the draft
-        unless every row matched."""
-        dp = self.draft_policy
-        if gammas is None or getattr(dp, "costs", None) is None:
-            return not all(found.get(b, ([], []))[0] for b in live)
-        pol, c = self.policy, dp.costs
-        if dp.gamma == 0 or (gammas and pol.unexplored(gammas)):
-            return False  # the draft's own costs say plain decoding (which the n-gram round beats)
-        tokens = (pol.round_tokens(gammas) if gammas else 0.0) + len(live) - len(gammas)
-        seconds = pol.seconds(max(gammas.values(), default=0) + 1)  # as the measured rounds corrected it
-        chain_s = (dp.gamma * c.draft_s + c.verify_s(dp.gamma + 1)) * dp.clock.factor("spec")
-        draft = len(live) * expected_tokens(dp.alpha, dp.gamma) / chain_s
-        if all(self.primed[b] for b in live):
-            return draft > tokens / (seconds + tokens * read_s(c, self.max_width, self.max_width) / self.max_width)
-        draft /= 1.0 if dp.clock.known("spec") else max(1.0, dp.clock.factor("plain"))
-        if draft <= tokens / seconds:
-            return False
-        if not dp.learned:
-            return True  # neither this engine nor the machine's table knows the draft's acceptance: learn it
-        self.saved += seconds - tokens / draft  # what this round would have saved with the draft
-        written = [self.n_host[b] - self.start[b] for b in live]
-        ahead = sum(min(PRIME_HORIZON * w, self.limit[b] - self.n_host[b]) for w, b in zip(written, live))
-        prime = self._prime_s([self.n_host[b] for b in live if not self.primed[b]], c)
-        return self.saved * ahead / max(sum(written), 1) > prime
-
-    def _prime_s(self, lengths: list[int], costs) -> float:
-        """Seconds of the deferred prefill of rows of these committed lengths (all but the last
-        token of each): the target's measured prefill rate scaled by the draft/target step ratio,
-        and never more than reading them in forwards of the method's width over the batch (a
-        prefill is the widest of those), which is the estimate where no prefill was timed (the
-        serving core admits rows one by one)."""
-        if not lengths:
-            return 0.0
-        chunks = read_s(costs, max(lengths) - 1, self.max_width)
-        if self.prefill_token_s is None:
-            return chunks
-        tokens = sum(n - 1 for n in lengths)
-        return min(tokens * self.prefill_token_s * costs.draft_s / costs.verify_s(1), chunks)
-
-    def _prime(self, state: DecodeState, live: list[int]) -> None:
-        """The deferred draft prefill of live rows whose text the draft has not read: all but the
-        row's last committed token, as after a prefill (the chain's own catch-up reads that one).
-        One batched prefill when no row of the round's view was read yet (a generate call), else
-        row by row (the serving core's rows come and go)."""
-        draft, rows = self.ctx.draft, range(state.batch)
-        if not any(self.primed[b] for b in rows):
-            longest = max(self.n_host[b] for b in rows)  # finished rows' frozen text comes along
-            draft.prefill(state.tokens[:, : max(longest - 1, 1)], state.n - 1, attn_len=max(longest - 1, 1))
-            for b in rows:
-                self.primed[b], self.gap[b] = True, 1
-            self.primes += len(live)
-            return
-        for b in live:
-            if not self.primed[b]:
-                n = self.n_host[b]
-                draft.prefill_row(b, state.tokens[b: b + 1, : max(n - 1, 1)], n - 1)
-                self.primed[b], self.gap[b] = True, 1
-                self.primes += 1
 
     def _tree_round(self, state: DecodeState, proposals, timer) -> RoundOutput:
         """Rows padded to the tree's N nodes with parentless nodes (nobody's child: never tried).
@@ -321,19 +238,6 @@ class NgramDecoding(Method):
             deepest = torch.where(nodes[:, 1] >= 0, nodes[:, 2], 0).amax(1)  # padding: parent -1
             out = dataclasses.replace(out, num_draft=deepest.to(out.num_draft.dtype))
         return dataclasses.replace(out, draft_lens=None)  # no draft model, no draft cache
-
-    def _draft_round(self, state: DecodeState, live: list[int], timer) -> RoundOutput:
-        """Hybrid: the draft model's chain (sd's round), after reading what it missed."""
-        self.draft_rounds += 1
-        primes = self.primes
-        with timer.phase("draft"):
-            self._prime(state, live)
-        self.primed_now = self.primes > primes
-        # up to 2 behind the chain's own catch-up reads; more after n-gram rounds it sat out
-        behind = max(self.gap[b] for b in live) - 2
-        if self.draft_policy.needs_costs:  # what the chain's time holds besides the chain, for its clock
-            self.draft_policy.extra_s = catch_up_s(self.draft_policy.costs, behind, self.max_width)
-        return chain_round(self.ctx, state, self.draft_policy, timer, behind, self.max_width)
 
     def after_round(self, n_acc, num_draft) -> None:
         if self._booked is not None and self.kind in ("ngram", "plain"):  # before the policy learns from it
@@ -377,22 +281,8 @@ class NgramDecoding(Method):
                 **speculative_stats(totals)}
 
 
-class HybridDecoding(NgramDecoding):
-    """`hybrid`: n-gram chains where every live row has a match, the draft model's chain elsewhere."""
-    name = "hybrid"
-    needs_draft = True
-    takes_tree = False
-
-
 class SuffixDecoding(NgramDecoding):
     """`suffix`: n-gram drafting from the row's own text and from what the engine's earlier
     responses wrote (SuffixCache: suffix decoding across requests), whichever matches longer."""
     name = "suffix"
-    uses_cache = True
-
-
-class HybridSuffixDecoding(HybridDecoding):
-    """`hybrid` with suffix decoding's memory: the cache's proposals where they match, the draft
-    model's chain elsewhere."""
-    name = "hybrid-suffix"
     uses_cache = True

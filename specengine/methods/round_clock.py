@@ -100,6 +100,37 @@ class RoundClock:
         return self.known("spec") and not self.known("plain")
 
 
+class TokenYield:
+    """Tokens the drafted rounds committed against what the acceptance model expected of them at
+    the α it held then (decayed like the clock). The truncated-geometric model at the measured mean
+    rate overstates bursty acceptance (runs of full accepts and of early rejections: hybrid's chains
+    on the default pair committed ~0.85 of it), and with a prefill to pay that bias decides. Seeded
+    from an earlier call's factor as MIN_ROUNDS rounds of this call's size, as `RoundClock.seed`."""
+
+    def __init__(self):
+        self.expected = self.committed = 0.0
+        self.count, self.prior = 0, None
+
+    def seed(self, factor: float | None) -> None:
+        self.prior = factor
+
+    def book(self, expected: float, committed: float) -> None:
+        if expected <= 0:
+            return
+        if self.prior is not None:
+            self.expected, self.committed = MIN_ROUNDS * expected, MIN_ROUNDS * expected * self.prior
+            self.count, self.prior = MIN_ROUNDS, None
+        self.expected = DECAY * self.expected + expected
+        self.committed = DECAY * self.committed + committed
+        self.count += 1
+
+    def factor(self) -> float:
+        """committed / expected tokens (1 until MIN_ROUNDS rounds were booked or seeded)."""
+        if self.prior is not None:
+            return self.prior
+        return self.committed / self.expected if self.count >= MIN_ROUNDS else 1.0
+
+
 def recall_clock(clock: RoundClock, store: dict, name: str, call, costs) -> tuple[bool, str]:
     """(calibrate, key) of a method's round clock for this call (PEARL's, the n-gram methods'):
     greedy calls over measured costs correct the model by their rounds' times (a seeded sampled

@@ -19,8 +19,10 @@ import hashlib
 import itertools
 from dataclasses import dataclass
 
+import torch
+
 from .. import machine
-from ..timing import CLOCK_SUFFIX, FILED, best_seconds
+from ..timing import CLOCK_SUFFIX, FILED, YIELD_KEY, best_seconds
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,9 @@ class StepCosts:
     draft_s: float  # one draft step (one token per row)
     target_s: tuple[float, ...]  # target_s[w - 1]: one target forward of w tokens per row
     measured: bool = False  # timed on this machine (not pinned): rounds' measured times may correct it
+    # the draft's seconds per token of a prefill-sized forward (PRIME_CHUNK tokens a row): what
+    # hybrid's deferred draft prefill costs; None where not timed (no draft, no room in the cache)
+    draft_prefill_s: float | None = None
 
     @property
     def cost_ratio(self) -> float:
@@ -50,6 +55,27 @@ def forward_call(runner, state, width: int):
     return lambda: runner.verify(tokens, attn_len=state.attn_len), tokens.device
 
 
+# Tokens a row of the draft forward timed as its prefill rate. Scaling the target's prefill rate by
+# the decode-step ratio guessed hybrid's deferred prefill 1.5-1.8x too cheap (Q4_0 draft of the
+# default pair, Zen 5: 0.17 s estimated, 0.26-0.32 s measured), and a first call paid it for nothing.
+PRIME_CHUNK = 64
+
+
+def prefill_call(runner, state, width: int):
+    """A prefill-like forward of `width` tokens a row on the state's cache (K/V written past each
+    row's end: scratch), logits at the last token only, as a call to time; None without the room
+    (or for a draft on another device, whose prefill is the wrapper's)."""
+    if not hasattr(runner, "forward"):
+        return None
+    start = int(state.n.max()) - 1
+    room = runner.cache.max_seq_len - start
+    if room < width:
+        return None
+    tokens = state.tokens.gather(1, state.positions(state.n - 1, width))
+    last = torch.full((state.batch, 1), width - 1, dtype=torch.int64, device=tokens.device)
+    return lambda: runner.forward(tokens, attn_len=start + width, logits_at=last), tokens.device
+
+
 def measure_step_costs(target, draft, state, max_width: int, repeats: int = 3) -> StepCosts:
     """Each cost is the best of `repeats` times, taken in rounds over every width and the draft
     step rather than width by width: a machine whose speed drifts (a shared VM: 20-30% within
@@ -58,11 +84,16 @@ def measure_step_costs(target, draft, state, max_width: int, repeats: int = 3) -
     calls = {w: forward_call(target, state, w) for w in range(1, max_width + 1)}
     if draft is not None:
         calls[0] = forward_call(draft, state, 1)
+        prime = prefill_call(draft, state, PRIME_CHUNK)
+        if prime is not None:
+            calls["prime"] = prime
     best = dict.fromkeys(calls, float("inf"))
     for _ in range(repeats):
         for key, (fn, device) in calls.items():
             best[key] = best_seconds(fn, 1, device, best=best[key])
-    return StepCosts(state.batch, best.get(0, 0.0), tuple(best[w] for w in range(1, max_width + 1)), measured=True)
+    prime_s = best["prime"] / (state.batch * PRIME_CHUNK) if "prime" in best else None
+    return StepCosts(state.batch, best.get(0, 0.0), tuple(best[w] for w in range(1, max_width + 1)), measured=True,
+                     draft_prefill_s=prime_s)
 
 
 def cost_signature(runner) -> str:
@@ -100,10 +131,12 @@ def recalled_or_measured(target, draft, state, max_width: int) -> StepCosts:
         return measure_step_costs(target, draft, state, max_width)
     key = f"{runners_key}:b{state.batch}"
     entry = machine.load().get(key)
-    if entry is not None and len(entry["target_s"]) >= max_width:
-        return StepCosts(state.batch, entry["draft_s"], tuple(entry["target_s"]), measured=True)
+    if entry is not None and len(entry["target_s"]) >= max_width and (draft is None or "draft_prefill_s" in entry):
+        return StepCosts(state.batch, entry["draft_s"], tuple(entry["target_s"]), measured=True,
+                         draft_prefill_s=entry.get("draft_prefill_s"))
     costs = measure_step_costs(target, draft, state, max_width)
-    machine.update({key: {"draft_s": costs.draft_s, "target_s": list(costs.target_s)}})
+    machine.update({key: {"draft_s": costs.draft_s, "target_s": list(costs.target_s),
+                          "draft_prefill_s": costs.draft_prefill_s}})
     return costs
 
 
@@ -118,7 +151,9 @@ def recalled_or_measured(target, draft, state, max_width: int) -> StepCosts:
 # an engine's first hybrid call need not pay the draft's prefill only to learn it (whether to prime
 # the draft is then its projected savings' call, as in later calls). Greedy only: there γ never
 # changes the tokens, while a seeded sampled call must draw the same tokens whatever the table holds.
-# Seeded under FILED, beside the engine's own, so that a policy applies it to measured costs only.
+# So is hybrid's chain yield (YIELD_KEY, methods/round_clock.TokenYield), which decides whether
+# its deferred draft prefill pays. Seeded under FILED, beside the engine's own, so that a policy
+# applies it to measured costs only.
 REPLAN = 0.10
 ALPHA_MOVED = 0.05
 ALPHA_KEY = "greedy"  # the store's key of the draft's greedy acceptance (sd and hybrid share it)
@@ -133,7 +168,7 @@ class FiledClocks:
     def __init__(self, target, draft):
         self.key = table_key("round_clock", target, draft)
         entry = machine.load().get(self.key, {}) if self.key is not None else {}
-        self.filed = {k: v for k, v in entry.items() if k.endswith(CLOCK_SUFFIX) or k == ALPHA_KEY}  # not ref_ms
+        self.filed = {k: v for k, v in entry.items() if k.endswith(CLOCK_SUFFIX) or k in (ALPHA_KEY, YIELD_KEY)}
 
     @contextlib.contextmanager
     def paused(self):
@@ -157,9 +192,10 @@ class FiledClocks:
         now = {k: v for k, v in now.items() if v}
         moved = any(abs(f / self.filed[k][kind] - 1) > REPLAN if self.filed.get(k, {}).get(kind) else True
                     for k, kinds in now.items() for kind, f in kinds.items())
-        if ALPHA_KEY in store:
-            now[ALPHA_KEY] = store[ALPHA_KEY]
-            moved |= ALPHA_KEY not in self.filed or abs(store[ALPHA_KEY] - self.filed[ALPHA_KEY]) > ALPHA_MOVED
+        for key, moved_by in ((ALPHA_KEY, ALPHA_MOVED), (YIELD_KEY, REPLAN)):  # scalars: the pair's, not a round kind's
+            if key in store:
+                now[key] = store[key]
+                moved |= key not in self.filed or abs(store[key] - self.filed[key]) > moved_by
         if self.key is not None and moved:
             self.filed = {**self.filed, **now}
             machine.update({self.key: dict(self.filed)})  # stamped with the machine's speed now (ref_ms)

@@ -9,7 +9,7 @@ import torch
 
 from specengine import Engine
 from specengine.methods.context import MethodContext
-from specengine.methods.ngram import HybridDecoding
+from specengine.methods.hybrid import HybridDecoding
 from specengine.methods.ngram_index import MATCH_CAP, MAX_OCCURRENCES, NgramIndex
 from specengine.methods.ngram_policy import PROBE_EVERY, NgramGammaPolicy, match_bin
 from specengine.errors import SpecEngineError
@@ -253,8 +253,9 @@ def test_hybrid_auto_prefills_the_draft_only_when_it_drafts(tiny_pair, tokenizer
 
 
 def test_hybrid_costs_the_deferred_prefill_and_reads_the_row_once():
-    """A row whose text the draft has not read costs its prefill: the target's measured prefill
-    rate scaled by the draft/target step ratio, at most the forwards of the method's width."""
+    """A row whose text the draft has not read costs its prefill: the draft's own prefill rate
+    where the step costs timed it; else the target's measured prefill rate scaled by the
+    draft/target step ratio, at most the forwards of the method's width."""
     cost = lambda w: 1.0 + 0.1 * (w - 1)  # noqa: E731
     m, _ = hybrid_at(0.5, 0.9, 0.1, cost)
     c = m.draft_policy.costs
@@ -270,6 +271,8 @@ def test_hybrid_costs_the_deferred_prefill_and_reads_the_row_once():
     assert m._prime_s([400], c) == pytest.approx(chunks(399))
     m.prefill_token_s = None  # no prefill timed (the serving core's rows): the chunks
     assert m._prime_s([40], c) == pytest.approx(chunks(39))
+    timed = dataclasses.replace(c, draft_prefill_s=0.003)  # the draft's own prefill rate, where timed
+    assert m._prime_s([40, 400, 3], timed) == pytest.approx(440 * 0.003)
     # once read in, the row is as after a prefill: the draft holds all but its last token
     # (a generate call's rows, none read yet: one batched prefill; the serving core's: row by row)
     calls = []
@@ -371,6 +374,41 @@ def test_gamma_weighs_the_cost_of_width():
     assert pol.best(0) == 0
 
 
+def test_hybrid_weighs_its_draft_chains_by_the_tokens_they_committed():
+    """Greedy, measured costs: a chain's expected tokens are scaled by what the call's chains
+    committed against the acceptance model's expectation at the α it held then (TokenYield), so
+    chains that commit less than the geometric model promises lose a round they win on paper; the
+    factor carries to the engine's next call and is filed in the machine's table (FiledClocks)."""
+    from specengine.methods.context import MethodContext
+    from specengine.methods.policies import expected_tokens
+    from specengine.timing import YIELD_KEY
+
+    cost = lambda w: 1.0 + 0.1 * (w - 1)  # noqa: E731
+    m, gammas = hybrid_at(0.6, 0.9, 0.1, cost)
+    m.ctx = MethodContext(target=None, draft=None, device=None)
+    m.hybrid, dp = True, m.draft_policy
+    dp.calibrate = True
+    dp.set_costs(dataclasses.replace(dp.costs, measured=True))
+    assert m._draft_wins({0: ([1], None)}, gammas, [0]) and m.chain_yield.factor() == 1.0
+    booked = []
+    for _ in range(3):  # chains that commit 1 token of γ + 1 (each first draft rejected)
+        g, alpha = dp.gamma, dp.alpha
+        booked.append(expected_tokens(alpha, g))
+        m.kind, m.primed_now = "draft", False
+        m.after_round([0], [g])
+    assert m.chain_yield.factor() == pytest.approx(3 / sum(x * 0.85 ** (2 - i) for i, x in enumerate(booked))
+                                                   * sum(0.85 ** i for i in range(3)) / 3, rel=1e-6)
+    assert m.ctx.acceptance[YIELD_KEY] == pytest.approx(m.chain_yield.factor())
+    dp.accepted, dp.rejected = 90.0, 10.0  # α back at 0.9: on paper the chain still wins ...
+    dp.set_costs(dp.costs)
+    assert not m._draft_wins({0: ([1], None)}, m.policy.choose({0: 1}), [0])  # ... measured, it does not
+    nxt = HybridDecoding(gamma="auto")  # the engine's next call starts from the factor
+    nxt.draft_policy = dp
+    nxt.ctx = m.ctx
+    nxt.chain_yield.seed(m.ctx.acceptance.get(YIELD_KEY))
+    assert nxt.chain_yield.factor() == pytest.approx(m.chain_yield.factor())
+
+
 def hybrid_at(ngram_q: float, alpha: float, draft_s: float, width_cost, gap: int = 2):
     """A hybrid whose n-gram bin 0 accepted ngram_q at every position and whose draft alpha,
     under the given costs; returns it and its choice of γ for a row with a 1-token match."""
@@ -434,21 +472,20 @@ def test_hybrid_explores_an_untried_bin_and_charges_ngram_rounds_the_draft_readi
 
 @pytest.mark.parametrize("plain_factor", [1.0, 1.5])
 def test_hybrid_prefills_the_draft_once_the_projected_saving_pays_for_it(plain_factor):
-    """Draft prefill deferred (γ auto): an engine that never measured the draft's acceptance
-    tries the draft at the first round it would win, to learn it. Once it knows, each round adds
-    what the draft's chain would have saved; the prefill waits until that saving, projected over
-    what the reply may still write (PRIME_HORIZON times what it has written, at most its limit),
-    exceeds the prefill. Until chains are timed, a chain is priced no cheaper than the plain
-    rounds measure (their factor here 1.5): the prefill is paid for good, and on the AVX2 EPYC
-    chains priced at the bare model primed the draft on replies where drafting then lost."""
-    from specengine.methods.ngram import PRIME_HORIZON
+    """Draft prefill deferred (γ auto): each round adds what the draft's chain would have saved;
+    the prefill waits until that saving, projected over what the reply may still write
+    (PRIME_HORIZON times what it has written, at most its limit), exceeds the prefill, also while
+    the engine has not learned the draft's acceptance (an unconditional first try paid the prefill
+    on replies where drafting then lost: a first call at 0.77-0.88x the next on Zen 5). Until
+    chains are timed, a chain is priced no cheaper than the plain rounds measure (their factor
+    here 1.5): on the AVX2 EPYC chains priced at the bare model primed where drafting then lost."""
+    from specengine.methods.hybrid import PRIME_HORIZON
 
     cost = lambda w: 1.0 + 0.1 * (w - 1)  # noqa: E731
     m, _ = hybrid_at(0.5, 0.9, 0.1, cost)
     m.ctx = MethodContext(target=None, draft=None, device=None)
     m.prefill_token_s, m.primed, m.start, m.n_host, m.limit = 0.2, [False], [3000], [3000], [3000 + 512]
-    assert m._draft_wins({}, {}, [0])  # the acceptance unknown to the engine: tried at once
-    m.draft_policy.learned = True  # the engine (or the machine's table) knows the draft's acceptance
+    assert not m.draft_policy.learned  # α is hybrid_at's; never learned from a chain: no first try
     m.draft_policy.clock.seed({"plain": plain_factor})  # plain rounds timed, no chain yet
     gd = m.draft_policy.gamma
     chain_per_token = (gd * 0.1 + cost(gd + 1)) / sum(0.9 ** j for j in range(gd + 1))
@@ -467,7 +504,7 @@ def test_hybrid_prefills_the_draft_once_the_projected_saving_pays_for_it(plain_f
     def want(limit):
         for k in range(1, limit):
             out = k - 1
-            if k * saving * min(PRIME_HORIZON * out, limit - out) / max(out, 1) > prime([3000 + out], m.draft_policy.costs):
+            if k * saving * min(PRIME_HORIZON * max(out, 1), limit - out) / max(out, 1) > prime([3000 + out], m.draft_policy.costs):
                 return k
         return None
 
@@ -549,6 +586,7 @@ def test_hybrid_weighs_its_draft_chains_by_what_they_measured():
         dp = m.draft_policy
         dp.calibrate = True
         dp.set_costs(dataclasses.replace(dp.costs, measured=True))
+        m._calibrates = lambda: False  # the chains' token yield is the next test's: times decide here
         assert m._draft_wins({0: ([1], None)}, gammas, [0])
         for _ in range(4):  # chains, each timed `slow` times what the model says
             g = dp.gamma

@@ -26,9 +26,10 @@ class PoisonedDraft:
         lens = cache.lens.clone()
         logits = self.inner(tokens, cache, ops, tree_mask, attn_len, logits_at, return_hidden)
         for b in range(tokens.shape[0]):
-            for j in range(tokens.shape[1]):
-                if int(lens[b]) + j + 1 in self.poison:  # the logits of row j predict position lens+j+1
-                    logits[b, j, logits[b, j].argmax()] = float("-inf")
+            cols = range(tokens.shape[1]) if logits_at is None else logits_at[b].tolist()  # what logits holds
+            for i, j in enumerate(cols):
+                if int(lens[b]) + j + 1 in self.poison:  # the logits of token j predict position lens+j+1
+                    logits[b, i, logits[b, i].argmax()] = float("-inf")
         return logits
 
 

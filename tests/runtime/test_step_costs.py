@@ -55,6 +55,37 @@ def test_without_a_draft_the_step_is_free(monkeypatch):
     assert costs.draft_s == 0.0 and costs.target_s == pytest.approx((1.0, 2.0, 3.0))
 
 
+class PrefillRunner(Runner):
+    """A draft runner whose prefill-sized forward (logits at the last token) is timed too."""
+
+    def __init__(self, clock, unit: float, max_seq_len: int):
+        super().__init__(clock, unit)
+        self.cache, self.seen = SimpleNamespace(max_seq_len=max_seq_len), []
+
+    def forward(self, tokens, attn_len, logits_at):
+        self.seen.append((tokens.shape[1], attn_len, logits_at.tolist()))
+        self.clock.forward(self.unit * tokens.shape[1])
+
+
+def test_the_drafts_prefill_rate_is_timed_where_the_cache_has_room(monkeypatch):
+    """hybrid's deferred draft prefill is priced at the draft's own prefill rate: a forward of
+    PRIME_CHUNK tokens past the row's end (scratch K/V), logits at its last token, per token;
+    not timed (None) where the cache has no room for it."""
+    from specengine.runtime.step_costs import PRIME_CHUNK
+
+    clock = Clock(0)
+    monkeypatch.setattr(timing.time, "perf_counter", clock)
+    st = state()
+    st.n, st.positions = torch.tensor([20]), lambda start, width: (start[:, None] + torch.arange(width)).clamp_max(31)
+    draft = PrefillRunner(clock, 0.25, max_seq_len=19 + PRIME_CHUNK)
+    costs = measure_step_costs(Runner(clock, 1.0), draft, st, max_width=3)
+    assert costs.draft_prefill_s == pytest.approx(0.25)  # 0.25 a token, whatever the chunk
+    assert draft.seen == [(PRIME_CHUNK, 19 + PRIME_CHUNK, [[PRIME_CHUNK - 1]])] * 3
+    tight = PrefillRunner(clock, 0.25, max_seq_len=18 + PRIME_CHUNK)
+    assert measure_step_costs(Runner(clock, 1.0), tight, st, max_width=3).draft_prefill_s is None
+    assert not tight.seen and measure_step_costs(Runner(clock, 1.0), None, st, max_width=3).draft_prefill_s is None
+
+
 def test_warmup_measures_what_every_cost_driven_method_would_measure_in_its_first_call(tiny_pair, tokenizer,
                                                                                         monkeypatch, tmp_path):
     """After warmup() no call measures step costs (the first request pays nothing): sd / hybrid γ
@@ -180,6 +211,36 @@ def test_the_greedy_acceptance_is_filed_and_seeds_measured_costs_only(tiny_pair,
     third._acceptance.clear()
     third.generate([7, 1], max_new_tokens=4, ignore_eos=True, method="hybrid", gamma="auto")
     assert starts[-1] == (pytest.approx(prior), False)  # pinned costs: the prior
+
+
+def test_the_chains_token_yield_is_filed_and_seeds_hybrid_over_measured_costs(tiny_pair, tokenizer, monkeypatch,
+                                                                              tmp_path):
+    """hybrid's chain yield (committed / expected tokens) is filed beside the acceptance (moved by
+    more than REPLAN): a second engine's first greedy hybrid call over measured costs starts from
+    it; over pinned costs, from none."""
+    import copy
+
+    from specengine import Engine
+    from specengine.methods.round_clock import TokenYield
+    from specengine.timing import YIELD_KEY
+
+    fresh_cache(monkeypatch, tmp_path)
+    engine = lambda: Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]),  # noqa: E731
+                            max_seq_len=96)
+    first = engine()
+    first._clocks.file({YIELD_KEY: 0.8})
+    assert engine()._clocks.filed[YIELD_KEY] == 0.8
+    first._clocks.file({YIELD_KEY: 0.85})  # within REPLAN: nothing written
+    assert engine()._clocks.filed[YIELD_KEY] == 0.8
+    seeds = []
+    real_seed = TokenYield.seed
+    monkeypatch.setattr(TokenYield, "seed", lambda self, f: seeds.append(f) or real_seed(self, f))
+    second = engine()
+    second.generate([7, 1], max_new_tokens=4, ignore_eos=True, method="hybrid", gamma="auto")
+    assert seeds == [pytest.approx(0.8)]
+    second.step_costs = lambda state, width, draft=True: StepCosts(state.batch, 0.05, (1.0,) * width)
+    second.generate([7, 1], max_new_tokens=4, ignore_eos=True, method="hybrid", gamma="auto")
+    assert len(seeds) == 1  # pinned costs: no seed
 
 
 def test_warmup_files_nothing(tiny_pair, tokenizer, monkeypatch, tmp_path):

@@ -1,0 +1,152 @@
+"""`hybrid`: `ngram` (ngram.py, which keeps the rows' bookkeeping) with a draft model: each round
+goes to the n-gram proposals or to the draft model's chain as `sd` drafts it (its own γ: the call's, or auto from the draft's
+measured step cost and the acceptance the engine's last call learned). With γ auto, to the one
+the costs and acceptances expect to commit more tokens per second (`_draft_wins`), an n-gram
+round charged the draft's later reading of its tokens; with a fixed γ, to the n-gram proposals
+when every live row has one. The draft sits out the n-gram rounds; before it drafts again it
+reads what it missed in forwards of at most the method's width. With γ auto the draft's prefill
+is deferred (one prefill of the row's text, at its first chain) until the time its chains would
+have saved, projected over the rest of the reply, pays for it (priced at the draft's own
+measured prefill rate, `StepCosts.draft_prefill_s`): a reply the n-gram proposals carry never
+pays it.
+"""
+from __future__ import annotations
+
+from ..timing import FILED, YIELD_KEY
+from .context import MethodContext
+from .base import CallInputs
+from .ngram import NgramDecoding
+from .policies import catch_up_s, expected_tokens, read_s
+from .round_clock import TokenYield
+from .state import DecodeState, RoundOutput
+from .steps import chain_round
+
+# draft prefill deferred: the reply is expected to write this many times what it has so far
+# (chosen by host-only replays and an interleaved A/B: docs/design.md, "Experiments")
+PRIME_HORIZON = 2.0
+
+
+class HybridDecoding(NgramDecoding):
+    """`hybrid`: n-gram chains where every live row has a match, the draft model's chain elsewhere."""
+    name = "hybrid"
+    needs_draft = True
+    takes_tree = False
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.chain_yield = TokenYield()  # this call's chains: committed / expected tokens
+
+    def begin(self, ctx: MethodContext, call: CallInputs) -> None:
+        self.chain_yield = TokenYield()
+        super().begin(ctx, call)
+        if self._calibrates():  # greedy over measured costs: the engine's last call, else the machine's table
+            self.chain_yield.seed(ctx.acceptance.get(YIELD_KEY, ctx.acceptance.get(YIELD_KEY + FILED)))
+
+    def _calibrates(self) -> bool:
+        dp = self.draft_policy
+        return getattr(dp, "calibrate", False) and getattr(getattr(dp, "costs", None), "measured", False)
+
+    def after_round(self, n_acc, num_draft) -> None:
+        if self.kind == "draft" and self._calibrates():  # before the policy moves α on from this round
+            drafted = [(int(a), int(d)) for a, d in zip(n_acc, num_draft) if d]
+            self.chain_yield.book(sum(expected_tokens(self.draft_policy.alpha, d) for _, d in drafted),
+                                  sum(a + 1 for a, _ in drafted))
+            self.ctx.acceptance[YIELD_KEY] = self.chain_yield.factor()
+        super().after_round(n_acc, num_draft)
+
+    def _draft_wins(self, found, gammas, live: list[int]) -> bool:
+        """Hybrid: does this round go to the draft model? With γ auto, to whichever of the rows'
+        n-gram proposals (a row without one commits its one token; no row with one: a plain
+        decode) and the draft's chain the measured costs and learned acceptances expect to commit
+        more tokens per second, each charged what it adds:
+        - an n-gram or plain round, while the draft is in use, the draft's later reading of the
+          tokens it commits (`policies.read_s` per token: what the catch-up will cost);
+        - the draft's chain nothing more: the catch-up of earlier rounds was charged to them.
+        While the draft has not read the rows' text (its prefill deferred), its chain would first
+        pay that prefill once (`_prime_s`). It does so when the time the draft would have saved
+        so far, projected over what the reply may still write (PRIME_HORIZON times what it has
+        written, at least one token, at most its limit), exceeds the prefill; being paid for good,
+        until chains are timed it prices them no cheaper than the plain rounds measure, and an
+        acceptance the engine never learned is the prior's (an unconditional first try paid the
+        prefill, 0.26-0.37 s on the default pair, on replies where drafting then lost: a first
+        call at 0.77-0.88x the next). The chain's expected tokens are scaled by what chains committed against that
+        expectation (`TokenYield`: bursty acceptance commits less than the geometric model of the
+        same mean rate). A match-length bin with too few tries takes its n-gram round, so that its
+        estimate is learned. With a fixed γ: the draft unless every row matched."""
+        dp = self.draft_policy
+        if gammas is None or getattr(dp, "costs", None) is None:
+            return not all(found.get(b, ([], []))[0] for b in live)
+        pol, c = self.policy, dp.costs
+        if dp.gamma == 0 or (gammas and pol.unexplored(gammas)):
+            return False  # the draft's own costs say plain decoding (which the n-gram round beats)
+        tokens = (pol.round_tokens(gammas) if gammas else 0.0) + len(live) - len(gammas)
+        seconds = pol.seconds(max(gammas.values(), default=0) + 1)  # as the measured rounds corrected it
+        chain_s = (dp.gamma * c.draft_s + c.verify_s(dp.gamma + 1)) * dp.clock.factor("spec")
+        draft = len(live) * expected_tokens(dp.alpha, dp.gamma) * self.chain_yield.factor() / chain_s
+        if all(self.primed[b] for b in live):
+            return draft > tokens / (seconds + tokens * read_s(c, self.max_width, self.max_width) / self.max_width)
+        draft /= 1.0 if dp.clock.known("spec") else max(1.0, dp.clock.factor("plain"))
+        if draft <= tokens / seconds:
+            return False
+        self.saved += seconds - tokens / draft  # what this round would have saved with the draft
+        written = [self.n_host[b] - self.start[b] for b in live]
+        ahead = sum(min(PRIME_HORIZON * max(w, 1), self.limit[b] - self.n_host[b]) for w, b in zip(written, live))
+        prime = self._prime_s([self.n_host[b] for b in live if not self.primed[b]], c)
+        return self.saved * ahead / max(sum(written), 1) > prime
+
+    def _prime_s(self, lengths: list[int], costs) -> float:
+        """Seconds of the deferred prefill of rows of these committed lengths (all but the last
+        token of each): the draft's own prefill rate where the step costs timed it
+        (`StepCosts.draft_prefill_s`); else the target's measured prefill rate scaled by the
+        draft/target step ratio (1.5-1.8x too cheap on a CPU), and never more than reading them in
+        forwards of the method's width over the batch, which is the estimate where neither was
+        timed (the serving core admits rows one by one)."""
+        if not lengths:
+            return 0.0
+        tokens = sum(n - 1 for n in lengths)
+        if getattr(costs, "draft_prefill_s", None) is not None:
+            return tokens * costs.draft_prefill_s
+        chunks = read_s(costs, max(lengths) - 1, self.max_width)
+        if self.prefill_token_s is None:
+            return chunks
+        return min(tokens * self.prefill_token_s * costs.draft_s / costs.verify_s(1), chunks)
+
+    def _prime(self, state: DecodeState, live: list[int]) -> None:
+        """The deferred draft prefill of live rows whose text the draft has not read: all but the
+        row's last committed token, as after a prefill (the chain's own catch-up reads that one).
+        One batched prefill when no row of the round's view was read yet (a generate call), else
+        row by row (the serving core's rows come and go)."""
+        draft, rows = self.ctx.draft, range(state.batch)
+        if not any(self.primed[b] for b in rows):
+            longest = max(self.n_host[b] for b in rows)  # finished rows' frozen text comes along
+            draft.prefill(state.tokens[:, : max(longest - 1, 1)], state.n - 1, attn_len=max(longest - 1, 1))
+            for b in rows:
+                self.primed[b], self.gap[b] = True, 1
+            self.primes += len(live)
+            return
+        for b in live:
+            if not self.primed[b]:
+                n = self.n_host[b]
+                draft.prefill_row(b, state.tokens[b: b + 1, : max(n - 1, 1)], n - 1)
+                self.primed[b], self.gap[b] = True, 1
+                self.primes += 1
+
+    def _draft_round(self, state: DecodeState, live: list[int], timer) -> RoundOutput:
+        """Hybrid: the draft model's chain (sd's round), after reading what it missed."""
+        self.draft_rounds += 1
+        primes = self.primes
+        with timer.phase("draft"):
+            self._prime(state, live)
+        self.primed_now = self.primes > primes
+        # up to 2 behind the chain's own catch-up reads; more after n-gram rounds it sat out
+        behind = max(self.gap[b] for b in live) - 2
+        if self.draft_policy.needs_costs:  # what the chain's time holds besides the chain, for its clock
+            self.draft_policy.extra_s = catch_up_s(self.draft_policy.costs, behind, self.max_width)
+        return chain_round(self.ctx, state, self.draft_policy, timer, behind, self.max_width)
+
+
+class HybridSuffixDecoding(HybridDecoding):
+    """`hybrid` with suffix decoding's memory: the cache's proposals where they match, the draft
+    model's chain elsewhere."""
+    name = "hybrid-suffix"
+    uses_cache = True
