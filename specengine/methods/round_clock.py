@@ -102,10 +102,13 @@ class RoundClock:
 
 class TokenYield:
     """Tokens the drafted rounds committed against what the acceptance model expected of them at
-    the α it held then (decayed like the clock). The truncated-geometric model at the measured mean
-    rate overstates bursty acceptance (runs of full accepts and of early rejections: hybrid's chains
-    on the default pair committed ~0.85 of it), and with a prefill to pay that bias decides. Seeded
-    from an earlier call's factor as MIN_ROUNDS rounds of this call's size, as `RoundClock.seed`."""
+    the α it held then. The truncated-geometric model at the measured mean rate overstates bursty
+    acceptance (runs of full accepts and of early rejections: hybrid's chains on the default pair
+    committed 0.65-0.85 of it), and with a prefill to pay that bias decides. Summed over the call,
+    not decayed as the clock's times are: it is the text's and the pair's, not the machine's
+    moment, and a decayed value followed the last few chains (a run of full accepts at a reply's
+    end filed a yield that primed the next process's draft for nothing). Seeded from an earlier
+    call's factor as MIN_ROUNDS rounds of this call's size, as `RoundClock.seed`."""
 
     def __init__(self):
         self.expected = self.committed = 0.0
@@ -120,8 +123,8 @@ class TokenYield:
         if self.prior is not None:
             self.expected, self.committed = MIN_ROUNDS * expected, MIN_ROUNDS * expected * self.prior
             self.count, self.prior = MIN_ROUNDS, None
-        self.expected = DECAY * self.expected + expected
-        self.committed = DECAY * self.committed + committed
+        self.expected += expected
+        self.committed += committed
         self.count += 1
 
     def factor(self) -> float:

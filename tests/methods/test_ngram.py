@@ -396,12 +396,17 @@ def test_hybrid_weighs_its_draft_chains_by_the_tokens_they_committed():
         booked.append(expected_tokens(alpha, g))
         m.kind, m.primed_now = "draft", False
         m.after_round([0], [g])
-    assert m.chain_yield.factor() == pytest.approx(3 / sum(x * 0.85 ** (2 - i) for i, x in enumerate(booked))
-                                                   * sum(0.85 ** i for i in range(3)) / 3, rel=1e-6)
+    assert m.chain_yield.factor() == pytest.approx(3 / sum(booked))  # 1 token a chain, against the model's
     assert m.ctx.acceptance[YIELD_KEY] == pytest.approx(m.chain_yield.factor())
     dp.accepted, dp.rejected = 90.0, 10.0  # α back at 0.9: on paper the chain still wins ...
     dp.set_costs(dp.costs)
     assert not m._draft_wins({0: ([1], None)}, m.policy.choose({0: 1}), [0])  # ... measured, it does not
+    from specengine.methods.round_clock import TokenYield
+    y = TokenYield()  # a seed weighs MIN_ROUNDS (3) rounds of the first booked round's size
+    y.seed(0.5)
+    assert y.factor() == 0.5
+    y.book(2.0, 2.0)
+    assert y.factor() == pytest.approx((3 * 2 * 0.5 + 2) / (3 * 2 + 2))
     nxt = HybridDecoding(gamma="auto")  # the engine's next call starts from the factor
     nxt.draft_policy = dp
     nxt.ctx = m.ctx
