@@ -107,7 +107,7 @@ class HybridDecoding(NgramDecoding):
         if getattr(costs, "draft_prefill_s", None) is not None:
             return tokens * costs.draft_prefill_s
         chunks = read_s(costs, max(lengths) - 1, self.max_width)
-        if self.prefill_token_s is None:
+        if self.prefill_token_s is None or self.key != "greedy":  # a sampled call's choices time nothing
             return chunks
         return min(tokens * self.prefill_token_s * costs.draft_s / costs.verify_s(1), chunks)
 

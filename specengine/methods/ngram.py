@@ -102,7 +102,7 @@ class NgramDecoding(Method):
         self.caches = ctx.suffix_caches if self.uses_cache else None
         self.saved = 0.0
         self.start_rows(call.prompts, [row.max_new for row in call.rows], call.prefill_s)
-        if self.by_match:  # the match-length curves the engine's earlier calls of this method counted
+        if self.by_match and call.mode == "greedy":  # the curves earlier calls counted (sampled: none, as sd)
             self.policy.recall(ctx.acceptance, f"{self.name}:{call.mode}:by_match")
         if self.policy.needs_costs or (self.hybrid and self.draft_policy.needs_costs):
             costs = ctx.step_costs(call.state, self.max_width, draft=self.hybrid)
@@ -113,7 +113,8 @@ class NgramDecoding(Method):
             if self.hybrid and self.draft_policy.needs_costs:
                 self.key = call.mode
                 self.draft_policy.calibrate = self.key == "greedy"  # its chains' times correct its costs
-                self.draft_policy.recall(ctx.acceptance, self.key)
+                if self.key == "greedy":
+                    self.draft_policy.recall(ctx.acceptance, self.key)
                 self.draft_policy.set_costs(costs)
 
     def start_rows(self, prompts: list[list[int]], max_new: list[int], prefill_s: float) -> None:

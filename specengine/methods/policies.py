@@ -152,10 +152,11 @@ class AutoGammaPolicy(FixedPolicy):
         return self.accepted / (self.accepted + self.rejected)
 
     def recall(self, store: dict, key: str) -> None:
-        """Start from the acceptance rate the engine's earlier calls learned for this pair and
-        decoding mode (`store[key]`), at the prior's weight, instead of the prior's rate, and
-        from their rounds' measured cost corrections; where this engine learned none, greedy, from
-        the rate earlier processes filed (step_costs.FiledClocks: measured costs only)."""
+        """Start from the acceptance rate the engine's earlier greedy calls learned for this pair
+        (`store[key]`), at the prior's weight, instead of the prior's rate, and from their rounds'
+        measured cost corrections; where this engine learned none, from the rate earlier processes
+        filed (step_costs.FiledClocks: measured costs only). Greedy only: the methods do not call
+        it for a sampled call, whose seed must repeat its tokens whatever earlier calls learned."""
         alpha = store.get(key)
         self.learned = alpha is not None
         if alpha is not None:

@@ -61,7 +61,8 @@ class SpeculativeDecoding(Method):
         if self.policy.needs_costs:  # gamma="auto": γ from measured step costs and the last call's acceptance
             self.key = call.mode
             self.policy.calibrate = self.key == "greedy"
-            self.policy.recall(ctx.acceptance, self.key)
+            if self.key == "greedy":  # a seeded sampled call repeats its tokens: no state of earlier calls
+                self.policy.recall(ctx.acceptance, self.key)
             self.policy.set_costs(ctx.step_costs(call.state, self.max_width))
 
     def round(self, state: DecodeState, timer) -> RoundOutput:
