@@ -40,9 +40,10 @@ def test_the_plan_says_what_the_engine_runs(tiny_dir, cache):
     assert plan.step_costs == {}  # nothing has needed them yet
     eng.warmup()
     costs = eng.plan.step_costs["1"]
-    assert costs["draft_s"] > 0 and len(costs["target_s"]) >= 2
+    assert costs["draft_s"] > 0 and len(costs["target_s"]) >= 2 and costs["draft_prefill_s"] > 0
     text = str(eng.plan)
     assert "precision: target" in text and "step costs (batch 1)" in text and "target linear" in text
+    assert "draft prefill" in text  # what hybrid prices its deferred draft prefill at
     assert "target layers: Python layer loop" in text
 
 
