@@ -24,6 +24,20 @@ from .steps import chain_round
 # draft prefill deferred: the reply is expected to write this many times what it has so far
 # (chosen by host-only replays and an interleaved A/B: docs/design.md, "Experiments")
 PRIME_HORIZON = 2.0
+# a carried chain yield moves this far toward 1 with every call that runs no chain: one taken on
+# other text (or the same text's worst stretch) must not keep the draft out for good, as a low
+# prior α once did; a call that runs chains replaces it with what they measured
+YIELD_FORGET = 0.1
+
+
+def recall_yield(store: dict) -> float | None:
+    """The chain yield a call starts from (the engine's last call's, else the machine's table's),
+    leaving in `store` what the next call starts from unless this one runs chains: that value moved
+    YIELD_FORGET toward 1."""
+    carried = store.get(YIELD_KEY, store.get(YIELD_KEY + FILED))
+    if carried is not None:
+        store[YIELD_KEY] = carried + YIELD_FORGET * (1.0 - carried)
+    return carried
 
 
 class HybridDecoding(NgramDecoding):
@@ -40,7 +54,7 @@ class HybridDecoding(NgramDecoding):
         self.chain_yield = TokenYield()
         super().begin(ctx, call)
         if self._calibrates():  # greedy over measured costs: the engine's last call, else the machine's table
-            self.chain_yield.seed(ctx.acceptance.get(YIELD_KEY, ctx.acceptance.get(YIELD_KEY + FILED)))
+            self.chain_yield.seed(recall_yield(ctx.acceptance))
 
     def _calibrates(self) -> bool:
         dp = self.draft_policy
