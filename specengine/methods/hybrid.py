@@ -12,7 +12,6 @@ pays it.
 """
 from __future__ import annotations
 
-from ..timing import FILED, YIELD_KEY
 from .context import MethodContext
 from .base import CallInputs
 from .ngram import NgramDecoding
@@ -24,20 +23,6 @@ from .steps import chain_round
 # draft prefill deferred: the reply is expected to write this many times what it has so far
 # (chosen by host-only replays and an interleaved A/B: docs/design.md, "Experiments")
 PRIME_HORIZON = 2.0
-# a carried chain yield moves this far toward 1 with every call that runs no chain: one taken on
-# other text (or the same text's worst stretch) must not keep the draft out for good, as a low
-# prior α once did; a call that runs chains replaces it with what they measured
-YIELD_FORGET = 0.1
-
-
-def recall_yield(store: dict) -> float | None:
-    """The chain yield a call starts from (the engine's last call's, else the machine's table's),
-    leaving in `store` what the next call starts from unless this one runs chains: that value moved
-    YIELD_FORGET toward 1."""
-    carried = store.get(YIELD_KEY, store.get(YIELD_KEY + FILED))
-    if carried is not None:
-        store[YIELD_KEY] = carried + YIELD_FORGET * (1.0 - carried)
-    return carried
 
 
 class HybridDecoding(NgramDecoding):
@@ -51,10 +36,8 @@ class HybridDecoding(NgramDecoding):
         self.chain_yield = TokenYield()  # this call's chains: committed / expected tokens
 
     def begin(self, ctx: MethodContext, call: CallInputs) -> None:
-        self.chain_yield = TokenYield()
-        super().begin(ctx, call)
-        if self._calibrates():  # greedy over measured costs: the engine's last call, else the machine's table
-            self.chain_yield.seed(recall_yield(ctx.acceptance))
+        self.chain_yield = TokenYield()  # the call's own text: carried across prompts it kept the draft
+        super().begin(ctx, call)         # out of one where `sd` ran 1.7x `ar` (docs/design.md)
 
     def _calibrates(self) -> bool:
         dp = self.draft_policy
@@ -65,7 +48,6 @@ class HybridDecoding(NgramDecoding):
             drafted = [(int(a), int(d)) for a, d in zip(n_acc, num_draft) if d]
             self.chain_yield.book(sum(expected_tokens(self.draft_policy.alpha, d) for _, d in drafted),
                                   sum(a + 1 for a, _ in drafted))
-            self.ctx.acceptance[YIELD_KEY] = self.chain_yield.factor()
         super().after_round(n_acc, num_draft)
 
     def _draft_wins(self, found, gammas, live: list[int]) -> bool:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import machine
-from ..timing import CLOCK_SUFFIX, FILED, YIELD_KEY, best_seconds
+from ..timing import CLOCK_SUFFIX, FILED, best_seconds
 
 
 @dataclass(frozen=True)
@@ -151,9 +151,7 @@ def recalled_or_measured(target, draft, state, max_width: int) -> StepCosts:
 # an engine's first hybrid call need not pay the draft's prefill only to learn it (whether to prime
 # the draft is then its projected savings' call, as in later calls). Greedy only: there γ never
 # changes the tokens, while a seeded sampled call must draw the same tokens whatever the table holds.
-# So is hybrid's chain yield (YIELD_KEY, methods/round_clock.TokenYield), which decides whether
-# its deferred draft prefill pays. Seeded under FILED, beside the engine's own, so that a policy
-# applies it to measured costs only.
+# Seeded under FILED, beside the engine's own, so that a policy applies it to measured costs only.
 REPLAN = 0.10
 ALPHA_MOVED = 0.05
 ALPHA_KEY = "greedy"  # the store's key of the draft's greedy acceptance (sd and hybrid share it)
@@ -168,7 +166,7 @@ class FiledClocks:
     def __init__(self, target, draft):
         self.key = table_key("round_clock", target, draft)
         entry = machine.load().get(self.key, {}) if self.key is not None else {}
-        self.filed = {k: v for k, v in entry.items() if k.endswith(CLOCK_SUFFIX) or k in (ALPHA_KEY, YIELD_KEY)}
+        self.filed = {k: v for k, v in entry.items() if k.endswith(CLOCK_SUFFIX) or k == ALPHA_KEY}  # not ref_ms
 
     @contextlib.contextmanager
     def paused(self):
@@ -192,10 +190,9 @@ class FiledClocks:
         now = {k: v for k, v in now.items() if v}
         moved = any(abs(f / self.filed[k][kind] - 1) > REPLAN if self.filed.get(k, {}).get(kind) else True
                     for k, kinds in now.items() for kind, f in kinds.items())
-        for key, moved_by in ((ALPHA_KEY, ALPHA_MOVED), (YIELD_KEY, REPLAN)):  # scalars: the pair's, not a round kind's
-            if key in store:
-                now[key] = store[key]
-                moved |= key not in self.filed or abs(store[key] - self.filed[key]) > moved_by
+        if ALPHA_KEY in store:
+            now[ALPHA_KEY] = store[ALPHA_KEY]
+            moved |= ALPHA_KEY not in self.filed or abs(store[ALPHA_KEY] - self.filed[ALPHA_KEY]) > ALPHA_MOVED
         if self.key is not None and moved:
             self.filed = {**self.filed, **now}
             machine.update({self.key: dict(self.filed)})  # stamped with the machine's speed now (ref_ms)

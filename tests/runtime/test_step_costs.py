@@ -213,42 +213,6 @@ def test_the_greedy_acceptance_is_filed_and_seeds_measured_costs_only(tiny_pair,
     assert starts[-1] == (pytest.approx(prior), False)  # pinned costs: the prior
 
 
-def test_the_chains_token_yield_is_filed_and_seeds_hybrid_over_measured_costs(tiny_pair, tokenizer, monkeypatch,
-                                                                              tmp_path):
-    """hybrid's chain yield (committed / expected tokens) is filed beside the acceptance (moved by
-    more than REPLAN): a second engine's first greedy hybrid call over measured costs starts from
-    it; over pinned costs, from none. A call that runs no chain leaves its successor a yield
-    YIELD_FORGET nearer 1, so one taken on other text cannot keep the draft out for good."""
-    import copy
-
-    from specengine import Engine
-    from specengine.methods.hybrid import YIELD_FORGET, recall_yield
-    from specengine.methods.round_clock import TokenYield
-    from specengine.timing import FILED, YIELD_KEY
-
-    fresh_cache(monkeypatch, tmp_path)
-    engine = lambda: Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]),  # noqa: E731
-                            max_seq_len=96)
-    first = engine()
-    first._clocks.file({YIELD_KEY: 0.8})
-    assert engine()._clocks.filed[YIELD_KEY] == 0.8
-    first._clocks.file({YIELD_KEY: 0.85})  # within REPLAN: nothing written
-    assert engine()._clocks.filed[YIELD_KEY] == 0.8
-    seeds = []
-    real_seed = TokenYield.seed
-    monkeypatch.setattr(TokenYield, "seed", lambda self, f: seeds.append(f) or real_seed(self, f))
-    second = engine()
-    second.generate([7, 1], max_new_tokens=4, ignore_eos=True, method="hybrid", gamma="auto")
-    assert seeds == [pytest.approx(0.8)]
-    second.step_costs = lambda state, width, draft=True: StepCosts(state.batch, 0.05, (1.0,) * width)
-    second.generate([7, 1], max_new_tokens=4, ignore_eos=True, method="hybrid", gamma="auto")
-    assert len(seeds) == 1  # pinned costs: no seed
-    store = {YIELD_KEY + FILED: 0.5}  # a call that runs no chain leaves the next one a yield nearer 1
-    assert recall_yield(store) == 0.5 and store[YIELD_KEY] == pytest.approx(0.5 + YIELD_FORGET * 0.5)
-    assert recall_yield(store) == pytest.approx(0.55) and store[YIELD_KEY] > 0.55  # the engine's own, first
-    assert recall_yield({}) is None
-
-
 def test_warmup_files_nothing(tiny_pair, tokenizer, monkeypatch, tmp_path):
     """warmup's calls decode a junk prompt: what they accept is no pair's rate, so the machine's
     table is left as it was (a first request seeded from it started with plain rounds)."""
