@@ -4,9 +4,10 @@
 What is measured, and where it is filed: the CPU matmul paths per shape and row count
 (models/cpu_matmul.py) and the GGUF blocks' costs and layouts (models/quant_plan.py), which
 the precision per role is computed from (precision.py); the step costs that γ "auto",
-PEARL's window and hybrid's deferred draft prefill are chosen by (runtime/step_costs.py). Each files its results in the machine's one table (machine.py: one
-key from the CPU, instruction sets, threads, torch and the kernels' digest), so a second load
-on the same machine measures nothing again. The batch-invariant probe (runtime/invariance.py)
+PEARL's window and hybrid's deferred draft prefill are chosen by (runtime/step_costs.py). Each
+files its results in the machine's one table (machine.py: one key from the CPU, instruction
+sets, threads, torch and the kernels' digest), so a second load on the same machine measures
+nothing again. The batch-invariant probe (runtime/invariance.py)
 runs per engine and is not filed; which executor runs each CPU model's layers
 (models/cpu_stack.py) is decided, not measured. The plan reads them back from the engine; no
 choice is made here.

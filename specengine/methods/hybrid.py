@@ -1,6 +1,7 @@
 """`hybrid`: `ngram` (ngram.py, which keeps the rows' bookkeeping) with a draft model: each round
-goes to the n-gram proposals or to the draft model's chain as `sd` drafts it (its own γ: the call's, or auto from the draft's
-measured step cost and the acceptance the engine's last call learned). With γ auto, to the one
+goes to the n-gram proposals or to the draft model's chain as `sd` drafts it (its own γ: the
+call's, or auto from the draft's measured step cost and the acceptance the engine's last greedy
+call learned). With γ auto, to the one
 the costs and acceptances expect to commit more tokens per second (`_draft_wins`), an n-gram
 round charged the draft's later reading of its tokens; with a fixed γ, to the n-gram proposals
 when every live row has one. The draft sits out the n-gram rounds; before it drafts again it
@@ -12,8 +13,6 @@ pays it.
 """
 from __future__ import annotations
 
-from .context import MethodContext
-from .base import CallInputs
 from .ngram import NgramDecoding
 from .policies import catch_up_s, expected_tokens, read_s
 from .round_clock import TokenYield
@@ -33,11 +32,9 @@ class HybridDecoding(NgramDecoding):
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
-        self.chain_yield = TokenYield()  # this call's chains: committed / expected tokens
-
-    def begin(self, ctx: MethodContext, call: CallInputs) -> None:
-        self.chain_yield = TokenYield()  # the call's own text: carried across prompts it kept the draft
-        super().begin(ctx, call)         # out of one where `sd` ran 1.7x `ar` (docs/design.md)
+        # this call's chains: committed / expected tokens (a method object serves one call). Its
+        # text's own: carried across prompts it kept the draft out of one where `sd` ran 1.7x `ar`
+        self.chain_yield = TokenYield()
 
     def _calibrates(self) -> bool:
         dp = self.draft_policy
@@ -65,9 +62,9 @@ class HybridDecoding(NgramDecoding):
         until chains are timed it prices them no cheaper than the plain rounds measure, and an
         acceptance the engine never learned is the prior's (an unconditional first try paid the
         prefill, 0.26-0.37 s on the default pair, on replies where drafting then lost: a first
-        call at 0.77-0.88x the next). The chain's expected tokens are scaled by what chains committed against that
-        expectation (`TokenYield`: bursty acceptance commits less than the geometric model of the
-        same mean rate). A match-length bin with too few tries takes its n-gram round, so that its
+        call at 0.77-0.88x the next). The chain's expected tokens are scaled by what the call's
+        chains committed against that expectation (`TokenYield`: bursty acceptance commits less
+        than the geometric model of the same mean rate). A match-length bin with too few tries takes its n-gram round, so that its
         estimate is learned. With a fixed γ: the draft unless every row matched."""
         dp = self.draft_policy
         if gammas is None or getattr(dp, "costs", None) is None:
