@@ -6,7 +6,9 @@ sampling, commits, the host's read and, on a drifting VM, whatever the machine d
 minute; the draft's catch-up may cost more or less than a step. So every round the driver
 times is booked here by kind ("plain": no proposals; "spec": a drafted round) as (predicted
 seconds, measured seconds); each kind's correction factor (measured / predicted, decayed so it
-follows the machine) scales the model's cost of that kind of round. The choice of γ then
+follows the machine) scales the model's cost of that kind of round. Every kind ages with every
+round, whichever kind it was: a factor taken minutes (or a slow moment) ago gives way to the next
+round of its kind, measured in the same moment as the rounds of the other kind it is compared with. The choice of γ then
 compares what this call's rounds actually achieve, and settles on plain decoding where
 speculation measures slower, whatever the model said. Factors carry over to the engine's next
 call. Only measured step costs are corrected (tests pin theirs, and get the model's choices).
@@ -17,6 +19,7 @@ from ..timing import CLOCK_SUFFIX
 
 MIN_ROUNDS = 3  # rounds of a kind before its factor is trusted
 DECAY = 0.85
+STALE_FLOOR = 1e-9  # predicted seconds below which an unbooked kind stops aging (no underflow to 0)
 
 
 class RoundClock:
@@ -57,9 +60,10 @@ class RoundClock:
             f = self.prior.pop(kind)
             self.predicted[kind] = MIN_ROUNDS * predicted_s
             self.measured[kind] = f * self.predicted[kind]
-        for k in self.measured:
-            self.measured[k] *= DECAY if k == kind else 1.0
-            self.predicted[k] *= DECAY if k == kind else 1.0
+        for k in self.measured:  # every kind ages with each round: a kind not run lately weighs less
+            if k == kind or self.predicted[k] > STALE_FLOOR:  # (its factor, a ratio, stays what it was)
+                self.measured[k] *= DECAY
+                self.predicted[k] *= DECAY
         self.measured[kind] += measured_s
         self.predicted[kind] += predicted_s
         self.count[kind] += 1

@@ -280,6 +280,39 @@ def test_gamma_auto_settles_on_plain_decoding_when_its_rounds_measure_slower_tha
     assert pol.clock.factor("spec") == pytest.approx(3.0)
 
 
+def test_a_factor_taken_in_a_slow_moment_gives_way_to_the_next_probe():
+    """The drifting-VM hazard (docs/design.md, "Never slower"): the call's first drafted rounds ran
+    in a slow moment (2.5x), the plain factor is an earlier call's, so the policy turns to plain
+    rounds, and the machine is fast again by then. A probe is measured in the same moment as the
+    plain rounds before it; it must outweigh the drafted rounds timed back then, so the policy
+    speculates again from the first probe on. (When only the probed kind aged, the first probe
+    moved the factor 15% of the way, confirmed plain decoding, doubled the wait and the next
+    48 of 74 rounds were plain.)"""
+    import random
+
+    from specengine.methods.policies import AutoGammaPolicy
+
+    pol = AutoGammaPolicy()
+    pol.calibrate = True
+    pol.recall({"greedy:round_clock": {"plain": 1.0}}, "greedy")
+    pol.set_costs(StepCosts(1, 0.2, tuple(1.0 + 0.05 * w for w in range(9)), measured=True))
+    rng, gammas = random.Random(0), []
+    for _ in range(80):
+        g = pol.gamma
+        slow = 2.5 if g and len([x for x in gammas if x]) < 4 else 1.0  # the first 4 drafted rounds
+        gammas.append(g)
+        n_acc = 0
+        while n_acc < g and rng.random() < 0.8:
+            n_acc += 1
+        c = pol.costs
+        pol.update([n_acc], [g])
+        pol.timed((g * c.draft_s + c.verify_s(g + 1)) * slow)
+    first_probe = next(i for i in range(5, 80) if gammas[i] and not gammas[i - 1])
+    assert gammas[4] == 0 and first_probe <= 4 + 17  # it did turn to plain rounds, and probed once
+    after = gammas[first_probe:]
+    assert sum(g == 0 for g in after) <= 0.1 * len(after)  # and speculates again from that probe on
+
+
 def test_gamma_auto_keeps_speculating_when_its_rounds_measure_as_predicted():
     pol = _calibrating()
     gammas = _simulate(pol, 100, spec_slowdown=1.0)

@@ -268,3 +268,16 @@ def test_auto_covers_16_bit_and_quantized_targets_only():
     assert auto_reason(SimpleNamespace(dtype=torch.float32, model=quant)) == "quantized weights (int8 activations)"
     assert auto_reason(SimpleNamespace(dtype=torch.bfloat16, model=nn.Linear(2, 2))) == "16-bit target"
     assert auto_reason(SimpleNamespace(dtype=torch.float32, model=nn.Linear(2, 2))) is None
+
+
+def test_warmup_probes_once_at_the_widest_forward_any_method_runs(bf16_pair, tokenizer, monkeypatch):
+    """warmup() runs every cost-driven method; the probe runs once, at the widest of their forwards
+    (before: at hybrid's 13, then again at PEARL's 17)."""
+    target, draft = bf16_pair
+    eng = Engine(target, tokenizer, draft, max_seq_len=256, batch_invariant=True, invariant_width=6)
+    widths = []
+    real = invariance.probe
+    monkeypatch.setattr(invariance, "probe", lambda *a, **k: widths.append(a[3]) or real(*a, **k))
+    eng.warmup()
+    widest = max(eng.new_method(m, gamma="auto").max_width for m in ("hybrid", "sd", "pearl", "ngram"))
+    assert widths == [widest] and eng.target.invariant_width == widest
