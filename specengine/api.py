@@ -206,12 +206,11 @@ class Engine:
         allocate the KV buffers and capture the CUDA graphs of every bucket (Triton autotuning
         runs there), and measure the step costs that every cost-driven choice this engine can
         make uses (sd and hybrid γ auto with the draft, the target alone for n-gram rounds, PEARL's
-        window), at the widest width each may run. Returns what the graphs hold, per model."""
+        window) at the widest width each may run, and probe batch invariance once at the widest of
+        all (at hybrid's, then PEARL's, it probed twice). Returns what the graphs hold, per model."""
         prompt = [[0, 0]] * batch if batch > 1 else [0, 0]
-        # hybrid first: its widths cover the others' step costs (n-gram's without the draft step)
+        # hybrid first: its widths cover the others' step costs
         methods = ("hybrid", "sd", "pearl", "ngram") if self.draft is not None else ("ngram",)
-        # the batch-invariant probe at the widest forward any of them may run (PEARL's 17), once:
-        # probed at hybrid's 13 first, it was probed again at PEARL's
         self.target.invariance.ensure(batch, max(self.new_method(m, gamma="auto").max_width for m in methods))
         kw = dict(max_new_tokens=2, ignore_eos=True, gamma="auto", suffix_cache=False)
         with self._clocks.paused():  # each measures (once per engine and batch) what its first call would
