@@ -209,15 +209,13 @@ class Engine:
         window) at the widest width each may run, and probe batch invariance once at the widest of
         all (at hybrid's, then PEARL's, it probed twice). Returns what the graphs hold, per model."""
         prompt = [[0, 0]] * batch if batch > 1 else [0, 0]
-        # hybrid first: its widths cover the others' step costs
-        methods = ("hybrid", "sd", "pearl", "ngram") if self.draft is not None else ("ngram",)
+        methods = ("hybrid", "sd", "pearl", "ngram") if self.draft is not None else ("ngram",)  # hybrid's widths: the others'
         self.target.invariance.ensure(batch, max(self.new_method(m, gamma="auto").max_width for m in methods))
         kw = dict(max_new_tokens=2, ignore_eos=True, gamma="auto", suffix_cache=False)
         with self._clocks.paused():  # each measures (once per engine and batch) what its first call would
             for method in methods:
                 self.generate(prompt, method=method, **kw)
-        # a junk prompt's acceptance (not filed): a first request recalling it ran plain rounds (0.77x the next sd call)
-        self._acceptance.clear()
+        self._acceptance.clear()  # a junk prompt's acceptance (not filed): recalled, a first sd call ran 0.77x the next
         return {name: (r.graphs.memory_bytes if r.graphs is not None else 0)
                 for name, r in zip(("target", "draft"), self._runners())}
 
