@@ -4,7 +4,7 @@
 perf_counter on CPU; events are resolved once, when the totals are read at the end of a call.
 `best_seconds`: the one best-of-N wall-clock loop of every start-up measurement (step costs,
 the batch-invariant cost, CPU matmul paths).
-`CLOCK_SUFFIX`, `FILED`: where measured round timings live in the engine's acceptance store (the
+`CLOCK_SUFFIX`, `CURVES_SUFFIX`, `FILED`: where measured round timings and n-gram acceptance curves live in the engine's acceptance store (the
 methods' round clocks and runtime/step_costs.FiledClocks, which files and seeds them, share them).
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ from contextlib import contextmanager
 import torch
 
 CLOCK_SUFFIX = ":round_clock"  # a policy's round cost factors: store[key + CLOCK_SUFFIX]
+CURVES_SUFFIX = ":by_match"  # the n-gram acceptance curves of a method and mode: store[f"{name}:{mode}" + CURVES_SUFFIX]
 FILED = ":filed"  # what the machine's table filed for key (seeded beside the engine's own)
 
 

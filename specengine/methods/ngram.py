@@ -35,6 +35,7 @@ from .state import DecodeState, RoundOutput
 from .steps import PlainStep, grammar_drafts, to_device, verify_proposals, verify_tree_and_commit
 from .suffix_cache import SuffixIndex
 from .token_tree import TokenTree, TreeShape
+from ..timing import CURVES_SUFFIX, FILED
 
 MIN_TIMED_PREFILL = 16  # prompt tokens below which the driver's prefill time is mostly overhead, not a rate
 
@@ -102,10 +103,13 @@ class NgramDecoding(Method):
         self.caches = ctx.suffix_caches if self.uses_cache else None
         self.saved = 0.0
         self.start_rows(call.prompts, [row.max_new for row in call.rows], call.prefill_s)
-        if self.by_match and call.mode == "greedy":  # the curves earlier calls counted (sampled: none, as sd)
-            self.policy.recall(ctx.acceptance, f"{self.name}:{call.mode}:by_match")
+        costs = None
         if self.policy.needs_costs or (self.hybrid and self.draft_policy.needs_costs):
             costs = ctx.step_costs(call.state, self.max_width, draft=self.hybrid)
+        if self.by_match and call.mode == "greedy":  # the curves earlier calls counted (sampled: none, as sd)
+            key = f"{self.name}:{call.mode}{CURVES_SUFFIX}"  # else those earlier processes filed (measured costs)
+            self.policy.recall(ctx.acceptance, key, ctx.acceptance.get(key + FILED) if getattr(costs, "measured", False) else None)
+        if costs is not None:
             if self.policy.needs_costs:  # n-gram proposals are free: only the target's cost per width
                 self.policy.set_costs(dataclasses.replace(costs, draft_s=0.0))
             if self.by_match:

@@ -21,7 +21,9 @@ per verify width (step_costs.py):
 The curves outlive the call: `recall` starts a call from what the engine's earlier calls counted
 for the method and decoding mode (MethodContext.acceptance), so a server's tenth request does not
 relearn at the prior what its first nine taught; counts are halved past MEMORY tries of a
-position, so the curve follows text that changes.
+position, so the curve follows text that changes. Greedy curves are filed in the machine's table
+too (as the draft's acceptance is: step_costs.FiledClocks), so a new process's first call starts
+from them rather than exploring again (4 extra rounds of 46 on HumanEval/1 x 64: 0.90x the next).
 A bin whose curve says "no proposal" is probed with its best γ >= 1 every PROBE_EVERY rows
 it declines, so that the bin's estimate can change as the text does.
 """
@@ -60,10 +62,11 @@ class NgramGammaPolicy:
     def set_costs(self, costs) -> None:
         self.costs = costs
 
-    def recall(self, store: dict, key: str) -> None:
-        """Continue the curves the engine's earlier calls counted under `key` (none: the priors);
-        the store then holds this policy's counts, so the next call continues from them."""
-        seen, kept = store.get(key, (None, None))
+    def recall(self, store: dict, key: str, filed=None) -> None:
+        """Continue the curves the engine's earlier calls counted under `key`; where it has none,
+        those earlier processes filed (`filed`: the machine's table, step_costs.FiledClocks); else
+        the priors. The store then holds this policy's counts, so the next call continues from them."""
+        seen, kept = store.get(key, filed or (None, None))
         if seen is not None and len(seen[0]) == self.gamma_max + 1:
             self.seen, self.kept = [list(r) for r in seen], [list(r) for r in kept]
         store[key] = (self.seen, self.kept)

@@ -77,7 +77,10 @@ def test_auto_with_other_policies_starts_from_their_default():
         make_policy("fixed", "eight")
 
 
-def test_sd_auto_equals_ar_and_measures_costs_once(tiny_pair, tokenizer):
+def test_sd_auto_equals_ar_and_measures_costs_once(tiny_pair, tokenizer, monkeypatch, tmp_path):
+    from helpers.cache import fresh_cache
+
+    fresh_cache(monkeypatch, tmp_path)  # an empty machine table: another test's wider entry would be read
     target, _, perturbed = tiny_pair
     eng = Engine(target, tokenizer, draft=perturbed, max_seq_len=128)  # gamma defaults to "auto"
     prompts = ["def f(x):", "abc abc abc", "for i in"]

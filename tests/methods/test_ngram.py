@@ -325,17 +325,22 @@ def test_gamma_per_match_length_follows_what_each_length_accepted():
     assert pol.choose({0: 12}) == {}
 
 
-def test_match_length_curves_carry_to_the_engine_next_call_and_stay_bounded(eng):
+def test_match_length_curves_carry_to_the_engine_next_call_and_stay_bounded(eng, monkeypatch, tmp_path):
     """γ auto's per-match-length counts continue from the engine's earlier calls of the method in
     greedy mode (a server's tenth request does not relearn at the prior); a sampled call recalls
     none (its seed repeats its tokens), another method starts from the priors; warmup forgets; past
-    MEMORY tries the counts are halved."""
+    MEMORY tries the counts are halved. (An empty machine table here: what it files and a new
+    engine reads back is tests/runtime/test_step_costs.py's.)"""
+    from helpers.cache import fresh_cache
     from specengine.methods import ngram_policy
+
+    fresh_cache(monkeypatch, tmp_path)
+    eng.__dict__.pop("_clocks", None)  # read the (empty) table again; the module's earlier calls filed theirs
 
     starts, recall = [], NgramGammaPolicy.recall
 
-    def spy(self, store, key):
-        recall(self, store, key)
+    def spy(self, store, key, filed=None):
+        recall(self, store, key, filed)
         starts.append((key, sum(self.seen[b][1] for b in range(len(self.seen)))))
     NgramGammaPolicy.recall = spy
     try:

@@ -213,6 +213,47 @@ def test_the_greedy_acceptance_is_filed_and_seeds_measured_costs_only(tiny_pair,
     assert starts[-1] == (pytest.approx(prior), False)  # pinned costs: the prior
 
 
+def test_the_ngram_curves_are_filed_and_a_new_engine_starts_from_them(tiny_pair, tokenizer, monkeypatch, tmp_path):
+    """The n-gram methods' greedy acceptance curves by match length are filed beside the draft's
+    acceptance (once CURVES_MOVED tries changed them): a new engine's first greedy γ auto call
+    continues them instead of exploring at the priors again, unless its costs are pinned; a
+    sampled call never reads them."""
+    import copy
+
+    from specengine import Engine
+    from specengine.methods.ngram_policy import NgramGammaPolicy
+    from specengine.runtime import step_costs as sc
+
+    fresh_cache(monkeypatch, tmp_path)
+    engine = lambda: Engine(copy.deepcopy(tiny_pair[0]), tokenizer, max_seq_len=96)  # noqa: E731
+    key = "ngram:greedy:by_match"
+    first = engine()
+    text = [5, 9, 2, 7, 5, 9, 2, 7, 5, 9, 2, 7, 5, 9]
+    with first._clocks.paused():
+        first.generate(text, max_new_tokens=16, ignore_eos=True, method="ngram", gamma="auto")
+    seen, kept = first._acceptance[key]
+    seen[0][1], kept[0][1] = seen[0][1] + 40.0, kept[0][1] + 4.0  # as forty rejected tries leave them
+    first._clocks.file(first._acceptance)
+    filed = engine()._clocks.filed[key]
+    assert filed[0][0][1] == seen[0][1] and filed[1][0][1] == kept[0][1]
+    seen[0][2] += sc.CURVES_MOVED - 1  # fewer tries than CURVES_MOVED apart: nothing written
+    first._clocks.file(first._acceptance)
+    assert engine()._clocks.filed[key][0][0][2] == filed[0][0][2]
+
+    starts, real = [], NgramGammaPolicy.recall
+    monkeypatch.setattr(NgramGammaPolicy, "recall",
+                        lambda self, store, k, f=None: real(self, store, k, f) or starts.append(self.seen[0][1]))
+    second = engine()
+    second.generate([3, 4, 3, 4, 3], max_new_tokens=4, ignore_eos=True, method="ngram", gamma="auto")
+    assert starts == [filed[0][0][1]]  # the first call continued the filed curves
+    pinned = engine()
+    pinned.step_costs = lambda state, width, draft=True: StepCosts(state.batch, 0.0, (1.0,) * width)
+    pinned.generate([3, 4, 3, 4, 3], max_new_tokens=4, ignore_eos=True, method="ngram", gamma="auto")
+    assert starts[-1] == 0.0  # pinned costs: the priors
+    engine().generate([3, 4, 3, 4, 3], max_new_tokens=4, method="ngram", gamma="auto", temperature=0.8, seed=1)
+    assert len(starts) == 2  # sampled: no recall at all
+
+
 def test_warmup_files_nothing(tiny_pair, tokenizer, monkeypatch, tmp_path):
     """warmup's calls decode a junk prompt: what they accept is no pair's rate, so the machine's
     table is left as it was (a first request seeded from it started with plain rounds)."""
