@@ -13,6 +13,7 @@ from specengine.methods.hybrid import HybridDecoding
 from specengine.methods.ngram_index import MATCH_CAP, MAX_OCCURRENCES, NgramIndex
 from specengine.methods.ngram_policy import PROBE_EVERY, NgramGammaPolicy, match_bin
 from specengine.errors import SpecEngineError
+from specengine.row_state import RowState
 from specengine.runtime.step_costs import StepCosts
 
 
@@ -491,7 +492,9 @@ def test_hybrid_prefills_the_draft_once_the_projected_saving_pays_for_it(plain_f
     assert saving > 0
     prime = m._prime_s  # checked against the prefill rate above
 
-    def first_round(limit):
+    def first_round(limit, known=False):
+        row = RowState(3000, limit, [], set() if known else {2})  # known: ignore_eos, no stop string
+        m.call = SimpleNamespace(rows=[row], state=SimpleNamespace(constraints=None))
         m.saved, m.n_host, m.limit = 0.0, [3000], [3000 + limit]
         for k in range(1, limit):
             if m._draft_wins({}, {}, [0]):
@@ -499,15 +502,21 @@ def test_hybrid_prefills_the_draft_once_the_projected_saving_pays_for_it(plain_f
             m.n_host = [3000 + k]  # the plain round committed one token
         return None
 
-    def want(limit):
+    def want(limit, known=False):
         for k in range(1, limit):
             out = k - 1
-            if k * saving * min(PRIME_HORIZON * max(out, 1), limit - out) / max(out, 1) > prime([3000 + out], m.draft_policy.costs):
+            ahead = limit - out if known else min(PRIME_HORIZON * max(out, 1), limit - out)
+            if k * saving * ahead / max(out, 1) > prime([3000 + out], m.draft_policy.costs):
                 return k
         return None
 
     assert first_round(512) == want(512) and 10 < want(512) < 512
     assert first_round(60) == want(60) is None  # a reply near its limit: too little ahead to pay it back
+    # a reply nothing can end before its limit: the prime pays in the first round that can pay it back
+    assert first_round(512, known=True) == want(512, known=True) == 1
+    known = {n: first_round(n, known=True) for n in (40, 100, 150)}
+    assert known == {n: want(n, known=True) for n in known} and known[40] is None and known[150] == 1
+    assert known[100] is not None and first_round(100) is None  # projected from what it wrote: never primed
 
 
 def test_the_draft_acceptance_carries_to_the_engine_next_call(tiny_pair, tokenizer):
