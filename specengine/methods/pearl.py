@@ -35,7 +35,8 @@ from .state import DecodeState, RoundOutput
 from .steps import PlainStep, draft_chain, draft_resync, parallel_draft
 
 GAMMA_MAX = 16  # the longest window round(1/c) may choose
-PROBE_EVERY = 16  # plain rounds between two PEARL rounds that re-measure the acceptance
+PROBE_EVERY = 16  # plain rounds before a PEARL round that re-measures the acceptance (the first wait)
+PROBE_MAX = 256
 PRIOR_ROUNDS = 4.0  # weight of the chain-model prior of tokens per round, as the acceptance prior's
 
 
@@ -89,6 +90,7 @@ class Pearl(Method):
         self.modes: PearlModes | None = None
         self.plain, self.behind, self.plain_rounds = PlainStep(), 0, 0  # γ = 0 rounds (see _plain_wins)
         self.plain_total = 0
+        self.probe_every, self.probed = PROBE_EVERY, False  # the current wait; the last round was a probe
         self.accepted, self.proposed = 0.7 * 4, 4.0  # running acceptance: prior 0.7, weight 4, decayed
         # committed tokens per row of a PEARL round, running (sum, weight): its pre/post-verify modes
         # commit other than a chain of γ at that acceptance would (the chain's count: +30% on the real pair)
@@ -122,14 +124,23 @@ class Pearl(Method):
         """Window chosen by cost only: a PEARL round is expected to commit fewer tokens per
         second than a plain decode step (its cost: the draft's window plus the verify, one
         after the other on a CPU, overlapped on CUDA), so the round decodes plainly instead.
-        Every PROBE_EVERY plain rounds one PEARL round runs anyway, to follow the text."""
-        if not self.by_cost or self.plain_rounds >= PROBE_EVERY:
+        After PROBE_EVERY plain rounds one PEARL round runs anyway, to follow the text; a probe
+        that confirms plain decoding doubles the wait (up to PROBE_MAX), since each pays the draft's
+        catch-up and a losing round (every 16 rounds, PEARL settled on plain ran 0.83-0.95x `ar`)."""
+        if not self.by_cost:
+            return False
+        if self.plain_rounds >= self.probe_every:
+            self.probed = True
             return False
         if self.calibrate and self.clock.wants_plain():  # time plain decoding once to compare
             return True
         f = self.clock.factors() if self.calibrate else {}
-        return self.round_tokens() / (self._round_s() * f.get("spec", 1.0)) \
+        plain = self.round_tokens() / (self._round_s() * f.get("spec", 1.0)) \
             < 1.0 / (self.costs.verify_s(1) * f.get("plain", 1.0))
+        if self.probed:  # the round after a probe: plain again doubles the wait (as sd's), PEARL resets it
+            self.probe_every = min(2 * self.probe_every, PROBE_MAX) if plain else PROBE_EVERY
+            self.probed = False
+        return plain
 
     def round_tokens(self) -> float:
         """Expected committed tokens per row of a PEARL round: the running mean of this call's rounds,
@@ -232,7 +243,10 @@ class Pearl(Method):
         if not any(num_draft):  # a plain round: nothing was proposed
             return
         total, weight = self.yield_ or (PRIOR_ROUNDS * self.round_tokens(), PRIOR_ROUNDS)  # the prior: α's, as a chain
-        self.yield_ = (0.9 * total + sum(a + 1 for a in n_acc), 0.9 * weight + len(n_acc))
+        # committed: the accepted tokens, plus the correction where one was rejected; a round that
+        # accepted all commits no bonus (the draft's next tokens stay pending for the next verify)
+        committed = sum(a + (a < d) for a, d in zip(n_acc, num_draft))
+        self.yield_ = (0.9 * total + committed, 0.9 * weight + len(n_acc))
         self.accepted = 0.9 * self.accepted + sum(n_acc)
         self.proposed = 0.9 * self.proposed + sum(num_draft)
         full = [a >= d for a, d in zip(n_acc, num_draft)]
