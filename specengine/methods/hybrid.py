@@ -58,14 +58,14 @@ class HybridDecoding(NgramDecoding):
         - the draft's chain nothing more: the catch-up of earlier rounds was charged to them.
         While the draft has not read the rows' text (its prefill deferred), its chain would first
         pay that prefill once (`_prime_s`). It does so when the time the draft would have saved
-        so far, projected over what the reply may still write (`_ahead`), exceeds the prefill; being paid for good,
-        until chains are timed it prices them no cheaper than the plain rounds measure, and an
+        so far, projected over what the reply may still write (`_ahead`), exceeds the prefill;
+        being paid for good, until chains are timed it prices them no cheaper than the plain rounds measure, and an
         acceptance the engine never learned is the prior's (an unconditional first try paid the
         prefill, 0.26-0.37 s on the default pair, on replies where drafting then lost: a first
         call at 0.77-0.88x the next). The chain's expected tokens are scaled by what the call's
         chains committed against that expectation (`TokenYield`: bursty acceptance commits less
-        than the geometric model of the same mean rate). A match-length bin with too few tries takes its n-gram round, so that its
-        estimate is learned. With a fixed γ: the draft unless every row matched."""
+        than the geometric model of the same mean rate). A match-length bin with too few tries
+        takes its n-gram round, so that its estimate is learned. With a fixed γ: the draft unless every row matched."""
         dp = self.draft_policy
         if gammas is None or getattr(dp, "costs", None) is None:
             return not all(found.get(b, ([], []))[0] for b in live)

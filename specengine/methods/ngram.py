@@ -108,7 +108,8 @@ class NgramDecoding(Method):
             costs = ctx.step_costs(call.state, self.max_width, draft=self.hybrid)
         if self.by_match and call.mode == "greedy":  # the curves earlier calls counted (sampled: none, as sd)
             key = f"{self.name}:{call.mode}{CURVES_SUFFIX}"  # else those earlier processes filed (measured costs)
-            self.policy.recall(ctx.acceptance, key, ctx.acceptance.get(key + FILED) if getattr(costs, "measured", False) else None)
+            filed = ctx.acceptance.get(key + FILED) if getattr(costs, "measured", False) else None
+            self.policy.recall(ctx.acceptance, key, filed)
         if costs is not None:
             if self.policy.needs_costs:  # n-gram proposals are free: only the target's cost per width
                 self.policy.set_costs(dataclasses.replace(costs, draft_s=0.0))

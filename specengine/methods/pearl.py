@@ -28,15 +28,13 @@ from ..errors import SpecEngineError
 from .base import CallInputs, CallTotals, Method, prediction, speculative_stats
 from .context import MethodContext
 from .logprobs import capture
-from .policies import expected_tokens
+from .policies import PROBE_FIRST, PROBE_MAX, expected_tokens
 from .round_clock import RoundClock, recall_clock
 from .sampling import filter_logits
 from .state import DecodeState, RoundOutput
 from .steps import PlainStep, draft_chain, draft_resync, parallel_draft
 
 GAMMA_MAX = 16  # the longest window round(1/c) may choose
-PROBE_EVERY = 16  # plain rounds before a PEARL round that re-measures the acceptance (the first wait)
-PROBE_MAX = 256
 PRIOR_ROUNDS = 4.0  # weight of the chain-model prior of tokens per round, as the acceptance prior's
 
 
@@ -90,7 +88,7 @@ class Pearl(Method):
         self.modes: PearlModes | None = None
         self.plain, self.behind, self.plain_rounds = PlainStep(), 0, 0  # γ = 0 rounds (see _plain_wins)
         self.plain_total = 0
-        self.probe_every, self.probed = PROBE_EVERY, False  # the current wait; the last round was a probe
+        self.probe_every, self.probed = PROBE_FIRST, False  # the current wait; the last round was a probe
         self.accepted, self.proposed = 0.7 * 4, 4.0  # running acceptance: prior 0.7, weight 4, decayed
         # committed tokens per row of a PEARL round, running (sum, weight): its pre/post-verify modes
         # commit other than a chain of γ at that acceptance would (the chain's count: +30% on the real pair)
@@ -124,7 +122,7 @@ class Pearl(Method):
         """Window chosen by cost only: a PEARL round is expected to commit fewer tokens per
         second than a plain decode step (its cost: the draft's window plus the verify, one
         after the other on a CPU, overlapped on CUDA), so the round decodes plainly instead.
-        After PROBE_EVERY plain rounds one PEARL round runs anyway, to follow the text; a probe
+        After PROBE_FIRST plain rounds one PEARL round runs anyway, to follow the text; a probe
         that confirms plain decoding doubles the wait (up to PROBE_MAX), since each pays the draft's
         catch-up and a losing round (every 16 rounds, PEARL settled on plain ran 0.83-0.95x `ar`)."""
         if not self.by_cost:
@@ -138,7 +136,7 @@ class Pearl(Method):
         plain = self.round_tokens() / (self._round_s() * f.get("spec", 1.0)) \
             < 1.0 / (self.costs.verify_s(1) * f.get("plain", 1.0))
         if self.probed:  # the round after a probe: plain again doubles the wait (as sd's), PEARL resets it
-            self.probe_every = min(2 * self.probe_every, PROBE_MAX) if plain else PROBE_EVERY
+            self.probe_every = min(2 * self.probe_every, PROBE_MAX) if plain else PROBE_FIRST
             self.probed = False
         return plain
 

@@ -110,6 +110,10 @@ def best_gamma(alpha: float, costs, gamma_max: int, gamma_min: int = 1, scale: d
     return max(range(gamma_min, gamma_max + 1), key=lambda g: round_rate(alpha, g, costs, scale=scale))
 
 
+# plain rounds before a probe, the first wait and the longest (γ auto's and PEARL's: a probe that
+# confirms plain decoding doubles the wait, speculation winning again resets it)
+PROBE_FIRST, PROBE_MAX = 16, 256
+
 class AutoGammaPolicy(FixedPolicy):
     """`gamma="auto"`: each round's γ maximizes expected tokens per unit of time, from the
     measured draft step cost, the measured target cost per width (`step_costs.py`) and the
@@ -130,7 +134,7 @@ class AutoGammaPolicy(FixedPolicy):
     needs_costs = True
 
     def __init__(self, gamma_max: int = 8, prior_alpha: float = 0.7, prior_weight: float = 4.0,
-                 decay: float = 0.9, probe_every: int = 16, probe_max: int = 256):
+                 decay: float = 0.9, probe_every: int = PROBE_FIRST, probe_max: int = PROBE_MAX):
         super().__init__(min(4, gamma_max))
         self.gamma_max = gamma_max
         self.accepted, self.rejected = prior_alpha * prior_weight, (1 - prior_alpha) * prior_weight
