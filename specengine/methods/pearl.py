@@ -28,7 +28,7 @@ from ..errors import SpecEngineError
 from .base import CallInputs, CallTotals, Method, prediction, speculative_stats
 from .context import MethodContext
 from .logprobs import capture
-from .policies import PROBE_FIRST, PROBE_MAX, expected_tokens
+from .policies import ProbeWait, expected_tokens
 from .round_clock import RoundClock, recall_clock
 from .sampling import filter_logits
 from .state import DecodeState, RoundOutput
@@ -86,9 +86,9 @@ class Pearl(Method):
         self.by_cost = gamma is None  # a window chosen by cost may also choose plain decoding
         self.cost_ratio = self.costs = None
         self.modes: PearlModes | None = None
-        self.plain, self.behind, self.plain_rounds = PlainStep(), 0, 0  # γ = 0 rounds (see _plain_wins)
+        self.plain, self.behind = PlainStep(), 0  # γ = 0 rounds (see _plain_wins)
         self.plain_total = 0
-        self.probe_every, self.probed = PROBE_FIRST, False  # the current wait; the last round was a probe
+        self.wait, self.probed = ProbeWait(), False  # plain rounds before a probe; the last round was one
         self.accepted, self.proposed = 0.7 * 4, 4.0  # running acceptance: prior 0.7, weight 4, decayed
         # committed tokens per row of a PEARL round, running (sum, weight): its pre/post-verify modes
         # commit other than a chain of γ at that acceptance would (the chain's count: +30% on the real pair)
@@ -122,12 +122,11 @@ class Pearl(Method):
         """Window chosen by cost only: a PEARL round is expected to commit fewer tokens per
         second than a plain decode step (its cost: the draft's window plus the verify, one
         after the other on a CPU, overlapped on CUDA), so the round decodes plainly instead.
-        After PROBE_FIRST plain rounds one PEARL round runs anyway, to follow the text; a probe
-        that confirms plain decoding doubles the wait (up to PROBE_MAX), since each pays the draft's
-        catch-up and a losing round (every 16 rounds, PEARL settled on plain ran 0.83-0.95x `ar`)."""
+        After a run of plain rounds one PEARL round runs anyway, to follow the text (`ProbeWait`,
+        as sd's γ auto)."""
         if not self.by_cost:
             return False
-        if self.plain_rounds >= self.probe_every:
+        if self.wait.due():
             self.probed = True
             return False
         if self.calibrate and self.clock.wants_plain():  # time plain decoding once to compare
@@ -135,8 +134,8 @@ class Pearl(Method):
         f = self.clock.factors() if self.calibrate else {}
         plain = self.round_tokens() / (self._round_s() * f.get("spec", 1.0)) \
             < 1.0 / (self.costs.verify_s(1) * f.get("plain", 1.0))
-        if self.probed:  # the round after a probe: plain again doubles the wait (as sd's), PEARL resets it
-            self.probe_every = min(2 * self.probe_every, PROBE_MAX) if plain else PROBE_FIRST
+        if self.probed:  # the round after a probe: plain again doubles the wait, PEARL resets it
+            self.wait.settle(plain)
             self.probed = False
         return plain
 
@@ -158,8 +157,8 @@ class Pearl(Method):
         plain = self._plain_wins()
         if self.by_cost:  # what the round is predicted to cost, booked against its measured time
             self._kind = ("plain", self.costs.verify_s(1)) if plain else ("spec", self._round_s())
+        self.wait.count(plain)
         if plain:
-            self.plain_rounds += 1
             self.plain_total += 1
             self.behind += 1
             modes = self.modes  # pending drafts are dropped: every row restarts in pre-verify
@@ -168,7 +167,6 @@ class Pearl(Method):
             draft = self.ctx.draft.cache  # the draft keeps what it saw of the committed tokens only
             draft.set_lens(torch.minimum(draft.lens.to(torch.int64), state.n - 1))
             return self.plain(self.ctx, state, timer)
-        self.plain_rounds = 0
         if self.behind:
             draft_resync(self.ctx.draft, state, self.behind)
             self.behind = 0

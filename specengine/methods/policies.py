@@ -110,9 +110,30 @@ def best_gamma(alpha: float, costs, gamma_max: int, gamma_min: int = 1, scale: d
     return max(range(gamma_min, gamma_max + 1), key=lambda g: round_rate(alpha, g, costs, scale=scale))
 
 
-# plain rounds before a probe, the first wait and the longest (γ auto's and PEARL's: a probe that
-# confirms plain decoding doubles the wait, speculation winning again resets it)
-PROBE_FIRST, PROBE_MAX = 16, 256
+PROBE_FIRST, PROBE_MAX = 16, 256  # plain rounds before a probe: the first wait, the longest
+
+
+class ProbeWait:
+    """γ auto's and PEARL's wait: after `every` plain rounds in a row one speculative round runs
+    anyway (a probe), so that a change in the text is noticed. A probe that confirms plain decoding
+    doubles the wait (up to PROBE_MAX), since every probe pays the draft's catch-up and a losing
+    round (every 16 rounds, PEARL settled on plain ran 0.83-0.95x `ar` on the real pair);
+    speculation winning again resets it."""
+
+    def __init__(self, first: int = PROBE_FIRST, longest: int = PROBE_MAX):
+        self.first, self.longest = first, longest
+        self.every, self.run = first, 0  # the current wait; consecutive plain rounds so far
+
+    def due(self) -> bool:
+        return self.run >= self.every
+
+    def count(self, plain: bool) -> None:
+        self.run = self.run + 1 if plain else 0
+
+    def settle(self, plain: bool) -> None:
+        """What a probe (or a choice by the costs alone) found: plain doubles the wait, speculation resets it."""
+        self.every = min(2 * self.every, self.longest) if plain else self.first
+
 
 class AutoGammaPolicy(FixedPolicy):
     """`gamma="auto"`: each round's γ maximizes expected tokens per unit of time, from the
@@ -122,9 +143,8 @@ class AutoGammaPolicy(FixedPolicy):
     γ = 0 is a choice: when the costs and the acceptance say a speculative round would commit
     fewer tokens per second than plain decoding, the round is a plain decode step (the draft
     does not run; it catches up when drafting resumes). After `probe_every` plain rounds one
-    round drafts at the best γ >= 1 anyway, so that a change in the text is noticed; a probe
-    that confirms plain decoding doubles the wait (up to `probe_max`), since every probe pays a
-    catch-up and a losing round, and speculation winning again resets it.
+    round drafts at the best γ >= 1 anyway (`ProbeWait`: the wait doubles while probes confirm
+    plain decoding).
 
     α is the maximum-likelihood rate of the truncated-geometric acceptance model
     (accepted / (accepted + rejections)), with a weak prior and a decay so that it follows
@@ -140,8 +160,7 @@ class AutoGammaPolicy(FixedPolicy):
         self.accepted, self.rejected = prior_alpha * prior_weight, (1 - prior_alpha) * prior_weight
         self.decay = decay
         self.costs = None
-        self.probe_first, self.probe_max = probe_every, probe_max
-        self.probe_every, self.plain_run = probe_every, 0  # the current wait; consecutive plain rounds so far
+        self.wait = ProbeWait(probe_every, probe_max)
         self.probing = False  # this round is a probe
         self.clock = RoundClock(switch_costs=False)  # rounds' measured vs predicted seconds (catch-ups priced)
         self.extra_s = 0.0  # what the round about to be booked pays besides its chain (sd: the draft's catch-up)
@@ -201,7 +220,7 @@ class AutoGammaPolicy(FixedPolicy):
         self._choose()
 
     def _choose(self) -> None:
-        self.probing = self.plain_run >= self.probe_every
+        self.probing = self.wait.due()
         if self.clock.wants_plain() and not self.probing:  # time plain decoding once to compare
             self.gamma = 0
             return
@@ -218,18 +237,17 @@ class AutoGammaPolicy(FixedPolicy):
             self.clock.expect(kind, model_s, len(n_acc) * expected_tokens(self.alpha, g))
         self.extra_s = 0.0
         probed = self.probing
-        if plain:
-            self.plain_run += 1
-        else:
-            self.plain_run, self.learned = 0, True
+        self.wait.count(plain)
+        if not plain:
+            self.learned = True
             self.accepted = self.decay * self.accepted + sum(n_acc)
             self.rejected = self.decay * self.rejected + sum(a < d for a, d in zip(n_acc, num_draft))
         if self.costs is not None:
             self._choose()
             if probed and self.gamma == 0:  # the probe confirmed plain decoding: wait longer
-                self.probe_every = min(2 * self.probe_every, self.probe_max)
+                self.wait.settle(plain=True)
             elif self.gamma and not self.probing:  # speculation pays (again), by the costs alone
-                self.probe_every = self.probe_first
+                self.wait.settle(plain=False)
 
 
 def specdec_update(hidden, log_all_accept, k, j: int, head, threshold: float, k_min: int):

@@ -191,7 +191,7 @@ def _pearl_rounds(slowdown: float, measured: bool = True, rounds: int = 120) -> 
     for _ in range(rounds):
         plain = p._plain_wins()
         p._kind = ("plain", p.costs.verify_s(1)) if plain else ("spec", p._round_s())
-        p.plain_rounds = p.plain_rounds + 1 if plain else 0
+        p.wait.count(plain)
         plains.append(plain)
         p.after_round([0 if plain else 2], [0 if plain else 3])
         p.timed(p._kind[1] * (1.0 if plain else slowdown))
