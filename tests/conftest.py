@@ -169,7 +169,10 @@ def small_vocab_models(path, vocab: int = 8, noise: float = 0.3):
     enumeration of the target's distribution in the sampling tests."""
     from specengine.models.loading import load_model
 
-    hf = save_tiny(path, "qwen2", seed=21, vocab=vocab, scale=6.0)
+    # half the usual width (hidden 32, two heads of 16): these tests sample 2e4-5e4 rows, and the
+    # models' width is what they pay for, not what they check
+    hf = save_tiny(path, "qwen2", seed=21, vocab=vocab, scale=6.0, hidden_size=32, intermediate_size=64,
+                   num_attention_heads=2, num_key_value_heads=1)
     target, draft = load_model(path)[0], load_model(path)[0]
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():

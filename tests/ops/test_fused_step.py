@@ -158,9 +158,10 @@ def test_batch_invariant_mode_stays_exact_on_the_fused_path(tiny_pair, tokenizer
     target, _, draft = (copy.deepcopy(m).to(torch.bfloat16) for m in tiny_pair)
     eng = Engine(target, tokenizer, draft, max_seq_len=256, batch_invariant=True, invariant_width=8, kernels=FUSED)
     assert eng.ops.kernel("add_rms_norm") and eng.draft.ops.kernel("silu_and_mul")
-    for p in PROMPTS[::2]:  # two prompts, 16 tokens: the interpreter makes each token costly
-        ar = eng.generate(p, max_new_tokens=16, method="ar", ignore_eos=True).token_ids
-        assert eng.generate(p, max_new_tokens=16, method="sd", gamma=4, ignore_eos=True).token_ids == ar
+    # one prompt, 16 tokens (a few rounds, accepted and rejected drafts): the interpreter makes each token costly
+    ar = eng.generate(PROMPTS[0], max_new_tokens=16, method="ar", ignore_eos=True).token_ids
+    sd = eng.generate(PROMPTS[0], max_new_tokens=16, method="sd", gamma=4, ignore_eos=True)
+    assert sd.token_ids == ar and 0 < sd.stats["acceptance_rate"] < 1
 
 
 def test_checkpoints_load_by_hf_names_into_merged_projections(tiny_dir):
