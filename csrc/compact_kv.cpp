@@ -2,6 +2,7 @@
 #include "compact_kv.h"
 
 #include <ATen/Parallel.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <cstring>
 #include <vector>

@@ -1,6 +1,6 @@
 // KV-cache compaction: the contract shared by the CPU and CUDA implementations.
 #pragma once
-#include <torch/extension.h>
+#include <torch/types.h>  // not torch/extension.h: ~13 s more to parse (cpu_ops.h)
 
 // For every layer, K and V, and row b: copy positions src_pos[b, :count[b]] to
 // dst_start[b] .. dst_start[b] + count[b] - 1, as a gather-then-scatter (overlap-safe).

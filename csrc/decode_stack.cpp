@@ -9,6 +9,8 @@
 // loop, as do trees and float weights: cpu_stack.py decides.
 #include "cpu_ops.h"
 
+#include <torch/csrc/utils/pybind.h>
+
 #include <string>
 #include <vector>
 

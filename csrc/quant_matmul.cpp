@@ -13,6 +13,8 @@
 #include "cpu_ops.h"
 #include "cpu/common.h"
 
+#include <torch/csrc/utils/pybind.h>  // the module's bindings, tensors included
+
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -340,6 +342,8 @@ TORCH_LIBRARY_FRAGMENT(specengine, m) {
 }
 
 TORCH_LIBRARY_IMPL(specengine, CPU, m) { m.impl("row_attention", &row_attention); }
+
+void register_decode_stack(pybind11::module& m);  // decode_stack.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_matmul", &quant_matmul, "x [M, K] fp32 (quantized per block to int8) @ dequantize(w [N, row_bytes] GGUF blocks).T -> [M, N]");
