@@ -16,7 +16,6 @@
 #include <torch/csrc/utils/pybind.h>  // the module's bindings, tensors included
 
 #include <atomic>
-#include <chrono>
 #include <string>
 
 #if defined(__x86_64__) && defined(__linux__)
@@ -46,10 +45,6 @@ namespace {
 #endif
 }
 
-#if defined(SPECENGINE_X86) && defined(SE_BUILT_VNNI)
-bool amx_faster();
-#endif
-
 // Every copy this CPU runs, widest first (CPUID): never a per-machine constant.
 std::vector<Kernels> runnable() {
   std::vector<Kernels> out;
@@ -61,8 +56,9 @@ std::vector<Kernels> runnable() {
 #ifdef SE_BUILT_VNNI
   if (avx512 && __builtin_cpu_supports("avx512vnni")) {
     out.push_back(vnni_kernels());
-    // the tile copy first only where it measured faster; it gives the same bits either way
-    if (amx_usable()) out.insert(amx_faster() ? out.begin() : out.end(), amx_kernels());
+    // the tile copy: the same bits, faster or not at prefill widths by machine, so never the default;
+    // the planner measures it once per machine and sets it (specengine/models/quant_plan.py, choose_tiles)
+    if (amx_usable()) out.push_back(amx_kernels());
   }
 #endif
 #ifdef SE_BUILT_AVX512
@@ -147,26 +143,6 @@ QuantizedRows quantize_rows_for(const Kernels& k, const torch::Tensor& x, int64_
   return r;
 }
 
-#if defined(SPECENGINE_X86) && defined(SE_BUILT_VNNI)
-// Does the tile loop beat the vector loop on this machine? Timed once, one thread, best of 3 each, at a
-// prefill width (32 rows, two tile chunks) on a synthetic Q4_K weight small enough to stay in cache:
-// what differs between the two is compute. Never a per-machine constant.
-bool amx_faster() {
-  static const bool faster = [] {
-    constexpr int64_t N = 256, K = 2048, M = 32, G = N / 8, nb = K / 256;
-    const int64_t group = interleave_group();
-    auto w = torch::randint(0, 256, {G, nb * kBytes[kQ4_K] * group}, torch::dtype(torch::kUInt8));
-    uint8_t* p = w.data_ptr<uint8_t>();
-    const uint16_t half = 0x1400;  // every d and dmin a small finite fp16 (random bytes could be inf / NaN)
-    for (int64_t b = 0; b < G * nb; ++b)
-      for (int r = 0; r < 2 * group; ++r) std::memcpy(p + b * group * kBytes[kQ4_K] + 2 * r, &half, 2);
-    const QuantizedRows xq = quantize_rows_for(vnni_kernels(), torch::randn({M, K}), kValues[kQ4_K]);
-    auto y = torch::empty({M, N});
-    return amx_beats_vnni(xq.act, M, p, y.data_ptr<float>(), N, G);
-  }();
-  return faster;
-}
-#endif
 
 }  // namespace
 

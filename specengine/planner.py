@@ -2,7 +2,8 @@
 (docs/design.md, "The plan"). `engine.plan` returns it; `specengine plan` prints it.
 
 What is measured, and where it is filed: the CPU matmul paths per shape and row count
-(models/cpu_matmul.py) and the GGUF blocks' costs and layouts (models/quant_plan.py), which
+(models/cpu_matmul.py) and the GGUF blocks' costs, layouts and, on a CPU with AMX, whether the
+kernels' tile copy beats their vector copy (models/quant_plan.py), which
 the precision per role is computed from (precision.py); the step costs that γ "auto",
 PEARL's window and hybrid's deferred draft prefill are chosen by (runtime/step_costs.py). Each
 files its results in the machine's one table (machine.py: one key from the CPU, instruction
@@ -31,6 +32,7 @@ class Plan:
     invariance: dict  # batch-invariant mode: on, pad width, why, cost
     forward: dict  # role -> what runs its layers on a CPU: the compiled layer stack or the Python loop, and why
     step_costs: dict  # batch -> {"draft_s", "target_s": per width, "draft_prefill_s": per token}, measured so far
+    tiles: dict | None = None  # AMX: the copy running and each copy's ms at 32 rows (quant_plan.choose_tiles)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -59,6 +61,9 @@ class Plan:
             for group, g in groups.items():
                 paths = " ".join(f"{r}:{p}" for r, p in g["paths"].items())
                 out.append(f"{role} linear {group} [{g['storage']}]: {paths}")
+        if self.tiles:
+            out.append(f"kernel copy: {self.tiles['running']} (Q4_K at 32 rows: "
+                       + ", ".join(f"{isa} {ms:.3f} ms" for isa, ms in self.tiles["ms"].items()) + ")")
         for role, layouts in self.layouts.items():
             out.append(f"{role} GGUF layouts: " + ", ".join(f"{k}={v}" for k, v in sorted(layouts.items())))
         inv = self.invariance
@@ -74,7 +79,7 @@ class Plan:
 
 def plan_of(engine) -> Plan:
     """The engine's plan as it stands (step costs appear once a call or `warmup` measured them)."""
-    from .models import cpu_matmul, cpu_stack
+    from .models import cpu_matmul, cpu_stack, quant_plan
     from .models.quant_linear import quant_layers
 
     runners = {"target": engine.target} | ({"draft": engine.draft} if engine.draft is not None else {})
@@ -107,5 +112,7 @@ def plan_of(engine) -> Plan:
     ops = {role: dict(getattr(r, "runner", r).ops.names) for role, r in runners.items()}
     models = {role: getattr(r, "runner", r).model for role, r in runners.items()}
     forward = {role: cpu_stack.describe(m, ops[role]) for role, m in models.items() if m.device.type == "cpu"}
+    tiles = table.get(quant_plan.TILES_ENTRY)
+    tiles = {"running": quant_plan._quantext.isa(), "ms": tiles["ms"]} if tiles else None
     return Plan(key=machine.key(), machine=machine.machine(), precision=precision, ops=ops, linears=linears,
-                layouts=layouts, invariance=inv, forward=forward, step_costs=costs)
+                layouts=layouts, invariance=inv, forward=forward, step_costs=costs, tiles=tiles)

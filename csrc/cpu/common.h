@@ -92,8 +92,6 @@ Kernels avx2_kernels();
 Kernels avx512_kernels();
 Kernels vnni_kernels();
 Kernels amx_kernels();  // vnni's, with the AMX tile loop at prefill widths (amx_impl.h)
-bool amx_beats_vnni(const Act& act, int64_t M, const uint8_t* w, float* y, int64_t N, int64_t G);
-int64_t interleave_group();  // the interleaved layout's rows per group (x8_impl.h's kGroup)
 #endif
 
 }  // namespace se

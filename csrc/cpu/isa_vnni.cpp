@@ -1,7 +1,6 @@
 // The avx512vnni copy of the CPU kernels: the shared hot loops compiled for this instruction set alone.
 #include "common.h"
 
-#include <chrono>
 
 #ifdef SPECENGINE_X86
 #pragma GCC push_options
@@ -33,21 +32,7 @@ Kernels amx_kernels() {
   return k;
 }
 
-int64_t interleave_group() { return avx512vnni::kGroup; }
 
-// One timing of each loop on the same prepared input: does the tile loop beat the vector loop here?
-bool amx_beats_vnni(const Act& act, int64_t M, const uint8_t* w, float* y, int64_t N, int64_t G) {
-  auto best = [&](auto fn) {
-    double s = 1e30;
-    for (int t = 0; t < 3; ++t) {
-      const auto t0 = std::chrono::steady_clock::now();
-      fn(kQ4_K, act, M, w, y, N, 0, G, nullptr);
-      s = std::min(s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return s;
-  };
-  return best(avx512vnni::matmul_x8_amx) < best(avx512vnni::matmul_x8);
-}
 }  // namespace se
 #pragma GCC diagnostic pop
 #pragma GCC pop_options

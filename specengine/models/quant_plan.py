@@ -13,6 +13,10 @@ from ..kernels.quant_pack import PACKED, pack_x8
 from .quant_linear import QuantLinear, _quantext, quant_layers, quant_matmul, quant_matmul_packed
 
 LAYOUT_ROWS = (1, 4)  # a decode and a typical verify: the layout faster over both is kept
+# The extension's AMX copy is its VNNI copy with the interleaved kernel's 16-row chunks on AMX tiles
+# (csrc/cpu/amx_impl.h): the same bits, faster or not at prefill widths by machine, so measured here.
+TILES, VECTOR = "avx512amx", "avx512vnni"
+TILES_ENTRY = "gguf:isa:tiles"
 
 
 def group_key(formats, layer) -> str:
@@ -102,6 +106,56 @@ def _packable(model) -> dict[tuple, list[tuple]]:
     return out
 
 
+def choose_tiles(ext=_quantext) -> str | None:
+    """Where this CPU offers AMX tiles (the extension lists TILES), run the copy that measured faster at
+    a prefill width: timed once per machine and kernel build (the machine's table), set for this
+    process. Returns the copy chosen, or None where there is no choice (no extension, no tiles, or
+    another copy forced by `set_isa`)."""
+    if ext is None or TILES not in ext.isas() or ext.isa() not in (TILES, VECTOR):
+        return None
+    table = cpu_matmul._load_table()
+    if TILES_ENTRY not in table:
+        table[TILES_ENTRY] = {"ms": time_copies(ext, (VECTOR, TILES))}
+        cpu_matmul._save_table(table)
+    ms = table[TILES_ENTRY]["ms"]
+    chosen = min((VECTOR, TILES), key=lambda isa: ms[isa])
+    ext.set_isa(chosen)
+    return chosen
+
+
+def time_copies(ext, isas, rows: int = 32, reps: int = 5) -> dict[str, float]:
+    """{copy: best ms} of the interleaved Q4_K kernel at `rows` rows (two tile chunks) under each copy, on a
+    weight small enough to stay in cache (256 x 2048: what differs between the copies is compute), each
+    after a call that wakes the threads (on a 2-core Zen 5 a first call took 15-23 ms, the next 0.1). The
+    copy that ran before is set again."""
+    import time
+
+    import torch
+
+    from ..kernels.quant_matmul import FORMATS
+
+    values, nbytes = FORMATS["Q4_K"]
+    n, k = 256, 2048
+    gen = torch.Generator().manual_seed(0)
+    blocks = torch.randint(0, 256, (n, k // values, nbytes), generator=gen, dtype=torch.uint8)
+    blocks[..., 0:4] = torch.full((n, k // values, 2), 0.01).half().view(torch.uint8)  # finite d, dmin
+    w, x = pack_x8(blocks.reshape(n, -1).contiguous(), "Q4_K"), torch.randn(rows, k, generator=gen)
+    code, before, out = ext.formats()["Q4_K"][0], ext.isa(), {}
+    try:
+        for isa in isas:
+            ext.set_isa(isa)
+            ext.quant_matmul_x8(x, w, code, n)
+            best = float("inf")
+            for _ in range(reps):
+                t = time.perf_counter()
+                ext.quant_matmul_x8(x, w, code, n)
+                best = min(best, time.perf_counter() - t)
+            out[isa] = 1e3 * best
+    finally:
+        ext.set_isa(before)
+    return out
+
+
 def choose_layouts(model, reps: int = 2, progress: bool = True) -> dict[str, str]:
     """Hold each packable shape (`_packable`) in the layout its kernel runs faster at LAYOUT_ROWS rows
     on this machine: measured once per machine and kernel build (the machine's table), never
@@ -110,6 +164,7 @@ def choose_layouts(model, reps: int = 2, progress: bool = True) -> dict[str, str
 
     if _quantext is None:
         return {}
+    choose_tiles()
     groups_ = _packable(model)
     table, tag, chosen = cpu_matmul._load_table(), "gguf", {}
     todo = [k for k in groups_ if f"{tag}:layout:{k[0]}:{k[1]}x{k[2]}" not in table]
