@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -184,9 +185,9 @@ def run_benchmark(engine, providers: list[str], n_prompts: int = 8,
                 row["draft_cost_ratio"] = sum(s["draft_cost_ratio"] or 0 for s in ours) / len(ours)
                 row["draft_s_per_round"] = sum(s["draft_s"] for s in ours) / max(sum(s["rounds"] for s in ours), 1)
                 row["acceptance_by_position"] = _pooled_positions(ours)
-            errors = sorted(s["prediction_error"] for s in ours if "prediction_error" in s)
+            errors = [s["prediction_error"] for s in ours if "prediction_error" in s]
             if errors:  # γ auto: the cost model's tokens/s against the measured decode rate, per prompt
-                row["prediction_error"] = errors[len(errors) // 2]  # median
+                row["prediction_error"] = statistics.median(errors)  # of two prompts, their mean (not the upper)
                 row["predicted_tokens_per_s"] = sum(s["predicted_tokens_per_s"] for s in ours) / len(ours)
                 row["plain_rounds"] = sum(s.get("plain_rounds", 0) for s in ours)
             if name == "pearl":
