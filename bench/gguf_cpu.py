@@ -82,16 +82,11 @@ def best_ms(fn, reps: int = 5) -> float:
 
 
 def blocks(qtype: str) -> torch.Tensor:
-    """Random rows of `qtype` blocks with finite scales (what the kernel's speed depends on: the bytes)."""
-    from specengine.kernels.quant_matmul import FORMATS
+    """Random rows of `qtype` blocks with finite scales, of the gate/up shape (what the kernel's speed
+    depends on: the bytes)."""
+    from specengine.kernels.quant_matmul import random_blocks
 
-    values, nbytes = FORMATS[qtype]
-    g = torch.Generator().manual_seed(0)
-    b = torch.randint(0, 256, (N, K // values, nbytes), generator=g, dtype=torch.uint8)
-    scale_at = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}.get(qtype, (0,))
-    for at in scale_at:
-        b[..., at:at + 2] = torch.full((N, K // values), 0.01).half().view(torch.uint8).reshape(N, K // values, 2)
-    return b.reshape(N, -1).contiguous()
+    return random_blocks(qtype, N, K)
 
 
 def kernels() -> list[dict]:

@@ -18,6 +18,10 @@ def _load():
 
 
 EXT = _load()
+# The AMX copy is the VNNI copy with the interleaved kernel's 16-row chunks on AMX tiles
+# (csrc/cpu/amx_impl.h): the same bits, faster or not at prefill widths by machine, so the planner
+# measures which runs (models/quant_plan.py, choose_tiles).
+TILES, VECTOR = "avx512amx", "avx512vnni"
 
 
 def has(name: str) -> bool:

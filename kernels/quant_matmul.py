@@ -28,6 +28,17 @@ FORMATS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q8_0": (32, 34
            "Q4_K": (QK_K, 144), "Q5_K": (QK_K, 176), "Q6_K": (QK_K, 210)}
 
 
+def random_blocks(qtype: str, rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """uint8 [rows, row_bytes]: random `qtype` blocks whose fp16 scales are a small finite value (random
+    bytes could be inf / NaN). What a kernel's speed depends on is the bytes: for timing, not numerics."""
+    values, nbytes = FORMATS[qtype]
+    g = torch.Generator().manual_seed(seed)
+    b = torch.randint(0, 256, (rows, cols // values, nbytes), generator=g, dtype=torch.uint8)
+    for at in {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}.get(qtype, (0,)):  # d (and dmin)
+        b[..., at:at + 2] = torch.full((rows, cols // values, 1), 0.01).half().view(torch.uint8)
+    return b.reshape(rows, -1).contiguous()
+
+
 def row_bytes(qtype: str, cols: int) -> int:
     """Bytes of one row of `cols` values in `qtype` (cols must fill whole blocks)."""
     values, nbytes = FORMATS[qtype]

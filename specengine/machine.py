@@ -73,11 +73,11 @@ def kernel_digest() -> str:
 def machine() -> dict:
     """What the measurements depend on. "kernels": the instruction set our kernels run with
     here (CPUID; None where not built)."""
-    from .kernels.cpu_ext import EXT
+    from .kernels.cpu_ext import EXT, TILES, VECTOR
 
-    # the AMX copy is the VNNI copy with tiles at prefill widths, chosen by a measurement filed in this
-    # table (quant_plan.choose_tiles): one table for both, or the choice would move the table it is in
-    kernels = None if EXT is None else {"avx512amx": "avx512vnni"}.get(EXT.isa(), EXT.isa())
+    # the tile copy's choice is a measurement filed in this table (quant_plan.choose_tiles): both copies
+    # name one table, or the choice would move the table it is in
+    kernels = None if EXT is None else (VECTOR if EXT.isa() == TILES else EXT.isa())
     return {"cpu": cpu_name(), "isa": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "kernels": kernels,
             "kernel_digest": kernel_digest()}

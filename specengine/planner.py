@@ -79,6 +79,7 @@ class Plan:
 
 def plan_of(engine) -> Plan:
     """The engine's plan as it stands (step costs appear once a call or `warmup` measured them)."""
+    from .kernels import cpu_ext
     from .models import cpu_matmul, cpu_stack, quant_plan
     from .models.quant_linear import quant_layers
 
@@ -113,6 +114,6 @@ def plan_of(engine) -> Plan:
     models = {role: getattr(r, "runner", r).model for role, r in runners.items()}
     forward = {role: cpu_stack.describe(m, ops[role]) for role, m in models.items() if m.device.type == "cpu"}
     tiles = table.get(quant_plan.TILES_ENTRY)
-    tiles = {"running": quant_plan._quantext.isa(), "ms": tiles["ms"]} if tiles else None
+    tiles = {"running": cpu_ext.EXT.isa(), "ms": tiles["ms"]} if tiles else None
     return Plan(key=machine.key(), machine=machine.machine(), precision=precision, ops=ops, linears=linears,
                 layouts=layouts, invariance=inv, forward=forward, step_costs=costs, tiles=tiles)

@@ -9,14 +9,12 @@ from __future__ import annotations
 from tqdm.auto import tqdm
 
 from . import cpu_matmul
+from ..kernels.cpu_ext import TILES, VECTOR
 from ..kernels.quant_pack import PACKED, pack_x8
 from .quant_linear import QuantLinear, _quantext, quant_layers, quant_matmul, quant_matmul_packed
 
 LAYOUT_ROWS = (1, 4)  # a decode and a typical verify: the layout faster over both is kept
-# The extension's AMX copy is its VNNI copy with the interleaved kernel's 16-row chunks on AMX tiles
-# (csrc/cpu/amx_impl.h): the same bits, faster or not at prefill widths by machine, so measured here.
-TILES, VECTOR = "avx512amx", "avx512vnni"
-TILES_ENTRY = "gguf:isa:tiles"
+TILES_ENTRY = "gguf:isa:tiles"  # which of the extension's copies TILES / VECTOR runs (choose_tiles)
 
 
 def group_key(formats, layer) -> str:
@@ -106,14 +104,14 @@ def _packable(model) -> dict[tuple, list[tuple]]:
     return out
 
 
-def choose_tiles(ext=_quantext) -> str | None:
+def choose_tiles(ext=_quantext, table: dict | None = None) -> str | None:
     """Where this CPU offers AMX tiles (the extension lists TILES), run the copy that measured faster at
-    a prefill width: timed once per machine and kernel build (the machine's table), set for this
-    process. Returns the copy chosen, or None where there is no choice (no extension, no tiles, or
-    another copy forced by `set_isa`)."""
+    a prefill width: timed once per machine and kernel build (the machine's table, read here unless
+    given), set for this process. Returns the copy chosen, or None where there is no choice (no
+    extension, no tiles, or another copy forced by `set_isa`)."""
     if ext is None or TILES not in ext.isas() or ext.isa() not in (TILES, VECTOR):
         return None
-    table = cpu_matmul._load_table()
+    table = cpu_matmul._load_table() if table is None else table
     if TILES_ENTRY not in table:
         table[TILES_ENTRY] = {"ms": time_copies(ext, (VECTOR, TILES))}
         cpu_matmul._save_table(table)
@@ -132,14 +130,11 @@ def time_copies(ext, isas, rows: int = 32, reps: int = 5) -> dict[str, float]:
 
     import torch
 
-    from ..kernels.quant_matmul import FORMATS
+    from ..kernels.quant_matmul import random_blocks
 
-    values, nbytes = FORMATS["Q4_K"]
     n, k = 256, 2048
-    gen = torch.Generator().manual_seed(0)
-    blocks = torch.randint(0, 256, (n, k // values, nbytes), generator=gen, dtype=torch.uint8)
-    blocks[..., 0:4] = torch.full((n, k // values, 2), 0.01).half().view(torch.uint8)  # finite d, dmin
-    w, x = pack_x8(blocks.reshape(n, -1).contiguous(), "Q4_K"), torch.randn(rows, k, generator=gen)
+    w = pack_x8(random_blocks("Q4_K", n, k), "Q4_K")
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(0))
     code, before, out = ext.formats()["Q4_K"][0], ext.isa(), {}
     try:
         for isa in isas:
@@ -164,9 +159,9 @@ def choose_layouts(model, reps: int = 2, progress: bool = True) -> dict[str, str
 
     if _quantext is None:
         return {}
-    choose_tiles()
-    groups_ = _packable(model)
     table, tag, chosen = cpu_matmul._load_table(), "gguf", {}
+    choose_tiles(table=table)
+    groups_ = _packable(model)
     todo = [k for k in groups_ if f"{tag}:layout:{k[0]}:{k[1]}x{k[2]}" not in table]
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():

@@ -10,7 +10,8 @@ import torch
 from specengine import machine
 from specengine.kernels import cpu_ext
 from specengine.models import cpu_matmul, quant_plan
-from specengine.models.quant_plan import TILES, TILES_ENTRY, VECTOR, choose_tiles
+from specengine.kernels.cpu_ext import TILES, VECTOR
+from specengine.models.quant_plan import TILES_ENTRY, choose_tiles
 
 
 class FakeExt:
