@@ -6,7 +6,11 @@ with torch's dispatcher (`torch.ops.specengine.*`, csrc/fused_ops_cpu.cpp); thei
 tracing (torch.compile's fake tensors) are given below."""
 from __future__ import annotations
 
+import os
+
 import torch
+
+FORCE_ENV = "SPECENGINE_ISA"
 
 
 def _load():
@@ -22,6 +26,24 @@ EXT = _load()
 # (csrc/cpu/amx_impl.h): the same bits, faster or not at prefill widths by machine, so the planner
 # measures which runs (models/quant_plan.py, choose_tiles).
 TILES, VECTOR = "avx512amx", "avx512vnni"
+
+
+def forced_isa() -> str | None:
+    """The copy SPECENGINE_ISA names (e.g. `avx2` on an AVX-512 machine: the AVX2 copy's speed, end to
+    end), set for this process; None when unset. Called as an engine loads, before anything is
+    measured: the machine table files each copy's measurements under its own key (machine.py), and
+    the planner leaves a forced copy alone (quant_plan.choose_tiles)."""
+    name = os.environ.get(FORCE_ENV, "")
+    if not name:
+        return None
+    from ..errors import SpecEngineError
+
+    offered = EXT.isas() if EXT is not None else []
+    if name not in offered:
+        raise SpecEngineError(f"{FORCE_ENV}={name!r}: the compiled kernels here offer "
+                              + (", ".join(offered) if offered else "nothing (not built)"), FORCE_ENV)
+    EXT.set_isa(name)
+    return name
 
 
 def has(name: str) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import draft_requant, precision
+from .kernels import cpu_ext
 from .config import EngineConfig
 from .errors import SpecEngineError
 from .models.decoder import Transformer
@@ -36,6 +37,7 @@ def load_pair(target, draft, cfg: EngineConfig):
     bf16 on CUDA; on a CPU each model's setting for its role in the engine's method, from the
     measured matmul table (precision.py): fp32 or bf16, or with weights "auto" and a GGUF
     source also the file's blocks, unless SPECENGINE_CPU_DTYPE forces a dtype."""
+    cpu_ext.forced_isa()  # before any measurement: they are filed per kernel copy
     dev = device_of(cfg.device)
     ddev = dev if cfg.draft_device is None else device_of(cfg.draft_device)
     dtype = cfg.torch_dtype()

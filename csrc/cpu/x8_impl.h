@@ -68,6 +68,14 @@ inline __m256i pair_s(__m256i words, int j, int j2 = -1) {
   return _mm256_srai_epi16(pick(words, 0x00800080u | ((j2 < 0 ? j + 1 : j2) << 24) | (j << 8)), 8);
 }
 
+// v, as the compiler must assume an unknown instruction rewrote it: keeps a running integer sum in
+// order. GCC reassociates integer vector sums into trees that hold every term live at once, which
+// spilled most of a chunk's products to the stack past 16 registers (the avx2 copy: docs/kernels.md).
+inline __m256i in_order(__m256i v) {
+  asm("" : "+v"(v));
+  return v;
+}
+
 // p + the 4-product sums of unsigned weights v (<= 63) and signed activations x, per lane: int32 lanes
 // with VNNI (vpdpbusd); else int16 pairs (maddubs), which the callers fold (`fold`) before they could
 // overflow (kFold values of 4t).
@@ -75,7 +83,7 @@ inline __m256i dot_acc(__m256i p, __m256i v, __m256i x) {
 #ifdef SE_VNNI
   return _mm256_dpbusd_epi32(p, v, x);
 #else
-  return _mm256_add_epi16(p, _mm256_maddubs_epi16(v, x));
+  return in_order(_mm256_add_epi16(p, _mm256_maddubs_epi16(v, x)));
 #endif
 }
 
@@ -88,7 +96,7 @@ inline __m256i fold(__m256i isum, __m256i p, __m256i words, int j) {
   return _mm256_add_epi32(isum, _mm256_mullo_epi32(p, s));
 #else
   const __m256i s = Signed ? pair_s(words, j, j) : pair_u(words, j);
-  return madd_add(isum, p, s);
+  return in_order(madd_add(isum, p, s));
 #endif
 }
 
@@ -332,41 +340,63 @@ inline __m256i q6_values(__m256i l, __m256i hb) {
                          _mm256_and_si256(_mm256_srli_epi16(hb, 2), hi2));
 }
 
-// isum[r] += the sums of sub-blocks 8h + 2k + s, k = 0..3, of values 128h + 32k + 16s + 0..15: each
-// load of low-nibble and high-bit bytes serves all four k.
+// isum[r] += the sums of sub-blocks 8h + 2k + s, k = 0..3, of values 128h + 32k + 16s + 0..15.
+#ifdef SE_VNNI
+// int32 lanes: each load of low-nibble and high-bit bytes serves all four k, one fold per sub-block.
 template <int R>
 inline void q6_half(const uint8_t* w, int h, int s, int64_t i, const Act& a, const __m256i* words, __m256i* isum) {
-#ifdef SE_VNNI
-  constexpr int kFold = 4;  // int32 lanes: fold once per sub-block
-#else
-  constexpr int kFold = 2;  // int16 pairs: 2 x 2 x 63 x 127 fits, 4 would not
-#endif
   const uint8_t* vb = w + 144 + 96 * 8 * h;  // per t: 32 bytes of low nibbles (c 0), of c 1, of high bits
   const int8_t* x0 = a.qr(0) + 256 * i + 128 * h;
-  for (int t0 = 4 * s; t0 < 4 * s + 4; t0 += kFold) {
-    __m256i p0[R], p1[R], p2[R], p3[R];  // one per k: named, so they stay in registers
-    for (int r = 0; r < R; ++r) p0[r] = p1[r] = p2[r] = p3[r] = _mm256_setzero_si256();
-    for (int t = t0; t < t0 + kFold; ++t) {
-      const __m256i l0 = load256(vb + 96 * t), l1 = load256(vb + 96 * t + 32), hb = load256(vb + 96 * t + 64);
-      const __m256i v0 = q6_values<0>(l0, hb), v1 = q6_values<1>(l1, hb), v2 = q6_values<2>(l0, hb),
-                    v3 = q6_values<3>(l1, hb);
-      for (int r = 0; r < R; ++r) {
-        const int8_t* x = x0 + r * a.K + 4 * t;
-        p0[r] = dot_acc(p0[r], v0, bcast4(x));
-        p1[r] = dot_acc(p1[r], v1, bcast4(x + 32));
-        p2[r] = dot_acc(p2[r], v2, bcast4(x + 64));
-        p3[r] = dot_acc(p3[r], v3, bcast4(x + 96));
-      }
-    }
-    const int g = 8 * h + s;  // sub-blocks g, g + 2, g + 4, g + 6 (k = 0..3): bytes s, s + 2 of words 2h, 2h + 1
+  __m256i p0[R], p1[R], p2[R], p3[R];  // one per k: named, so they stay in registers
+  for (int r = 0; r < R; ++r) p0[r] = p1[r] = p2[r] = p3[r] = _mm256_setzero_si256();
+  for (int t = 4 * s; t < 4 * s + 4; ++t) {
+    const __m256i l0 = load256(vb + 96 * t), l1 = load256(vb + 96 * t + 32), hb = load256(vb + 96 * t + 64);
+    const __m256i v0 = q6_values<0>(l0, hb), v1 = q6_values<1>(l1, hb), v2 = q6_values<2>(l0, hb),
+                  v3 = q6_values<3>(l1, hb);
     for (int r = 0; r < R; ++r) {
-      isum[r] = fold<true>(isum[r], p0[r], words[g / 4], g % 4);
-      isum[r] = fold<true>(isum[r], p1[r], words[(g + 2) / 4], (g + 2) % 4);
-      isum[r] = fold<true>(isum[r], p2[r], words[(g + 4) / 4], (g + 4) % 4);
-      isum[r] = fold<true>(isum[r], p3[r], words[(g + 6) / 4], (g + 6) % 4);
+      const int8_t* x = x0 + r * a.K + 4 * t;
+      p0[r] = dot_acc(p0[r], v0, bcast4(x));
+      p1[r] = dot_acc(p1[r], v1, bcast4(x + 32));
+      p2[r] = dot_acc(p2[r], v2, bcast4(x + 64));
+      p3[r] = dot_acc(p3[r], v3, bcast4(x + 96));
     }
   }
+  const int g = 8 * h + s;  // sub-blocks g, g + 2, g + 4, g + 6 (k = 0..3): bytes s, s + 2 of words 2h, 2h + 1
+  for (int r = 0; r < R; ++r) {
+    isum[r] = fold<true>(isum[r], p0[r], words[g / 4], g % 4);
+    isum[r] = fold<true>(isum[r], p1[r], words[(g + 2) / 4], (g + 2) % 4);
+    isum[r] = fold<true>(isum[r], p2[r], words[(g + 4) / 4], (g + 4) % 4);
+    isum[r] = fold<true>(isum[r], p3[r], words[(g + 6) / 4], (g + 6) % 4);
+  }
 }
+#else
+// int16 pairs, folded every two steps (2 x 2 x 63 x 127 fits, 4 would not), one k at a time: four
+// sums per row at once (the loop above) outgrew AVX2's 16 registers past one row and spilled; this
+// costs 0.80-0.89x of it at 2-8 rows (avx2 copy, docs/kernels.md) for L1 reloads of the bytes per k.
+// The same integer sums, so the same result.
+template <int R>
+inline void q6_half(const uint8_t* w, int h, int s, int64_t i, const Act& a, const __m256i* words, __m256i* isum) {
+  const uint8_t* vb = w + 144 + 96 * 8 * h;
+  const int8_t* x0 = a.qr(0) + 256 * i + 128 * h;
+  const int g = 8 * h + s;
+  auto one_k = [&](auto kc) __attribute__((always_inline)) {
+    constexpr int k = decltype(kc)::value;
+    for (int t0 = 4 * s; t0 < 4 * s + 4; t0 += 2) {
+      __m256i p[R];
+      for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
+      for (int t = t0; t < t0 + 2; ++t) {
+        const __m256i v = q6_values<k>(load256(vb + 96 * t + 32 * (k % 2)), load256(vb + 96 * t + 64));
+        for (int r = 0; r < R; ++r) p[r] = dot_acc(p[r], v, bcast4(x0 + r * a.K + 32 * k + 4 * t));
+      }
+      for (int r = 0; r < R; ++r) isum[r] = fold<true>(isum[r], p[r], words[(g + 2 * k) / 4], (g + 2 * k) % 4);
+    }
+  };
+  one_k(std::integral_constant<int, 0>{});
+  one_k(std::integral_constant<int, 1>{});
+  one_k(std::integral_constant<int, 2>{});
+  one_k(std::integral_constant<int, 3>{});
+}
+#endif
 
 // R activation rows times one group of 8 Q6_K rows -> out [R][8].
 template <int R>
@@ -431,16 +461,33 @@ void dot_group(const uint8_t* w, int64_t nb, const Act& a, float* out, uint8_t* 
 }
 #endif
 
-// Rows per chunk: the 256-bit Q6_K loop keeps four sums per row (q6_half) and runs out of AVX-512's
-// 32 vector registers past 5 rows: 8 rows cost 7.2x one row in one chunk, 5.0x as 4 + 4 (2-core EPYC
-// VM, bench/x8_rows.py at 6c5d246). The 512-bit VNNI loop keeps one per row, so 8 fit.
-#ifdef SE_VNNI
+// Rows per chunk, as many as stay in registers. AVX-512's 32: the 256-bit Q6_K loop, when it kept a
+// sum per row and k, ran out past 5 rows (8 rows cost 7.2x one row in one chunk, 5.0x as 4 + 4; 2-core
+// EPYC VM at 6c5d246; one chunk of 8 is within noise of 5 + 3 since); the 512-bit VNNI loop keeps one
+// per row, so 8 fit. AVX2's 16: five rows in one chunk cost 0.70-0.74x of 3 + 2 with the sums kept in
+// order (`in_order`; docs/kernels.md).
+#if defined(SE_VNNI)
 template <int Q>
 constexpr int64_t kX8Rows = kMaxRows;
+#elif defined(SE_WIDE)
+template <int Q>
+constexpr int64_t kX8Rows = Q == kQ6_K ? 5 : kMaxRows;
+#elif defined(SE_AVX2)
+template <int Q>
+constexpr int64_t kX8Rows = 5;
 #else
 template <int Q>
-constexpr int64_t kX8Rows = Q == kQ6_K && kMaxRows > 5 ? 5 : kMaxRows;
+constexpr int64_t kX8Rows = kMaxRows;
 #endif
+
+// dot_group for a chunk of n <= R rows, R known at compile time.
+template <int Q, int R = kX8Rows<Q>>
+inline void dot_chunk(int64_t n, const uint8_t* w, int64_t nb, const Act& a, float* out, uint8_t* rows) {
+  if constexpr (R > 1) {
+    if (n < R) return dot_chunk<Q, R - 1>(n, w, nb, a, out, rows);
+  }
+  dot_group<Q, R>(w, nb, a, out, rows);
+}
 
 // y [M, N] for groups begin..end of an interleaved weight (row 8g + l of group g), chunks of up to
 // kX8Rows activation rows per group. `rows`: scratch of 8 rows of the file's layout (baseline only).
@@ -448,7 +495,7 @@ template <int Q>
 void matmul_x8_q(const Act& a, int64_t M, const uint8_t* w, float* y, int64_t N, int64_t begin, int64_t end,
                  uint8_t* rows) {
   const int64_t nb = a.K / kValues[Q], group_bytes = nb * kBytes[Q] * kGroup;
-  float out[kMaxRows * kGroup];
+  float out[kX8Rows<Q> * kGroup];
   for (int64_t g = begin; g < end; ++g) {
     const uint8_t* wg = w + g * group_bytes;
     const int64_t lanes = std::min<int64_t>(kGroup, N - kGroup * g);
@@ -458,18 +505,7 @@ void matmul_x8_q(const Act& a, int64_t M, const uint8_t* w, float* y, int64_t N,
       // depend on its chunk, so this changes the speed only
       const int64_t chunks = (M - m + kX8Rows<Q> - 1) / kX8Rows<Q>;
       const int64_t R = (M - m + chunks - 1) / chunks;
-      switch (R) {
-#ifdef SE_WIDE
-        case 8: dot_group<Q, 8>(wg, nb, c, out, rows); break;
-        case 7: dot_group<Q, 7>(wg, nb, c, out, rows); break;
-        case 6: dot_group<Q, 6>(wg, nb, c, out, rows); break;
-        case 5: dot_group<Q, 5>(wg, nb, c, out, rows); break;
-#endif
-        case 4: dot_group<Q, 4>(wg, nb, c, out, rows); break;
-        case 3: dot_group<Q, 3>(wg, nb, c, out, rows); break;
-        case 2: dot_group<Q, 2>(wg, nb, c, out, rows); break;
-        default: dot_group<Q, 1>(wg, nb, c, out, rows);
-      }
+      dot_chunk<Q>(R, wg, nb, c, out, rows);
       for (int64_t r = 0; r < R; ++r)
         for (int64_t l = 0; l < lanes; ++l) y[(m + r) * N + kGroup * g + l] = out[kGroup * r + l];
       m += R;

@@ -73,6 +73,27 @@ def test_every_copy_the_cpu_runs_is_offered():
         ext.set_isa("sve")
 
 
+def test_spec_engine_isa_runs_the_copy_it_names_and_refuses_one_not_offered(monkeypatch):
+    """SPECENGINE_ISA (kernels/cpu_ext.forced_isa): the named copy runs, and the machine table's key
+    names it (its measurements are filed apart); a name the build does not offer is refused."""
+    from specengine import SpecEngineError, machine
+    from specengine.kernels import cpu_ext
+
+    ext, widest = quant_linear._quantext, quant_linear._quantext.isa()
+    monkeypatch.delenv(cpu_ext.FORCE_ENV, raising=False)
+    assert cpu_ext.forced_isa() is None and ext.isa() == widest
+    try:
+        monkeypatch.setenv(cpu_ext.FORCE_ENV, "baseline")
+        assert cpu_ext.forced_isa() == "baseline" and ext.isa() == "baseline"
+        assert machine.machine()["kernels"] == "baseline"
+    finally:
+        ext.set_isa(widest)
+    monkeypatch.setenv(cpu_ext.FORCE_ENV, "avx3")
+    with pytest.raises(SpecEngineError, match="SPECENGINE_ISA='avx3'.*offer .*baseline"):
+        cpu_ext.forced_isa()
+    assert ext.isa() == widest
+
+
 def test_activations_are_quantized_per_block_half_to_even():
     x = torch.tensor([[127.0, -63.5, 0.5, 1.5] + [0.0] * 28, [0.0] * 32])
     q, d = quantize_rows_ref(x, 32)
