@@ -96,13 +96,21 @@ inline void prefetch_ahead(const uint8_t* w, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchAhead + o), _MM_HINT_T0);
 }
 
+// v, as the compiler must assume an unknown instruction rewrote it: keeps a running integer sum in
+// order. GCC reassociates integer vector sums into trees that hold every term live at once, which
+// spilled most of a chunk's products to the stack past 16 registers (the avx2 copy: docs/kernels.md).
+inline __m256i in_order(__m256i v) {
+  asm("" : "+v"(v));
+  return v;
+}
+
 // acc + madd(a, b): int16 pairs multiplied and summed into int32 lanes (AVX-512 VNNI: one
 // vpdpwssd). Our operands never reach madd's one overflow case, so both give the same integers.
 inline __m256i madd_add(__m256i acc, __m256i a, __m256i b) {
 #ifdef SE_VNNI
   return _mm256_dpwssd_epi32(acc, a, b);
 #else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+  return in_order(_mm256_add_epi32(acc, _mm256_madd_epi16(a, b)));
 #endif
 }
 

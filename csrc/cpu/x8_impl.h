@@ -68,14 +68,6 @@ inline __m256i pair_s(__m256i words, int j, int j2 = -1) {
   return _mm256_srai_epi16(pick(words, 0x00800080u | ((j2 < 0 ? j + 1 : j2) << 24) | (j << 8)), 8);
 }
 
-// v, as the compiler must assume an unknown instruction rewrote it: keeps a running integer sum in
-// order. GCC reassociates integer vector sums into trees that hold every term live at once, which
-// spilled most of a chunk's products to the stack past 16 registers (the avx2 copy: docs/kernels.md).
-inline __m256i in_order(__m256i v) {
-  asm("" : "+v"(v));
-  return v;
-}
-
 // p + the 4-product sums of unsigned weights v (<= 63) and signed activations x, per lane: int32 lanes
 // with VNNI (vpdpbusd); else int16 pairs (maddubs), which the callers fold (`fold`) before they could
 // overflow (kFold values of 4t).
@@ -96,7 +88,7 @@ inline __m256i fold(__m256i isum, __m256i p, __m256i words, int j) {
   return _mm256_add_epi32(isum, _mm256_mullo_epi32(p, s));
 #else
   const __m256i s = Signed ? pair_s(words, j, j) : pair_u(words, j);
-  return in_order(madd_add(isum, p, s));
+  return madd_add(isum, p, s);
 #endif
 }
 
