@@ -80,6 +80,12 @@ def _git(*args) -> str:
         return ""
 
 
+def forcing_env() -> list[str]:
+    """The settings that change what runs, as the command's prefix (`SPECENGINE_ISA=avx2 bench/...`)."""
+    return [f"{k}={os.environ[k]}" for k in ("SPECENGINE_ISA", "SPECENGINE_CPU_DTYPE", "SPECENGINE_DRAFT_REQUANT")
+            if os.environ.get(k)]
+
+
 def environment() -> dict:
     commit = _git("rev-parse", "--short", "HEAD") or None
     if commit and _git("status", "--porcelain", "--untracked-files=no", "--", ":/specengine", ":/csrc", ":/bench"):
@@ -91,7 +97,7 @@ def environment() -> dict:
     env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
            "cpu": cpu["cpu"], "cpu_family_model": f"{cpuinfo('cpu family')}/{cpuinfo('model')}",
            "cpu_isa": cpu["isa"], "cpu_threads": cpu["threads"],
-           "commit": commit, "command": " ".join(sys.argv)}
+           "commit": commit, "command": " ".join(forcing_env() + sys.argv)}
     if torch.cuda.is_available():
         env.update(device=torch.cuda.get_device_name(), cuda=torch.version.cuda)
         try:

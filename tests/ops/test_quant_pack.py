@@ -56,7 +56,7 @@ def test_the_q5_0_layout_keeps_high_bits_whole_and_steps_of_value_bytes():
 
 
 def test_the_simd_copies_of_the_interleaved_kernel_agree_bit_for_bit():
-    """AVX2, AVX-512, the 512-bit VNNI loops (csrc/cpu/x8_impl.h) and, where the CPU has AMX, the
+    """AVX2, AVX-512, the 512-bit VNNI loops (csrc/cpu/x8_zmm_impl.h) and, where the CPU has AMX, the
     tile loop (csrc/cpu/amx_impl.h: Q4_K's full 16-row chunks, here rows 0-31, the rest vector)
     form the same integer sums and take the same float steps, so a machine's choice among them never
     changes a token. The plain C++ copy follows dot_rows' float order instead (checked against the
