@@ -319,16 +319,28 @@ void dot_rows(const uint8_t* w, int64_t nb, const Act& a, float* out) {
 }
 #endif
 
-// Activation rows per unpacked weight block: two registers per row (its integer and float sums)
-// beside the unpacked block, so 8 with AVX-512's 32 vector registers, else 4 (a verify of up to
-// 8 rows then unpacks each weight block once).
-#ifdef SE_WIDE
+// Activation rows per unpacked weight block, as many as stay in registers: two per row (its integer
+// and float sums) beside the unpacked block, so 8 with AVX-512's 32; AVX2's 16 hold 5 with the sums
+// kept in order (`in_order`: 5 rows in one chunk took 0.72-0.88x the time of 4 + 1; docs/kernels.md).
+#if defined(SE_WIDE)
 constexpr int64_t kMaxRows = 8;
+#elif defined(SE_AVX2)
+constexpr int64_t kMaxRows = 5;
 #else
 constexpr int64_t kMaxRows = 4;
 #endif
 
-// y [M, N] (rows begin..end of the weight) = x @ W.T, chunks of up to kMaxRows activation rows per weight row.
+// dot_rows for a chunk of n <= R rows, R known at compile time.
+template <int Q, int R = kMaxRows>
+inline void rows_chunk(int64_t n, const uint8_t* w, int64_t nb, const Act& a, float* out) {
+  if constexpr (R > 1) {
+    if (n < R) return rows_chunk<Q, R - 1>(n, w, nb, a, out);
+  }
+  dot_rows<Q, R>(w, nb, a, out);
+}
+
+// y [M, N] (rows begin..end of the weight) = x @ W.T, balanced chunks of up to kMaxRows activation rows
+// per weight row (8 rows on AVX2: 4 + 4, not 5 + 3). A row's operations do not depend on its chunk.
 template <int Q>
 void matmul_q8(const Act& a, int64_t M, const uint8_t* w, int64_t row_bytes, float* y, int64_t N, int64_t begin,
                int64_t end) {
@@ -337,20 +349,8 @@ void matmul_q8(const Act& a, int64_t M, const uint8_t* w, int64_t row_bytes, flo
   for (int64_t n = begin; n < end; ++n) {
     const uint8_t* wn = w + n * row_bytes;
     for (int64_t m = 0; m < M;) {
-      const Act c = a.from_row(m);
-      const int64_t R = std::min<int64_t>(kMaxRows, M - m);
-      switch (R) {
-#ifdef SE_WIDE
-        case 8: dot_rows<Q, 8>(wn, nb, c, out); break;
-        case 7: dot_rows<Q, 7>(wn, nb, c, out); break;
-        case 6: dot_rows<Q, 6>(wn, nb, c, out); break;
-        case 5: dot_rows<Q, 5>(wn, nb, c, out); break;
-#endif
-        case 4: dot_rows<Q, 4>(wn, nb, c, out); break;
-        case 3: dot_rows<Q, 3>(wn, nb, c, out); break;
-        case 2: dot_rows<Q, 2>(wn, nb, c, out); break;
-        default: dot_rows<Q, 1>(wn, nb, c, out);
-      }
+      const int64_t chunks = (M - m + kMaxRows - 1) / kMaxRows, R = (M - m + chunks - 1) / chunks;
+      rows_chunk<Q>(R, wn, nb, a.from_row(m), out);
       for (int64_t r = 0; r < R; ++r) y[(m + r) * N + n] = out[r];
       m += R;
     }

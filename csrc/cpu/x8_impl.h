@@ -222,17 +222,11 @@ void dot_group(const uint8_t* w, int64_t nb, const Act& a, float* out, uint8_t* 
 // Rows per chunk, as many as stay in registers. AVX-512's 32: the 256-bit Q6_K loop, when it kept a
 // sum per row and k, ran out past 5 rows (8 rows cost 7.2x one row in one chunk, 5.0x as 4 + 4; 2-core
 // EPYC VM at 6c5d246; one chunk of 8 is within noise of 5 + 3 since); the 512-bit VNNI loop keeps one
-// per row, so 8 fit. AVX2's 16: five rows in one chunk cost 0.70-0.74x of 3 + 2 with the sums kept in
-// order (`in_order`; docs/kernels.md).
-#if defined(SE_VNNI)
-template <int Q>
-constexpr int64_t kX8Rows = kMaxRows;
-#elif defined(SE_WIDE)
+// per row, so 8 fit. AVX2's 16 hold kMaxRows' 5: five rows in one chunk cost 0.70-0.74x of 3 + 2 with
+// the sums kept in order (`in_order`; docs/kernels.md).
+#if defined(SE_WIDE) && !defined(SE_VNNI)
 template <int Q>
 constexpr int64_t kX8Rows = Q == kQ6_K ? 5 : kMaxRows;
-#elif defined(SE_AVX2)
-template <int Q>
-constexpr int64_t kX8Rows = 5;
 #else
 template <int Q>
 constexpr int64_t kX8Rows = kMaxRows;
