@@ -59,6 +59,9 @@ def test_no_choice_without_tiles_or_when_a_copy_is_forced(tmp_path, monkeypatch)
     forced = FakeExt({VECTOR: 0.004, TILES: 0.001})
     forced.set_isa("avx2")  # a test or benchmark running another copy keeps it
     assert choose_tiles(forced) is None and forced.isa() == "avx2" and forced.timed == []
+    monkeypatch.setenv(cpu_ext.FORCE_ENV, VECTOR)  # SPECENGINE_ISA names a copy the choice could move
+    named = FakeExt({VECTOR: 0.004, TILES: 0.001})
+    assert choose_tiles(named) is None and named.isa() == VECTOR and named.timed == []
     assert choose_tiles(None) is None
 
 
