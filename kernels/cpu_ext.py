@@ -10,6 +10,8 @@ import os
 
 import torch
 
+from ..errors import SpecEngineError
+
 FORCE_ENV = "SPECENGINE_ISA"
 
 
@@ -28,16 +30,19 @@ EXT = _load()
 TILES, VECTOR = "avx512amx", "avx512vnni"
 
 
+def forced_name() -> str | None:
+    """The copy SPECENGINE_ISA names, unchecked; None when unset."""
+    return os.environ.get(FORCE_ENV) or None
+
+
 def forced_isa() -> str | None:
     """The copy SPECENGINE_ISA names (e.g. `avx2` on an AVX-512 machine: the AVX2 copy's speed, end to
     end), set for this process; None when unset. Called as an engine loads, before anything is
     measured: the machine table files each copy's measurements under its own key (machine.py), and
     the planner leaves a forced copy alone (quant_plan.choose_tiles)."""
-    name = os.environ.get(FORCE_ENV, "")
-    if not name:
+    name = forced_name()
+    if name is None:
         return None
-    from ..errors import SpecEngineError
-
     offered = EXT.isas() if EXT is not None else []
     if name not in offered:
         raise SpecEngineError(f"{FORCE_ENV}={name!r}: the compiled kernels here offer "

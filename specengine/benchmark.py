@@ -82,8 +82,11 @@ def _git(*args) -> str:
 
 def forcing_env() -> list[str]:
     """The settings that change what runs, as the command's prefix (`SPECENGINE_ISA=avx2 bench/...`)."""
-    return [f"{k}={os.environ[k]}" for k in ("SPECENGINE_ISA", "SPECENGINE_CPU_DTYPE", "SPECENGINE_DRAFT_REQUANT")
-            if os.environ.get(k)]
+    from . import precision
+    from .kernels import cpu_ext
+    from .models import requant
+
+    return [f"{k}={os.environ[k]}" for k in (cpu_ext.FORCE_ENV, precision.FORCE_ENV, requant.ENV) if os.environ.get(k)]
 
 
 def environment() -> dict:

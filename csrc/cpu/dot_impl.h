@@ -330,17 +330,23 @@ constexpr int64_t kMaxRows = 5;
 constexpr int64_t kMaxRows = 4;
 #endif
 
-// dot_rows for a chunk of n <= R rows, R known at compile time.
-template <int Q, int R = kMaxRows>
-inline void rows_chunk(int64_t n, const uint8_t* w, int64_t nb, const Act& a, float* out) {
-  if constexpr (R > 1) {
-    if (n < R) return rows_chunk<Q, R - 1>(n, w, nb, a, out);
-  }
-  dot_rows<Q, R>(w, nb, a, out);
+// The next chunk's row count when `left` rows remain and a chunk holds at most `most`: balanced, so
+// 8 rows at most 5 are 4 + 4, not 5 + 3. A row's operations do not depend on its chunk (speed only).
+inline int64_t chunk_rows(int64_t left, int64_t most) {
+  const int64_t chunks = (left + most - 1) / most;
+  return (left + chunks - 1) / chunks;
 }
 
-// y [M, N] (rows begin..end of the weight) = x @ W.T, balanced chunks of up to kMaxRows activation rows
-// per weight row (8 rows on AVX2: 4 + 4, not 5 + 3). A row's operations do not depend on its chunk.
+// f(std::integral_constant<int, n>) for a chunk of n <= R rows: the count as a template argument.
+template <int R, class F>
+inline void with_rows(int64_t n, F&& f) {
+  if constexpr (R > 1) {
+    if (n < R) return with_rows<R - 1>(n, f);
+  }
+  f(std::integral_constant<int, R>{});
+}
+
+// y [M, N] (rows begin..end of the weight) = x @ W.T, chunks of up to kMaxRows activation rows per weight row.
 template <int Q>
 void matmul_q8(const Act& a, int64_t M, const uint8_t* w, int64_t row_bytes, float* y, int64_t N, int64_t begin,
                int64_t end) {
@@ -349,8 +355,9 @@ void matmul_q8(const Act& a, int64_t M, const uint8_t* w, int64_t row_bytes, flo
   for (int64_t n = begin; n < end; ++n) {
     const uint8_t* wn = w + n * row_bytes;
     for (int64_t m = 0; m < M;) {
-      const int64_t chunks = (M - m + kMaxRows - 1) / kMaxRows, R = (M - m + chunks - 1) / chunks;
-      rows_chunk<Q>(R, wn, nb, a.from_row(m), out);
+      const int64_t R = chunk_rows(M - m, kMaxRows);
+      const Act c = a.from_row(m);
+      with_rows<kMaxRows>(R, [&](auto rc) { dot_rows<Q, decltype(rc)::value>(wn, nb, c, out); });
       for (int64_t r = 0; r < R; ++r) y[(m + r) * N + n] = out[r];
       m += R;
     }

@@ -232,15 +232,6 @@ template <int Q>
 constexpr int64_t kX8Rows = kMaxRows;
 #endif
 
-// dot_group for a chunk of n <= R rows, R known at compile time.
-template <int Q, int R = kX8Rows<Q>>
-inline void dot_chunk(int64_t n, const uint8_t* w, int64_t nb, const Act& a, float* out, uint8_t* rows) {
-  if constexpr (R > 1) {
-    if (n < R) return dot_chunk<Q, R - 1>(n, w, nb, a, out, rows);
-  }
-  dot_group<Q, R>(w, nb, a, out, rows);
-}
-
 // y [M, N] for groups begin..end of an interleaved weight (row 8g + l of group g), chunks of up to
 // kX8Rows activation rows per group. `rows`: scratch of 8 rows of the file's layout (baseline only).
 template <int Q>
@@ -252,12 +243,9 @@ void matmul_x8_q(const Act& a, int64_t M, const uint8_t* w, float* y, int64_t N,
     const uint8_t* wg = w + g * group_bytes;
     const int64_t lanes = std::min<int64_t>(kGroup, N - kGroup * g);
     for (int64_t m = 0; m < M;) {
+      const int64_t R = chunk_rows(M - m, kX8Rows<Q>);
       const Act c = a.from_row(m);
-      // balanced chunks of at most kX8Rows<Q> (9 rows: 5 + 4, not 8 + 1); a row's operations do not
-      // depend on its chunk, so this changes the speed only
-      const int64_t chunks = (M - m + kX8Rows<Q> - 1) / kX8Rows<Q>;
-      const int64_t R = (M - m + chunks - 1) / chunks;
-      dot_chunk<Q>(R, wg, nb, c, out, rows);
+      with_rows<kX8Rows<Q>>(R, [&](auto rc) { dot_group<Q, decltype(rc)::value>(wg, nb, c, out, rows); });
       for (int64_t r = 0; r < R; ++r)
         for (int64_t l = 0; l < lanes; ++l) y[(m + r) * N + kGroup * g + l] = out[kGroup * r + l];
       m += R;

@@ -6,12 +6,10 @@ each group is timed on its own blocks at each row count and cached in the machin
 """
 from __future__ import annotations
 
-import os
-
 from tqdm.auto import tqdm
 
 from . import cpu_matmul
-from ..kernels.cpu_ext import FORCE_ENV, TILES, VECTOR
+from ..kernels.cpu_ext import TILES, VECTOR, forced_name
 from ..kernels.quant_pack import PACKED, pack_x8
 from .quant_linear import QuantLinear, _quantext, quant_layers, quant_matmul, quant_matmul_packed
 
@@ -111,7 +109,7 @@ def choose_tiles(ext=_quantext, table: dict | None = None) -> str | None:
     a prefill width: timed once per machine and kernel build (the machine's table, read here unless
     given), set for this process. Returns the copy chosen, or None where there is no choice (no
     extension, no tiles, another copy set by `set_isa`, or any copy forced by SPECENGINE_ISA)."""
-    if ext is None or TILES not in ext.isas() or ext.isa() not in (TILES, VECTOR) or os.environ.get(FORCE_ENV):
+    if ext is None or TILES not in ext.isas() or ext.isa() not in (TILES, VECTOR) or forced_name():
         return None
     table = cpu_matmul._load_table() if table is None else table
     if TILES_ENTRY not in table:
