@@ -115,17 +115,17 @@ if has e2e-second; then
     $PY bench/gpu_e2e.py $E2E_FLAGS --only second --out "$RES/gpu_e2e_second_$DEV.json"
 fi
 if has kernels; then
-  if [ -n "$SMOKE" ]; then  # the microbenchmarks' torch providers, once each, on the CPU
+  if [ -n "$SMOKE" ]; then  # each microbenchmark's torch provider, one shape each, on the CPU
     step kernels ${KERNELS_TIMEOUT:-120} "" env SPECENGINE_BENCH_CPU=1 $PY -m pytest -q -p no:cacheprovider \
-      bench/ops/fused_ops.py bench/ops/verify_attention.py bench/ops/rejection_sampling.py \
-      -k "torch and not compile" --benchmark-disable
+      bench/ops/fused_ops.py bench/ops/verify_attention.py bench/ops/rejection_sampling.py --benchmark-disable \
+      -k "torch and not compile and ([1-0.5B-torch] or [chain-1-4-512-qwen2.5-1.5b-torch] or [tree-1-4-512-qwen2.5-1.5b-torch] or 1-4-32000-torch])"
   else
     step kernels ${KERNELS_TIMEOUT:-60} "$RES/gpu_kernels_$DEV.json" $PY bench/gpu_kernels.py --out "$RES/gpu_kernels_$DEV.json"
   fi
 fi
-if has suite; then  # two workers at most (two CUDA contexts), where xdist is installed
+if has suite; then  # two workers at most (two CUDA contexts), where xdist is installed; smoke: one file, one process
   FLAGS=$($PY -c "import importlib.util as u; print(('--timeout 120 ' if u.find_spec('pytest_timeout') else '') + \
-('-n 2' if u.find_spec('xdist') else ''))")
+('-n 2' if u.find_spec('xdist') and not '$SMOKE' else ''))")
   # shellcheck disable=SC2086
   step suite ${SUITE_TIMEOUT:-120} "$LOGS/gpu_suite_$DEV.xml" $PY -m pytest -q -p no:cacheprovider \
     -m "not real and not gpu and not interpreter" ${SMOKE:+tests/runtime/test_config.py} $FLAGS --junitxml="$LOGS/gpu_suite_$DEV.xml"
