@@ -162,6 +162,7 @@ class AutoGammaPolicy(FixedPolicy):
         self.costs = None
         self.wait = ProbeWait(probe_every, probe_max)
         self.probing = False  # this round is a probe
+        self.left: int | None = None  # tokens the call may still write (its most of any row; None: not said)
         self.clock = RoundClock(switch_costs=False)  # rounds' measured vs predicted seconds (catch-ups priced)
         self.extra_s = 0.0  # what the round about to be booked pays besides its chain (sd: the draft's catch-up)
         self._seed: dict = {}  # corrections `recall` found, applied by `set_costs` to measured costs only
@@ -220,12 +221,21 @@ class AutoGammaPolicy(FixedPolicy):
         self._choose()
 
     def _choose(self) -> None:
-        self.probing = self.wait.due()
+        self.probing = self.wait.due() and self._probe_can_repay()
         if self.clock.wants_plain() and not self.probing:  # time plain decoding once to compare
             self.gamma = 0
             return
         self.gamma = best_gamma(self.alpha, self.costs, self.gamma_max, gamma_min=1 if self.probing else 0,
                                 scale=self.clock.factors())
+
+    def _probe_can_repay(self) -> bool:
+        """A probe pays the draft's catch-up of every plain round since the last one (~0.1-0.2 of a
+        target step per token on a CPU: a plain stretch's probes cost it 10-15%, however the wait
+        grows) and only speculation over the tokens left can repay it, at best a similar share of a
+        step per token. So no probe reads more tokens than the call has left to write: the last
+        probe of a reply, which caught up 32 tokens with 15 left (64 new) or 128 with 13 (256),
+        is skipped (docs/design.md, "Never slower, by measurement")."""
+        return self.left is None or self.left >= self.wait.run
 
     def update(self, n_acc, num_draft):
         # a plain round is one that proposed nothing: with rounds launched ahead (sd.one_token_rounds)

@@ -52,6 +52,7 @@ class SpeculativeDecoding(Method):
 
     def begin(self, ctx: MethodContext, call: CallInputs) -> None:
         super().begin(ctx, call)
+        self.rows, self.left = call.rows, [row.max_new for row in call.rows]  # tokens each row may still write
         if self.tree is not None:
             return
         if self.policy.wants_hidden:  # specdec++: the acceptance head for this draft and mode
@@ -89,12 +90,20 @@ class SpeculativeDecoding(Method):
         return out
 
     def after_round(self, n_acc, num_draft) -> None:
+        self.left = [max(left - a - 1, 0) for left, a in zip(self.left, n_acc)]  # each row wrote a + 1
+        if self.policy.needs_costs:  # γ auto: no probe catches up more tokens than are left (policies.py)
+            self.policy.left = max(self.left, default=0)
         if self.grammar_round:  # forced tokens say nothing of the draft's acceptance or costs
             return
         if self.tree is None:
             self.policy.update(n_acc, num_draft)
         if self.policy.needs_costs:
             self.policy.remember(self.ctx.acceptance, self.key)
+
+    def reset_rows(self, rows: list[int]) -> None:
+        self.left += [0] * (len(self.rows) - len(self.left))  # the serving core's rows may outnumber the first call's
+        for b in rows:  # a new request took the row
+            self.left[b] = self.rows[b].max_new
 
     def timed(self, seconds: float) -> None:
         if self.tree is None and self.policy.needs_costs:

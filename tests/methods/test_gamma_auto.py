@@ -411,3 +411,34 @@ def test_a_carried_correction_weighs_three_rounds_however_long_a_round_lasts(rou
     prior = MIN_ROUNDS * DECAY ** 3
     own = sum(DECAY ** k for k in range(3))
     assert clock.factor("plain") == pytest.approx((4.0 * prior + own) / (prior + own))
+
+
+def test_no_probe_catches_up_more_tokens_than_the_call_has_left():
+    """A probe pays the draft's catch-up of every plain round since the last one; only the tokens
+    left can repay it. Settled on plain rounds, the probes come after 16, 32, 64 plain rounds, but
+    not where fewer tokens are left than the probe would catch up (the policy alone, then sd on the
+    tiny pair: the tokens stay ar's)."""
+    def probes(new):
+        pol = make_policy("fixed", "auto")
+        pol.set_costs(LOSING)
+        pol.left, seen = new, []
+        while pol.left > 0:
+            seen.append(pol.gamma)
+            pol.left -= 1  # every round here commits one token
+            pol.update([0], [pol.gamma])
+        return [i for i, g in enumerate(seen) if g]
+
+    assert probes(200) == [16, 49, 114]  # 86 tokens left at the third: it may repay its 64
+    assert probes(120) == [16, 49]  # at round 114 six tokens are left: no catch-up of 64
+    assert probes(60) == [16]  # at round 49, 11 left of 32
+
+
+def test_sd_skips_the_probe_its_reply_cannot_repay(tiny_pair, tokenizer, monkeypatch):
+    target, _, perturbed = tiny_pair
+    eng = Engine(target, tokenizer, draft=perturbed, max_seq_len=256)
+    monkeypatch.setattr(eng, "step_costs", lambda state, width: LOSING)
+    ar = eng.generate("def f(x):", max_new_tokens=60, method="ar", ignore_eos=True).token_ids
+    r = eng.generate("def f(x):", max_new_tokens=60, method="sd", gamma="auto", ignore_eos=True)
+    assert r.token_ids == ar
+    drafted = [i for i, (proposed, _, _) in enumerate(r.stats["round_log"]) if proposed]
+    assert len(drafted) == 1 and drafted[0] >= 16  # the probe after 16 plain rounds, none after 32 more
