@@ -124,8 +124,14 @@ class ProbeWait:
         self.first, self.longest = first, longest
         self.every, self.run = first, 0  # the current wait; consecutive plain rounds so far
 
-    def due(self) -> bool:
-        return self.run >= self.every
+    def due(self, left: int | None = None) -> bool:
+        """A probe is due after `every` plain rounds, unless it would catch up more tokens than the
+        call has `left` to write (None: not known). A probe pays the draft's catch-up of every plain
+        round since the last (~0.1-0.2 of a target step a token on a CPU: a plain stretch's probes
+        cost it 10-15% however the wait grows), and only speculation over the tokens left can repay
+        it, at best a similar share of a step a token: the last probe of a reply, which caught up 32
+        tokens with 15 left (64 new) or 128 with 13 (256), could not (docs/design.md, "Never slower")."""
+        return self.run >= self.every and (left is None or left >= self.run)
 
     def count(self, plain: bool) -> None:
         self.run = self.run + 1 if plain else 0
@@ -221,21 +227,12 @@ class AutoGammaPolicy(FixedPolicy):
         self._choose()
 
     def _choose(self) -> None:
-        self.probing = self.wait.due() and self._probe_can_repay()
+        self.probing = self.wait.due(self.left)
         if self.clock.wants_plain() and not self.probing:  # time plain decoding once to compare
             self.gamma = 0
             return
         self.gamma = best_gamma(self.alpha, self.costs, self.gamma_max, gamma_min=1 if self.probing else 0,
                                 scale=self.clock.factors())
-
-    def _probe_can_repay(self) -> bool:
-        """A probe pays the draft's catch-up of every plain round since the last one (~0.1-0.2 of a
-        target step per token on a CPU: a plain stretch's probes cost it 10-15%, however the wait
-        grows) and only speculation over the tokens left can repay it, at best a similar share of a
-        step per token. So no probe reads more tokens than the call has left to write: the last
-        probe of a reply, which caught up 32 tokens with 15 left (64 new) or 128 with 13 (256),
-        is skipped (docs/design.md, "Never slower, by measurement")."""
-        return self.left is None or self.left >= self.wait.run
 
     def update(self, n_acc, num_draft):
         # a plain round is one that proposed nothing: with rounds launched ahead (sd.one_token_rounds)

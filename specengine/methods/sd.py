@@ -89,10 +89,12 @@ class SpeculativeDecoding(Method):
         self.gammas.append(out.draft_forwards)  # a policy may have ended the loop early
         return out
 
-    def after_round(self, n_acc, num_draft) -> None:
-        self.left = [max(left - a - 1, 0) for left, a in zip(self.left, n_acc)]  # each row wrote a + 1
-        if self.policy.needs_costs:  # γ auto: no probe catches up more tokens than are left (policies.py)
+    def see_tokens(self, committed: list[list[int]]) -> None:
+        self.left = [max(left - len(c), 0) for left, c in zip(self.left, committed)]
+        if self.policy.needs_costs:  # γ auto: no probe catches up more tokens than are left (ProbeWait.due)
             self.policy.left = max(self.left, default=0)
+
+    def after_round(self, n_acc, num_draft) -> None:
         if self.grammar_round:  # forced tokens say nothing of the draft's acceptance or costs
             return
         if self.tree is None:

@@ -244,3 +244,20 @@ def test_pearl_expects_the_tokens_its_rounds_commit_not_a_chains():
     for _ in range(60):
         p.after_round([0], [3])  # rejected at once: the correction alone
     assert p.round_tokens() == pytest.approx(1.0, rel=0.05)
+
+
+@pytest.mark.parametrize("new,probes", [(60, 1), (120, 2)])
+def test_pearl_skips_the_probe_its_reply_cannot_repay(models, tokenizer, new, probes):
+    """Costs that make PEARL's rounds lose: it decodes plainly and probes after 16, then 32 plain
+    rounds, but no probe catches up more tokens than the call has left (ProbeWait.due, as sd's γ
+    auto): 60 tokens leave room for the first probe only, 120 for two. Tokens stay ar's."""
+    from specengine.runtime.step_costs import StepCosts
+
+    target, _, perturbed = models
+    eng = Engine(target, tokenizer, draft=perturbed, max_seq_len=256)
+    eng.step_costs = lambda state, width, draft=True: StepCosts(state.batch, 0.5, tuple(1.0 + w for w in range(width)))
+    ar = eng.generate("def f(x):", max_new_tokens=new, method="ar", ignore_eos=True).token_ids
+    r = eng.generate("def f(x):", max_new_tokens=new, method="pearl", ignore_eos=True)
+    assert r.token_ids == ar
+    drafted = [i for i, (proposed, _, _) in enumerate(r.stats["round_log"]) if proposed]
+    assert len(drafted) == probes and drafted[0] >= 16, drafted
