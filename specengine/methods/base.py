@@ -34,7 +34,7 @@ class CallInputs:
     request takes it, and a method reads them again at `reset_rows`."""
     state: DecodeState
     prompts: list  # per row: its prompt's token ids
-    rows: list  # per row: what it may write (`max_new`) and its suffix cache key (`cache_key`)
+    rows: list  # per row: what it may write (`max_new`), has kept (`ids`, `finish_reason`), its suffix cache key
     prefill_s: float  # the call's prefill seconds (what a deferred draft prefill is priced from)
 
     @property
@@ -116,6 +116,12 @@ class Method:
     def tree_stats(self) -> dict:
         t = self.tree
         return {} if t is None else {"tree": f"{t.topk}x{t.depth}:{t.nodes}", "tree_nodes": t.nodes}
+
+
+def tokens_left(rows) -> int:
+    """The most tokens any running row may still write: the driver's rows (`CallInputs.rows`), their
+    limits and the ids they kept so far."""
+    return max((row.max_new - len(row.ids) for row in rows if row.finish_reason is None), default=0)
 
 
 def speculative_stats(totals: CallTotals) -> dict:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import SpecEngineError
-from .base import CallInputs, CallTotals, Method, prediction, speculative_stats
+from .base import CallInputs, CallTotals, Method, prediction, speculative_stats, tokens_left
 from .context import MethodContext
 from .logprobs import capture
 from .policies import ProbeWait, expected_tokens
@@ -89,7 +89,7 @@ class Pearl(Method):
         self.plain, self.behind = PlainStep(), 0  # γ = 0 rounds (see _plain_wins)
         self.plain_total = 0
         self.wait, self.probed = ProbeWait(), False  # plain rounds before a probe; the last round was one
-        self.left: list[int] | None = None  # tokens each row may still write (begin; None: not known)
+        self.rows = None  # the driver's rows (begin): what each may write and has kept
         self.accepted, self.proposed = 0.7 * 4, 4.0  # running acceptance: prior 0.7, weight 4, decayed
         # committed tokens per row of a PEARL round, running (sum, weight): its pre/post-verify modes
         # commit other than a chain of γ at that acceptance would (the chain's count: +30% on the real pair)
@@ -118,11 +118,7 @@ class Pearl(Method):
             # PEARL's rounds are its own kind of round: its own key
             self.calibrate, self.clock_key = recall_clock(self.clock, ctx.acceptance, self.name, call, self.costs)
         self.modes = PearlModes(torch.zeros(state.batch, dtype=torch.bool, device=state.tokens.device))
-        self.rows, self.left = call.rows, [row.max_new for row in call.rows]
-
-    def see_tokens(self, committed: list[list[int]]) -> None:
-        if self.left is not None:
-            self.left = [max(left - len(c), 0) for left, c in zip(self.left, committed)]
+        self.rows = call.rows
 
     def _plain_wins(self) -> bool:
         """Window chosen by cost only: a PEARL round is expected to commit fewer tokens per
@@ -132,7 +128,7 @@ class Pearl(Method):
         as sd's γ auto)."""
         if not self.by_cost:
             return False
-        if self.wait.due(None if self.left is None else max(self.left, default=0)):
+        if self.wait.due(None if self.rows is None else tokens_left(self.rows)):
             self.probed = True
             return False
         if self.calibrate and self.clock.wants_plain():  # time plain decoding once to compare
@@ -267,10 +263,6 @@ class Pearl(Method):
         """A new request starts in pre-verify with nothing pending."""
         if self.modes is not None:
             self.modes.post[rows] = False
-        if self.left is not None:
-            self.left += [0] * (len(self.rows) - len(self.left))
-            for b in rows:
-                self.left[b] = self.rows[b].max_new
 
     def stats(self, totals: CallTotals) -> dict:
         """MAT: mean run length between rejections (PEARL's definition), and per-round times."""

@@ -10,7 +10,7 @@ tokens behind after a round) is in steps.py.
 from __future__ import annotations
 
 from ..errors import SpecEngineError
-from .base import CallInputs, CallTotals, Method, prediction, speculative_stats
+from .base import CallInputs, CallTotals, Method, prediction, speculative_stats, tokens_left
 from .context import MethodContext
 from .policies import catch_up_s, make_policy
 from .state import DecodeState, RoundOutput
@@ -52,7 +52,7 @@ class SpeculativeDecoding(Method):
 
     def begin(self, ctx: MethodContext, call: CallInputs) -> None:
         super().begin(ctx, call)
-        self.rows, self.left = call.rows, [row.max_new for row in call.rows]  # tokens each row may still write
+        self.rows = call.rows  # the driver's: what each row may write and has kept
         if self.tree is not None:
             return
         if self.policy.wants_hidden:  # specdec++: the acceptance head for this draft and mode
@@ -89,23 +89,15 @@ class SpeculativeDecoding(Method):
         self.gammas.append(out.draft_forwards)  # a policy may have ended the loop early
         return out
 
-    def see_tokens(self, committed: list[list[int]]) -> None:
-        self.left = [max(left - len(c), 0) for left, c in zip(self.left, committed)]
-        if self.policy.needs_costs:  # γ auto: no probe catches up more tokens than are left (ProbeWait.due)
-            self.policy.left = max(self.left, default=0)
-
     def after_round(self, n_acc, num_draft) -> None:
         if self.grammar_round:  # forced tokens say nothing of the draft's acceptance or costs
             return
+        if self.policy.needs_costs:  # γ auto: no probe catches up more tokens than are left (ProbeWait.due)
+            self.policy.left = tokens_left(self.rows)
         if self.tree is None:
             self.policy.update(n_acc, num_draft)
         if self.policy.needs_costs:
             self.policy.remember(self.ctx.acceptance, self.key)
-
-    def reset_rows(self, rows: list[int]) -> None:
-        self.left += [0] * (len(self.rows) - len(self.left))  # the serving core's rows may outnumber the first call's
-        for b in rows:  # a new request took the row
-            self.left[b] = self.rows[b].max_new
 
     def timed(self, seconds: float) -> None:
         if self.tree is None and self.policy.needs_costs:

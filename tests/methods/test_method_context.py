@@ -60,7 +60,7 @@ def run(method, target, draft, prompt: list[int], n: int) -> list[int]:
                         torch.zeros(1), torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
     for runner in (target, draft):
         runner.cache.set_lens(state.n - 1)
-    method.begin(ctx, CallInputs(state, [prompt], [SimpleNamespace(max_new=n, cache_key=None)], prefill_s=0.0))
+    method.begin(ctx, CallInputs(state, [prompt], [SimpleNamespace(max_new=n, cache_key=None, ids=[], finish_reason=None)], prefill_s=0.0))
     timer = PhaseTimer(torch.device("cpu"))
     while int(state.n) < len(prompt) + n:
         out = method.round(state, timer)
