@@ -160,8 +160,9 @@ def choose_layouts(model, reps: int = 2, progress: bool = True) -> dict[str, str
     if _quantext is None:
         return {}
     table, tag, chosen = cpu_matmul._load_table(), "gguf", {}
-    choose_tiles(table=table)
     groups_ = _packable(model)
+    if groups_:  # only a model with blocks the interleaved kernel runs has a copy to choose (AMX or not)
+        choose_tiles(table=table)
     todo = [k for k in groups_ if f"{tag}:layout:{k[0]}:{k[1]}x{k[2]}" not in table]
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():
