@@ -139,14 +139,17 @@ class HybridDecoding(NgramDecoding):
     def _draft_round(self, state: DecodeState, live: list[int], timer) -> RoundOutput:
         """Hybrid: the draft model's chain (sd's round), after reading what it missed."""
         self.draft_rounds += 1
-        primes = self.primes
+        primes, dp = self.primes, self.draft_policy
+        prime_s = self._prime_s([self.n_host[b] for b in live if not self.primed[b]], dp.costs) \
+            if dp.needs_costs else 0.0  # what the plan priced the prefill it decided to pay at
         with timer.phase("draft"):
             self._prime(state, live)
         self.primed_now = self.primes > primes
         # up to 2 behind the chain's own catch-up reads; more after n-gram rounds it sat out
         behind = max(self.gap[b] for b in live) - 2
-        if self.draft_policy.needs_costs:  # what the chain's time holds besides the chain, for its clock
-            self.draft_policy.extra_s = catch_up_s(self.draft_policy.costs, behind, self.max_width)
+        if dp.needs_costs:  # what the round's time holds besides the chain: its forecast (a priming
+            # round's time is not booked on the chain's clock, `timed`)
+            dp.extra_s = catch_up_s(dp.costs, behind, self.max_width) + (prime_s if self.primed_now else 0.0)
         return chain_round(self.ctx, state, self.draft_policy, timer, behind, self.max_width)
 
 
