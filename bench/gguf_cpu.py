@@ -226,7 +226,8 @@ def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool) -> dic
                 r = run(p["prompt"])
                 if "token_ids" in r:
                     ids = r.pop("token_ids")
-                    ar_ids = ids if name == "ours ar" else ar_ids
+                    if name == "ours ar":  # the first of ours on each prompt: the reference
+                        ar_ids = ids
                     r["same_tokens_as_ar"] = ids == ar_ids
                     same &= r["same_tokens_as_ar"]
                 runs.append({"repeat": rep, "prompt": i, "provider": name, **r})

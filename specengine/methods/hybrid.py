@@ -140,16 +140,15 @@ class HybridDecoding(NgramDecoding):
         """Hybrid: the draft model's chain (sd's round), after reading what it missed."""
         self.draft_rounds += 1
         primes, dp = self.primes, self.draft_policy
-        prime_s = self._prime_s([self.n_host[b] for b in live if not self.primed[b]], dp.costs) \
-            if dp.needs_costs else 0.0  # what the plan priced the prefill it decided to pay at
+        unread = [self.n_host[b] for b in live if not self.primed[b]]  # the rows _prime reads now
         with timer.phase("draft"):
             self._prime(state, live)
         self.primed_now = self.primes > primes
         # up to 2 behind the chain's own catch-up reads; more after n-gram rounds it sat out
         behind = max(self.gap[b] for b in live) - 2
-        if dp.needs_costs:  # what the round's time holds besides the chain: its forecast (a priming
-            # round's time is not booked on the chain's clock, `timed`)
-            dp.extra_s = catch_up_s(dp.costs, behind, self.max_width) + (prime_s if self.primed_now else 0.0)
+        if dp.needs_costs:  # what the round holds besides the chain, for its forecast: the catch-up and the
+            # prefill as the plan priced it (a priming round's time is not booked on the chain's clock, `timed`)
+            dp.extra_s = catch_up_s(dp.costs, behind, self.max_width) + self._prime_s(unread, dp.costs)
         return chain_round(self.ctx, state, self.draft_policy, timer, behind, self.max_width)
 
 
