@@ -110,46 +110,67 @@ def kernels() -> list[dict]:
     return rows
 
 
-def read_bandwidth(nbytes: int = 1 << 29, reps: int = 5) -> float:
-    """This machine's read bandwidth (bytes/s, all threads): the best of `reps` reads of a buffer far
-    larger than any cache, streamed as the kernels stream weights (`read_stream`; torch's own sum
+def read_bandwidth(nbytes: int, reps: int = 5) -> float:
+    """This machine's read bandwidth (bytes/s, all threads): the best of `reps` reads of a buffer of
+    `nbytes` (`stream_bytes()`), streamed as the kernels stream weights (`read_stream`; torch's own sum
     reads 25% slower on a 2-core Zen 4). What a one-row matvec can at best reach."""
     buf = torch.ones(nbytes, dtype=torch.uint8)
     return nbytes / best_ms(lambda: _quantext.read_stream(buf), reps) * 1e3
 
 
-REPEAT = 16  # the stream weight: this many gate/up shapes stacked
+def last_level_cache_bytes() -> int:
+    """The largest cache this CPU reports (sysfs; 32 MiB when it says nothing)."""
+    import glob
+
+    sizes = []
+    for f in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        text = open(f).read().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KMG")) * scale)
+    return max(sizes, default=32 << 20)
+
+
+def stream_bytes() -> int:
+    """Bytes every format's stream weight and the bandwidth probe read: at least twice the last-level
+    cache and 512 MiB. Equal for all, so no format runs partly from cache: on a Xeon whose VM reports a
+    480 MiB L3, 16 gate/up shapes each (250 MB of Q4_K, 360 MB of Q6_K) put Q4_K at 106% of a 512 MiB
+    probe's rate and Q6_K at 74%, a gap mostly of where the bytes came from."""
+    return max(2 * last_level_cache_bytes(), 512 << 20)
 
 
 def streams(isas: list[str], rows=(1, 2, 4, 5, 8), rounds: int = 3) -> list[dict]:
-    """The interleaved (x8) kernel, as decoding runs it, per instruction-set copy and format, on 16x the
-    gate/up shape (300 MB of Q5_0, 250 MB of Q4_K: far beyond a last-level cache, whose 32 MB on a Zen 4
-    VM served part of a 4x shape, so a one-row rate is a stream rate): GB/s of weights, and each width's
-    cost in one-row calls. A shared VM's bandwidth drifts by tens of percent within a minute, so the
-    copies and widths take turns, `rounds` times, and each keeps its best (`--streams avx2` on an
-    AVX-512 machine checks the AVX2 copy's arithmetic; its stream rate says nothing of an AVX2-only CPU)."""
+    """The interleaved (x8) kernel, as decoding runs it, per instruction-set copy and format, on the
+    gate/up shape stacked to `stream_bytes()` (a one-row rate is then a stream rate, for every format
+    alike): GB/s of weights, and each width's cost in one-row calls. A shared VM's bandwidth drifts by
+    tens of percent within a minute, so the copies and widths take turns, `rounds` times, and each keeps
+    its best (`--streams avx2` on an AVX-512 machine checks the AVX2 copy's arithmetic; its stream rate
+    says nothing of an AVX2-only CPU)."""
     from specengine.kernels.quant_pack import pack_x8
 
-    out, widest = [], _quantext.isa()
+    out, widest, nbytes = [], _quantext.isa(), stream_bytes()
     xs = {m: torch.randn(m, K) for m in rows}
     try:
         for qtype in ("Q4_K", "Q5_0", "Q6_K", "Q4_0"):
-            w = pack_x8(torch.cat([blocks(qtype)] * REPEAT), qtype)
+            b = blocks(qtype)
+            repeat = -(-nbytes // b.numel())
+            w = pack_x8(torch.cat([b] * repeat), qtype)
             best, bw = {}, 0.0
             for _ in range(rounds):
-                bw = max(bw, read_bandwidth(reps=2))  # beside the kernels' turns: a ratio of one moment
+                bw = max(bw, read_bandwidth(nbytes, reps=2))  # beside the kernels' turns: a ratio of one moment
                 for isa in isas:
                     _quantext.set_isa(isa)
                     for m in rows:
-                        ms = best_ms(lambda: _quantext.quant_matmul_x8(xs[m], w, EXT_CODES[qtype], REPEAT * N), reps=2)
+                        ms = best_ms(lambda: _quantext.quant_matmul_x8(xs[m], w, EXT_CODES[qtype], repeat * N), reps=2)
                         best[isa, m] = min(best.get((isa, m), ms), ms)
             for isa in isas:
-                got = [dict(isa=isa, qtype=qtype, rows=m, ms=best[isa, m], GB_per_s=w.numel() / best[isa, m] / 1e6,
-                            x_one_row=best[isa, m] / best[isa, rows[0]], read_bandwidth_GB_per_s=bw / 1e9,
-                            of_bandwidth=w.numel() / best[isa, m] * 1e3 / bw) for m in rows]
+                got = [dict(isa=isa, qtype=qtype, rows=m, weight_bytes=w.numel(), ms=best[isa, m],
+                            GB_per_s=w.numel() / best[isa, m] / 1e6, x_one_row=best[isa, m] / best[isa, rows[0]],
+                            read_bandwidth_GB_per_s=bw / 1e9, of_bandwidth=w.numel() / best[isa, m] * 1e3 / bw)
+                       for m in rows]
                 out += got
                 print(f"{isa:11s} {qtype} (read {bw / 1e9:4.1f} GB/s): one row {got[0]['of_bandwidth']:.0%} of it;  "
                       + "  ".join(f"{r['rows']} rows {r['GB_per_s']:5.1f} GB/s x{r['x_one_row']:.2f}" for r in got), flush=True)
+            del w
     finally:
         _quantext.set_isa(widest)
     return out
@@ -352,7 +373,8 @@ def main(argv=None) -> int:
             print(f"this CPU does not run {', '.join(unknown)}; it runs {', '.join(_quantext.isas())}", file=sys.stderr)
             return 2
         report = {"benchmark": "gguf_cpu_streams", "environment": environment(), "kernel_isa": extension_isa(),
-                  "shape": [REPEAT * N, K], "streams": streams(isas)}
+                  "stream_bytes": stream_bytes(), "last_level_cache_bytes": last_level_cache_bytes(),
+                  "streams": streams(isas)}
         print(f"wrote {save(report, args.out)}")
         return 0
     if args.interleaved:

@@ -5,9 +5,9 @@ pays the scale unpacking, the float conversions and a horizontal sum once per ro
 super-block: about half of its instructions. Interleaving eight weight rows lets every
 vector instruction serve all eight: lane r of a vector holds row r, the scales of eight rows
 unpack in one pass, and each row's sum ends in its own lane (no horizontal sum). llama.cpp's
-repacked CPU layouts rest on the same idea; this one is ours, a pure byte permutation of the
-file's blocks: same bytes, same size (plus zero rows up to a multiple of 8), and `unpack_x8`
-gives the file's rows back exactly.
+repacked CPU layouts rest on the same idea; this one is ours, a byte permutation of the file's
+blocks (Q6_K's values also recoded bit by bit, below): same size (plus zero rows up to a multiple
+of 8), and `unpack_x8` gives the file's rows back exactly.
 
 Q4_K, per group of 8 rows and super-block (8 x 144 = 1152 bytes):
     d     [8 rows][2]         the rows' fp16 super-block scales
@@ -21,9 +21,15 @@ Q4_0 / Q5_0, per group and 32-value block (8 x 18 = 144 / 8 x 22 = 176 bytes):
 Q6_K, per group and super-block (8 x 210 = 1680 bytes):
     d     [8 rows][2]         fp16 scales
     scales[4 words][8 rows][4] the 16 int8 sub-block scales, four per word
-    values[2 h][8 t][3][8 rows][4]  per (h, t): low-nibble bytes 64h + 4t .. +3 and 64h + 32 + 4t .. +3,
-                                    then high-bit bytes 32h + 4t .. +3 (the order the kernel reads them:
-                                    a forward stream, which the hardware prefetcher follows)
+    values[2 h][8 t][3][8 rows][4]  per (h, t), byte b of row r, with v_k = the 6-bit value
+                                    128h + 32k + 4t + b (0..63, as the file's low nibble and high bits
+                                    make it): A = v_0 | (v_2 >> 4) << 6, B = v_1 | (v_3 >> 4) << 6,
+                                    C = (v_2 & 15) | (v_3 & 15) << 4
+The Q6_K values are the one place the layout recodes bits rather than moving bytes: the file's
+order (low nibbles of v_0 | v_2 and of v_1 | v_3, then the four values' high bits) costs 18 vector
+instructions per four vectors of values, A/B/C 11 (v_0 = A & 63, v_2 = (C & 15) | (A >> 2 & 48)),
++11-17% on the one-row loop in cache and +5-7% streamed (docs/design.md, "CPU matmul paths").
+Same 210 bytes per row and super-block, in the order the kernel reads them (a forward stream).
 """
 from __future__ import annotations
 
@@ -66,7 +72,29 @@ def pack_x8(qweight: torch.Tensor, qtype: str) -> torch.Tensor:
     G, nb = -(-N // ROWS), rb // nbytes
     w = torch.cat([qweight, qweight.new_zeros(G * ROWS - N, rb)]) if G * ROWS != N else qweight
     b = w.reshape(G, ROWS, nb, nbytes).transpose(1, 2)  # [G, nb, rows, bytes]
-    return torch.cat([f.reshape(G, nb, -1) for f in _fields(qtype, b)], -1).reshape(G, nb * nbytes * ROWS)
+    out = torch.cat([f.reshape(G, nb, -1) for f in _fields(qtype, b)], -1)
+    if qtype == "Q6_K":
+        out[..., Q6_VALUES:] = _q6_recode(out[..., Q6_VALUES:].reshape(G, nb, 16, 3, 32)).reshape(G, nb, -1)
+    return out.reshape(G, nb * nbytes * ROWS)
+
+
+Q6_VALUES = 144  # where a Q6_K group's value bytes start: after 8 x 2 bytes of d and 8 x 16 of scales
+
+
+def _q6_recode(v: torch.Tensor) -> torch.Tensor:
+    """[..., 3, 32] per (h, t): the file's low-nibble bytes l0 (v_0 | v_2 << 4), l1 (v_1 | v_3 << 4) and
+    high bits hb (2 bits per value, v_0 lowest) -> A, B, C (module docstring)."""
+    l0, l1, hb = v.unbind(-2)
+    a = (l0 & 15) | (hb & 3) << 4 | (hb >> 4 & 3) << 6
+    b = (l1 & 15) | (hb >> 2 & 3) << 4 | (hb >> 6) << 6
+    return torch.stack([a, b, (l0 >> 4) | (l1 & 0xF0)], -2)
+
+
+def _q6_decode(v: torch.Tensor) -> torch.Tensor:
+    """The inverse of `_q6_recode`."""
+    a, b, c = v.unbind(-2)
+    hb = (a >> 4 & 3) | (b >> 4 & 3) << 2 | (a >> 6) << 4 | (b >> 6) << 6
+    return torch.stack([(a & 15) | (c & 15) << 4, (b & 15) | (c & 0xF0), hb], -2)
 
 
 def unpack_x8(packed: torch.Tensor, qtype: str, rows: int) -> torch.Tensor:
@@ -77,5 +105,8 @@ def unpack_x8(packed: torch.Tensor, qtype: str, rows: int) -> torch.Tensor:
     # the permutation applied to byte indices, inverted with argsort (one index map per format)
     idx = torch.arange(ROWS * nbytes).reshape(1, 1, ROWS, nbytes)
     order = torch.cat([f.reshape(1, 1, -1) for f in _fields(qtype, idx)], -1).reshape(-1)
-    b = packed.reshape(G, nb, ROWS * nbytes)[..., torch.argsort(order)]
+    b = packed.reshape(G, nb, ROWS * nbytes)
+    if qtype == "Q6_K":
+        b = torch.cat([b[..., :Q6_VALUES], _q6_decode(b[..., Q6_VALUES:].reshape(G, nb, 16, 3, 32)).reshape(G, nb, -1)], -1)
+    b = b[..., torch.argsort(order)]
     return b.reshape(G, nb, ROWS, nbytes).transpose(1, 2).reshape(G * ROWS, nb * nbytes)[:rows]

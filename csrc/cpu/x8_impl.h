@@ -103,14 +103,13 @@ void dot_32_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
 // int32 lanes: each load of low-nibble and high-bit bytes serves all four k, one fold per sub-block.
 template <int R>
 inline void q6_half(const uint8_t* w, int h, int s, int64_t i, const Act& a, const __m256i* words, __m256i* isum) {
-  const uint8_t* vb = w + 144 + 96 * 8 * h;  // per t: 32 bytes of low nibbles (c 0), of c 1, of high bits
+  const uint8_t* vb = w + kQ6Values + 96 * 8 * h;  // per t: the 32 bytes of A, of B, of C
   const int8_t* x0 = a.qr(0) + 256 * i + 128 * h;
   __m256i p0[R], p1[R], p2[R], p3[R];  // one per k: named, so they stay in registers
   for (int r = 0; r < R; ++r) p0[r] = p1[r] = p2[r] = p3[r] = _mm256_setzero_si256();
   for (int t = 4 * s; t < 4 * s + 4; ++t) {
-    const __m256i l0 = load256(vb + 96 * t), l1 = load256(vb + 96 * t + 32), hb = load256(vb + 96 * t + 64);
-    const __m256i v0 = q6_values<0>(l0, hb), v1 = q6_values<1>(l1, hb), v2 = q6_values<2>(l0, hb),
-                  v3 = q6_values<3>(l1, hb);
+    const __m256i A = load256(vb + 96 * t), B = load256(vb + 96 * t + 32), C = load256(vb + 96 * t + 64);
+    const __m256i v0 = q6_values<0>(A, C), v1 = q6_values<1>(B, C), v2 = q6_values<2>(A, C), v3 = q6_values<3>(B, C);
     for (int r = 0; r < R; ++r) {
       const int8_t* x = x0 + r * a.K + 4 * t;
       p0[r] = dot_acc(p0[r], v0, bcast4(x));
@@ -134,7 +133,7 @@ inline void q6_half(const uint8_t* w, int h, int s, int64_t i, const Act& a, con
 // The same integer sums, so the same result.
 template <int R>
 inline void q6_half(const uint8_t* w, int h, int s, int64_t i, const Act& a, const __m256i* words, __m256i* isum) {
-  const uint8_t* vb = w + 144 + 96 * 8 * h;
+  const uint8_t* vb = w + kQ6Values + 96 * 8 * h;
   const int8_t* x0 = a.qr(0) + 256 * i + 128 * h;
   const int g = 8 * h + s;
   auto one_k = [&](auto kc) __attribute__((always_inline)) {
@@ -143,7 +142,8 @@ inline void q6_half(const uint8_t* w, int h, int s, int64_t i, const Act& a, con
       __m256i p[R];
       for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
       for (int t = t0; t < t0 + 2; ++t) {
-        const __m256i v = q6_values<k>(load256(vb + 96 * t + 32 * (k % 2)), load256(vb + 96 * t + 64));
+        const __m256i ab = load256(vb + 96 * t + 32 * (k % 2));  // C only where k needs it
+        const __m256i v = q6_values<k>(ab, k < 2 ? ab : load256(vb + 96 * t + 64));
         for (int r = 0; r < R; ++r) p[r] = dot_acc(p[r], v, bcast4(x0 + r * a.K + 32 * k + 4 * t));
       }
       for (int r = 0; r < R; ++r) isum[r] = fold<true>(isum[r], p[r], words[(g + 2 * k) / 4], (g + 2 * k) % 4);

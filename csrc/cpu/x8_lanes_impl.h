@@ -12,6 +12,7 @@ constexpr int64_t kGroup = 8;
 // Q4_0 / Q5_0: where a group's value bytes start in its block (after the scales and Q5_0's high bits).
 template <int Q>
 constexpr int64_t kX8Values = Q == kQ5_0 ? 48 : 16;
+constexpr int64_t kQ6Values = 144;  // Q6_K: where a group's A/B/C value bytes start (after d and scales)
 
 // Group g's rows of the file's layout back from the interleaved bytes (the baseline path and tests).
 template <int Q>
@@ -30,16 +31,18 @@ void unpack_group(const uint8_t* p, int64_t nb, uint8_t* rows /* [8][nb * kBytes
         for (int wd = 0; wd < 3; ++wd) std::memcpy(o + 4 + 4 * wd, p + 32 + 32 * wd + 4 * r, 4);
         for (int c = 0; c < 4; ++c)
           for (int t = 0; t < 8; ++t) std::memcpy(o + 16 + 32 * c + 4 * t, p + 128 + 256 * c + 32 * t + 4 * r, 4);
-      } else {  // Q6_K
+      } else {  // Q6_K: A, B, C back to the file's low nibbles and high bits (kernels/quant_pack.py)
         std::memcpy(o + 208, p + 2 * r, 2);
         for (int wd = 0; wd < 4; ++wd) std::memcpy(o + 192 + 4 * wd, p + 16 + 32 * wd + 4 * r, 4);
         for (int h = 0; h < 2; ++h)
-          for (int t = 0; t < 8; ++t) {
-            const uint8_t* v = p + 144 + 96 * (8 * h + t) + 4 * r;  // low nibbles (c 0, 1), high bits
-            std::memcpy(o + 64 * h + 4 * t, v, 4);
-            std::memcpy(o + 64 * h + 32 + 4 * t, v + 32, 4);
-            std::memcpy(o + 128 + 32 * h + 4 * t, v + 64, 4);
-          }
+          for (int t = 0; t < 8; ++t)
+            for (int b = 0; b < 4; ++b) {
+              const uint8_t* v = p + kQ6Values + 96 * (8 * h + t) + 4 * r + b;
+              const uint8_t A = v[0], B = v[32], C = v[64];
+              o[64 * h + 4 * t + b] = (A & 15) | (C & 15) << 4;
+              o[64 * h + 32 + 4 * t + b] = (B & 15) | (C & 0xF0);
+              o[128 + 32 * h + 4 * t + b] = (A >> 4 & 3) | (B >> 4 & 3) << 2 | (A >> 6) << 4 | (B >> 6) << 6;
+            }
       }
     }
 }
@@ -121,16 +124,13 @@ inline void q4k_accumulate(const uint8_t* w, int64_t i, const Act& a, const __m2
   }
 }
 
-// Q6_K values 128h + 32k + 4t + 0..3 of eight rows (0..63) from their low-nibble and high-bit bytes.
+// Q6_K values 128h + 32k + 4t + 0..3 of eight rows (0..63) from the layout's A (k 0, 2) or B (k 1, 3)
+// and C: 1 instruction for k 0, 1 and 4-5 for k 2, 3 (the file's order took 4-5 for each).
 template <int k>
-inline __m256i q6_values(__m256i l, __m256i hb) {
-  const __m256i m4 = _mm256_set1_epi8(0xF), three = _mm256_set1_epi8(3), hi2 = _mm256_set1_epi8(0x30);
-  if constexpr (k == 0) return _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_slli_epi16(_mm256_and_si256(hb, three), 4));
-  if constexpr (k == 1)
-    return _mm256_or_si256(_mm256_and_si256(l, m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), three), 4));
-  if constexpr (k == 2) return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m4), _mm256_and_si256(hb, hi2));
-  return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m4),
-                         _mm256_and_si256(_mm256_srli_epi16(hb, 2), hi2));
+inline __m256i q6_values(__m256i ab, __m256i c) {
+  const __m256i low6 = _mm256_set1_epi8(0x3F), m4 = _mm256_set1_epi8(0xF), hi2 = _mm256_set1_epi8(0x30);
+  if constexpr (k < 2) return _mm256_and_si256(ab, low6);
+  const __m256i lo = k == 2 ? _mm256_and_si256(c, m4) : _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);
+  return _mm256_or_si256(lo, _mm256_and_si256(_mm256_srli_epi16(ab, 2), hi2));  // bits 6-7 of ab -> 4-5
 }
 #endif  // SE_AVX2

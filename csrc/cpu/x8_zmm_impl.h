@@ -85,19 +85,17 @@ inline __m256i scale_pair(const __m256i* words, int g) {  // lane r: row r's sig
 
 template <int R>
 inline void q6k_z_super_block(const uint8_t* w, int64_t i, const Act& a, const __m256i* words, __m256i* rows) {
-  const __m512i m4 = _mm512_set1_epi8(0xF), three = _mm512_set1_epi8(3), hi2 = _mm512_set1_epi8(0x30);
+  const __m512i m4 = _mm512_set1_epi8(0xF), low6 = _mm512_set1_epi8(0x3F), hi2 = _mm512_set1_epi8(0x30);
   __m512i isum[R];
   for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
   for (int h = 0; h < 2; ++h) {
     for (int tt = 0; tt < 4; ++tt) {  // steps t = 2tt, 2tt + 1: values 128h + 32k + 8tt + 0..7, sub-block 8h + 2k + tt / 2
-      const uint8_t* vb = w + 144 + 96 * (8 * h + 2 * tt);
-      const __m512i l0 = pair_steps(vb), l1 = pair_steps(vb + 32), hb = pair_steps(vb + 64);
-      const __m512i v0 = _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_slli_epi16(_mm512_and_si512(hb, three), 4));
-      const __m512i v1 = _mm512_or_si512(_mm512_and_si512(l1, m4),
-                                         _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2), three), 4));
-      const __m512i v2 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(hb, hi2));
-      const __m512i v3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
-                                         _mm512_and_si512(_mm512_srli_epi16(hb, 2), hi2));
+      const uint8_t* vb = w + kQ6Values + 96 * (8 * h + 2 * tt);
+      const __m512i A = pair_steps(vb), B = pair_steps(vb + 32), C = pair_steps(vb + 64);  // q6_values, 512 bits
+      const __m512i v0 = _mm512_and_si512(A, low6), v1 = _mm512_and_si512(B, low6);
+      const __m512i v2 = _mm512_or_si512(_mm512_and_si512(C, m4), _mm512_and_si512(_mm512_srli_epi16(A, 2), hi2));
+      const __m512i v3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(C, 4), m4),
+                                         _mm512_and_si512(_mm512_srli_epi16(B, 2), hi2));
       const int g = 8 * h + tt / 2;
       const __m512i s01 = packed_scales(scale_pair(words, g), scale_pair(words, g + 2));
       const __m512i s23 = packed_scales(scale_pair(words, g + 4), scale_pair(words, g + 6));

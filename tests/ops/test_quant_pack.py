@@ -1,5 +1,5 @@
 """GGUF blocks interleaved 8 rows at a time (kernels/quant_pack.py, csrc/cpu/x8_impl.h): the layout
-is a byte permutation that gives the file's rows back exactly; the kernel on it, in every
+is a byte permutation (Q6_K's values also recoded) that gives the file's rows back exactly; the kernel on it, in every
 instruction-set copy this CPU runs, equals the reference of the file's layout (odd row counts, a
 partial last group, 1-17 activation rows) and gives each row the same bits whatever rows share its
 call; quantized layers hold it and compute the same; the layout is chosen by measurement and never
@@ -21,9 +21,10 @@ def test_packing_is_a_permutation_the_file_rows_come_back_from(qtype, N):
     p = pack_x8(w, qtype)
     assert tuple(p.shape) == packed_bytes(qtype, N, 512) == (-(-N // ROWS), 512 // FORMATS[qtype][0] * FORMATS[qtype][1] * ROWS)
     assert torch.equal(unpack_x8(p, qtype, N), w)
-    # the same bytes (and zero rows up to the group): a permutation, nothing lost or made up
-    padded = torch.cat([w, w.new_zeros(p.shape[0] * ROWS - N, w.shape[1])])
-    assert torch.equal(p.flatten().sort().values, padded.flatten().sort().values)
+    if qtype != "Q6_K":  # Q6_K's values are recoded bit by bit (checked value by value below)
+        # the same bytes (and zero rows up to the group): a permutation, nothing lost or made up
+        padded = torch.cat([w, w.new_zeros(p.shape[0] * ROWS - N, w.shape[1])])
+        assert torch.equal(p.flatten().sort().values, padded.flatten().sort().values)
 
 
 def test_the_layout_puts_each_rows_scale_where_the_kernel_reads_it():
@@ -37,12 +38,26 @@ def test_the_layout_puts_each_rows_scale_where_the_kernel_reads_it():
         assert torch.equal(p[128 + 256 * 3 + 32 * 5 + 4 * r:128 + 256 * 3 + 32 * 5 + 4 * r + 4],
                            w[r, 16 + 32 * 3 + 4 * 5:16 + 32 * 3 + 4 * 5 + 4])  # qs chunk c 3, t 5
     w6 = random_blocks("Q6_K", 8, 256, seed=2)
-    p6 = pack_x8(w6, "Q6_K")[0]
+    p6 = pack_x8(w6, "Q6_K")[0].tolist()
     for r in range(8):
-        assert torch.equal(p6[2 * r:2 * r + 2], w6[r, 208:210])
-        at = 144 + 96 * (8 + 7) + 4 * r  # h 1, t 7
-        assert torch.equal(p6[at + 32:at + 36], w6[r, 64 + 32 + 28:64 + 32 + 32])  # low nibbles, c 1
-        assert torch.equal(p6[at + 64:at + 68], w6[r, 128 + 32 + 28:128 + 32 + 32])  # high bits
+        row = w6[r].tolist()
+        assert p6[2 * r:2 * r + 2] == row[208:210]
+        assert p6[16 + 32 * 3 + 4 * r:16 + 32 * 3 + 4 * r + 4] == row[192 + 12:192 + 16]  # scales 12-15
+        # the 256 six-bit values as GGUF's dequantize_row_q6_K reads them (ql, qh), in plain Python
+        v = [0] * 256
+        for h in range(2):
+            ql, qh = row[64 * h:64 * h + 64], row[128 + 32 * h:128 + 32 * h + 32]
+            for j in range(32):
+                v[128 * h + j] = (ql[j] & 15) | (qh[j] & 3) << 4
+                v[128 * h + 32 + j] = (ql[32 + j] & 15) | (qh[j] >> 2 & 3) << 4
+                v[128 * h + 64 + j] = (ql[j] >> 4) | (qh[j] >> 4 & 3) << 4
+                v[128 * h + 96 + j] = (ql[32 + j] >> 4) | (qh[j] >> 6) << 4
+        for h, t, b in [(0, 0, 0), (1, 7, 3), (0, 5, 2), (1, 2, 1)]:
+            at = 144 + 96 * (8 * h + t) + 4 * r + b
+            A, B, C = p6[at], p6[at + 32], p6[at + 64]
+            vk = [v[128 * h + 32 * k + 4 * t + b] for k in range(4)]
+            assert (A & 63, B & 63) == (vk[0], vk[1])
+            assert ((A >> 6) << 4 | (C & 15), (B >> 6) << 4 | (C >> 4)) == (vk[2], vk[3])
 
 
 def test_the_q5_0_layout_keeps_high_bits_whole_and_steps_of_value_bytes():
