@@ -380,6 +380,22 @@ def test_gamma_weighs_the_cost_of_width():
     assert pol.best(0) == 0
 
 
+def test_the_chains_yield_is_shrunk_toward_the_model_until_rounds_outweigh_it():
+    """A few early chains must not settle a call (their yield stops the draft, and rounds not run
+    never correct it); many do: the factor moves from 1 toward committed / expected as rounds add up."""
+    from specengine.methods.round_clock import MIN_ROUNDS, TokenYield
+
+    y = TokenYield()
+    for _ in range(MIN_ROUNDS - 1):
+        y.book(3.0, 1.0)
+    assert y.factor() == 1.0
+    y.book(3.0, 1.0)
+    assert y.factor() == pytest.approx((3.0 + 9.0) / (9.0 + 9.0))  # 3 rounds at 1/3, 3 pseudo-rounds at 1
+    for _ in range(300):
+        y.book(3.0, 1.0)
+    assert 1 / 3 < y.factor() < 0.34
+
+
 def test_hybrid_weighs_its_draft_chains_by_the_tokens_they_committed():
     """Greedy, measured costs: a chain's expected tokens are scaled by what the call's chains
     committed against the acceptance model's expectation at the α it held then (TokenYield), so
@@ -401,7 +417,8 @@ def test_hybrid_weighs_its_draft_chains_by_the_tokens_they_committed():
         booked.append(expected_tokens(alpha, g))
         m.kind, m.primed_now = "draft", False
         m.after_round([0], [g])
-    assert m.chain_yield.factor() == pytest.approx(3 / sum(booked))  # 1 token a chain, against the model's
+    # 1 token a chain, against the model's, shrunk by 3 rounds' worth of its expectation
+    assert m.chain_yield.factor() == pytest.approx((3 + sum(booked)) / (2 * sum(booked)))
     dp.accepted, dp.rejected = 90.0, 10.0  # α back at 0.9: on paper the chain still wins ...
     dp.set_costs(dp.costs)
     assert not m._draft_wins({0: ([1], None)}, m.policy.choose({0: 1}), [0])  # ... measured, it does not
