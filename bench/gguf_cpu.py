@@ -134,8 +134,9 @@ def stream_bytes() -> int:
     """Bytes every format's stream weight and the bandwidth probe read: at least twice the last-level
     cache and 512 MiB. Equal for all, so no format runs partly from cache: on a Xeon whose VM reports a
     480 MiB L3, 16 gate/up shapes each (250 MB of Q4_K, 360 MB of Q6_K) put Q4_K at 106% of a 512 MiB
-    probe's rate and Q6_K at 74%, a gap mostly of where the bytes came from."""
-    return max(2 * last_level_cache_bytes(), 512 << 20)
+    probe's rate and Q6_K at 74%, a gap mostly of where the bytes came from. At most 2 GiB (packing
+    holds ~4x the weight at once; 960 MiB peaked at 4.2 GB resident)."""
+    return min(max(2 * last_level_cache_bytes(), 512 << 20), 2 << 30)
 
 
 def streams(isas: list[str], rows=(1, 2, 4, 5, 8), rounds: int = 3) -> list[dict]:
