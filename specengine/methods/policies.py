@@ -171,6 +171,7 @@ class AutoGammaPolicy(FixedPolicy):
         self.left: int | None = None  # tokens the call may still write (its most of any row; None: not said)
         self.clock = RoundClock(switch_costs=False)  # rounds' measured vs predicted seconds (catch-ups priced)
         self.extra_s = 0.0  # what the round about to be booked pays besides its chain (sd: the draft's catch-up)
+        self.token_scale = 1.0  # the chain's expected tokens as its chooser scaled them (hybrid: its chains' yield)
         self._seed: dict = {}  # corrections `recall` found, applied by `set_costs` to measured costs only
         self._filed_alpha, self.learned = None, False  # the same for a filed acceptance; α known to the engine
         # greedy only: there γ never changes the tokens, while a seeded sampled call must draw the
@@ -241,7 +242,7 @@ class AutoGammaPolicy(FixedPolicy):
         if self.costs is not None:  # what the plan expected of this round, before it learns from it:
             c, g, kind = self.costs, 0 if plain else self.gamma, "plain" if plain else "spec"
             model_s = g * c.draft_s + c.verify_s(g + 1) + (0.0 if plain else self.extra_s)
-            self.clock.expect(kind, model_s, len(n_acc) * expected_tokens(self.alpha, g))
+            self.clock.expect(kind, model_s, len(n_acc) * expected_tokens(self.alpha, g) * (1.0 if plain else self.token_scale))
         self.extra_s = 0.0
         probed = self.probing
         self.wait.count(plain)

@@ -419,6 +419,11 @@ def test_hybrid_weighs_its_draft_chains_by_the_tokens_they_committed():
         m.after_round([0], [g])
     # 1 token a chain, against the model's, shrunk by 3 rounds' worth of its expectation
     assert m.chain_yield.factor() == pytest.approx((3 + sum(booked)) / (2 * sum(booked)))
+    # the forecast books each chain as the choice expected it: the model's tokens at the yield then
+    f, g, alpha, before = m.chain_yield.factor(), dp.gamma, dp.alpha, dp.clock.forecast[0]
+    m.kind, m.primed_now = "draft", False
+    m.after_round([0], [g])
+    assert dp.clock.forecast[0] - before == pytest.approx(expected_tokens(alpha, g) * f) and f < 0.9
     dp.accepted, dp.rejected = 90.0, 10.0  # α back at 0.9: on paper the chain still wins ...
     dp.set_costs(dp.costs)
     assert not m._draft_wins({0: ([1], None)}, m.policy.choose({0: 1}), [0])  # ... measured, it does not
