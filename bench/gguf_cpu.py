@@ -120,11 +120,11 @@ def read_bandwidth(nbytes: int, reps: int = 5) -> float:
 
 def last_level_cache_bytes() -> int:
     """The largest cache this CPU reports (sysfs; 32 MiB when it says nothing)."""
-    import glob
+    from pathlib import Path
 
     sizes = []
-    for f in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
-        text = open(f).read().strip().upper()
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip().upper()
         scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
         sizes.append(int(text.rstrip("KMG")) * scale)
     return max(sizes, default=32 << 20)

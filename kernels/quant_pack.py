@@ -28,7 +28,7 @@ Q6_K, per group and super-block (8 x 210 = 1680 bytes):
 The Q6_K values are the one place the layout recodes bits rather than moving bytes: the file's
 order (low nibbles of v_0 | v_2 and of v_1 | v_3, then the four values' high bits) costs 18 vector
 instructions per four vectors of values, A/B/C 11 (v_0 = A & 63, v_2 = (C & 15) | (A >> 2 & 48)),
-+11-17% on the one-row loop in cache and +5-7% streamed (docs/design.md, "CPU matmul paths").
++11-17% on the one-row loop in cache and +5-7% streamed (docs/design.md, "Experiments", CPU kernels).
 Same 210 bytes per row and super-block, in the order the kernel reads them (a forward stream).
 """
 from __future__ import annotations

@@ -42,12 +42,12 @@ class HybridDecoding(NgramDecoding):
         return getattr(dp, "calibrate", False) and getattr(getattr(dp, "costs", None), "measured", False)
 
     def after_round(self, n_acc, num_draft) -> None:
-        if self.kind == "draft":  # the forecast books the chain as `_draft_wins` expected it
-            self.draft_policy.token_scale = self.chain_yield.factor()
-        if self.kind == "draft" and self._calibrates():  # before the policy moves α on from this round
-            drafted = [(int(a), int(d)) for a, d in zip(n_acc, num_draft) if d]
-            self.chain_yield.book(sum(expected_tokens(self.draft_policy.alpha, d) for _, d in drafted),
-                                  sum(a + 1 for a, _ in drafted))
+        if self.kind == "draft":
+            self.draft_policy.token_scale = self.chain_yield.factor()  # the forecast books it as `_draft_wins` did
+            if self._calibrates():  # before the policy moves α on from this round
+                drafted = [(int(a), int(d)) for a, d in zip(n_acc, num_draft) if d]
+                self.chain_yield.book(sum(expected_tokens(self.draft_policy.alpha, d) for _, d in drafted),
+                                      sum(a + 1 for a, _ in drafted))
         super().after_round(n_acc, num_draft)
 
     def _draft_wins(self, found, gammas, live: list[int]) -> bool:
