@@ -28,6 +28,7 @@ import torch
 
 from specengine import Engine
 from specengine.benchmark import environment, run_benchmark, save
+from specengine.machine import last_level_cache_bytes
 from specengine.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
 from specengine.models.quant_linear import EXT_CODES, _quantext, extension_isa
 
@@ -118,18 +119,6 @@ def read_bandwidth(nbytes: int, reps: int = 5) -> float:
     return nbytes / best_ms(lambda: _quantext.read_stream(buf), reps) * 1e3
 
 
-def last_level_cache_bytes() -> int:
-    """The largest cache this CPU reports (sysfs; 32 MiB when it says nothing)."""
-    from pathlib import Path
-
-    sizes = []
-    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        text = f.read_text().strip().upper()
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        sizes.append(int(text.rstrip("KMG")) * scale)
-    return max(sizes, default=32 << 20)
-
-
 def stream_bytes() -> int:
     """Bytes every format's stream weight and the bandwidth probe read: at least twice the last-level
     cache and 512 MiB. Equal for all, so no format runs partly from cache: on a Xeon whose VM reports a
@@ -140,16 +129,19 @@ def stream_bytes() -> int:
 
 
 def streams(isas: list[str], rows=(1, 2, 4, 5, 8), rounds: int = 3) -> list[dict]:
-    """The interleaved (x8) kernel, as decoding runs it, per instruction-set copy and format, on the
-    gate/up shape stacked to `stream_bytes()` (a one-row rate is then a stream rate, for every format
-    alike): GB/s of weights, and each width's cost in one-row calls. A shared VM's bandwidth drifts by
-    tens of percent within a minute, so the copies and widths take turns, `rounds` times, and each keeps
-    its best (`--streams avx2` on an AVX-512 machine checks the AVX2 copy's arithmetic; its stream rate
-    says nothing of an AVX2-only CPU)."""
+    """The interleaved (x8) kernel, as decoding runs it, per instruction-set copy, prefetch level (the
+    cache the weight stream is prefetched into; the planner sets the faster, `quant_plan.choose_prefetch`)
+    and format, on the gate/up shape stacked to `stream_bytes()` (a one-row rate is then a stream rate, for
+    every format alike): GB/s of weights, and each width's cost in one-row calls. A shared VM's bandwidth
+    drifts by tens of percent within a minute, so the copies and widths take turns, `rounds` times, and
+    each keeps its best (`--streams avx2` on an AVX-512 machine checks the AVX2 copy's arithmetic; its
+    stream rate says nothing of an AVX2-only CPU). The bandwidth probe reads at both levels and keeps the
+    faster."""
     from specengine.kernels.quant_pack import pack_x8
 
-    out, widest, nbytes = [], _quantext.isa(), stream_bytes()
+    out, widest, level, nbytes = [], _quantext.isa(), _quantext.prefetch(), stream_bytes()
     xs = {m: torch.randn(m, K) for m in rows}
+    turns = [(isa, lv) for isa in isas for lv in (("l1",) if isa == "baseline" else ("l1", "l2"))]  # baseline: no prefetch
     try:
         for qtype in ("Q4_K", "Q5_0", "Q6_K", "Q4_0"):
             b = blocks(qtype)
@@ -157,23 +149,27 @@ def streams(isas: list[str], rows=(1, 2, 4, 5, 8), rounds: int = 3) -> list[dict
             w = pack_x8(torch.cat([b] * repeat), qtype)
             best, bw = {}, 0.0
             for _ in range(rounds):
-                bw = max(bw, read_bandwidth(nbytes, reps=2))  # beside the kernels' turns: a ratio of one moment
-                for isa in isas:
+                for lv in ("l1", "l2"):  # beside the kernels' turns: a ratio of one moment
+                    _quantext.set_prefetch(lv)
+                    bw = max(bw, read_bandwidth(nbytes, reps=2))
+                for isa, lv in turns:
                     _quantext.set_isa(isa)
+                    _quantext.set_prefetch(lv)
                     for m in rows:
                         ms = best_ms(lambda: _quantext.quant_matmul_x8(xs[m], w, EXT_CODES[qtype], repeat * N), reps=2)
-                        best[isa, m] = min(best.get((isa, m), ms), ms)
-            for isa in isas:
-                got = [dict(isa=isa, qtype=qtype, rows=m, weight_bytes=w.numel(), ms=best[isa, m],
-                            GB_per_s=w.numel() / best[isa, m] / 1e6, x_one_row=best[isa, m] / best[isa, rows[0]],
-                            read_bandwidth_GB_per_s=bw / 1e9, of_bandwidth=w.numel() / best[isa, m] * 1e3 / bw)
+                        best[isa, lv, m] = min(best.get((isa, lv, m), ms), ms)
+            for isa, lv in turns:
+                got = [dict(isa=isa, prefetch=lv, qtype=qtype, rows=m, weight_bytes=w.numel(), ms=best[isa, lv, m],
+                            GB_per_s=w.numel() / best[isa, lv, m] / 1e6, x_one_row=best[isa, lv, m] / best[isa, lv, rows[0]],
+                            read_bandwidth_GB_per_s=bw / 1e9, of_bandwidth=w.numel() / best[isa, lv, m] * 1e3 / bw)
                        for m in rows]
                 out += got
-                print(f"{isa:11s} {qtype} (read {bw / 1e9:4.1f} GB/s): one row {got[0]['of_bandwidth']:.0%} of it;  "
+                print(f"{isa:11s} {lv} {qtype} (read {bw / 1e9:4.1f} GB/s): one row {got[0]['of_bandwidth']:.0%} of it;  "
                       + "  ".join(f"{r['rows']} rows {r['GB_per_s']:5.1f} GB/s x{r['x_one_row']:.2f}" for r in got), flush=True)
             del w
     finally:
         _quantext.set_isa(widest)
+        _quantext.set_prefetch(level)
     return out
 
 

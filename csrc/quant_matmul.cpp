@@ -238,7 +238,8 @@ int64_t read_stream(const torch::Tensor& w) {
   at::parallel_for(0, int64_t(w.nbytes() / 64), 1024, [&](int64_t begin, int64_t end) {
     uint64_t s[8] = {};
     for (int64_t l = begin; l < end; ++l) {
-      __builtin_prefetch(reinterpret_cast<const char*>(p + 8 * l) + kPrefetchAhead);
+      const char* ahead = reinterpret_cast<const char*>(p + 8 * l) + kPrefetchAhead;
+      if (prefetch_to_l2) __builtin_prefetch(ahead, 0, 2); else __builtin_prefetch(ahead, 0, 3);
       for (int k = 0; k < 8; ++k) s[k] ^= p[8 * l + k];
     }
     uint64_t t = 0;
@@ -327,6 +328,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(kernels/quant_pack.py; Q4_0, Q5_0, Q4_K, Q6_K): x [M, K] fp32, wp [ceil(N/8), 8 * row_bytes], N -> [M, N]");
   m.def("dequantize", &dequantize, "w [N, row_bytes] GGUF blocks -> fp32 [N, cols]");
   m.def("dense_matmul", &dense_matmul, "x [M, K] fp32 @ w [N, K] (bf16 or fp32).T -> [M, N] fp32, few rows");
+  m.def("set_prefetch", [](const std::string& level) {
+        TORCH_CHECK(level == "l1" || level == "l2", "set_prefetch takes 'l1' or 'l2' (the cache the weight "
+                    "stream is prefetched into), got '", level, "'");
+        prefetch_to_l2 = level == "l2";
+      }, "prefetch the weight stream into 'l1' or 'l2' (the planner times both: models/quant_plan.py)");
+  m.def("prefetch", [] { return std::string(prefetch_to_l2 ? "l2" : "l1"); },
+        "the cache the weight stream is prefetched into ('l1' or 'l2')");
   m.def("read_stream", &read_stream, "every byte of w read once as the matmuls stream weights -> a checksum "
         "(time it for the machine's read bandwidth)");
   m.def("row_attention", &row_attention, "batch-invariant verification attention: q [B, Q, Hq, D] over k, v "

@@ -70,6 +70,20 @@ def kernel_digest() -> str:
     return hashlib.sha256(Path(EXT.__file__).read_bytes()).hexdigest()[:12]
 
 
+def last_level_cache_bytes() -> int:
+    """The largest cache this CPU reports (sysfs; 32 MiB when it says nothing): a weight pass shorter
+    than twice it may be read from cache, so it says nothing of the memory stream."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        try:
+            sizes.append(int(text.rstrip("KMG")) * scale)
+        except ValueError:
+            continue
+    return max(sizes, default=32 << 20)
+
+
 def machine() -> dict:
     """What the measurements depend on. "kernels": the instruction set our kernels run with
     here (CPUID; None where not built)."""

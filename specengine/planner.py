@@ -2,8 +2,9 @@
 (docs/design.md, "The plan"). `engine.plan` returns it; `specengine plan` prints it.
 
 What is measured, and where it is filed: the CPU matmul paths per shape and row count
-(models/cpu_matmul.py) and the GGUF blocks' costs, layouts and, on a CPU with AMX, whether the
-kernels' tile copy beats their vector copy (models/quant_plan.py), which
+(models/cpu_matmul.py) and the GGUF blocks' costs, layouts, the cache their weight stream is
+prefetched into and, on a CPU with AMX, whether the kernels' tile copy beats their vector copy
+(models/quant_plan.py), which
 the precision per role is computed from (precision.py); the step costs that γ "auto",
 PEARL's window and hybrid's deferred draft prefill are chosen by (runtime/step_costs.py). Each
 files its results in the machine's one table (machine.py: one key from the CPU, instruction
@@ -33,6 +34,7 @@ class Plan:
     forward: dict  # role -> what runs its layers on a CPU: the compiled layer stack or the Python loop, and why
     step_costs: dict  # batch -> {"draft_s", "target_s": per width, "draft_prefill_s": per token}, measured so far
     tiles: dict | None = None  # AMX: the copy running and each copy's ms at 32 rows (quant_plan.choose_tiles)
+    prefetch: dict | None = None  # the cache the weight stream is prefetched into, and each level's pass ms
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -64,6 +66,12 @@ class Plan:
         if self.tiles:
             out.append(f"kernel copy: {self.tiles['running']} (Q4_K at 32 rows: "
                        + ", ".join(f"{isa} {ms:.3f} ms" for isa, ms in self.tiles["ms"].items()) + ")")
+        if self.prefetch:
+            p = self.prefetch
+            timed = ("; a pass over the GGUF layers at " + " / ".join(next(iter(p["ms"].values()))) + " rows: "
+                     + ", ".join(f"{lv} " + " / ".join(f"{ms:.1f}" for ms in by.values()) + " ms" for lv, by in p["ms"].items())
+                     if p.get("ms") else " (not timed: no model yet large enough to stream from memory)")
+            out.append(f"weight stream prefetched into {p['running']}{timed}")
         for role, layouts in self.layouts.items():
             out.append(f"{role} GGUF layouts: " + ", ".join(f"{k}={v}" for k, v in sorted(layouts.items())))
         inv = self.invariance
@@ -115,5 +123,7 @@ def plan_of(engine) -> Plan:
     forward = {role: cpu_stack.describe(m, ops[role]) for role, m in models.items() if m.device.type == "cpu"}
     tiles = table.get(quant_plan.TILES_ENTRY)
     tiles = {"running": cpu_ext.EXT.isa(), "ms": tiles["ms"]} if tiles else None
+    fetch = table.get(quant_plan.PREFETCH_ENTRY)
+    prefetch = None if cpu_ext.EXT is None or not layouts else {"running": cpu_ext.EXT.prefetch(), "ms": fetch and fetch["ms"]}
     return Plan(key=machine.key(), machine=machine.machine(), precision=precision, ops=ops, linears=linears,
-                layouts=layouts, invariance=inv, forward=forward, step_costs=costs, tiles=tiles)
+                layouts=layouts, invariance=inv, forward=forward, step_costs=costs, tiles=tiles, prefetch=prefetch)

@@ -35,6 +35,11 @@ constexpr int64_t kBytes[] = {18, 22, 34, 144, 176, 210};
 // interleaved kernels 2, 4 and 8 KiB gave the same verify-width times within noise on a 2-core EPYC
 // (bench/stream_rows.py), and none slowed a decode.
 constexpr int64_t kPrefetchAhead = 4096;
+// Which cache that prefetch fills: L1 (prefetcht0) or L2 (prefetcht1). The faster one is the machine's,
+// not the kernel's (one row streamed, 2-vCPU AMX Xeon: L2 +12-47% for Q4_K / Q6_K, while AMD's guide
+// has older cores treat both hints alike), so the planner times both on the model's own weights and
+// sets it for the process (models/quant_plan.py, choose_prefetch); L1 until it has. Never changes a result.
+inline bool prefetch_to_l2 = false;
 
 // Activation rows quantized for one weight format: row m's values q[m*K ...], its block scales
 // d[m*K/block ...], its sums of 16 values bs[m*K/16 ...] and of 32 values b32[m*K/32 ...] (Q4_K's mins

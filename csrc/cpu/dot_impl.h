@@ -87,13 +87,19 @@ inline void unpack_q6k(const uint8_t* b, uint8_t* v) {
 }
 
 #ifdef SE_AVX2
-// The weight stream kPrefetchAhead bytes ahead of the block being multiplied, into L1, one call per
-// block (`bytes` of it). At verify widths the kernel computes long enough per block that the
-// hardware prefetchers alone leave DRAM idle between requests: a 5-row down projection (1536 x 8960)
-// cost the time of its memory plus its compute, now about the larger of the two.
+// The weight stream kPrefetchAhead bytes ahead of the block being multiplied, into L1 or L2
+// (`prefetch_to_l2`), one call per block (`bytes` of it). At verify widths the kernel computes long
+// enough per block that the hardware prefetchers alone leave DRAM idle between requests: a 5-row down
+// projection (1536 x 8960) cost the time of its memory plus its compute, now about the larger of the two.
 inline void prefetch_ahead(const uint8_t* w, int64_t bytes) {
+  const char* p = reinterpret_cast<const char*>(w + kPrefetchAhead);
+  if (prefetch_to_l2) {
 #pragma GCC unroll 32  // a constant count at every call: no loop left (18 lines of a Q4_K group)
-  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchAhead + o), _MM_HINT_T0);
+    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
+  } else {
+#pragma GCC unroll 32
+    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+  }
 }
 
 // v, as the compiler must assume an unknown instruction rewrote it: keeps a running integer sum in

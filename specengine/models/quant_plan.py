@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from tqdm.auto import tqdm
 
+from .. import machine
 from . import cpu_matmul
 from ..kernels.cpu_ext import TILES, VECTOR, forced_name
 from ..kernels.quant_pack import PACKED, pack_x8
@@ -15,6 +16,8 @@ from .quant_linear import QuantLinear, _quantext, quant_layers, quant_matmul, qu
 
 LAYOUT_ROWS = (1, 4)  # a decode and a typical verify: the layout faster over both is kept
 TILES_ENTRY = "gguf:isa:tiles"  # which of the extension's copies TILES / VECTOR runs (choose_tiles)
+PREFETCH_ENTRY = "gguf:prefetch"  # the cache the weight stream is prefetched into (choose_prefetch)
+PREFETCH_LEVELS = ("l1", "l2")
 
 
 def group_key(formats, layer) -> str:
@@ -151,10 +154,57 @@ def time_copies(ext, isas, rows: int = 32, reps: int = 5) -> dict[str, float]:
     return out
 
 
+def choose_prefetch(model, ext=_quantext, table: dict | None = None, timer=None) -> str | None:
+    """Prefetch the weight stream into whichever cache (L1 or L2) a pass over this model's GGUF layers
+    runs faster with, at LAYOUT_ROWS rows: timed once per machine and kernel build (the machine's table),
+    on the first model whose blocks are read from memory (more bytes than the last-level cache holds: a
+    pass over more than a cache holds misses on every line; and at least a timing pass's), set for this
+    process. Returns the level set, or None where nothing
+    was timed or filed (no extension, or a model small enough to sit in cache: its pass says nothing of
+    the stream). `timer(ext, layers)`: `time_levels` unless given (tests)."""
+    if ext is None or not hasattr(ext, "set_prefetch"):
+        return None
+    table = cpu_matmul._load_table() if table is None else table
+    if PREFETCH_ENTRY not in table:
+        layers = [layer for layer in quant_layers(model) if layer.stored()[0][1].device.type == "cpu"]
+        nbytes = sum(w.numel() for layer in layers for _, w in layer.stored())
+        if nbytes < max(machine.last_level_cache_bytes(), cpu_matmul.MIN_PASS_BYTES):
+            return None
+        table[PREFETCH_ENTRY] = {"ms": (timer or time_levels)(ext, layers), "bytes": nbytes}
+        cpu_matmul._save_table(table)
+    ms = table[PREFETCH_ENTRY]["ms"]
+    chosen = min(PREFETCH_LEVELS, key=lambda level: sum(ms[level].values()))
+    ext.set_prefetch(chosen)
+    return chosen
+
+
+def time_levels(ext, layers, rounds: int = 3) -> dict[str, dict[str, float]]:
+    """{level: {rows: best ms of one pass over `layers`}} under each prefetch level, taking turns `rounds`
+    times (a VM's bandwidth drifts within a minute); the level set before is set again."""
+    import torch
+
+    gen, before, out = torch.Generator().manual_seed(0), ext.prefetch(), {}
+    xs = {r: {n: torch.randn(r, n, generator=gen) for n in {layer.in_features for layer in layers}}
+          for r in LAYOUT_ROWS}
+    try:
+        with torch.inference_mode():
+            for _ in range(rounds):
+                for level in PREFETCH_LEVELS:
+                    ext.set_prefetch(level)
+                    for r in LAYOUT_ROWS:
+                        ms = 1e3 * len(layers) * cpu_matmul._time_pass(
+                            lambda x, layer: layer(x[layer.in_features]), xs[r], layers, reps=1)
+                        best = out.setdefault(level, {})
+                        best[str(r)] = min(best.get(str(r), ms), ms)
+    finally:
+        ext.set_prefetch(before)
+    return out
+
+
 def choose_layouts(model, reps: int = 2, progress: bool = True) -> dict[str, str]:
     """Hold each packable shape (`_packable`) in the layout its kernel runs faster at LAYOUT_ROWS rows
     on this machine: measured once per machine and kernel build (the machine's table), never
-    assumed. Returns {"<qtype>:<rows>x<cols>": "x8" | "rows"}."""
+    assumed; then the weight stream's prefetch level (`choose_prefetch`). Returns {"<qtype>:<rows>x<cols>": "x8" | "rows"}."""
     import torch
 
     if _quantext is None:
@@ -186,4 +236,5 @@ def choose_layouts(model, reps: int = 2, progress: bool = True) -> dict[str, str
         chosen[f"{q}:{rows}x{cols}"] = best
         for layer, i in segs:
             layer.pack_segment(i, best == "x8")
+    choose_prefetch(model, table=table)  # on the layouts as they will run
     return chosen

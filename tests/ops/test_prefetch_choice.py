@@ -1,0 +1,120 @@
+"""The cache the kernels prefetch their weight stream into (L1 or L2) is the machine's choice, not the
+kernel's: the planner times a pass over the model's GGUF layers under each level once per machine,
+files it in the machine's table and sets it (models/quant_plan.py `choose_prefetch`). Checked with given
+timings (which level wins is the machine's), and on the real extension: the level never changes a
+result, on any copy, and the timing leaves the level it found."""
+import pytest
+import torch
+
+from specengine import machine
+from specengine.kernels.cpu_ext import EXT
+from specengine.kernels.quant_matmul import random_blocks
+from specengine.kernels.quant_pack import pack_x8
+from specengine.models import cpu_matmul, quant_plan
+from specengine.models.quant_linear import QuantLinear
+from specengine.models.quant_plan import PREFETCH_ENTRY, choose_prefetch
+
+pytestmark = pytest.mark.skipif(EXT is None, reason="the CPU extension is not built")  # CI builds it
+
+
+class FakeExt:
+    """The extension's prefetch switch alone."""
+
+    def __init__(self):
+        self.level = "l1"
+
+    def prefetch(self):
+        return self.level
+
+    def set_prefetch(self, level):
+        assert level in ("l1", "l2"), level
+        self.level = level
+
+
+def model(rows=64, cols=256):
+    return torch.nn.Sequential(QuantLinear([("Q4_K", random_blocks("Q4_K", rows, cols))]),
+                               QuantLinear([("Q6_K", random_blocks("Q6_K", rows, cols))]))
+
+
+def timer(ms: dict, calls: list):
+    def time_levels(ext, layers):
+        calls.append(len(layers))
+        return {level: {"1": v, "4": 2 * v} for level, v in ms.items()}
+    return time_levels
+
+
+@pytest.fixture
+def streams_from_memory(monkeypatch):
+    """The tiny model's blocks count as larger than the caches (a real one is hundreds of MB)."""
+    monkeypatch.setattr(machine, "last_level_cache_bytes", lambda: 1)
+    monkeypatch.setattr(cpu_matmul, "MIN_PASS_BYTES", 1)
+
+
+def test_the_faster_level_is_set_and_filed_once(tmp_path, monkeypatch, streams_from_memory):
+    monkeypatch.setenv("SPECENGINE_PLAN_DIR", str(tmp_path / "a"))
+    ext, calls = FakeExt(), []
+    assert choose_prefetch(model(), ext, timer=timer({"l1": 3.0, "l2": 2.0}, calls)) == "l2" and ext.level == "l2"
+    assert calls == [2] and set(cpu_matmul._load_table()[PREFETCH_ENTRY]["ms"]) == {"l1", "l2"}
+    again = FakeExt()  # a later process: the table decides, nothing is timed
+    assert choose_prefetch(model(), again, timer=timer({"l1": 1.0, "l2": 9.0}, calls)) == "l2" and calls == [2]
+    monkeypatch.setenv("SPECENGINE_PLAN_DIR", str(tmp_path / "b"))  # another machine, where L1 wins
+    other = FakeExt()
+    other.level = "l2"
+    assert choose_prefetch(model(), other, timer=timer({"l1": 2.0, "l2": 3.0}, calls)) == "l1" and other.level == "l1"
+
+
+def test_a_model_that_fits_in_cache_is_not_timed(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECENGINE_PLAN_DIR", str(tmp_path))
+    ext, calls = FakeExt(), []
+    assert choose_prefetch(model(), ext, timer=timer({"l1": 3.0, "l2": 2.0}, calls)) is None
+    assert calls == [] and ext.level == "l1" and PREFETCH_ENTRY not in cpu_matmul._load_table()
+    assert choose_prefetch(model(), None) is None
+
+
+def test_the_real_levels_are_timed_and_the_level_found_is_kept():
+    before = EXT.prefetch()
+    ms = quant_plan.time_levels(EXT, list(model()), rounds=1)
+    assert set(ms) == {"l1", "l2"} and all(0 < v < 1e3 for by in ms.values() for v in by.values())
+    assert EXT.prefetch() == before
+    with pytest.raises(RuntimeError, match="'l1' or 'l2'"):
+        EXT.set_prefetch("l3")
+    assert EXT.prefetch() == before
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q5_0", "Q4_K", "Q6_K"])
+def test_the_level_never_changes_a_result(qtype):
+    """Both layouts' kernels, every copy this CPU runs, 1-9 rows (chunk edges), odd row counts."""
+    n, k = 37, 512
+    w = random_blocks(qtype, n, k, seed=3)
+    wp = pack_x8(w, qtype)
+    code = EXT.formats()[qtype][0]
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(1))
+    isa, level = EXT.isa(), EXT.prefetch()
+    try:
+        for copy in EXT.isas():
+            EXT.set_isa(copy)
+            for m in (1, 5, 9):
+                got = {}
+                for lv in ("l1", "l2"):
+                    EXT.set_prefetch(lv)
+                    got[lv] = (EXT.quant_matmul(x[:m], w, code), EXT.quant_matmul_x8(x[:m], wp, code, n))
+                assert all(torch.equal(a, b) for a, b in zip(got["l1"], got["l2"])), (copy, m)
+    finally:
+        EXT.set_isa(isa)
+        EXT.set_prefetch(level)
+
+
+def test_the_plan_says_where_the_stream_is_prefetched(tmp_path, monkeypatch, tiny_pair, tokenizer):
+    import dataclasses
+
+    from specengine import Engine
+
+    monkeypatch.setenv("SPECENGINE_PLAN_DIR", str(tmp_path))
+    plan = Engine(tiny_pair[0], tokenizer, max_seq_len=64).plan
+    assert plan.prefetch is None  # a float model streams no GGUF blocks
+    timed = dataclasses.replace(plan, prefetch={"running": "l2", "ms": {"l1": {"1": 41.8, "4": 51.4},
+                                                                        "l2": {"1": 38.1, "4": 47.2}}})
+    assert "weight stream prefetched into l2; a pass over the GGUF layers at 1 / 4 rows: l1 41.8 / 51.4 ms, " \
+           "l2 38.1 / 47.2 ms" in str(timed)
+    untimed = dataclasses.replace(plan, prefetch={"running": "l1", "ms": None})
+    assert "weight stream prefetched into l1 (not timed" in str(untimed)
