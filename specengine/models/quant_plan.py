@@ -159,9 +159,9 @@ def choose_prefetch(model, ext=_quantext, table: dict | None = None, timer=None)
     runs faster with, at LAYOUT_ROWS rows: timed once per machine and kernel build (the machine's table),
     on the first model whose blocks are read from memory (more bytes than the last-level cache holds: a
     pass over more than a cache holds misses on every line; and at least a timing pass's), set for this
-    process. Returns the level set, or None where nothing
-    was timed or filed (no extension, or a model small enough to sit in cache: its pass says nothing of
-    the stream). `timer(ext, layers)`: `time_levels` unless given (tests)."""
+    process. Returns the level set, or None where nothing was timed or filed (no extension, or a model
+    small enough to sit in cache: its pass says nothing of the stream). `timer(ext, layers)`:
+    `time_levels` unless given (tests)."""
     if ext is None or not hasattr(ext, "set_prefetch"):
         return None
     table = cpu_matmul._load_table() if table is None else table
@@ -204,7 +204,8 @@ def time_levels(ext, layers, rounds: int = 3) -> dict[str, dict[str, float]]:
 def choose_layouts(model, reps: int = 2, progress: bool = True) -> dict[str, str]:
     """Hold each packable shape (`_packable`) in the layout its kernel runs faster at LAYOUT_ROWS rows
     on this machine: measured once per machine and kernel build (the machine's table), never
-    assumed; then the weight stream's prefetch level (`choose_prefetch`). Returns {"<qtype>:<rows>x<cols>": "x8" | "rows"}."""
+    assumed; then the weight stream's prefetch level (`choose_prefetch`). Returns
+    {"<qtype>:<rows>x<cols>": "x8" | "rows"}."""
     import torch
 
     if _quantext is None:
