@@ -36,8 +36,8 @@ constexpr int64_t kBytes[] = {18, 22, 34, 144, 176, 210};
 // (bench/stream_rows.py), and none slowed a decode.
 constexpr int64_t kPrefetchAhead = 4096;
 // Which cache that prefetch fills: L1 (prefetcht0) or L2 (prefetcht1). The faster one is the machine's,
-// not the kernel's (one row streamed, 2-vCPU AMX Xeon: L2 +12-47% for Q4_K / Q6_K, while AMD's guide
-// has older cores treat both hints alike), so the planner times both on the model's own weights and
+// not the kernel's (one row streamed, 2-vCPU AMX Xeon: L2 +12-47% for Q4_K / Q6_K, while AMD's K8-era
+// guide had both hints fill L1), so the planner times both on the model's own weights and
 // sets it for the process (models/quant_plan.py, choose_prefetch); L1 until it has. Never changes a result.
 inline bool prefetch_to_l2 = false;
 
