@@ -31,6 +31,7 @@ from specengine.benchmark import environment, run_benchmark, save
 from specengine.machine import last_level_cache_bytes
 from specengine.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
 from specengine.models.quant_linear import EXT_CODES, _quantext, extension_isa
+from specengine.models.quant_plan import PREFETCH_LEVELS
 
 N, K = 17920, 1536
 SETTINGS = {"gguf (fp32 activations)": dict(weights="gguf"), "auto (measured plan)": {},
@@ -141,7 +142,7 @@ def streams(isas: list[str], rows=(1, 2, 4, 5, 8), rounds: int = 3) -> list[dict
 
     out, widest, level, nbytes = [], _quantext.isa(), _quantext.prefetch(), stream_bytes()
     xs = {m: torch.randn(m, K) for m in rows}
-    turns = [(isa, lv) for isa in isas for lv in (("l1",) if isa == "baseline" else ("l1", "l2"))]  # baseline: no prefetch
+    turns = [(isa, lv) for isa in isas for lv in (PREFETCH_LEVELS[:1] if isa == "baseline" else PREFETCH_LEVELS)]  # baseline: no prefetch
     try:
         for qtype in ("Q4_K", "Q5_0", "Q6_K", "Q4_0"):
             b = blocks(qtype)
@@ -149,7 +150,7 @@ def streams(isas: list[str], rows=(1, 2, 4, 5, 8), rounds: int = 3) -> list[dict
             w = pack_x8(torch.cat([b] * repeat), qtype)
             best, bw = {}, 0.0
             for _ in range(rounds):
-                for lv in ("l1", "l2"):  # beside the kernels' turns: a ratio of one moment
+                for lv in PREFETCH_LEVELS:  # beside the kernels' turns: a ratio of one moment
                     _quantext.set_prefetch(lv)
                     bw = max(bw, read_bandwidth(nbytes, reps=2))
                 for isa, lv in turns:

@@ -71,8 +71,8 @@ def kernel_digest() -> str:
 
 
 def last_level_cache_bytes() -> int:
-    """The largest cache this CPU reports (sysfs; 32 MiB when it says nothing): a weight pass shorter
-    than twice it may be read from cache, so it says nothing of the memory stream."""
+    """The largest cache this CPU reports (sysfs; 32 MiB when it says nothing): what a weight pass
+    must outgrow to be read from memory (quant_plan.choose_prefetch; bench/gguf_cpu.py streams twice it)."""
     sizes = []
     for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
         text = f.read_text().strip().upper()

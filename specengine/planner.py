@@ -124,6 +124,7 @@ def plan_of(engine) -> Plan:
     tiles = table.get(quant_plan.TILES_ENTRY)
     tiles = {"running": cpu_ext.EXT.isa(), "ms": tiles["ms"]} if tiles else None
     fetch = table.get(quant_plan.PREFETCH_ENTRY)
-    prefetch = None if cpu_ext.EXT is None or not layouts else {"running": cpu_ext.EXT.prefetch(), "ms": fetch and fetch["ms"]}
+    prefetch = {"running": cpu_ext.EXT.prefetch(), "ms": fetch and fetch["ms"]} \
+        if layouts and cpu_ext.has("prefetch") else None  # an older build has no switch: nothing to say
     return Plan(key=machine.key(), machine=machine.machine(), precision=precision, ops=ops, linears=linears,
                 layouts=layouts, invariance=inv, forward=forward, step_costs=costs, tiles=tiles, prefetch=prefetch)
