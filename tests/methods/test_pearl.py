@@ -221,6 +221,50 @@ def test_a_probe_that_confirms_plain_rounds_doubles_the_wait():
     assert [b - a - 1 for a, b in zip(probes, probes[1:])] == [16, 32, 64]  # plain rounds between them
 
 
+def _pearl_calls(store: dict, calls: int, rounds: int = 40) -> list[list[bool]]:
+    """Greedy calls of one engine (its acceptance store `store`), PEARL's window by measured costs
+    that its rounds take as predicted: every PEARL round commits 2 tokens where the costs break even
+    at 2.14 (window 3, draft 0.35 of a decode), while the chain model's prior at 0.7 expects 2.53.
+    Which rounds of each call decoded plainly."""
+    import types
+
+    from specengine.methods.base import CallInputs
+    from specengine.methods.pearl import Pearl
+    from specengine.runtime.step_costs import StepCosts
+
+    costs = StepCosts(1, 0.35, tuple(1.0 + 0.05 * w for w in range(18)), measured=True)
+    ctx = types.SimpleNamespace(device=torch.device("cpu"), acceptance=store, step_costs=lambda state, width: costs)
+    state = types.SimpleNamespace(batch=1, tokens=torch.zeros(1, 1, dtype=torch.long),
+                                  params=types.SimpleNamespace(greedy=True))
+    out = []
+    for _ in range(calls):
+        p = Pearl()
+        p.begin(ctx, CallInputs(state, [[1]], None, 0.0))
+        assert p.gamma == 3 and p.calibrate
+        plains = []
+        for _ in range(rounds):
+            plain = p._plain_wins()
+            p._kind = ("plain", p.costs.verify_s(1)) if plain else ("spec", p._round_s())
+            p.wait.count(plain)
+            plains.append(plain)
+            p.after_round([0 if plain else 1], [0 if plain else 3])  # one of three accepted: 2 committed
+            p.timed(p._kind[1])
+        out.append(plains)
+    return out
+
+
+def test_a_greedy_call_starts_from_what_the_engines_last_call_learned():
+    """Where PEARL's rounds lose (AVX2 copy on the Xeon: ~1.9 tokens a window of 3, break-even 2.1),
+    each call paid its first windows at the prior's expectation and a probe after 16 plain rounds
+    (0.92x `ar`). A greedy call starts from what the engine's last one learned: its rounds' yield
+    (plain from the first round), and the probe wait it ended on (16 doubled to 32 by its probe)."""
+    first, second = _pearl_calls({}, calls=2)
+    assert first[:4] == [False] * 4 and first[9:25] == [True] * 16 and not first[25]  # the prior tried; a probe after 16
+    assert second[:32] == [True] * 32 and not second[32]  # plain at once; its first probe after 32
+    fresh, = _pearl_calls({}, calls=1)
+    assert fresh == first  # a new engine (store) starts from the prior again
+
+
 def test_pearl_expects_the_tokens_its_rounds_commit_not_a_chains():
     """A pre-verify round proposes one token and commits one where it is accepted (no bonus: the
     draft's next tokens stay pending for the next round's verify), two where it is rejected (the
