@@ -85,7 +85,7 @@ def extensions():
     # it) BuildExtension compiles them in parallel, MAX_JOBS at a time (default: every core)
     cpu, macros = isa_units()
     quant = CppExtension("specengine._quantext", ["csrc/quant_matmul.cpp", "csrc/fused_ops_cpu.cpp", "csrc/decode_stack.cpp",
-                                                  *cpu], define_macros=macros,
+                                                  "csrc/cpu/dispatch.cpp", *cpu], define_macros=macros,
                          extra_compile_args={"cxx": ["-O3", "-g0", "-fopenmp"]}, extra_link_args=["-fopenmp"])
     return {"build_ext": OptionalBuild.with_options(no_python_abi_suffix=False)}, [ext, quant]
 

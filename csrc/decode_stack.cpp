@@ -19,7 +19,7 @@ namespace {
 struct Segment {
   torch::Tensor w;
   int64_t code, rows;
-  bool interleaved;  // held by kernels/quant_pack.py's pack_x8: `rows` is its row count
+  bool interleaved;  // held by pack_x8 (cpu/x8_layout.h): `rows` is its row count
 };
 
 // QuantLinear.forward: each segment's product in fp32, concatenated, + bias, in the activation dtype.

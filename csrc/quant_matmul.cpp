@@ -18,85 +18,10 @@
 #include <atomic>
 #include <string>
 
-#if defined(__x86_64__) && defined(__linux__)
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
 using namespace se;
 
 namespace {
 
-
-// AMX-INT8 in CPUID, and Linux lets this process use tile data (ARCH_REQ_XCOMP_PERM: the tiles' 8 KiB of
-// state are opt-in per process; a VM can also withhold them). Asked once.
-[[maybe_unused]] bool amx_usable() {
-#if defined(SPECENGINE_X86) && defined(__linux__)
-  static const bool ok = [] {
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) return false;
-    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
-  }();
-  return ok;
-#else
-  return false;
-#endif
-}
-
-// Every copy this CPU runs, widest first (CPUID): never a per-machine constant.
-std::vector<Kernels> runnable() {
-  std::vector<Kernels> out;
-#ifdef SPECENGINE_X86
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl");
-  (void)avx512;
-  // (a copy is compiled only where the build machine runs it, or with SPECENGINE_ISAS=all: setup.py)
-#ifdef SE_BUILT_VNNI
-  if (avx512 && __builtin_cpu_supports("avx512vnni")) {
-    out.push_back(vnni_kernels());
-    // the tile copy: the same bits, faster or not at prefill widths by machine, so never the default;
-    // the planner measures it once per machine and sets it (specengine/models/quant_plan.py, choose_tiles)
-    if (amx_usable()) out.push_back(amx_kernels());
-  }
-#endif
-#ifdef SE_BUILT_AVX512
-  if (avx512)
-    out.push_back(avx512_kernels());
-#endif
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    out.push_back(avx2_kernels());
-#endif
-  out.push_back(baseline_kernels());
-  return out;
-}
-
-Kernels& kernels() {
-  static Kernels chosen = runnable().front();
-  return chosen;
-}
-
-std::string isa_name() { return kernels().isa; }
-
-// Run with another copy this CPU supports (tests compare every copy with the reference).
-void set_isa(const std::string& name) {
-  std::string known;
-  for (const auto& k : runnable()) {
-    if (name == k.isa) {
-      kernels() = k;
-      return;
-    }
-    known += std::string(known.empty() ? "" : ", ") + k.isa;
-  }
-  TORCH_CHECK(false, "this CPU cannot run the '", name, "' kernels; it can run: ", known);
-}
-
-std::vector<std::string> isas() {
-  std::vector<std::string> out;
-  for (const auto& k : runnable()) out.push_back(k.isa);
-  return out;
-}
 
 // The activations as both quant_matmul entry points take them: CPU tensors, x a contiguous fp32 [M, K].
 void check_x(const torch::Tensor& x, const torch::Tensor& w, const char* op) {
@@ -161,11 +86,66 @@ torch::Tensor quant_matmul(const torch::Tensor& x, const torch::Tensor& w, int64
   return y;
 }
 
-// The same product on a weight interleaved 8 rows at a time (kernels/quant_pack.py; Q4_0, Q5_0, Q4_K,
-// Q6_K): wp [ceil(N / 8), 8 * row_bytes] -> y [M, N].
+void check_x8(int64_t qtype) {
+  TORCH_CHECK(qtype >= 0 && qtype <= kQ6_K && has_x8(qtype), "no interleaved layout for GGUF block format code ", qtype,
+              " (there is one for Q4_0, Q5_0, Q4_K and Q6_K)");
+}
+
+// fn(std::integral_constant<int, Q>) for the interleaved format `qtype` (checked).
+template <typename F>
+void with_x8(int64_t qtype, F&& fn) {
+  check_x8(qtype);
+  if (qtype == kQ4_0) fn(std::integral_constant<int, kQ4_0>{});
+  else if (qtype == kQ5_0) fn(std::integral_constant<int, kQ5_0>{});
+  else if (qtype == kQ4_K) fn(std::integral_constant<int, kQ4_K>{});
+  else fn(std::integral_constant<int, kQ6_K>{});
+}
+
+// GGUF rows w [N, row_bytes] -> their interleaved groups [ceil(N / 8), 8 * row_bytes] (cpu/x8_layout.h).
+torch::Tensor pack_x8(const torch::Tensor& w, int64_t qtype) {
+  check_x8(qtype);
+  TORCH_CHECK(w.device().is_cpu() && w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() &&
+                  w.size(1) % kBytes[qtype] == 0,
+              "pack_x8 takes a contiguous uint8 CPU tensor [N, row_bytes] of ", kNames[qtype], " blocks; got ", w.sizes());
+  const int64_t N = w.size(0), rb = w.size(1), G = (N + kGroup - 1) / kGroup;
+  auto out = torch::empty({G, kGroup * rb}, w.options());
+  const uint8_t* src = w.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  with_x8(qtype, [&](auto q) {
+    constexpr int Q = decltype(q)::value;
+    at::parallel_for(0, G, 16, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g)
+        pack_group<Q>(src + g * kGroup * rb, rb, std::min(kGroup, N - g * kGroup), rb / kBytes[Q], dst + g * kGroup * rb);
+    });
+  });
+  return out;
+}
+
+// The inverse of pack_x8: the first N rows [N, row_bytes], byte for byte.
+torch::Tensor unpack_x8(const torch::Tensor& wp, int64_t qtype, int64_t N) {
+  check_x8(qtype);
+  TORCH_CHECK(wp.device().is_cpu() && wp.dim() == 2 && wp.scalar_type() == at::kByte && wp.is_contiguous() &&
+                  wp.size(1) % (kGroup * kBytes[qtype]) == 0 && N >= 0 && N <= kGroup * wp.size(0),
+              "unpack_x8 takes a contiguous uint8 CPU tensor [groups, 8 * row_bytes] of ", kNames[qtype],
+              " groups holding the ", N, " rows asked for; got ", wp.sizes());
+  const int64_t rb = wp.size(1) / kGroup, G = (N + kGroup - 1) / kGroup;
+  auto out = torch::empty({N, rb}, wp.options());
+  const uint8_t* src = wp.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  with_x8(qtype, [&](auto q) {
+    constexpr int Q = decltype(q)::value;
+    at::parallel_for(0, G, 16, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g)
+        unpack_group<Q>(src + g * kGroup * rb, rb / kBytes[Q], dst + g * kGroup * rb, std::min(kGroup, N - g * kGroup));
+    });
+  });
+  return out;
+}
+
+// The same product on a weight interleaved 8 rows at a time (cpu/x8_layout.h; Q4_0, Q5_0, Q4_K, Q6_K):
+// wp [ceil(N / 8), 8 * row_bytes] -> y [M, N].
 torch::Tensor quant_matmul_x8(const torch::Tensor& x, const torch::Tensor& wp, int64_t qtype, int64_t N) {
-  TORCH_CHECK(qtype == kQ4_0 || qtype == kQ5_0 || qtype == kQ4_K || qtype == kQ6_K,
-              "no interleaved kernel for GGUF block format code ", qtype, " (there is one for Q4_0, Q5_0, Q4_K and Q6_K)");
+  check_x8(qtype);
   check_x(x, wp, "quant_matmul_x8");
   const int64_t K = x.size(1), M = x.size(0), G = (N + 7) / 8;
   TORCH_CHECK(K % kValues[qtype] == 0, "x has ", K, " columns, not a multiple of the format's ", kValues[qtype],
@@ -325,7 +305,15 @@ void register_decode_stack(pybind11::module& m);  // decode_stack.cpp
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_matmul", &quant_matmul, "x [M, K] fp32 (quantized per block to int8) @ dequantize(w [N, row_bytes] GGUF blocks).T -> [M, N]");
   m.def("quant_matmul_x8", &quant_matmul_x8, "quant_matmul on a weight interleaved 8 rows at a time "
-        "(kernels/quant_pack.py; Q4_0, Q5_0, Q4_K, Q6_K): x [M, K] fp32, wp [ceil(N/8), 8 * row_bytes], N -> [M, N]");
+        "(pack_x8; Q4_0, Q5_0, Q4_K, Q6_K): x [M, K] fp32, wp [ceil(N/8), 8 * row_bytes], N -> [M, N]");
+  m.def("pack_x8", &pack_x8, "GGUF rows w [N, row_bytes] -> interleaved groups [ceil(N/8), 8 * row_bytes] "
+        "(zero rows pad the last; csrc/cpu/x8_layout.h)");
+  m.def("unpack_x8", &unpack_x8, "interleaved groups wp, format code, N -> the first N GGUF rows, byte for byte");
+  m.def("x8_formats", [] {
+        py::list out;
+        for (int64_t c = 0; c <= kQ6_K; ++c) if (has_x8(c)) out.append(kNames[c]);
+        return py::tuple(out);
+      }, "the GGUF block formats with an interleaved layout (and a kernel for it)");
   m.def("dequantize", &dequantize, "w [N, row_bytes] GGUF blocks -> fp32 [N, cols]");
   m.def("dense_matmul", &dense_matmul, "x [M, K] fp32 @ w [N, K] (bf16 or fp32).T -> [M, N] fp32, few rows");
   m.def("set_prefetch", [](const std::string& level) {

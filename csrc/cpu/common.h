@@ -2,7 +2,7 @@
 // block formats (the one table of them: Python reads it from the binding, `formats()`), the argument
 // structs of the hot loops, and the kernel table each instruction set's translation unit fills
 // (isa_baseline.cpp, isa_avx2.cpp, isa_avx512.cpp, isa_vnni.cpp; each compiled on its own, in parallel).
-// quant_matmul.cpp picks one table by CPUID and registers the ops (bindings.cpp).
+// dispatch.cpp picks one table by CPUID; quant_matmul.cpp registers the ops.
 #pragma once
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -100,8 +101,19 @@ Kernels vnni_kernels();
 Kernels amx_kernels();  // vnni's, with the AMX tile loop at prefill widths (amx_impl.h)
 #endif
 
+// The one dispatch (dispatch.cpp): the table the ops run with (CPUID's widest), its name, every copy
+// this CPU runs (widest first), and the tests' switch to another of them.
+Kernels& kernels();
+std::string isa_name();
+std::vector<std::string> isas();
+void set_isa(const std::string& name);
+
 }  // namespace se
 
 // The hot-loop headers name these unqualified: inside an ISA's namespace (nested in se) and, when a
 // header is compiled on its own to check it is self-contained, at the top level.
 using namespace se;  // NOLINT(google-global-names-in-headers): a private header of one extension
+
+// The formats' interleaved layout, here so that every includer has it at namespace se (an ISA's unit
+// includes the hot-loop headers inside its own namespace, where an include would land in that one).
+#include "x8_layout.h"

@@ -1,51 +1,10 @@
-// The interleaved layout's lanes (kernels/quant_pack.py is the layout's spec): weights interleaved 8
-// rows at a time, lane r of every 256-bit vector holding weight row r. The group's geometry, the
-// file's rows back from it (the baseline copy and tests), and the 256-bit helpers every interleaved
+// The interleaved layout's lanes (x8_layout.h defines the layout): weights interleaved 8 rows at a
+// time, lane r of every 256-bit vector holding weight row r. The 256-bit helpers every interleaved
 // loop shares (x8_impl.h, x8_zmm_impl.h): broadcasts, byte picks, the integer sums and their folds.
 // Included once per instruction set inside its own namespace; its includes are guarded (no-ops there).
 #pragma once
 #include "common.h"
 #include "dot_impl.h"
-
-constexpr int64_t kGroup = 8;
-
-// Q4_0 / Q5_0: where a group's value bytes start in its block (after the scales and Q5_0's high bits).
-template <int Q>
-constexpr int64_t kX8Values = Q == kQ5_0 ? 48 : 16;
-constexpr int64_t kQ6Values = 144;  // Q6_K: where a group's A/B/C value bytes start (after d and scales)
-
-// Group g's rows of the file's layout back from the interleaved bytes (the baseline path and tests).
-template <int Q>
-void unpack_group(const uint8_t* p, int64_t nb, uint8_t* rows /* [8][nb * kBytes[Q]] */) {
-  const int64_t rb = nb * kBytes[Q];
-  for (int64_t i = 0; i < nb; ++i, p += kGroup * kBytes[Q])
-    for (int r = 0; r < kGroup; ++r) {
-      uint8_t* o = rows + r * rb + i * kBytes[Q];
-      if constexpr (Q == kQ4_0 || Q == kQ5_0) {
-        std::memcpy(o, p + 2 * r, 2);
-        if constexpr (Q == kQ5_0) std::memcpy(o + 2, p + 16 + 4 * r, 4);
-        for (int t = 0; t < 4; ++t) std::memcpy(o + kBytes[Q] - 16 + 4 * t, p + kX8Values<Q> + 32 * t + 4 * r, 4);
-      } else if constexpr (Q == kQ4_K) {
-        std::memcpy(o, p + 2 * r, 2);
-        std::memcpy(o + 2, p + 16 + 2 * r, 2);
-        for (int wd = 0; wd < 3; ++wd) std::memcpy(o + 4 + 4 * wd, p + 32 + 32 * wd + 4 * r, 4);
-        for (int c = 0; c < 4; ++c)
-          for (int t = 0; t < 8; ++t) std::memcpy(o + 16 + 32 * c + 4 * t, p + 128 + 256 * c + 32 * t + 4 * r, 4);
-      } else {  // Q6_K: A, B, C back to the file's low nibbles and high bits (kernels/quant_pack.py)
-        std::memcpy(o + 208, p + 2 * r, 2);
-        for (int wd = 0; wd < 4; ++wd) std::memcpy(o + 192 + 4 * wd, p + 16 + 32 * wd + 4 * r, 4);
-        for (int h = 0; h < 2; ++h)
-          for (int t = 0; t < 8; ++t)
-            for (int b = 0; b < 4; ++b) {
-              const uint8_t* v = p + kQ6Values + 96 * (8 * h + t) + 4 * r + b;
-              const uint8_t A = v[0], B = v[32], C = v[64];
-              o[64 * h + 4 * t + b] = (A & 15) | (C & 15) << 4;
-              o[64 * h + 32 + 4 * t + b] = (B & 15) | (C & 0xF0);
-              o[128 + 32 * h + 4 * t + b] = (A >> 4 & 3) | (B >> 4 & 3) << 2 | (A >> 6) << 4 | (B >> 6) << 6;
-            }
-      }
-    }
-}
 
 #ifdef SE_AVX2
 inline __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }

@@ -7,7 +7,7 @@ compiled kernel (`specengine._quantext`: the activations quantized per block to 
 llama.cpp does, each weight block unpacked once and multiplied with every activation row as
 integers; reference `quant_matmul_q8_ref`) where it is built, else the float torch reference;
 the result comes back in the activation dtype. A segment may be held interleaved 8 rows at a time
-(`pack`, kernels/quant_pack.py: the same bytes reordered, which the kernel reads about twice as fast
+(`pack`, csrc/cpu/x8_layout.h: the same bytes reordered, which the kernel reads about twice as fast
 for Q4_K); quant_plan.choose_layouts decides per shape by measuring. `QuantEmbedding` dequantizes
 only the rows a step reads.
 """

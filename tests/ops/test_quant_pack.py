@@ -1,4 +1,4 @@
-"""GGUF blocks interleaved 8 rows at a time (kernels/quant_pack.py, csrc/cpu/x8_impl.h): the layout
+"""GGUF blocks interleaved 8 rows at a time (csrc/cpu/x8_layout.h, its kernels x8_impl.h): the layout
 is a byte permutation (Q6_K's values also recoded) that gives the file's rows back exactly; the kernel on it, in every
 instruction-set copy this CPU runs, equals the reference of the file's layout (odd row counts, a
 partial last group, 1-17 activation rows) and gives each row the same bits whatever rows share its
@@ -141,8 +141,15 @@ def test_interleaved_kernel_refuses_bad_inputs_naming_them():
     w = pack_x8(random_blocks("Q4_K", 9, 256), "Q4_K")
     with pytest.raises(RuntimeError, match=r"interleaved groups for 17 rows"):
         ext.quant_matmul_x8(torch.zeros(1, 256), w, EXT_CODES["Q4_K"], 17)
-    with pytest.raises(RuntimeError, match="no interleaved kernel for GGUF block format code 2"):
+    with pytest.raises(RuntimeError, match="no interleaved layout for GGUF block format code 2"):
         ext.quant_matmul_x8(torch.zeros(1, 256), w, EXT_CODES["Q8_0"], 9)
+    # the packer and unpacker the layout is defined by (csrc/cpu/x8_layout.h), bound as they are
+    with pytest.raises(RuntimeError, match="no interleaved layout for GGUF block format code 2"):
+        ext.pack_x8(random_blocks("Q8_0", 8, 64), EXT_CODES["Q8_0"])
+    with pytest.raises(RuntimeError, match=r"\[N, row_bytes\] of Q4_K blocks"):
+        ext.pack_x8(torch.zeros(8, 100, dtype=torch.uint8), EXT_CODES["Q4_K"])
+    with pytest.raises(RuntimeError, match="holding the 17 rows asked for"):
+        ext.unpack_x8(w, EXT_CODES["Q4_K"], 17)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 80])  # decode, verify, prefill (through the file's layout)
