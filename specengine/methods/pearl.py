@@ -90,7 +90,7 @@ class Pearl(Method):
         self.plain, self.behind = PlainStep(), 0  # γ = 0 rounds (see _plain_wins)
         self.plain_total = 0
         self.wait, self.probed = ProbeWait(), False  # plain rounds before a probe; the last round was one
-        self.rows = None  # the driver's rows (begin): what each may write and has kept
+        self.rows, self.first = None, False  # the driver's rows (begin): what each may write and has kept
         self.accepted, self.proposed = 0.7 * 4, 4.0  # running acceptance: prior 0.7, weight 4, decayed
         # committed tokens per row of a PEARL round, running (sum, weight): its pre/post-verify modes
         # commit other than a chain of γ at that acceptance would (the chain's count: +30% on the real pair)
@@ -122,20 +122,23 @@ class Pearl(Method):
             if self.calibrate:
                 self._recall(ctx.acceptance.get(self.learned_key))
         self.modes = PearlModes(torch.zeros(state.batch, dtype=torch.bool, device=state.tokens.device))
-        self.rows = call.rows
+        self.rows, self.first = call.rows, True  # first: the call's first round is next
 
     def _recall(self, learned: dict | None) -> None:
         """Start from what the engine's last greedy call learned (each at its prior's weight): the
         acceptance, the tokens its rounds committed against the chain model's count at that
-        acceptance (so a window of another γ scales alike), and the probe wait it ended on. Where PEARL
-        loses (AVX2 copy on the Xeon: ~1.9 tokens a window of 3, break-even 2.1), every call otherwise
-        paid its first windows at the prior's 2.5 and a probe after 16 plain rounds (0.92x `ar`)."""
+        acceptance (so a window of another γ scales alike), and the probe wait it ended on with the plain
+        rounds counted towards it: the wait counts on across calls, so a probe often falls on a call's
+        first round, where the draft, just prefilled, owes no catch-up (a third of a probe's cost after
+        16 plain rounds on the AVX2 copy). Where PEARL loses (AVX2 copy on the Xeon: ~1.9 tokens a
+        window of 3, break-even 2.1), every call otherwise paid its first windows at the prior's 2.5 and
+        a probe after 16 plain rounds (0.92x `ar`)."""
         if not learned:
             return
         alpha = learned["alpha"]
         self.accepted, self.proposed = alpha * 4.0, 4.0
         self.yield_ = (PRIOR_ROUNDS * learned["scale"] * expected_tokens(alpha, self.gamma), PRIOR_ROUNDS)
-        self.wait.every = learned["every"]
+        self.wait.every, self.wait.run = learned["every"], learned["run"]
 
     def _remember(self) -> None:
         """What the next greedy call of this engine starts from (`_recall`)."""
@@ -143,7 +146,8 @@ class Pearl(Method):
             return
         alpha = self.accepted / self.proposed
         self.ctx.acceptance[self.learned_key] = {
-            "alpha": alpha, "scale": self.round_tokens() / expected_tokens(alpha, self.gamma), "every": self.wait.every}
+            "alpha": alpha, "scale": self.round_tokens() / expected_tokens(alpha, self.gamma), "every": self.wait.every,
+            "run": self.wait.run}
 
     def _plain_wins(self) -> bool:
         """Window chosen by cost only: a PEARL round is expected to commit fewer tokens per
@@ -153,7 +157,11 @@ class Pearl(Method):
         as sd's γ auto)."""
         if not self.by_cost:
             return False
-        if self.wait.due(None if self.rows is None else tokens_left(self.rows)):
+        left = None if self.rows is None else tokens_left(self.rows)
+        # a wait that ends within this call ends at its first round, where the draft owes no catch-up
+        early = self.first and left is not None and self.wait.run + left >= self.wait.every
+        self.first = False
+        if early or self.wait.due(left, owed=self.behind):
             self.probed = True
             return False
         if self.calibrate and self.clock.wants_plain():  # time plain decoding once to compare

@@ -124,14 +124,15 @@ class ProbeWait:
         self.first, self.longest = first, longest
         self.every, self.run = first, 0  # the current wait; consecutive plain rounds so far
 
-    def due(self, left: int | None = None) -> bool:
+    def due(self, left: int | None = None, owed: int | None = None) -> bool:
         """A probe is due after `every` plain rounds, unless it would catch up more tokens than the
-        call has `left` to write (None: not known). A probe pays the draft's catch-up of every plain
-        round since the last (~0.1-0.2 of a target step a token on a CPU: a plain stretch's probes
-        cost it 10-15% however the wait grows), and only speculation over the tokens left can repay
-        it, at best a similar share of a step a token: the last probe of a reply, which caught up 32
-        tokens with 15 left (64 new) or 128 with 13 (256), could not (docs/design.md, "Never slower")."""
-        return self.run >= self.every and (left is None or left >= self.run)
+        call has `left` to write (None: not known). A probe pays the draft's catch-up of the tokens it
+        `owed` (None: every plain round since the last; PEARL's wait counts on across calls, and a new
+        call's draft owes nothing), ~0.1-0.2 of a target step a token on a CPU (a plain stretch's
+        probes cost it 10-15% however the wait grows), and only speculation over the tokens left can
+        repay it, at best a similar share of a step a token: the last probe of a reply, which caught up
+        32 tokens with 15 left (64 new) or 128 with 13 (256), could not (docs/design.md, "Never slower")."""
+        return self.run >= self.every and (left is None or left >= (self.run if owed is None else owed))
 
     def count(self, plain: bool) -> None:
         self.run = self.run + 1 if plain else 0
