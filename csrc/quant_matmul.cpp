@@ -101,6 +101,16 @@ void with_x8(int64_t qtype, F&& fn) {
   else fn(std::integral_constant<int, kQ6_K>{});
 }
 
+// fn(Q's constant, g) for every group g < G of a weight in the interleaved format `qtype`, across threads.
+template <typename F>
+void each_group(int64_t qtype, int64_t G, F&& fn) {
+  with_x8(qtype, [&](auto q) {
+    at::parallel_for(0, G, 16, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g) fn(q, g);
+    });
+  });
+}
+
 // GGUF rows w [N, row_bytes] -> their interleaved groups [ceil(N / 8), 8 * row_bytes] (cpu/x8_layout.h).
 torch::Tensor pack_x8(const torch::Tensor& w, int64_t qtype) {
   check_x8(qtype);
@@ -111,12 +121,9 @@ torch::Tensor pack_x8(const torch::Tensor& w, int64_t qtype) {
   auto out = torch::empty({G, kGroup * rb}, w.options());
   const uint8_t* src = w.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
-  with_x8(qtype, [&](auto q) {
+  each_group(qtype, G, [&](auto q, int64_t g) {
     constexpr int Q = decltype(q)::value;
-    at::parallel_for(0, G, 16, [&](int64_t g0, int64_t g1) {
-      for (int64_t g = g0; g < g1; ++g)
-        pack_group<Q>(src + g * kGroup * rb, rb, std::min(kGroup, N - g * kGroup), rb / kBytes[Q], dst + g * kGroup * rb);
-    });
+    pack_group<Q>(src + g * kGroup * rb, rb, std::min(kGroup, N - g * kGroup), rb / kBytes[Q], dst + g * kGroup * rb);
   });
   return out;
 }
@@ -132,12 +139,9 @@ torch::Tensor unpack_x8(const torch::Tensor& wp, int64_t qtype, int64_t N) {
   auto out = torch::empty({N, rb}, wp.options());
   const uint8_t* src = wp.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
-  with_x8(qtype, [&](auto q) {
+  each_group(qtype, G, [&](auto q, int64_t g) {
     constexpr int Q = decltype(q)::value;
-    at::parallel_for(0, G, 16, [&](int64_t g0, int64_t g1) {
-      for (int64_t g = g0; g < g1; ++g)
-        unpack_group<Q>(src + g * kGroup * rb, rb / kBytes[Q], dst + g * kGroup * rb, std::min(kGroup, N - g * kGroup));
-    });
+    unpack_group<Q>(src + g * kGroup * rb, rb / kBytes[Q], dst + g * kGroup * rb, std::min(kGroup, N - g * kGroup));
   });
   return out;
 }

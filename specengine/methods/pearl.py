@@ -154,9 +154,18 @@ class Pearl(Method):
         second than a plain decode step (its cost: the draft's window plus the verify, one
         after the other on a CPU, overlapped on CUDA), so the round decodes plainly instead.
         After a run of plain rounds one PEARL round runs anyway, to follow the text (`ProbeWait`,
-        as sd's γ auto)."""
+        as sd's γ auto). With drafts pending (a round accepted its window) the next round is a
+        post-verify round, whose drafts are paid for: it runs where its own expected tokens (a chain
+        of γ at α without the bonus) beat a plain step (AVX2 copy, α 0.77, window 3: ~2.4 tokens at
+        2.1 plain steps' cost, where a pre-verify round commits 1). So a probe lasts while its
+        windows are accepted, rather than ending on its pre-verify round (1 token, always "plain
+        wins") with its accepted drafts dropped."""
         if not self.by_cost:
             return False
+        f = self.clock.factors() if self.calibrate else {}
+        if self.modes.any_post:
+            alpha = self.accepted / self.proposed
+            return not self._beats_plain(expected_tokens(alpha, self.gamma) - alpha ** self.gamma, f)
         left = None if self.rows is None else tokens_left(self.rows)
         # a wait that ends within this call ends at its first round, where the draft owes no catch-up
         early = self.first and left is not None and self.wait.run + left >= self.wait.every
@@ -166,13 +175,16 @@ class Pearl(Method):
             return False
         if self.calibrate and self.clock.wants_plain():  # time plain decoding once to compare
             return True
-        f = self.clock.factors() if self.calibrate else {}
-        plain = self.round_tokens() / (self._round_s() * f.get("spec", 1.0)) \
-            < 1.0 / (self.costs.verify_s(1) * f.get("plain", 1.0))
+        plain = not self._beats_plain(self.round_tokens(), f)
         if self.probed:  # the round after a probe: plain again doubles the wait, PEARL resets it
             self.wait.settle(plain)
             self.probed = False
         return plain
+
+    def _beats_plain(self, tokens: float, factors: dict) -> bool:
+        """A PEARL round expected to commit `tokens` per row beats a plain step (seconds as the clock
+        corrected them)."""
+        return tokens / (self._round_s() * factors.get("spec", 1.0)) > 1.0 / (self.costs.verify_s(1) * factors.get("plain", 1.0))
 
     def round_tokens(self) -> float:
         """Expected committed tokens per row of a PEARL round: the running mean of this call's rounds,

@@ -1,5 +1,7 @@
 """PEARL: every mode transition with controlled drafts, greedy equality with ar, EOS and
 max_new_tokens inside a pending block, the sampling distribution, seeded reproducibility."""
+import types
+
 import pytest
 import torch
 from conftest import save_tiny, small_vocab_models
@@ -221,11 +223,16 @@ def test_a_probe_that_confirms_plain_rounds_doubles_the_wait():
     assert [b - a - 1 for a, b in zip(probes, probes[1:])] == [16, 32, 64]  # plain rounds between them
 
 
-def _pearl_calls(store: dict, calls: int, new: int = 48) -> list[list[bool]]:
+def _one_of_three(p) -> tuple[list[int], list[int]]:
+    return [1], [3]  # one of three accepted: 2 committed
+
+
+def _pearl_calls(store: dict, calls: int, new: int = 48, outcome=_one_of_three) -> list[list[bool]]:
     """Greedy calls of one engine (its acceptance store `store`) of `new` tokens each, PEARL's window
-    by measured costs that its rounds take as predicted: every PEARL round commits 2 tokens where the
-    costs break even at 2.14 (window 3, draft 0.35 of a decode), while the chain model's prior at 0.7
-    expects 2.53. Which rounds of each call decoded plainly."""
+    by measured costs that its rounds take as predicted: by default every PEARL round commits 2 tokens
+    where the costs break even at 2.14 (window 3, draft 0.35 of a decode), while the chain model's
+    prior at 0.7 expects 2.53; `outcome(pearl)` -> a PEARL round's (n_acc, num_draft) otherwise. Which
+    rounds of each call decoded plainly."""
     import types
 
     from specengine.methods.base import CallInputs
@@ -247,9 +254,10 @@ def _pearl_calls(store: dict, calls: int, new: int = 48) -> list[list[bool]]:
             p._kind = ("plain", p.costs.verify_s(1)) if plain else ("spec", p._round_s())
             p.wait.count(plain)
             plains.append(plain)
-            p.after_round([0 if plain else 1], [0 if plain else 3])  # one of three accepted: 2 committed
+            n_acc, num_draft = ([0], [0]) if plain else outcome(p)
+            p.after_round(n_acc, num_draft)
             p.timed(p._kind[1])
-            row.ids += [0] * (1 if plain else 2)
+            row.ids += [0] * (1 if plain else n_acc[0] + (n_acc[0] < num_draft[0]))
         out.append(plains)
     return out
 
@@ -269,6 +277,44 @@ def test_a_greedy_call_starts_from_what_the_engines_last_call_learned():
         assert later[1:] == [True] * (len(later) - 1) and later[0] == (i not in (2, 3, 5)), (i, later)
     fresh, = _pearl_calls({}, calls=1)
     assert fresh == first  # a new engine (store) starts from the prior again
+
+
+def test_a_probe_lasts_while_its_windows_are_accepted():
+    """A pre-verify round commits one token whatever the text: judged on it alone, every probe
+    confirmed plain decoding and dropped the drafts it had accepted. With drafts pending, the next
+    round verifies them where a post-verify round's own expected tokens beat a plain step. The first
+    call: pre-verify rounds accept their token, post-verify rounds 2 of 3 (α 0.75; 2 tokens a round
+    on average against a break-even of 2.14, but a post-verify round's 2.3 beat it): settled on
+    plain, each probe is its pre-verify round and the post-verify round after it. The second call's
+    text turns predictable (4 windows accepted whole): its first-round probe runs on through them,
+    PEARL resumes, and plain rounds return after the rejections. Where post-verify rounds cannot
+    beat a plain step (a window accepted whole commits no more than plain steps would in its time),
+    the pending drafts are dropped."""
+    def alternating(p):  # pre-verify: its token accepted; post-verify: 2 of 3 (3 committed), back to pre
+        return ([2], [3]) if p.modes.any_post else ([1], [1])
+
+    store = {}
+    first, = _pearl_calls(store, calls=1, outcome=alternating)
+    probe = next(i for i in range(12, len(first)) if not first[i])  # settled on plain rounds by then
+    assert all(first[probe - 16:probe]) and first[probe:probe + 2] == [False, False] and all(first[probe + 2:])
+    posts = []
+
+    def accepted_four(p):
+        if not p.modes.any_post:
+            return [1], [1]  # pre-verify: its one token accepted
+        posts.append(1)
+        return ([3], [3]) if len(posts) <= 4 else ([0], [3])  # four windows accepted whole, then a rejection
+
+    second, = _pearl_calls(store, calls=1, outcome=accepted_four)
+    assert second[:6] == [False] * 6 and all(second[8:24]) and not second[24], second  # probe, 4 + 1 post-verify
+    from specengine.methods.pearl import Pearl
+    from specengine.runtime.step_costs import StepCosts
+
+    p = Pearl()
+    p.ctx = types.SimpleNamespace(device=torch.device("cpu"))
+    p.gamma, p.costs, p.modes = 3, StepCosts(1, 0.35, (1.0, 1.0, 1.5, 2.0, 2.5)), types.SimpleNamespace(any_post=True)
+    p.accepted = p.proposed = 4.0  # every draft accepted: a window commits 3 tokens in 3.05 plain steps' time
+    assert p._plain_wins()
 
 
 def test_pearl_expects_the_tokens_its_rounds_commit_not_a_chains():
