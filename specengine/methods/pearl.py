@@ -283,8 +283,10 @@ class Pearl(Method):
         if self._kind is not None:
             kind, model_s = self._kind  # booked with the tokens the plan expected of it
             self.clock.expect(kind, model_s, len(n_acc) * (1.0 if kind == "plain" else self.round_tokens()))
-        if not any(num_draft):  # a plain round: nothing was proposed
-            return self._remember() if self.calibrate else None
+        if not any(num_draft):  # a plain round: nothing was proposed (its wait still counts)
+            if self.calibrate:
+                self._remember()
+            return
         total, weight = self.yield_ or (PRIOR_ROUNDS * self.round_tokens(), PRIOR_ROUNDS)  # the prior: α's, as a chain
         # committed: the accepted tokens, plus the correction where one was rejected; a round that
         # accepted all commits no bonus (the draft's next tokens stay pending for the next verify)
