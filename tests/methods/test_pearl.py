@@ -227,7 +227,7 @@ def _one_of_three(p) -> tuple[list[int], list[int]]:
     return [1], [3]  # one of three accepted: 2 committed
 
 
-def _pearl_calls(store: dict, calls: int, new: int = 48, outcome=_one_of_three) -> list[list[bool]]:
+def _pearl_calls(store: dict, calls: int, new: int = 48, outcome=_one_of_three, greedy: bool = True) -> list[list[bool]]:
     """Greedy calls of one engine (its acceptance store `store`) of `new` tokens each, PEARL's window
     by measured costs that its rounds take as predicted: by default every PEARL round commits 2 tokens
     where the costs break even at 2.14 (window 3, draft 0.35 of a decode), while the chain model's
@@ -242,12 +242,12 @@ def _pearl_calls(store: dict, calls: int, new: int = 48, outcome=_one_of_three) 
     costs = StepCosts(1, 0.35, tuple(1.0 + 0.05 * w for w in range(18)), measured=True)
     ctx = types.SimpleNamespace(device=torch.device("cpu"), acceptance=store, step_costs=lambda state, width: costs)
     state = types.SimpleNamespace(batch=1, tokens=torch.zeros(1, 1, dtype=torch.long),
-                                  params=types.SimpleNamespace(greedy=True))
+                                  params=types.SimpleNamespace(greedy=greedy))
     out = []
     for _ in range(calls):
         p, row = Pearl(), types.SimpleNamespace(max_new=new, ids=[], finish_reason=None)
         p.begin(ctx, CallInputs(state, [[1]], [row], 0.0))
-        assert p.gamma == 3 and p.calibrate
+        assert p.gamma == 3 and p.calibrate == greedy
         plains = []
         while len(row.ids) < new:
             plain = p._plain_wins()
@@ -277,6 +277,10 @@ def test_a_greedy_call_starts_from_what_the_engines_last_call_learned():
         assert later[1:] == [True] * (len(later) - 1) and later[0] == (i not in (2, 3, 5)), (i, later)
     fresh, = _pearl_calls({}, calls=1)
     assert fresh == first  # a new engine (store) starts from the prior again
+    store = {}
+    _pearl_calls(store, calls=1)
+    sampled, = _pearl_calls(store, calls=1, greedy=False)  # a seeded sampled call repeats its tokens: no
+    assert sampled == _pearl_calls({}, calls=1, greedy=False)[0] and not sampled[0]  # earlier call's state
 
 
 def test_a_probe_lasts_while_its_windows_are_accepted():
