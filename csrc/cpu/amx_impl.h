@@ -96,8 +96,8 @@ inline void dot_q4k_amx(const uint8_t* w0, const uint8_t* w1, int64_t nb, const 
       }
       amx_memory_barrier();  // the last chunk's tile loads read bl / bh before they are rewritten
       for (int t = 0; t < 8; ++t) {  // B row t: values 4t.. of sub-block 2c; row 8 + t: of 2c + 1
-        const __m256i q0 = load256(g0 + 128 + 256 * c + 32 * t);
-        const __m256i q1 = g1 ? load256(g1 + 128 + 256 * c + 32 * t) : _mm256_setzero_si256();
+        const __m256i q0 = load256(g0 + kQ4KValues + 256 * c + 32 * t);
+        const __m256i q1 = g1 ? load256(g1 + kQ4KValues + 256 * c + 32 * t) : _mm256_setzero_si256();
         const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
         const __m512i vl = _mm512_and_si512(q, m4), vh = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
         _mm512_store_si512(bl + 64 * t, _mm512_mullo_epi16(vl, l[0]));

@@ -23,7 +23,7 @@ void dot_q4k_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
     q4k_scales_mins(w, sc, mn);
     __m256i isum[R];
     for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
-    const uint8_t* qs = w + 128;
+    const uint8_t* qs = w + kQ4KValues;
     auto sub_block = [&](int j) __attribute__((always_inline)) {  // the low (j even) or high nibbles of chunk j / 2
       __m256i p[R];
       for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
@@ -74,7 +74,7 @@ void dot_32_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
       const __m256i q = load256(w + kX8Values<Q> + 32 * t);
       __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
       if constexpr (Q == kQ5_0) {
-        const __m256i qh = load256(w + 16);
+        const __m256i qh = load256(w + kQ5High);
         lo = _mm256_or_si256(lo, q5_high(qh, 4 * t));
         hi = _mm256_or_si256(hi, q5_high(qh, 16 + 4 * t));
       }
@@ -165,7 +165,7 @@ void dot_q6k_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
     prefetch_ahead(w, kGroup * kBytes[kQ6_K]);
     const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
     __m256i words[4];
-    for (int k = 0; k < 4; ++k) words[k] = load256(w + 16 + 32 * k);
+    for (int k = 0; k < 4; ++k) words[k] = load256(w + kQ6Scales + 32 * k);
     __m256i isum[R];
 #ifdef SE_VNNI
     if constexpr (R > 1) {  // one row: the 256-bit loop, whose weight-side work is smaller (decode is memory-bound)

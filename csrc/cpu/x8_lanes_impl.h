@@ -57,7 +57,7 @@ inline __m256i fold(__m256i isum, __m256i p, __m256i words, int j) {
 // mins 0..3 / 4..7 in mn, a byte each.
 inline void q4k_scales_mins(const uint8_t* w, __m256i* sc, __m256i* mn) {
   const __m256i low6 = _mm256_set1_epi8(0x3f), low4 = _mm256_set1_epi8(0xF), low2 = _mm256_set1_epi8(3);
-  const __m256i u0 = load256(w + 32), u1 = load256(w + 64), u2 = load256(w + 96);
+  const __m256i u0 = load256(w + kQ4KScales), u1 = load256(w + kQ4KScales + 32), u2 = load256(w + kQ4KScales + 64);
   sc[0] = _mm256_and_si256(u0, low6);
   sc[1] = _mm256_or_si256(_mm256_and_si256(u2, low4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), low2), 4));
   mn[0] = _mm256_and_si256(u1, low6);
@@ -70,7 +70,7 @@ template <int R>
 inline void q4k_accumulate(const uint8_t* w, int64_t i, const Act& a, const __m256i* mn, const __m256i* isum,
                            __m256* acc) {
   const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
-  const __m256 m8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
+  const __m256 m8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + kQ4KMins)));
   __m256i mpair[4];  // mins 2j, 2j + 1 as an int16 pair, against the sums of values 64j..64j+31, +32..+63
   for (int j = 0; j < 4; ++j) mpair[j] = pick(mn[j / 2], 0x80008000u | ((2 * j + 1) % 4) << 16 | (2 * j) % 4);
   for (int r = 0; r < R; ++r) {

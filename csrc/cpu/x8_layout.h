@@ -27,28 +27,32 @@ namespace se {
 constexpr int64_t kGroup = 8;  // rows per interleaved group
 constexpr bool has_x8(int64_t q) { return q == kQ4_0 || q == kQ5_0 || q == kQ4_K || q == kQ6_K; }
 
-// Q4_0 / Q5_0: where a group's value bytes start in its block (after the scales and Q5_0's high bits).
+// Where each field of a group's block starts (every format's fp16 d [8 rows][2] at 0): x8_byte places
+// the bytes by these, and the kernels read at them.
+constexpr int64_t kQ5High = 16;  // Q5_0: qh [8 rows][4]
+constexpr int64_t kQ4KMins = 16, kQ4KScales = 32, kQ4KValues = 128;  // Q4_K: dmin, scale words, qs
+constexpr int64_t kQ6Scales = 16, kQ6Values = 144;  // Q6_K: scale words, A/B/C values
+// Q4_0 / Q5_0: where a group's value bytes start in its block (after d and Q5_0's high bits).
 template <int Q>
-constexpr int64_t kX8Values = Q == kQ5_0 ? 48 : 16;
-constexpr int64_t kQ6Values = 144;  // Q6_K: where a group's A/B/C value bytes start (after d and scales)
+constexpr int64_t kX8Values = Q == kQ5_0 ? kQ5High + 32 : 16;
 
 // Where byte j of row r's block lands in its group's block (Q6_K: before its values are recoded).
 template <int Q>
 constexpr int64_t x8_byte(int64_t r, int64_t j) {
   if constexpr (Q == kQ4_0 || Q == kQ5_0) {
     if (j < 2) return 2 * r + j;
-    if (Q == kQ5_0 && j < 6) return 16 + 4 * r + (j - 2);
+    if (Q == kQ5_0 && j < 6) return kQ5High + 4 * r + (j - 2);
     const int64_t v = j - (kBytes[Q] - 16);
     return kX8Values<Q> + 32 * (v / 4) + 4 * r + v % 4;
   } else if constexpr (Q == kQ4_K) {
     if (j < 2) return 2 * r + j;
-    if (j < 4) return 16 + 2 * r + (j - 2);
-    if (j < 16) return 32 + 32 * ((j - 4) / 4) + 4 * r + (j - 4) % 4;
+    if (j < 4) return kQ4KMins + 2 * r + (j - 2);
+    if (j < 16) return kQ4KScales + 32 * ((j - 4) / 4) + 4 * r + (j - 4) % 4;
     const int64_t v = j - 16;
-    return 128 + 256 * (v / 32) + 32 * (v % 32 / 4) + 4 * r + v % 4;
+    return kQ4KValues + 256 * (v / 32) + 32 * (v % 32 / 4) + 4 * r + v % 4;
   } else {  // Q6_K: the file's ql [2 h][2 c][32], qh [2 h][32], scales [16], d [2]
     if (j >= 208) return 2 * r + (j - 208);
-    if (j >= 192) return 16 + 32 * ((j - 192) / 4) + 4 * r + (j - 192) % 4;
+    if (j >= 192) return kQ6Scales + 32 * ((j - 192) / 4) + 4 * r + (j - 192) % 4;
     const int64_t h = j < 128 ? j / 64 : (j - 128) / 32, c = j < 128 ? j % 64 / 32 : 2, k = j % 32;
     return kQ6Values + 96 * (8 * h + k / 4) + 32 * c + 4 * r + k % 4;
   }

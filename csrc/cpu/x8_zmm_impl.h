@@ -45,7 +45,7 @@ void dot_q4k_z(const uint8_t* w, int64_t nb, const Act& a, float* out) {
     q4k_scales_mins(w, sc, mn);
     __m512i isum[R];
     for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
-    const uint8_t* qs = w + 128;
+    const uint8_t* qs = w + kQ4KValues;
     for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles) of chunk c
       __m512i lo[R], hi[R];
       for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_si512();
