@@ -24,6 +24,8 @@ def _load():
 
 
 EXT = _load()
+# the compiled kernels' formats and codes, from their one table (csrc/cpu/common.h); none without them
+EXT_CODES = {name: code for name, (code, _, _) in EXT.formats().items()} if EXT is not None else {}
 # The AMX copy is the VNNI copy with the interleaved kernel's 16-row chunks on AMX tiles
 # (csrc/cpu/amx_impl.h): the same bits, faster or not at prefill widths by machine, so the planner
 # measures which runs (models/quant_plan.py, choose_tiles).

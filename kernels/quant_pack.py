@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import torch
 
-from .cpu_ext import EXT
+from .cpu_ext import EXT, EXT_CODES, has
 from .quant_matmul import FORMATS
 
 ROWS = 8
 # formats with an interleaved layout (and a kernel for it), as the binding defines them
-PACKED: tuple[str, ...] = tuple(EXT.x8_formats()) if EXT is not None and hasattr(EXT, "x8_formats") else ()
+PACKED: tuple[str, ...] = tuple(EXT.x8_formats()) if has("x8_formats") else ()
 
 
 def _code(qtype: str) -> int:
     if qtype not in PACKED:
         raise ValueError(f"no interleaved layout for {qtype}; there is one for {', '.join(PACKED) or 'nothing'}"
                          + ("" if PACKED else " (the compiled CPU kernels are not built)"))
-    return EXT.formats()[qtype][0]
+    return EXT_CODES[qtype]
 
 
 def packed_bytes(qtype: str, rows: int, cols: int) -> tuple[int, int]:

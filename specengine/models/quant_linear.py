@@ -20,10 +20,8 @@ from ..kernels.jit import HAVE_TRITON
 from ..kernels.quant_matmul import CODES, FORMATS, dequantize_ref, quant_matmul_ref, quant_matmul_triton
 from ..kernels.quant_pack import PACKED, pack_x8, unpack_x8
 
-from ..kernels.cpu_ext import EXT as _quantext  # the one place the extension loads (None: the torch reference)
-
-# the compiled kernels' formats and codes, from their one table (csrc/cpu/common.h); none without them
-EXT_CODES = {name: code for name, (code, _, _) in _quantext.formats().items()} if _quantext is not None else {}
+# the one place the extension loads (None: the torch reference), and its formats' codes
+from ..kernels.cpu_ext import EXT as _quantext, EXT_CODES
 
 if _quantext is not None:  # as torch ops, so torch.compile traces through them (no graph break)
     @torch.library.custom_op("specengine::dequantize", mutates_args=())
