@@ -167,8 +167,9 @@ class Pearl(Method):
             alpha = self.accepted / self.proposed
             return not self._beats_plain(expected_tokens(alpha, self.gamma) - alpha ** self.gamma, f)
         left = None if self.rows is None else tokens_left(self.rows)
-        # a wait that ends within this call ends at its first round, where the draft owes no catch-up
-        early = self.first and left is not None and self.wait.run + left >= self.wait.every
+        # a wait under way (plain rounds carried from the last call) that ends within this call ends at
+        # its first round, where the draft owes no catch-up; with none under way the costs choose
+        early = self.first and self.wait.run > 0 and left is not None and self.wait.run + left >= self.wait.every
         self.first = False
         if early or self.wait.due(left, owed=self.behind):
             self.probed = True
