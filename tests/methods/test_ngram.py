@@ -396,6 +396,40 @@ def test_the_chains_yield_is_shrunk_toward_the_model_until_rounds_outweigh_it():
     assert 1 / 3 < y.factor() < 0.34
 
 
+def test_the_chains_yield_never_scales_the_model_up():
+    """Chains that commit more than the model expected at the α of their time (α climbing from its
+    prior through full accepts) leave the factor at 1: α corrects that lag itself, and scaled again a
+    chain's forecast exceeds the γ + 1 tokens it can commit at most."""
+    from specengine.methods.round_clock import MIN_ROUNDS, TokenYield
+
+    y = TokenYield()
+    for _ in range(2 * MIN_ROUNDS):
+        y.book(3.0, 5.0)
+    assert y.factor() == 1.0
+    for _ in range(20):
+        y.book(3.0, 1.0)
+    assert y.factor() < 1.0  # a chain that then commits less is still scaled down
+
+
+def test_hybrids_forecast_never_exceeds_what_a_chain_can_commit():
+    """Greedy, measured costs, a reply's chains accepted in full from a low α on: each chain is
+    forecast at most γ + 1 tokens (the forecast behind `stats["prediction_error"]`)."""
+    from specengine.methods.context import MethodContext
+
+    m, _ = hybrid_at(0.6, 0.5, 0.1, lambda w: 1.0 + 0.1 * (w - 1))
+    m.ctx = MethodContext(target=None, draft=None, device=None)
+    m.hybrid, dp = True, m.draft_policy
+    dp.calibrate = True
+    dp.set_costs(dataclasses.replace(dp.costs, measured=True))
+    dp.accepted, dp.rejected = 2.0, 2.0  # α 0.5, the weight of a fresh policy: full accepts move it
+    for _ in range(12):
+        g, before = dp.gamma, dp.clock.forecast[0]
+        assert g >= 1
+        m.kind, m.primed_now = "draft", False
+        m.after_round([g], [g])  # every draft accepted
+        assert dp.clock.forecast[0] - before <= g + 1 + 1e-9
+
+
 def test_hybrid_weighs_its_draft_chains_by_the_tokens_they_committed():
     """Greedy, measured costs: a chain's expected tokens are scaled by what the call's chains
     committed against the acceptance model's expectation at the α it held then (TokenYield), so
