@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 CORE   := $(VENV)/.core-installed
 PYTEST_ARGS ?=
 
-.PHONY: gpu-run trace gpu-check install demo test test-fast bench bench-gguf bench-structured bench-suffix bench-serve bench-ray bench-ngram bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
+.PHONY: gpu-run trace gpu-check install demo test test-fast bench bench-gguf bench-gguf-avx2 bench-structured bench-suffix bench-serve bench-ray bench-ngram bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
 
 # Two steps: what `make demo` needs (torch, the project with the GGUF reader, the compiled kernels:
 # one translation unit per instruction set this CPU runs, in parallel), then the extras the tests,
@@ -103,6 +103,13 @@ bench-gguf: $(STAMP)
 	$(PY) bench/gguf_cpu.py --llamacpp --interleaved 2 --n-prompts 3 --max-new-tokens 64 \
 	  --out bench/results/cpu_gguf_interleaved_$(CPU_KIND).json
 	$(PY) bench/gguf_cpu.py --first-reply 3 --max-new-tokens 64 --out bench/results/cpu_gguf_first_reply_$(CPU_KIND).json
+
+# On a CPU with more than AVX2: both sides held to AVX2 alone (our kernels' AVX2 copy, llama.cpp built
+# for AVX2 without AVX-512 or VNNI), interleaved as above: an AVX2-only EPYC's instruction set (~20 min).
+bench-gguf-avx2: $(STAMP)
+	SPECENGINE_ISA=avx2 $(PY) bench/peers/llamacpp.py build
+	SPECENGINE_ISA=avx2 $(PY) bench/gguf_cpu.py --llamacpp --interleaved 2 --n-prompts 3 --max-new-tokens 64 \
+	  --out bench/results/cpu_gguf_interleaved_avx2copy_$$($(PY) -c "from specengine.machine import cpu_kind; print(cpu_kind().split('_', 1)[1])").json
 
 # N-gram drafting on prompts that copy their input (specengine/prompts.py, COPY_PROMPTS) and on HumanEval:
 # HF generate and its prompt lookup, our ar, n-gram chains and tree, the draft model, the hybrid

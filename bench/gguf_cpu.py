@@ -238,11 +238,13 @@ def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool) -> dic
                      **providers}
     eng.warmup()
     same, ar_ids = True, None  # every method of ours gave `ar`'s tokens on every prompt and repeat
+    peer_info = None  # llama.cpp's system_info line: the instruction sets it was built for
     runs = []  # (repeat, prompt, provider, decode tokens/s)
     for rep in range(repeats):
         for i, p in enumerate(humaneval(n_prompts)):
             for name, run in providers.items():
                 r = run(p["prompt"])
+                peer_info = r.pop("system_info", None) or peer_info
                 if "token_ids" in r:
                     ids = r.pop("token_ids")
                     if name == "ours ar":  # the first of ours on each prompt: the reference
@@ -274,7 +276,8 @@ def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool) -> dic
     for name, e in errors.items():
         print(f"median prediction error {name}: {e:+.1%}", flush=True)
     print(f"every method of ours gave ar's tokens: {same}", flush=True)
-    return {"repeats": repeats, "prompts": n_prompts, "new_tokens": new, "runs": runs, "median_ratios": ratios,
+    peer = {"llama.cpp": {"version": llamacpp.version(), "system_info": peer_info}} if llama else {}
+    return {"repeats": repeats, "prompts": n_prompts, "new_tokens": new, **peer, "runs": runs, "median_ratios": ratios,
             "lowest_ratios": lowest, "prediction_error_median": errors, "same_tokens_as_ar": same}
 
 

@@ -7,11 +7,16 @@ ignored. Decode tokens/s come from llama.cpp's own timers (prefill apart):
 
     python bench/peers/llamacpp.py build            # once: ~8 minutes on 2 cores, into build/llama.cpp
     python bench/peers/llamacpp.py run --draft-max 3
+
+`SPECENGINE_ISA=avx2`, the switch that forces our kernels' AVX2 copy, builds and runs llama.cpp for
+AVX2 alone too (no AVX-512, no VNNI of either width: an AVX2-only EPYC's instruction set), beside
+the native build (`bin-avx2/`), so that a run about AVX2 compares like with like.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -21,6 +26,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "llama.cpp"
 TOOLS = ("llama-completion", "llama-speculative-simple", "llama-bench")
+ISA = "avx2" if os.environ.get("SPECENGINE_ISA") == "avx2" else "native"
+BIN = BUILD / ("bin" if ISA == "native" else f"bin-{ISA}")
+# llama.cpp's own switches (ggml/CMakeLists.txt): its defaults for this CPU, or AVX2 + FMA + F16C + BMI2 alone
+ISA_FLAGS = {"native": ["-DGGML_NATIVE=ON"],
+             "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+                      "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VNNI=OFF",
+                      "-DGGML_AVX512_VBMI=OFF", "-DGGML_AVX512_BF16=OFF"]}
 
 
 def source() -> Path:
@@ -52,16 +64,17 @@ def gcc_major() -> int:
 
 
 def build() -> Path:
-    """The tools, built with llama.cpp's defaults for this CPU (GGML_NATIVE), no network features."""
+    """The tools for `ISA` (llama.cpp's defaults for this CPU, GGML_NATIVE, or AVX2 alone), no network
+    features, into `BIN`."""
     src = source()
-    out = BUILD / "bin"
+    out = BIN
     if all((out / t).exists() for t in TOOLS):
         return out
-    cmake = src / "build"
+    cmake = src / ("build" if ISA == "native" else f"build-{ISA}")
     flags = [f"-DCMAKE_{lang}_FLAGS={NO_AMX}" for lang in ("C", "CXX")] if gcc_major() <= 12 else []
     subprocess.run(["cmake", "-S", str(src), "-B", str(cmake), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
                     "-DLLAMA_OPENSSL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_SERVER=OFF", "-DGGML_NATIVE=ON", *flags], check=True)
+                    "-DLLAMA_BUILD_SERVER=OFF", *ISA_FLAGS[ISA], *flags], check=True)
     subprocess.run(["cmake", "--build", str(cmake), "-j2", "--target", *TOOLS], check=True)
     out.mkdir(exist_ok=True)
     for t in TOOLS:
@@ -72,7 +85,8 @@ def build() -> Path:
 
 def version() -> str:
     src = source()
-    return src.parents[1].name.removeprefix("llama_cpp_python-") + " (llama-cpp-python; its vendor/llama.cpp)"
+    built = "" if ISA == "native" else f", built for {ISA} alone"
+    return src.parents[1].name.removeprefix("llama_cpp_python-") + f" (llama-cpp-python; its vendor/llama.cpp{built})"
 
 
 def run_tool(cmd: list[str]) -> subprocess.CompletedProcess:
@@ -83,20 +97,22 @@ def run_tool(cmd: list[str]) -> subprocess.CompletedProcess:
 
 
 def ar(target: Path, prompt: str, n: int, threads: int) -> dict:
-    proc = run_tool([str(BUILD / "bin" / "llama-completion"), "-m", str(target), "-p", prompt, "-n", str(n),
+    proc = run_tool([str(BIN / "llama-completion"), "-m", str(target), "-p", prompt, "-n", str(n),
                  "-t", str(threads), "--temp", "0", "--ignore-eos", "-no-cnv", "--no-display-prompt"])
     text = proc.stdout + proc.stderr
     m = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs", text.split("prompt eval time")[-1])
     p = re.search(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", text)
+    info = re.search(r"system_info: (.*)", text)  # the instruction sets its kernels were built for
     return {"decode_tokens_per_s": int(m.group(2)) / (float(m.group(1)) / 1e3),
             "prefill_tokens_per_s": int(p.group(2)) / (float(p.group(1)) / 1e3) if p else None,
+            "system_info": info.group(1).strip() if info else None,
             "text": proc.stdout}  # the greedy continuation, for token agreement with ours
 
 
 def constrained(target: Path, prompt: str, schema: dict, n: int, threads: int) -> dict:
     """llama.cpp's structured output: `--json-schema` (its grammar from the schema), greedy, up to EOS
     (whole replies, as bench/structured.py runs ours). The prompt is already chat-formatted."""
-    proc = run_tool([str(BUILD / "bin" / "llama-completion"), "-m", str(target), "-p", prompt, "-n", str(n),
+    proc = run_tool([str(BIN / "llama-completion"), "-m", str(target), "-p", prompt, "-n", str(n),
                      "-t", str(threads), "--temp", "0", "-no-cnv", "--no-display-prompt", "-j", json.dumps(schema)])
     text = proc.stdout + proc.stderr
     m = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs", text.split("prompt eval time")[-1])
@@ -108,7 +124,7 @@ def constrained(target: Path, prompt: str, schema: dict, n: int, threads: int) -
 def speculative(target: Path, draft: Path | None, prompt: str, n: int, threads: int, kind: str,
                 draft_max: int, extra: list[str] = ()) -> dict:
     """extra: more llama-speculative-simple options (e.g. an n-gram drafter's sizes)."""
-    cmd = [str(BUILD / "bin" / "llama-speculative-simple"), "-m", str(target), "-p", prompt, "-n", str(n),
+    cmd = [str(BIN / "llama-speculative-simple"), "-m", str(target), "-p", prompt, "-n", str(n),
            "-t", str(threads), "--temp", "0", "--ignore-eos", "--spec-type", kind, *extra]
     if draft is not None:  # the n-gram drafter keeps its own defaults
         cmd += ["-md", str(draft), "--spec-draft-n-max", str(draft_max)]
