@@ -32,7 +32,7 @@ from .policies import ProbeWait, expected_tokens
 from .round_clock import RoundClock, recall_clock
 from .sampling import filter_logits
 from .state import DecodeState, RoundOutput
-from .steps import PlainStep, draft_chain, draft_resync, parallel_draft
+from .steps import PlainStep, draft_chain, draft_resync, parallel_draft, verify_and_commit
 
 GAMMA_MAX = 16  # the longest window round(1/c) may choose
 PRIOR_ROUNDS = 4.0  # weight of the chain-model prior of tokens per round, as the acceptance prior's
@@ -88,7 +88,7 @@ class Pearl(Method):
         self.cost_ratio = self.costs = None
         self.modes: PearlModes | None = None
         self.plain, self.behind = PlainStep(), 0  # γ = 0 rounds (see _plain_wins)
-        self.plain_total = 0
+        self.plain_total = self.flushes = 0  # plain rounds, and those of them that verified pending drafts (`_flush`)
         self.wait, self.probed = ProbeWait(), False  # plain rounds before a probe; the last round was one
         self.rows, self.first = None, False  # the driver's rows (begin): what each may write and has kept
         self.accepted, self.proposed = 0.7 * 4, 4.0  # running acceptance: prior 0.7, weight 4, decayed
@@ -96,7 +96,8 @@ class Pearl(Method):
         # commit other than a chain of γ at that acceptance would (the chain's count: +30% on the real pair)
         self.yield_ = None
         # measured vs predicted round seconds (round_clock.py): greedy, window by cost, measured costs
-        self.clock, self.calibrate, self._kind = RoundClock(), False, None  # _kind: (kind, predicted s) of this round
+        # _kind: (kind, predicted seconds, expected tokens per row) of this round; _flushed: it was a flush
+        self.clock, self.calibrate, self._kind, self._flushed = RoundClock(), False, None, False
         self.clock_key = self.learned_key = None  # where the engine keeps this call's corrections, and the rest (begin)
 
     @property
@@ -144,7 +145,7 @@ class Pearl(Method):
         """What the next greedy call of this engine starts from (`_recall`)."""
         if self.learned_key is None:  # not begun by an engine
             return
-        alpha = self.accepted / self.proposed
+        alpha = self._alpha()
         self.ctx.acceptance[self.learned_key] = {
             "alpha": alpha, "scale": self.round_tokens() / expected_tokens(alpha, self.gamma), "every": self.wait.every,
             "run": self.wait.run}
@@ -164,7 +165,7 @@ class Pearl(Method):
             return False
         f = self.clock.factors() if self.calibrate else {}
         if self.modes.any_post:
-            alpha = self.accepted / self.proposed
+            alpha = self._alpha()
             return not self._beats_plain(expected_tokens(alpha, self.gamma) - alpha ** self.gamma, f)
         left = None if self.rows is None else tokens_left(self.rows)
         # a wait under way (plain rounds carried from the last call) that ends within this call ends at
@@ -191,7 +192,7 @@ class Pearl(Method):
         """Expected committed tokens per row of a PEARL round: the running mean of this call's rounds,
         from the chain model's count at the prior acceptance (PRIOR_ROUNDS rounds' weight, as α's)."""
         if self.yield_ is None:
-            return expected_tokens(self.accepted / self.proposed, self.gamma)
+            return expected_tokens(self._alpha(), self.gamma)
         return self.yield_[0] / self.yield_[1]
 
     def _round_s(self) -> float:
@@ -203,15 +204,16 @@ class Pearl(Method):
 
     def round(self, state: DecodeState, timer) -> RoundOutput:
         plain = self._plain_wins()
-        if self.by_cost:  # what the round is predicted to cost, booked against its measured time
-            self._kind = ("plain", self.costs.verify_s(1)) if plain else ("spec", self._round_s())
+        flush = plain and self._flush_pays()
+        self._book(plain, flush)
         self.wait.count(plain)
         if plain:
             self.plain_total += 1
+            if flush:
+                self.flushes += 1
+                return self._flush(state, timer)
             self.behind += 1
-            modes = self.modes  # pending drafts are dropped: every row restarts in pre-verify
-            modes.post = torch.zeros_like(modes.post)
-            modes.pending_q, modes.any_post = None, False
+            self._drop_pending()
             draft = self.ctx.draft.cache  # the draft keeps what it saw of the committed tokens only
             draft.set_lens(torch.minimum(draft.lens.to(torch.int64), state.n - 1))
             return self.plain(self.ctx, state, timer)
@@ -220,6 +222,50 @@ class Pearl(Method):
             self.behind = 0
         with timer.phase("round"):
             return self._round(state, timer)
+
+    def _book(self, plain: bool, flush: bool = False) -> None:
+        """What the round about to run is predicted to cost and commit per row, booked against its
+        measured time (`after_round`, `timed`): a flush and a plain step are target forwards alone."""
+        self._flushed = flush
+        if not self.by_cost:
+            return
+        if flush:
+            self._kind = ("plain", self.costs.verify_s(self.gamma), expected_tokens(self._alpha(), self.gamma - 1))
+        else:
+            self._kind = ("plain", self.costs.verify_s(1), 1.0) if plain else ("spec", self._round_s(), self.round_tokens())
+
+    def _alpha(self) -> float:
+        return self.accepted / self.proposed
+
+    def _flush_pays(self) -> bool:
+        """Plain decoding chosen while a round's accepted window left drafts pending: the target
+        verifies them in one forward, without a new window (`_flush`), where the tokens that commits
+        (a chain of γ - 1 at α, bonus included) beat a plain step's one at their cost. Drafted already,
+        they were dropped before: a probe whose first window was accepted paid two plain steps' cost
+        for 1 token (AVX2 copy, window 4) and threw away 3 drafts that a forward of 4 tokens (1.1-1.3
+        steps) verifies."""
+        if not self.modes.any_post or self.gamma < 2 or self.costs is None:
+            return False
+        return expected_tokens(self._alpha(), self.gamma - 1) * self.costs.verify_s(1) > self.costs.verify_s(self.gamma)
+
+    def _flush(self, state: DecodeState, timer) -> RoundOutput:
+        """The pending drafts verified (their q kept from the round that drafted them), the accepted
+        ones committed with the correction or the bonus; rows without any take a plain step in the same
+        forward. The draft saw all but the last pending token, so its cache stays valid up to the new
+        n - 1 (at most 2 behind, as after any round); plain rounds go on from there."""
+        modes, g = self.modes, self.gamma
+        pending = state.tokens.gather(1, state.positions(state.n, g - 1))
+        num_draft = torch.where(modes.post, g - 1, 0).to(torch.int32)
+        out, n_acc = verify_and_commit(self.ctx, state, pending, modes.pending_q, num_draft, timer)
+        self._drop_pending()
+        draft_lens = torch.minimum(self.ctx.draft.cache.lens.to(torch.int64), state.n - 1)
+        return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1, draft_lens=draft_lens)
+
+    def _drop_pending(self) -> None:
+        """Every row restarts in pre-verify with nothing pending."""
+        modes = self.modes
+        modes.post = torch.zeros_like(modes.post)
+        modes.pending_q, modes.any_post = None, False
 
     def _round(self, state: DecodeState, timer) -> RoundOutput:
         ctx, modes, gamma = self.ctx, self.modes, self.gamma
@@ -282,9 +328,14 @@ class Pearl(Method):
     def after_round(self, n_acc, num_draft) -> None:
         """Host bookkeeping after the round's sync (the modes themselves moved on the device)."""
         if self._kind is not None:
-            kind, model_s = self._kind  # booked with the tokens the plan expected of it
-            self.clock.expect(kind, model_s, len(n_acc) * (1.0 if kind == "plain" else self.round_tokens()))
-        if not any(num_draft):  # a plain round: nothing was proposed (its wait still counts)
+            kind, model_s, tokens = self._kind  # booked with the tokens the plan expected of it
+            self.clock.expect(kind, model_s, len(n_acc) * tokens)
+        if self._flushed:  # the drafts' acceptance counts; a flush is not a PEARL round (its yield) nor a window
+            self.accepted = 0.9 * self.accepted + sum(n_acc)
+            self.proposed = 0.9 * self.proposed + sum(num_draft)
+            if len(n_acc) == 1:
+                self.modes.trace.append(("flush", num_draft[0], n_acc[0]))
+        if self._flushed or not any(num_draft):  # a plain round: nothing was proposed (its wait still counts)
             if self.calibrate:
                 self._remember()
             return
@@ -329,6 +380,7 @@ class Pearl(Method):
             "round_wall_s": times.get("round", 0.0) / rounds,
             "concurrent": self.ctx.device.type == "cuda",
             "plain_rounds": self.plain_total,
+            "flush_rounds": self.flushes,
             "round_cost_factors": self.clock.factors(),  # measured / predicted round seconds
             **prediction(self.clock.forecast, totals),
         }

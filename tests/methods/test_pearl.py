@@ -116,17 +116,31 @@ def test_seeded_sampling_is_reproducible(models, tokenizer):
 V, N, PROMPT = 8, 50_000, [3, 5, 2]
 
 
-@pytest.mark.parametrize("gamma,kw", [(2, dict(temperature=1.0)), (3, dict(temperature=0.8, top_k=6))])
-def test_sampling_distribution_of_three_tokens(tmp_path, tokenizer, gamma, kw):
-    """1e5 independent rows, three tokens each (a pre-verify round, then post-verify blocks):
-    the pair (t1, t2) matches the target's exact joint over 64 outcomes, and (t2, t3) given
-    the likeliest t1 matches its exact conditional (TV bounds from the sample counts)."""
+def _flushing_costs(state, width, draft=True):
+    """Pinned costs under which PEARL's window is 2 (draft 0.5 of a step), a pre-verify round wins at the
+    prior's acceptance and a post-verify round loses to a plain step (every width costs one step): the
+    round after an accepted window verifies its pending draft alone (`Pearl._flush`)."""
+    from specengine.runtime.step_costs import StepCosts
+
+    return StepCosts(state.batch, 0.5, tuple(1.0 for _ in range(width)))
+
+
+@pytest.mark.parametrize("gamma,kw,costs", [(2, dict(temperature=1.0), None), (3, dict(temperature=0.8, top_k=6), None),
+                                            (None, dict(temperature=0.9), _flushing_costs)])
+def test_sampling_distribution_of_three_tokens(tmp_path, tokenizer, gamma, kw, costs):
+    """1e5 independent rows, three tokens each (a pre-verify round, then post-verify blocks; or with
+    `costs`, the pending draft verified alone by a flush, then a plain step): the pair (t1, t2)
+    matches the target's exact joint over 64 outcomes, and (t2, t3) given the likeliest t1 matches its
+    exact conditional (TV bounds from the sample counts)."""
     hf, target, draft = small_vocab_models(tmp_path, V)
-    eng = Engine(target, tokenizer, draft, max_seq_len=24)
+    eng = Engine(target, tokenizer, draft, max_seq_len=24 if gamma else 72)  # a window by cost: 64 of headroom
+    if costs is not None:
+        eng.step_costs = costs
     params = SamplingParams(seed=7, **kw)
     out = eng.generate([PROMPT] * N, max_new_tokens=3, method="pearl", gamma=gamma, seed=7, ignore_eos=True, **kw)
     toks = torch.tensor([r.token_ids for r in out])
     assert 0 < out[0].stats["acceptance_rate"] < 1
+    assert out[0].stats["flush_rounds"] == (0 if costs is None else 1)
     sampling = dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
     p1 = next_probs(hf, PROMPT, **sampling)  # transformers' warpers: independent of our filter
     joint = torch.stack([p1[a] * next_probs(hf, PROMPT + [a], **sampling) for a in range(V)])
@@ -176,6 +190,25 @@ def test_a_window_chosen_by_cost_falls_back_to_plain_rounds_losslessly(models, t
     assert [r.token_ids for r in given] == [r.token_ids for r in ar_out] and given[0].stats["plain_rounds"] == 0
 
 
+def test_a_probes_accepted_window_is_verified_before_plain_rounds_resume(models, tokenizer, ar_out):
+    """Costs that make PEARL's rounds lose, a draft that agrees with the target everywhere: each probe's
+    pre-verify round accepts its token and leaves γ - 1 drafts pending; the next round, plain by the
+    costs, verifies them in one target forward (a flush: all accepted, and the bonus) instead of
+    dropping them. Same tokens as `ar`; the draft, resynced at the next probe, drafts the target's
+    tokens again (every later probe accepted)."""
+    target, same, _ = models
+    eng = Engine(target, tokenizer, same, max_seq_len=256)
+    eng.step_costs = _flushing_costs
+    gen, _ = eng._start(PROMPTS[0], max_new_tokens=40, method="pearl", ignore_eos=True)
+    for _ in gen.rounds():
+        pass
+    assert gen.rows[0].ids == ar_out[0].token_ids
+    trace, g = gen.method.modes.trace, gen.method.gamma
+    flushes = [i for i, t in enumerate(trace) if t[0] == "flush"]
+    assert flushes and all(trace[i - 1] == ("pre", 1, 1) and trace[i] == ("flush", g - 1, g - 1) for i in flushes)
+    assert gen.method.flushes == len(flushes) >= 2
+
+
 def _pearl_rounds(slowdown: float, measured: bool = True, rounds: int = 120) -> list[bool]:
     """PEARL's own round choices (window by cost, greedy) when its rounds take `slowdown` times what
     the model predicts and plain rounds take what it predicts: which rounds decoded plainly."""
@@ -195,7 +228,7 @@ def _one_round(p, outcome, slowdown: float = 1.0) -> tuple[bool, list[int], list
     the round's (n_acc, num_draft) (`outcome(pearl)` for a PEARL round), its time `slowdown` x the
     model's for a PEARL round."""
     plain = p._plain_wins()
-    p._kind = ("plain", p.costs.verify_s(1)) if plain else ("spec", p._round_s())
+    p._book(plain)
     p.wait.count(plain)
     n_acc, num_draft = ([0], [0]) if plain else outcome(p)
     p.after_round(n_acc, num_draft)
