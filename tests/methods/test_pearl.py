@@ -209,6 +209,34 @@ def test_a_probes_accepted_window_is_verified_before_plain_rounds_resume(models,
     assert gen.method.flushes == len(flushes) >= 2
 
 
+def test_after_a_flush_the_draft_keeps_only_the_drafts_it_accepted(models, tokenizer, ar_out):
+    """A draft that disagrees now and then, a window of 4 whose rounds lose to plain steps (a forward
+    of 5 costs 3, of up to 4 one): after each probe's accepted pre-verify round a flush verifies the 3
+    pending drafts, and one that rejects some leaves the draft's cache valid only up to the new n - 1
+    (the correction it never saw and the drafts after it are not its tokens)."""
+    from specengine.runtime.step_costs import StepCosts
+
+    target, _, perturbed = models
+    eng = Engine(target, tokenizer, perturbed, max_seq_len=320)
+    eng.step_costs = lambda state, width, draft=True: StepCosts(state.batch, 0.25, tuple(1.0 if w < 4 else 3.0
+                                                                                         for w in range(width)))
+    rejected = 0
+    for prompt in PROMPTS:
+        ar = eng.generate(prompt, max_new_tokens=200, method="ar", ignore_eos=True).token_ids
+        gen, _ = eng._start(prompt, max_new_tokens=200, method="pearl", ignore_eos=True)
+        seen, trace = 0, gen.method.modes.trace
+        for _ in gen.rounds():
+            if len(trace) == seen:  # a plain round
+                continue
+            seen = len(trace)
+            kind, proposed, accepted = trace[-1]
+            if kind == "flush":
+                assert int(gen.ctx.draft.cache.lens[0]) <= int(gen.state.n[0]) - 1
+                rejected += accepted < proposed
+        assert gen.method.gamma == 4 and gen.rows[0].ids == ar
+    assert rejected
+
+
 def _pearl_rounds(slowdown: float, measured: bool = True, rounds: int = 120) -> list[bool]:
     """PEARL's own round choices (window by cost, greedy) when its rounds take `slowdown` times what
     the model predicts and plain rounds take what it predicts: which rounds decoded plainly."""
