@@ -173,7 +173,7 @@ def test_draft_on_its_own_device_adapter(models, tokenizer, ar_out, tiny_dir):
 
 def test_a_window_chosen_by_cost_falls_back_to_plain_rounds_losslessly(models, tokenizer, ar_out, monkeypatch):
     """pearl with its window chosen by cost, where the costs say a PEARL round loses to a plain
-    decode: it decodes plainly (pending drafts dropped, the draft kept to the committed
+    decode: it decodes plainly (pending drafts verified first, the draft kept to the committed
     tokens), runs a PEARL round every 16 plain ones (the draft resynced first), and gives ar's
     tokens; with the window given, it never falls back."""
     from specengine.runtime.step_costs import StepCosts
