@@ -59,6 +59,28 @@ def test_every_method_under_a_constraint_gives_transformers_constrained_tokens(e
             assert r.finish_reason == ("eos" if ref[-1] in STOP else "length")
 
 
+def test_pearls_flush_under_a_constraint_gives_transformers_constrained_tokens(tiny_pair, hf, tokenizer):
+    """PEARL with its window by cost, where a pre-verify round wins and a post-verify round loses (draft
+    0.5 of a step, every width one step), and a draft with the target's weights: each accepted window
+    is verified alone (`Pearl._flush`), its pending drafts walked by the grammar like any verify's.
+    Greedy, every constraint: transformers' constrained tokens."""
+    from specengine import Engine
+    from specengine.runtime.step_costs import StepCosts
+
+    target, same, _ = tiny_pair
+    eng = Engine(target, tokenizer, same, max_seq_len=256, dtype="float32")
+    eng.step_costs = lambda state, width, draft=True: StepCosts(state.batch, 0.5, tuple(1.0 for _ in range(width)))
+    flushes = 0
+    # the last takes the draft's first token (the unconstrained text is 'n55fy5:!...') and forbids its
+    # second: the first flush's pending draft must be rejected by the constraint
+    for kind, value in CONSTRAINTS + [("regex", "n[^5]*")]:
+        ref = hf_constrained(hf, tokenizer, kind, value, 40)
+        r = eng.generate(PROMPT, max_new_tokens=40, method="pearl", grammar_draft=False, **{kind: value})
+        assert r.token_ids == ref, (kind, r.text, tokenizer.decode(ref))
+        flushes += r.stats["flush_rounds"]
+    assert flushes
+
+
 def test_outputs_parse_and_end_where_the_grammar_ends(engine):
     r = engine.generate(PROMPT, max_new_tokens=80, method="ngram", json_schema=SCHEMA)
     assert r.finish_reason == "eos", r.text
