@@ -354,6 +354,10 @@ def main(argv=None) -> int:
                     help="only the first reply after warmup() against the next, P fresh processes per method")
     ap.add_argument("--one-first-reply", metavar="METHOD", help=argparse.SUPPRESS)  # one such process
     args = ap.parse_args(argv)
+    if args.llamacpp:
+        from peers import llamacpp
+
+        llamacpp.require()  # before the models load
     if args.one_first_reply:
         import json
 

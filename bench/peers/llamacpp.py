@@ -89,7 +89,17 @@ def version() -> str:
     return src.parents[1].name.removeprefix("llama_cpp_python-") + f" (llama-cpp-python; its vendor/llama.cpp{built})"
 
 
+def require() -> None:
+    """A clear stop, before any model loads, where the tools for `ISA` were not built."""
+    missing = [t for t in TOOLS if not (BIN / t).exists()]
+    if missing:
+        env, target = ("", "bench-gguf") if ISA == "native" else (f"SPECENGINE_ISA={ISA} ", f"bench-gguf-{ISA}")
+        raise SystemExit(f"llama.cpp is not built{'' if ISA == 'native' else ' for ' + ISA} ({BIN / missing[0]} is "
+                         f"missing): run `{env}python bench/peers/llamacpp.py build` first (`make {target}` does)")
+
+
 def run_tool(cmd: list[str]) -> subprocess.CompletedProcess:
+    require()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr[-2000:]}")
