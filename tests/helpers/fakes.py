@@ -1,5 +1,6 @@
 """Untrained stand-ins for the shipped artifacts: an acceptance head and a parallel drafter
-with random weights, for tests that need the machinery, not a good prediction."""
+with random weights, for tests that need the machinery, not a good prediction; and pinned step
+costs that steer a method's cost-driven choices."""
 import torch
 
 from specengine.drafting.acceptance_head import AcceptanceHead, HeadMeta, model_fingerprint
@@ -23,3 +24,13 @@ def random_drafter(model, k_max=4, seed=0):
         for lora in d.adapters.values():
             lora.lora_b.normal_(std=0.05)
     return d
+
+
+def flushing_costs(state, width, draft=True):
+    """Pinned step costs (an engine's `step_costs`) under which PEARL's window is 2 (draft 0.5 of a step),
+    a pre-verify round wins at the prior's acceptance and a post-verify round loses to a plain step (every
+    width costs one step): the round after an accepted window verifies its pending draft alone
+    (`Pearl._flush`)."""
+    from specengine.runtime.step_costs import StepCosts
+
+    return StepCosts(state.batch, 0.5, tuple(1.0 for _ in range(width)))

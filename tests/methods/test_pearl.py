@@ -6,6 +6,7 @@ import pytest
 import torch
 from conftest import save_tiny, small_vocab_models
 from helpers.exact import next_probs
+from helpers.fakes import flushing_costs
 
 from specengine import Engine, SamplingParams
 from specengine.models.loading import load_model
@@ -116,17 +117,8 @@ def test_seeded_sampling_is_reproducible(models, tokenizer):
 V, N, PROMPT = 8, 50_000, [3, 5, 2]
 
 
-def _flushing_costs(state, width, draft=True):
-    """Pinned costs under which PEARL's window is 2 (draft 0.5 of a step), a pre-verify round wins at the
-    prior's acceptance and a post-verify round loses to a plain step (every width costs one step): the
-    round after an accepted window verifies its pending draft alone (`Pearl._flush`)."""
-    from specengine.runtime.step_costs import StepCosts
-
-    return StepCosts(state.batch, 0.5, tuple(1.0 for _ in range(width)))
-
-
 @pytest.mark.parametrize("gamma,kw,costs", [(2, dict(temperature=1.0), None), (3, dict(temperature=0.8, top_k=6), None),
-                                            (None, dict(temperature=0.9), _flushing_costs)])
+                                            (None, dict(temperature=0.9), flushing_costs)])
 def test_sampling_distribution_of_three_tokens(tmp_path, tokenizer, gamma, kw, costs):
     """1e5 independent rows, three tokens each (a pre-verify round, then post-verify blocks; or with
     `costs`, the pending draft verified alone by a flush, then a plain step): the pair (t1, t2)
@@ -198,7 +190,7 @@ def test_a_probes_accepted_window_is_verified_before_plain_rounds_resume(models,
     tokens again (every later probe accepted)."""
     target, same, _ = models
     eng = Engine(target, tokenizer, same, max_seq_len=256)
-    eng.step_costs = _flushing_costs
+    eng.step_costs = flushing_costs
     gen, _ = eng._start(PROMPTS[0], max_new_tokens=40, method="pearl", ignore_eos=True)
     for _ in gen.rounds():
         pass

@@ -64,12 +64,13 @@ def test_pearls_flush_under_a_constraint_gives_transformers_constrained_tokens(t
     0.5 of a step, every width one step), and a draft with the target's weights: each accepted window
     is verified alone (`Pearl._flush`), its pending drafts walked by the grammar like any verify's.
     Greedy, every constraint: transformers' constrained tokens."""
+    from helpers.fakes import flushing_costs
+
     from specengine import Engine
-    from specengine.runtime.step_costs import StepCosts
 
     target, same, _ = tiny_pair
     eng = Engine(target, tokenizer, same, max_seq_len=256, dtype="float32")
-    eng.step_costs = lambda state, width, draft=True: StepCosts(state.batch, 0.5, tuple(1.0 for _ in range(width)))
+    eng.step_costs = flushing_costs
     flushes = 0
     # the last takes the draft's first token (the unconstrained text is 'n55fy5:!...') and forbids its
     # second: the first flush's pending draft must be rejected by the constraint
