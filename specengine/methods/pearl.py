@@ -244,7 +244,7 @@ class Pearl(Method):
         they were dropped before: a probe whose first window was accepted paid two plain steps' cost
         for 1 token (AVX2 copy, window 4) and threw away 3 drafts that a forward of 4 tokens (1.1-1.3
         steps) verifies."""
-        if not self.modes.any_post or self.gamma < 2 or self.costs is None:
+        if not self.modes.any_post or self.gamma < 2:  # (plain rounds are chosen by cost: costs are set)
             return False
         return expected_tokens(self._alpha(), self.gamma - 1) * self.costs.verify_s(1) > self.costs.verify_s(self.gamma)
 
