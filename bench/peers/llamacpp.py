@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "llama.cpp"
 TOOLS = ("llama-completion", "llama-speculative-simple", "llama-bench")
 ISA = "avx2" if os.environ.get("SPECENGINE_ISA") == "avx2" else "native"
-BIN = BUILD / ("bin" if ISA == "native" else f"bin-{ISA}")
+SUFFIX = "" if ISA == "native" else f"-{ISA}"  # of the build's folders and of its make target
+BIN = BUILD / f"bin{SUFFIX}"
 # llama.cpp's own switches (ggml/CMakeLists.txt): its defaults for this CPU, or AVX2 + FMA + F16C + BMI2 alone
 ISA_FLAGS = {"native": ["-DGGML_NATIVE=ON"],
              "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
@@ -70,7 +71,7 @@ def build() -> Path:
     out = BIN
     if all((out / t).exists() for t in TOOLS):
         return out
-    cmake = src / ("build" if ISA == "native" else f"build-{ISA}")
+    cmake = src / f"build{SUFFIX}"
     flags = [f"-DCMAKE_{lang}_FLAGS={NO_AMX}" for lang in ("C", "CXX")] if gcc_major() <= 12 else []
     subprocess.run(["cmake", "-S", str(src), "-B", str(cmake), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
                     "-DLLAMA_OPENSSL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
@@ -85,7 +86,7 @@ def build() -> Path:
 
 def version() -> str:
     src = source()
-    built = "" if ISA == "native" else f", built for {ISA} alone"
+    built = f", built for {ISA} alone" if SUFFIX else ""
     return src.parents[1].name.removeprefix("llama_cpp_python-") + f" (llama-cpp-python; its vendor/llama.cpp{built})"
 
 
@@ -93,9 +94,9 @@ def require() -> None:
     """A clear stop, before any model loads, where the tools for `ISA` were not built."""
     missing = [t for t in TOOLS if not (BIN / t).exists()]
     if missing:
-        env, target = ("", "bench-gguf") if ISA == "native" else (f"SPECENGINE_ISA={ISA} ", f"bench-gguf-{ISA}")
-        raise SystemExit(f"llama.cpp is not built{'' if ISA == 'native' else ' for ' + ISA} ({BIN / missing[0]} is "
-                         f"missing): run `{env}python bench/peers/llamacpp.py build` first (`make {target}` does)")
+        isa, env = (f" for {ISA}", f"SPECENGINE_ISA={ISA} ") if SUFFIX else ("", "")
+        raise SystemExit(f"llama.cpp is not built{isa} ({BIN / missing[0]} is missing): run `{env}python "
+                         f"bench/peers/llamacpp.py build` first (`make bench-gguf{SUFFIX}` does)")
 
 
 def run_tool(cmd: list[str]) -> subprocess.CompletedProcess:
