@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 CORE   := $(VENV)/.core-installed
 PYTEST_ARGS ?=
 
-.PHONY: gpu-run trace gpu-check install demo test test-fast bench bench-gguf bench-gguf-avx2 bench-structured bench-suffix bench-serve bench-ray bench-ngram bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check fetch clean fuzz-server
+.PHONY: gpu-run trace gpu-check install demo test test-fast bench bench-gguf bench-gguf-avx2 bench-structured bench-suffix bench-serve bench-ray bench-ngram bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check compile-check-device fetch clean fuzz-server
 
 # Two steps: what `make demo` needs (torch, the project with the GGUF reader, the compiled kernels:
 # one translation unit per instruction set this CPU runs, in parallel), then the extras the tests,
@@ -186,6 +186,22 @@ compile-check: $(STAMP)
 	  --json bench/results/compile_check_full.json
 	$(PY) tools/ext_check.py --fetch-only
 	$(PY) tools/ext_check.py
+
+# The same under the GPU machine's own Triton (its image's, /work/.library/device/KINDS.md: 3.6.0 in
+# 2026-11; ours is newer): every variant compiled for sm_90 / sm_80 (spills reported, exit 2 only
+# where one does not compile) and the kernel tests in its interpreter (with a NumPy it accepts).
+# Installed once into build/triton-<version>; about 6 minutes on 2 cores.
+TRITON_DEVICE ?= 3.6.0
+DEVICE_TRITON := build/triton-$(TRITON_DEVICE)
+compile-check-device: $(STAMP)
+	test -d $(DEVICE_TRITON) || $(PY) -m pip install -q --disable-pip-version-check --no-deps \
+	  --target $(DEVICE_TRITON) triton==$(TRITON_DEVICE) "numpy<2.3"
+	env -u TRITON_INTERPRET PYTHONPATH=$(DEVICE_TRITON) $(PY) -m specengine.kernels.compile_check --full \
+	  --json bench/results/compile_check_full_triton$(TRITON_DEVICE).json; test $$? -lt 2
+	PYTHONPATH=$(DEVICE_TRITON) SPECENGINE_TEST_THREADS=1 $(VENV)/bin/pytest -q $(XDIST) -m "not slow" \
+	  tests/ops/test_verify_attention.py tests/ops/test_attention_window.py tests/ops/test_rejection_sampling.py \
+	  tests/ops/test_draft_sampling.py tests/ops/test_commit_tokens.py tests/ops/test_quant_matmul_triton.py \
+	  tests/ops/test_fused_step_ops.py
 
 # GPU bring-up on a CUDA machine (its own python3 with torch, triton, transformers; no network):
 # installs with the sm_90 extension, runs pytest -m gpu, the kernel and end-to-end GPU

@@ -66,3 +66,17 @@ def test_every_block_m_the_launcher_picks_has_a_spill_free_config():
         for rows in range(1, 257):  # every packed row count (32 once had no config: GPU bring-up)
             bm = va.block_m_for(rows, dtype)
             assert any(va.spill_free(kind, bm, n, w) for n in (16, 32, 64) for w in (4, 8)), (dtype, rows)
+
+
+def test_exit_status_tells_spills_from_variants_that_do_not_compile(monkeypatch, capsys):
+    """0: all pass; 1: some spill (reported, as under the GPU machine's older Triton); 2: some do not
+    compile (what `make compile-check-device` fails on)."""
+    from specengine.kernels import compile_check as cc
+
+    ok = cc.Variant("k", "sm_90", {"dtype": "fp32"}, regs=32, shared=0, local=0)
+    spill = cc.Variant("k", "sm_90", {"dtype": "fp16"}, regs=128, shared=0, local=16)
+    broken = cc.Variant("k", "sm_80", {"dtype": "bf16"}, error="ptxas failed")
+    for results, rc in (([ok], 0), ([ok, spill], 1), ([ok, spill, broken], 2), ([broken], 2)):
+        monkeypatch.setattr(cc, "run", lambda full, r=results: r)
+        assert cc.main([]) == rc
+    assert "do not compile" in capsys.readouterr().err
