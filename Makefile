@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 CORE   := $(VENV)/.core-installed
 PYTEST_ARGS ?=
 
-.PHONY: gpu-run trace gpu-check install demo test test-fast bench bench-gguf bench-gguf-avx2 bench-structured bench-suffix bench-serve bench-ray bench-ngram bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check compile-check-device fetch clean fuzz-server
+.PHONY: gpu-run trace gpu-check install demo test test-fast bench bench-gguf bench-gguf-avx2 bench-structured bench-suffix bench-serve bench-ray bench-ngram bench-grid bench-pearl bench-specdec bench-parallelspec bench-trees train-head train-parallel bench-kernels compile-check gpu-rehearsal fetch clean fuzz-server
 
 # Two steps: what `make demo` needs (torch, the project with the GGUF reader, the compiled kernels:
 # one translation unit per instruction set this CPU runs, in parallel), then the extras the tests,
@@ -187,21 +187,29 @@ compile-check: $(STAMP)
 	$(PY) tools/ext_check.py --fetch-only
 	$(PY) tools/ext_check.py
 
-# The same under the GPU machine's own Triton (its image's, /work/.library/device/KINDS.md: 3.6.0 in
-# 2026-11; ours is newer): every variant compiled for sm_90 / sm_80 (spills reported, exit 2 only
-# where one does not compile) and the kernel tests in its interpreter (with a NumPy it accepts).
-# Installed once into build/triton-<version>; about 6 minutes on 2 cores.
-TRITON_DEVICE ?= 3.6.0
-DEVICE_TRITON := build/triton-$(TRITON_DEVICE)
-compile-check-device: $(STAMP)
-	test -d $(DEVICE_TRITON) || $(PY) -m pip install -q --disable-pip-version-check --no-deps \
-	  --target $(DEVICE_TRITON) triton==$(TRITON_DEVICE) "numpy<2.3"
-	env -u TRITON_INTERPRET PYTHONPATH=$(DEVICE_TRITON) $(PY) -m specengine.kernels.compile_check --full \
-	  --json bench/results/compile_check_full_triton$(TRITON_DEVICE).json; test $$? -lt 2
-	PYTHONPATH=$(DEVICE_TRITON) SPECENGINE_TEST_THREADS=1 $(VENV)/bin/pytest -q $(XDIST) -m "not slow" \
+# Before a GPU window, on this CPU: the kernels and the GPU command under the GPU machine's own
+# packages (its image's, /work/.library/device/KINDS.md, 2026-11: Triton 3.6.0, transformers 5.17.0;
+# ours are newer; its torch 2.11 CUDA wheel does not import without CUDA's libraries, so torch stays
+# ours). Every Triton variant compiled for sm_90 / sm_80 (spills reported; exit 2 only where one does
+# not compile), the kernel tests in that Triton's interpreter (with a NumPy it accepts), then
+# scripts/gpu_run.sh rehearsed end to end (GPU_SMOKE=1). Installed once into build/device-py;
+# about 7 minutes on 2 cores.
+DEVICE_PKGS ?= triton==3.6.0 transformers==5.17.0 huggingface_hub==1.33.0 tokenizers==0.23.2 safetensors==0.8.0 "numpy<2.3"
+DEVICE_PY := $(CURDIR)/build/device-py
+$(DEVICE_PY)/.installed: $(STAMP)
+	rm -rf $(DEVICE_PY)
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --target $(DEVICE_PY) $(DEVICE_PKGS)
+	touch $@
+
+gpu-rehearsal: $(DEVICE_PY)/.installed
+	env -u TRITON_INTERPRET PYTHONPATH=$(DEVICE_PY) $(PY) -m specengine.kernels.compile_check --full \
+	  --json bench/results/compile_check_full_triton$$(PYTHONPATH=$(DEVICE_PY) $(PY) -c "import triton; print(triton.__version__)").json; \
+	  test $$? -lt 2
+	PYTHONPATH=$(DEVICE_PY) SPECENGINE_TEST_THREADS=1 $(VENV)/bin/pytest -q $(XDIST) -m "not slow" \
 	  tests/ops/test_verify_attention.py tests/ops/test_attention_window.py tests/ops/test_rejection_sampling.py \
 	  tests/ops/test_draft_sampling.py tests/ops/test_commit_tokens.py tests/ops/test_quant_matmul_triton.py \
 	  tests/ops/test_fused_step_ops.py
+	GPU_SMOKE=1 PYTHONPATH=$(DEVICE_PY) OUT=build/gpu-rehearsal bash scripts/gpu_run.sh
 
 # GPU bring-up on a CUDA machine (its own python3 with torch, triton, transformers; no network):
 # installs with the sm_90 extension, runs pytest -m gpu, the kernel and end-to-end GPU

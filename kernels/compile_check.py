@@ -12,7 +12,7 @@ registers, shared memory and local memory (spills) per thread.
 
 A variant fails when it does not compile, spills (LOCAL_LIMIT_BYTES of local memory per
 thread), or needs more shared memory than the target has. Exit status: 0 all pass, 1 some
-spill or overflow shared memory, 2 some do not compile (`make compile-check-device` runs this
+spill or overflow shared memory, 2 some do not compile (`make gpu-rehearsal` runs this
 under the GPU machine's own, older Triton, where spills are reported and only 2 fails).
 """
 from __future__ import annotations

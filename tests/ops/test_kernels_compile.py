@@ -70,7 +70,7 @@ def test_every_block_m_the_launcher_picks_has_a_spill_free_config():
 
 def test_exit_status_tells_spills_from_variants_that_do_not_compile(monkeypatch, capsys):
     """0: all pass; 1: some spill (reported, as under the GPU machine's older Triton); 2: some do not
-    compile (what `make compile-check-device` fails on)."""
+    compile (what `make gpu-rehearsal` fails on)."""
     from specengine.kernels import compile_check as cc
 
     ok = cc.Variant("k", "sm_90", {"dtype": "fp32"}, regs=32, shared=0, local=0)
