@@ -28,8 +28,8 @@ from specengine.kernels.rejection_sampling import rejection_sample
 from specengine.kernels.verify_attention import verify_attention
 from specengine.runtime.kv_compact import compact_kv, extension_available
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "ops"))  # the kernel benchmarks' folder (and its conftest)
-from verify_attention import binary_tree_mask, sdpa  # noqa: E402  SDPA with an explicit mask: the baseline
+sys.path.insert(0, str(Path(__file__).resolve().parent / "ops"))  # the kernel benchmarks' folder
+from baselines import binary_tree_mask, sdpa  # noqa: E402  SDPA with an explicit mask: the baseline
 
 HEADS = {"qwen2.5-1.5b": (12, 2, 128), "qwen2.5-7b": (28, 4, 128)}
 L2_BYTES = 200 << 20  # rotate inputs past this many bytes (H100 L2 is 50 MB, H200 60 MB)

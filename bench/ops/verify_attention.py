@@ -6,34 +6,12 @@ heads of Qwen2.5-1.5B (12 q / 2 kv, d 128) and Llama-2-7B (32 / 32, d 128).
 """
 import pytest
 import torch
-import torch.nn.functional as F
+from baselines import binary_tree_mask, sdpa
 from conftest import device, timed
 
 from specengine.kernels import verify_attention_ref
-from specengine.methods.token_tree import ancestor_mask
 
 HEADS = {"qwen2.5-1.5b": (12, 2, 128), "llama-2-7b": (32, 32, 128)}
-
-
-def sdpa(q, k, v, lens, tree_mask=None):
-    """SDPA over the whole cache with an explicit boolean mask (what a user would write)."""
-    B, Q, Hq, _ = q.shape
-    S = k.shape[1]
-    s = torch.arange(S, device=q.device)
-    rel = s[None, None, :] - lens.long()[:, None, None]
-    if tree_mask is None:
-        mask = rel <= torch.arange(Q, device=q.device)[None, :, None]
-    else:
-        tm = torch.gather(tree_mask.expand(B, Q, Q), 2, rel.clamp(0, Q - 1).expand(B, Q, S))
-        mask = (rel < 0) | ((rel < Q) & tm)
-    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                          attn_mask=mask[:, None], enable_gqa=Hq != k.shape[2]).transpose(1, 2)
-
-
-def binary_tree_mask(nodes: int, device) -> torch.Tensor:
-    """[1,N,N] ancestor mask of a binary tree: node i's parent is (i - 1) // 2."""
-    parent = torch.tensor([[-1] + [(i - 1) // 2 for i in range(1, nodes)]], device=device)
-    return ancestor_mask(parent)
 
 
 def provider_fn(name):
