@@ -50,3 +50,16 @@ def test_the_command_returns_every_section_and_survives_a_stalled_one(tmp_path):
                                                                        ("1.5b/0.5b", "rejecting", "pearl")}
     assert all(r["same_tokens_as_trace"] for r in pearl)
     assert "sd:auto" in summary and "x HF" in summary  # the one screen
+
+
+@pytest.mark.parametrize("blocked", ["pytest", "pytest_benchmark", "specengine._quantext"])
+def test_the_command_imports_nothing_the_gpu_machine_may_lack(blocked):
+    """The device runs its own image's packages and no extension build: the command's modules load
+    without pytest (it once came in through gpu_kernels -> bench/ops/verify_attention), the
+    pytest-benchmark plugin, or our compiled CPU extension. (A module set to None in sys.modules
+    raises ImportError when imported.)"""
+    code = (f"import sys; sys.modules[{blocked!r}] = None; sys.path.insert(0, 'bench'); "
+            "import gpu_replay, gpu_e2e, gpu_kernels")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
