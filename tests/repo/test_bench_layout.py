@@ -31,11 +31,12 @@ def test_every_bench_script_is_run_by_a_make_target():
     entries = _entry_text()
     run = {p for p in BENCH.rglob("*.py") if str(p.relative_to(ROOT)) in entries}
     reached = set(run)
-    for script in run:  # the modules a run script imports: bench/x.py as `x`, bench/peers/x.py as `peers.x`
-        for name in _sibling_imports(script):
-            module = BENCH / (name.replace(".", "/") + ".py")
-            if module.exists():
-                reached.add(module)
+    for script in run:  # the modules a run script imports: bench/x.py as `x`, bench/peers/x.py as `peers.x`,
+        for name in _sibling_imports(script):  # and a module of the script's own folder (bench/ops/x.py as `x`)
+            for base in (BENCH, script.parent):
+                module = base / (name.replace(".", "/") + ".py")
+                if module.exists():
+                    reached.add(module)
     conftests = set(BENCH.rglob("conftest.py"))
     orphans = sorted(str(p.relative_to(ROOT)) for p in set(BENCH.rglob("*.py")) - reached - conftests)
     assert not orphans, f"bench/ files no make target runs or imports: {orphans}"
