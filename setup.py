@@ -5,8 +5,10 @@ The package imports and works without it (torch index ops are the fallback), so 
 never breaks an install: it is skipped when torch is not importable at build time (pip's
 build isolation) or no compiler is found, and a failed compile is reported and skipped.
 SPECENGINE_BUILD_EXT=0 skips it, =1 forces it (a failure is then an error). The CUDA part
-is added only with nvcc and a CUDA build of torch; TORCH_CUDA_ARCH_LIST picks the archs.
-Metadata lives in pyproject.toml.
+is added only with nvcc and a CUDA build of torch; TORCH_CUDA_ARCH_LIST picks the archs (with
+no GPU to ask, as when the CUDA build PyPI serves lands on a CPU machine with nvcc: 8.0 and 9.0,
+the archs the kernels are checked for). Each extension is built or skipped on its own, so a CUDA
+failure never costs the CPU kernels. Metadata lives in pyproject.toml.
 """
 import os
 import re
@@ -56,6 +58,10 @@ def extensions():
         print("specengine: no C++ compiler; skipping the KV extension", file=sys.stderr)
         return {}, []
     with_cuda = torch.version.cuda is not None and CUDA_HOME is not None and os.environ.get("SPECENGINE_CUDA", "1") != "0"
+    if with_cuda and not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
+        # torch reads the archs from the visible GPUs; with none it failed (IndexError), and the
+        # whole build with it, the CPU kernels included (CUDA torch + nvcc on a CPU machine)
+        os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0"
     sources = ["csrc/compact_kv.cpp"]
     # no -std flag: BuildExtension adds the standard this torch was built with
     # -g0: Python's own flags ask for debug info (-g), which doubled the compile of the templated
@@ -75,8 +81,21 @@ def extensions():
             except Exception as e:  # never break the install in auto mode
                 if MODE == "1":
                     raise
-                print(f"specengine: building the KV extension failed ({e}); using the torch fallback",
+                print(f"specengine: building the extensions failed ({e}); using the torch fallbacks",
                       file=sys.stderr)
+
+        def build_extension(self, ext):  # one extension's failure leaves the other built
+            try:
+                super().build_extension(ext)
+            except Exception as e:
+                if MODE == "1":
+                    raise
+                self.failed = getattr(self, "failed", set()) | {ext.name}
+                print(f"specengine: building {ext.name} failed ({e}); using its torch fallback", file=sys.stderr)
+
+        def build_extensions(self):  # then only what was built is copied in place or installed
+            super().build_extensions()
+            self.extensions = [e for e in self.extensions if e.name not in getattr(self, "failed", set())]
 
     # the quantized matmul: CPU only; its hot loops carry per-ISA clones chosen by CPUID at load
     # -fopenmp: at::parallel_for is OpenMP inline in ATen's headers (without it, one thread); the
