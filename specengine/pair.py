@@ -2,6 +2,8 @@
 model's dtype for its role (precision.py), as `Engine.from_pretrained` asks."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from . import draft_requant, precision
@@ -11,6 +13,12 @@ from .errors import SpecEngineError
 from .models.decoder import Transformer
 from .models import requant
 from .models.loading import load_config, load_model, load_tokenizer, resolve
+
+
+NO_CPU_KERNELS = ("specengine: the compiled CPU kernels (specengine._quantext) are not built in this install, "
+                  "so every CPU op runs its torch reference (GGUF blocks dequantized at each call; dtype 'auto' "
+                  "then measures float weights faster): several times slower. Rebuild them with a C++ compiler "
+                  "and torch importable at build time: pip install --no-build-isolation -e . (or make install)")
 
 
 def device_of(device) -> torch.device:
@@ -40,6 +48,8 @@ def load_pair(target, draft, cfg: EngineConfig):
     cpu_ext.forced_isa()  # before any measurement: they are filed per kernel copy
     dev = device_of(cfg.device)
     ddev = dev if cfg.draft_device is None else device_of(cfg.draft_device)
+    if cpu_ext.EXT is None and "cpu" in (dev.type, ddev.type):
+        warnings.warn(NO_CPU_KERNELS, RuntimeWarning, stacklevel=3)
     dtype = cfg.torch_dtype()
     if cfg.weights == "gguf":  # blocks as stored; dtype is the activations' (fp32 unless asked)
         act = dtype or torch.float32

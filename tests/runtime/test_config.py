@@ -63,3 +63,19 @@ def test_gguf_weights_need_a_gguf_file(tiny_dir):
     with pytest.raises(SpecEngineError, match="weights='gguf' needs a .gguf file or a registry model") as err:
         Engine.from_pretrained(str(tiny_dir), weights="gguf")
     assert err.value.param == "weights"
+
+
+def test_an_install_without_the_cpu_kernels_says_so(tiny_dir, monkeypatch):
+    """Without the compiled CPU kernels every CPU op runs its torch reference: several times slower,
+    and GGUF blocks far more. Loading on a CPU says so and how to rebuild; with them, nothing."""
+    import warnings
+
+    from specengine.kernels import cpu_ext
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        Engine.from_pretrained(str(tiny_dir), dtype="float32", device="cpu")
+    assert not [w for w in seen if "not built" in str(w.message)]
+    monkeypatch.setattr(cpu_ext, "EXT", None)
+    with pytest.warns(RuntimeWarning, match=r"CPU kernels \(specengine._quantext\) are not built.*--no-build-isolation"):
+        Engine.from_pretrained(str(tiny_dir), dtype="float32", device="cpu")
