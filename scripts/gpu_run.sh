@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one GPU command (docs/design.md, "The GPU run"): fits a 15-minute device window, about
-# 7 minutes on a bare H100 with the install (no extension build; the device's own torch/triton):
+# 7 minutes on a bare H100 with the install by its sections' limits (never yet run on a device; no
+# extension build; the device's own torch/triton; `make gpu-rehearsal` runs it here under those versions):
 #   SPECENGINE_COMMIT=<sha> bash scripts/gpu_run.sh        (make gpu-run passes the commit)
 # Sections, each under its own limit, each JSON into $OUT the moment it ends:
 #   step         the fused, graphed ar step of the 0.5B / 1.5B / 7B shapes (first: short)
