@@ -16,9 +16,9 @@ from .models.loading import load_config, load_model, load_tokenizer, resolve
 
 
 NO_CPU_KERNELS = ("specengine: the compiled CPU kernels (specengine._quantext) are not built in this install, "
-                  "so every CPU op runs its torch reference (GGUF blocks dequantized at each call; dtype 'auto' "
-                  "then measures float weights faster): several times slower. Rebuild them with a C++ compiler "
-                  "and torch importable at build time: pip install --no-build-isolation -e . (or make install)")
+                  "so every CPU op runs its torch reference and GGUF blocks are dequantized at every matmul "
+                  "(far slower). Rebuild them with a C++ compiler and torch importable at build time: "
+                  "pip install --no-build-isolation -e . (or make install)")
 
 
 def device_of(device) -> torch.device:

@@ -66,8 +66,8 @@ def test_gguf_weights_need_a_gguf_file(tiny_dir):
 
 
 def test_an_install_without_the_cpu_kernels_says_so(tiny_dir, monkeypatch):
-    """Without the compiled CPU kernels every CPU op runs its torch reference: several times slower,
-    and GGUF blocks far more. Loading on a CPU says so and how to rebuild; with them, nothing."""
+    """Without the compiled CPU kernels every CPU op runs its torch reference and GGUF blocks are
+    dequantized at every matmul. Loading on a CPU says so and how to rebuild; with them, nothing."""
     import warnings
 
     from specengine.kernels import cpu_ext
