@@ -194,7 +194,8 @@ compile-check: $(STAMP)
 # not compile), the kernel tests in that Triton's interpreter (with a NumPy it accepts), then
 # scripts/gpu_run.sh rehearsed end to end (GPU_SMOKE=1). Installed once into build/device-py;
 # about 7 minutes on 2 cores.
-DEVICE_PKGS ?= triton==3.6.0 transformers==5.17.0 huggingface_hub==1.33.0 tokenizers==0.23.2 safetensors==0.8.0 "numpy<2.3"
+TRITON_DEVICE ?= 3.6.0
+DEVICE_PKGS ?= triton==$(TRITON_DEVICE) transformers==5.17.0 huggingface_hub==1.33.0 tokenizers==0.23.2 safetensors==0.8.0 "numpy<2.3"
 DEVICE_PY := $(CURDIR)/build/device-py
 $(DEVICE_PY)/.installed: $(STAMP)
 	rm -rf $(DEVICE_PY)
@@ -203,8 +204,7 @@ $(DEVICE_PY)/.installed: $(STAMP)
 
 gpu-rehearsal: $(DEVICE_PY)/.installed
 	env -u TRITON_INTERPRET PYTHONPATH=$(DEVICE_PY) $(PY) -m specengine.kernels.compile_check --full \
-	  --json bench/results/compile_check_full_triton$$(PYTHONPATH=$(DEVICE_PY) $(PY) -c "import triton; print(triton.__version__)").json; \
-	  test $$? -lt 2
+	  --json bench/results/compile_check_full_triton$(TRITON_DEVICE).json; test $$? -lt 2
 	PYTHONPATH=$(DEVICE_PY) SPECENGINE_TEST_THREADS=1 $(VENV)/bin/pytest -q $(XDIST) -m "not slow" \
 	  tests/ops/test_verify_attention.py tests/ops/test_attention_window.py tests/ops/test_rejection_sampling.py \
 	  tests/ops/test_draft_sampling.py tests/ops/test_commit_tokens.py tests/ops/test_quant_matmul_triton.py \

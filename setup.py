@@ -75,6 +75,8 @@ def extensions():
         ext = CppExtension("specengine._kvext", sources, extra_compile_args=args)
 
     class OptionalBuild(BuildExtension):
+        failed = frozenset()  # the extensions whose build failed (auto mode)
+
         def run(self):
             try:
                 super().run()
@@ -90,12 +92,12 @@ def extensions():
             except Exception as e:
                 if MODE == "1":
                     raise
-                self.failed = getattr(self, "failed", set()) | {ext.name}
+                self.failed = self.failed | {ext.name}
                 print(f"specengine: building {ext.name} failed ({e}); using its torch fallback", file=sys.stderr)
 
         def build_extensions(self):  # then only what was built is copied in place or installed
             super().build_extensions()
-            self.extensions = [e for e in self.extensions if e.name not in getattr(self, "failed", set())]
+            self.extensions = [e for e in self.extensions if e.name not in self.failed]
 
     # the quantized matmul: CPU only; its hot loops carry per-ISA clones chosen by CPUID at load
     # -fopenmp: at::parallel_for is OpenMP inline in ATen's headers (without it, one thread); the
