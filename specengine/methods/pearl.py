@@ -89,6 +89,7 @@ class Pearl(Method):
         self.modes: PearlModes | None = None
         self.plain, self.behind = PlainStep(), 0  # γ = 0 rounds (see _plain_wins)
         self.plain_total = self.flushes = 0  # plain rounds, and those of them that verified pending drafts (`_flush`)
+        self.plain_last = False  # the last round launched was a plain step (no flush): see one_token_rounds
         self.wait, self.probed = ProbeWait(), False  # plain rounds before a probe; the last round was one
         self.rows, self.first = None, False  # the driver's rows (begin): what each may write and has kept
         self.accepted, self.proposed = 0.7 * 4, 4.0  # running acceptance: prior 0.7, weight 4, decayed
@@ -161,27 +162,45 @@ class Pearl(Method):
         2.1 plain steps' cost, where a pre-verify round commits 1). So a probe lasts while its
         windows are accepted, rather than ending on its pre-verify round (1 token, always "plain
         wins") with its accepted drafts dropped."""
+        plain, why = self._choice()
+        if why == "pending":
+            return plain
+        self.first = False
+        if why == "probe":
+            self.probed = True
+        elif why == "cost" and self.probed:  # the round after a probe: plain again doubles the wait, PEARL resets it
+            self.wait.settle(plain)
+            self.probed = False
+        return plain
+
+    def _choice(self) -> tuple[bool, str]:
+        """The next round's choice by what the host knows now, changing nothing: (plain, why), why
+        one of "given" (the window was given), "pending" (drafts pending: their post-verify round or
+        plain), "probe" (a PEARL round after a run of plain ones), "timing" (plain, to time plain
+        decoding once), "cost" (the measured costs' verdict)."""
         if not self.by_cost:
-            return False
+            return False, "given"
         f = self.clock.factors() if self.calibrate else {}
         if self.modes.any_post:
             alpha = self._alpha()
-            return not self._beats_plain(expected_tokens(alpha, self.gamma) - alpha ** self.gamma, f)
+            return not self._beats_plain(expected_tokens(alpha, self.gamma) - alpha ** self.gamma, f), "pending"
         left = None if self.rows is None else tokens_left(self.rows)
         # a wait under way (plain rounds carried from the last call) that ends within this call ends at
         # its first round, where the draft owes no catch-up; with none under way the costs choose
         early = self.first and self.wait.run > 0 and left is not None and self.wait.run + left >= self.wait.every
-        self.first = False
         if early or self.wait.due(left, owed=self.behind):
-            self.probed = True
-            return False
+            return False, "probe"
         if self.calibrate and self.clock.wants_plain():  # time plain decoding once to compare
-            return True
-        plain = not self._beats_plain(self.round_tokens(), f)
-        if self.probed:  # the round after a probe: plain again doubles the wait, PEARL resets it
-            self.wait.settle(plain)
-            self.probed = False
-        return plain
+            return True, "timing"
+        return not self._beats_plain(self.round_tokens(), f), "cost"
+
+    @property
+    def one_token_rounds(self) -> bool:
+        """Decoding plainly by cost, and the next round plain too by what the host knows before reading
+        this one: the driver may launch it ahead, as for `ar` (a GPU's "never slower": a PEARL whose
+        windows are rejected runs `ar`'s rounds without the host's gap between them). The choice then
+        lags one round: the one in flight is booked after the next is chosen."""
+        return self.plain_last and self._choice()[0]
 
     def _beats_plain(self, tokens: float, factors: dict) -> bool:
         """A PEARL round expected to commit `tokens` per row beats a plain step (seconds as the clock
@@ -207,6 +226,7 @@ class Pearl(Method):
         flush = plain and self._flush_pays()
         self._book(plain, flush)
         self.wait.count(plain)
+        self.plain_last = plain and not flush
         if plain:
             self.plain_total += 1
             if flush:

@@ -114,6 +114,42 @@ def test_sd_gamma_auto_decoding_plainly_overlaps_like_ar_and_still_probes(tiny_p
     assert [r.token_ids for r in again] == [r.token_ids for r in ref]
 
 
+def test_pearl_decoding_plainly_overlaps_like_ar_and_still_probes(tiny_pair, tokenizer, monkeypatch):
+    """PEARL with its window by cost, where the costs make its rounds lose: its plain stretches are
+    launched ahead like ar's (a GPU's "never slower" with every window rejected), only plain steps
+    are (a probe waits for the round before it to be read), its probes still run, and the tokens
+    are ar's, with the overlap on and off."""
+    from specengine.generation import Generation
+    from specengine.runtime.step_costs import StepCosts
+
+    kinds = []  # (launched ahead, the round was a plain step) per launch
+    real = Generation._launch
+
+    def launch(self, ahead):
+        out = real(self, ahead)
+        if self.method.name == "pearl":
+            kinds.append((ahead, self.method.plain_last))
+        return out
+
+    monkeypatch.setattr(Generation, "_launch", launch)
+
+    eng = Engine(tiny_pair[0], tokenizer, draft=tiny_pair[2], max_seq_len=160)
+    eng.step_costs = lambda state, width, draft=True: StepCosts(state.batch, 0.5, tuple(1.0 + w for w in range(width)))
+    eng.overlap_rounds = True
+    ref = eng.generate(PROMPTS, max_new_tokens=60, ignore_eos=True, method="ar")
+    out = eng.generate(PROMPTS, max_new_tokens=60, ignore_eos=True, method="pearl")
+    assert [r.token_ids for r in out] == [r.token_ids for r in ref]
+    stats = out[0].stats
+    assert stats["plain_rounds"] > 40 and stats["rounds_launched_ahead"] > 30
+    assert stats["rounds"] > stats["plain_rounds"]  # a probe after 16 plain rounds ran a PEARL round
+    assert all(plain for ahead, plain in kinds if ahead) and not all(plain for _, plain in kinds)
+    eng.overlap_rounds = False
+    again = eng.generate(PROMPTS, max_new_tokens=60, ignore_eos=True, method="pearl")
+    assert again[0].stats["rounds_launched_ahead"] == 0
+    assert [r.token_ids for r in again] == [r.token_ids for r in ref]
+    assert again[0].stats["plain_rounds"] == stats["plain_rounds"]  # pinned costs: the same choices, a round later
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_overlapped_rounds_give_the_plain_drivers_tokens(tiny_dir):
