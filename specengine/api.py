@@ -16,10 +16,10 @@ from .generation import Generation, headroom
 from .methods import METHODS, Method
 from .methods.context import MethodContext
 from .methods.logprobs import LogprobSpec, TokenLogprob
-from . import precision
+from . import huge_pages, precision
 from .models.cpu_matmul import optimize, unpack
 from .models.loading import load_tokenizer, resolve
-from .models.quant_plan import choose_layouts
+from .models.quant_plan import choose_layouts, hold
 from .models.tokenizer_check import check_tokenizers
 from .models.subset_head import set_head_vocab
 from .models.vocab import pad_vocab
@@ -52,9 +52,7 @@ class Engine:
     def __init__(self, target, tokenizer, draft=None, config: EngineConfig | None = None, **options):
         """target / draft: our `Transformer` modules (see `from_pretrained` to load them).
         A draft on another device than the target runs there (PEARL on two GPUs).
-        Options: an `EngineConfig` and/or its fields as keywords (config.py documents each:
-        method, max_seq_len, gamma, policy, threshold, kernels, cuda_graphs, cpu_matmul,
-        max_batch, acceptance_head, parallel_drafter, batch_invariant, invariant_width).
+        Options: an `EngineConfig` and/or its fields as keywords (config.py documents each).
         batch_invariant "auto" (default) turns the mode on for a bf16/fp16 target when it
         costs at most 5% per decode here (measured at start-up): speculation then gives
         exactly ar's tokens in 16-bit precision too (docs/design.md)."""
@@ -66,6 +64,7 @@ class Engine:
             set_head_vocab(draft, draft_head_ids(cfg.draft_vocab, tokenizer, draft.config.vocab_size))  # FR-Spec
         elif cfg.draft_vocab not in ("auto", 0):
             raise SpecEngineError("draft_vocab cuts a draft model's LM head; there is no draft model", "draft_vocab")
+        huge_pages.enable(cfg.huge_pages)  # before any layout is chosen: the layouts' weights are held
         self.tokenizer, self.max_seq_len = tokenizer, cfg.max_seq_len
         self.target = ModelRunner(target, cfg.kernels, cfg.cuda_graphs, cfg.max_batch)
         self.device = self.target.device
@@ -173,6 +172,7 @@ class Engine:
                 optimize(runner.model)
             else:
                 unpack(runner.model)
+            hold(runner.model)  # float weights as the plans left them, into 2 MiB pages (huge_pages.py)
 
     def step_costs(self, state, max_width: int, draft: bool = True):
         """Measured draft step and target forward costs for the state's batch (widths 1..max_width),

@@ -87,6 +87,7 @@ def last_level_cache_bytes() -> int:
 def machine() -> dict:
     """What the measurements depend on. "kernels": the instruction set our kernels run with
     here (CPUID; None where not built)."""
+    from . import huge_pages
     from .kernels.cpu_ext import EXT, TILES, VECTOR
 
     # the tile copy's choice is a measurement filed in this table (quant_plan.choose_tiles): both copies
@@ -94,12 +95,14 @@ def machine() -> dict:
     kernels = None if EXT is None else (VECTOR if EXT.isa() == TILES else EXT.isa())
     return {"cpu": cpu_name(), "isa": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "kernels": kernels,
-            "kernel_digest": kernel_digest()}
+            "kernel_digest": kernel_digest(), "pages": "2M" if huge_pages.enabled() else "4K"}
 
 
 def key() -> str:
     m = machine()
-    raw = f"{m['cpu']}-{m['isa']}-{m['kernels'] or 'torch'}-{m['threads']}t-torch{m['torch']}-{m['kernel_digest']}"
+    # the weights' page size moves every timing (huge_pages.py): a table measured in 4 KiB pages is another's
+    raw = (f"{m['cpu']}-{m['isa']}-{m['kernels'] or 'torch'}-{m['threads']}t-torch{m['torch']}-{m['kernel_digest']}"
+           + ("" if m["pages"] == "4K" else f"-{m['pages']}pages"))
     return re.sub(r"[^A-Za-z0-9.]+", "-", raw).strip("-")
 
 

@@ -6,7 +6,7 @@ import warnings
 
 import torch
 
-from . import draft_requant, precision
+from . import draft_requant, huge_pages, precision
 from .kernels import cpu_ext
 from .config import EngineConfig
 from .errors import SpecEngineError
@@ -46,6 +46,7 @@ def load_pair(target, draft, cfg: EngineConfig):
     measured matmul table (precision.py): fp32 or bf16, or with weights "auto" and a GGUF
     source also the file's blocks, unless SPECENGINE_CPU_DTYPE forces a dtype."""
     cpu_ext.forced_isa()  # before any measurement: they are filed per kernel copy
+    huge_pages.enable(cfg.huge_pages)  # and per page size (machine.key): set before the weights load
     dev = device_of(cfg.device)
     ddev = dev if cfg.draft_device is None else device_of(cfg.draft_device)
     if cpu_ext.EXT is None and "cpu" in (dev.type, ddev.type):

@@ -11,7 +11,8 @@ files its results in the machine's one table (machine.py: one key from the CPU, 
 sets, threads, torch and the kernels' digest), so a second load on the same machine measures
 nothing again. The batch-invariant probe (runtime/invariance.py)
 runs per engine and is not filed; which executor runs each CPU model's layers
-(models/cpu_stack.py) is decided, not measured. The plan reads them back from the engine; no
+(models/cpu_stack.py) is decided, not measured, as is holding the CPU weights in 2 MiB pages
+(huge_pages.py: the engine's `huge_pages`). The plan reads them back from the engine; no
 choice is made here.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from . import machine
+from . import huge_pages, machine
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Plan:
     step_costs: dict  # batch -> {"draft_s", "target_s": per width, "draft_prefill_s": per token}, measured so far
     tiles: dict | None = None  # AMX: the copy running and each copy's ms at 32 rows (quant_plan.choose_tiles)
     prefetch: dict | None = None  # the cache the weight stream is prefetched into, and each level's pass ms
+    pages: dict | None = None  # role -> CPU weights moved into 2 MiB pages (bytes, seconds, or why not); "huge_bytes": backed now
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -72,6 +74,12 @@ class Plan:
                      + ", ".join(f"{lv} " + " / ".join(f"{ms:.1f}" for ms in by.values()) + " ms" for lv, by in p["ms"].items())
                      if p.get("ms") else " (not timed: no model yet large enough to stream from memory)")
             out.append(f"weight stream prefetched into {p['running']}{timed}")
+        if self.pages:
+            held = {role: h for role, h in self.pages.items() if role != "huge_bytes"}
+            out.append("weights in 2 MiB pages: " + ", ".join(
+                f"{role} {h['bytes'] / 2**30:.2f} GiB (moved in {h['seconds']:.1f} s)" if "bytes" in h
+                else f"{role} none ({h['why_not']})" for role, h in held.items())
+                + f"; {self.pages['huge_bytes'] / 2**30:.2f} GiB backed by huge pages now")
         for role, layouts in self.layouts.items():
             out.append(f"{role} GGUF layouts: " + ", ".join(f"{k}={v}" for k, v in sorted(layouts.items())))
         inv = self.invariance
@@ -126,5 +134,8 @@ def plan_of(engine) -> Plan:
     fetch = table.get(quant_plan.PREFETCH_ENTRY)
     prefetch = {"running": cpu_ext.EXT.prefetch(), "ms": fetch and fetch["ms"]} \
         if layouts and cpu_ext.has("prefetch") else None  # an older build has no switch: nothing to say
+    pages = {role: huge_pages.report(m) for role, m in models.items() if m.device.type == "cpu"}
+    pages = pages and {**pages, "huge_bytes": huge_pages.huge_bytes()}
     return Plan(key=machine.key(), machine=machine.machine(), precision=precision, ops=ops, linears=linears,
-                layouts=layouts, invariance=inv, forward=forward, step_costs=costs, tiles=tiles, prefetch=prefetch)
+                layouts=layouts, invariance=inv, forward=forward, step_costs=costs, tiles=tiles, prefetch=prefetch,
+                pages=pages or None)

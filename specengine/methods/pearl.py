@@ -89,7 +89,7 @@ class Pearl(Method):
         self.modes: PearlModes | None = None
         self.plain, self.behind = PlainStep(), 0  # γ = 0 rounds (see _plain_wins)
         self.plain_total = self.flushes = 0  # plain rounds, and those of them that verified pending drafts (`_flush`)
-        self.plain_last = False  # the last round launched was a plain step (no flush): see one_token_rounds
+        self.plain_last = False  # the last round launched was a plain step (one_token_rounds)
         self.wait, self.probed = ProbeWait(), False  # plain rounds before a probe; the last round was one
         self.rows, self.first = None, False  # the driver's rows (begin): what each may write and has kept
         self.accepted, self.proposed = 0.7 * 4, 4.0  # running acceptance: prior 0.7, weight 4, decayed
@@ -174,10 +174,8 @@ class Pearl(Method):
         return plain
 
     def _choice(self) -> tuple[bool, str]:
-        """The next round's choice by what the host knows now, changing nothing: (plain, why), why
-        one of "given" (the window was given), "pending" (drafts pending: their post-verify round or
-        plain), "probe" (a PEARL round after a run of plain ones), "timing" (plain, to time plain
-        decoding once), "cost" (the measured costs' verdict)."""
+        """The next round's (plain, why) by what the host knows now, changing nothing; why: "given"
+        (the window), "pending" (drafts pending), "probe", "timing" (plain, timed once), "cost"."""
         if not self.by_cost:
             return False, "given"
         f = self.clock.factors() if self.calibrate else {}
@@ -196,15 +194,12 @@ class Pearl(Method):
 
     @property
     def one_token_rounds(self) -> bool:
-        """Decoding plainly by cost, and the next round plain too by what the host knows before reading
-        this one: the driver may launch it ahead, as for `ar` (a GPU's "never slower": a PEARL whose
-        windows are rejected runs `ar`'s rounds without the host's gap between them). The choice then
-        lags one round: the one in flight is booked after the next is chosen."""
+        """A plain step, and the next one plain too by what the host knows before reading it: the driver
+        may launch it ahead, as for `ar` (a GPU PEARL whose windows lose pays no host gap a round)."""
         return self.plain_last and self._choice()[0]
 
     def _beats_plain(self, tokens: float, factors: dict) -> bool:
-        """A PEARL round expected to commit `tokens` per row beats a plain step (seconds as the clock
-        corrected them)."""
+        """A PEARL round of `tokens` per row beats a plain step (seconds as the clock corrected them)."""
         return tokens / (self._round_s() * factors.get("spec", 1.0)) > 1.0 / (self.costs.verify_s(1) * factors.get("plain", 1.0))
 
     def round_tokens(self) -> float:
@@ -215,8 +210,7 @@ class Pearl(Method):
         return self.yield_[0] / self.yield_[1]
 
     def _round_s(self) -> float:
-        """The model's seconds of a PEARL round: the draft's window and the verify, overlapped on
-        CUDA, one after the other on a CPU."""
+        """A PEARL round's model seconds: window and verify, overlapped on CUDA, in turn on a CPU."""
         c, g = self.costs, self.gamma
         parts = (g * c.draft_s, c.verify_s(g + 1))
         return max(parts) if self.ctx.device.type == "cuda" else sum(parts)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from tqdm.auto import tqdm
 
-from .. import machine
+from .. import huge_pages, machine
 from . import cpu_matmul
 from ..kernels.cpu_ext import TILES, VECTOR, forced_name
 from ..kernels.quant_pack import PACKED, pack_x8
-from .quant_linear import QuantLinear, _quantext, quant_layers, quant_matmul, quant_matmul_packed
+from .quant_linear import QuantLinear, _layout_changed, _quantext, quant_layers, quant_matmul, quant_matmul_packed
 
 LAYOUT_ROWS = (1, 4)  # a decode and a typical verify: the layout faster over both is kept
 TILES_ENTRY = "gguf:isa:tiles"  # which of the extension's copies TILES / VECTOR runs (choose_tiles)
@@ -170,6 +170,8 @@ def choose_prefetch(model, ext=_quantext, table: dict | None = None, timer=None)
         nbytes = sum(w.numel() for layer in layers for _, w in layer.stored())
         if nbytes < max(machine.last_level_cache_bytes(), cpu_matmul.MIN_PASS_BYTES):
             return None
+        if huge_pages.enabled() and not huge_pages.held(model) and nbytes >= huge_pages.HUGE:
+            return None  # timed once the engine holds the weights in the pages they will run from (`hold`)
         table[PREFETCH_ENTRY] = {"ms": (timer or time_levels)(ext, layers), "bytes": nbytes}
         cpu_matmul._save_table(table)
     ms = table[PREFETCH_ENTRY]["ms"]
@@ -239,3 +241,11 @@ def choose_layouts(model, reps: int = 2, progress: bool = True) -> dict[str, str
             layer.pack_segment(i, best == "x8")
     choose_prefetch(model, table=table)  # on the layouts as they will run
     return chosen
+
+
+def hold(model) -> None:
+    """The engine's model into 2 MiB pages where its `huge_pages` asks (huge_pages.py): the compiled
+    layer stack drops the tensors it held, and the prefetch level is timed now if it waited for this."""
+    if huge_pages.hold(model) is not None:
+        _layout_changed()
+        choose_prefetch(model)

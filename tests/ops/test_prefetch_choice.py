@@ -63,6 +63,23 @@ def test_the_faster_level_is_set_and_filed_once(tmp_path, monkeypatch, streams_f
     assert choose_prefetch(model(), other, timer=timer({"l1": 2.0, "l2": 3.0}, calls)) == "l1" and other.level == "l1"
 
 
+def test_the_level_is_timed_in_the_pages_the_weights_will_run_from(tmp_path, monkeypatch, streams_from_memory):
+    """With the weights to be held in 2 MiB pages (huge_pages.py) the level waits for the hold: timed on
+    weights still in small pages, it would be filed for pages it never runs from."""
+    from specengine import huge_pages
+
+    monkeypatch.setenv("SPECENGINE_PLAN_DIR", str(tmp_path))
+    monkeypatch.setattr(huge_pages, "_enabled", True)
+    big = torch.nn.Sequential(QuantLinear([("Q4_K", random_blocks("Q4_K", 8192, 512))]))  # 2.4 MB
+    ext, calls = FakeExt(), []
+    if huge_pages.support() is not None:  # no huge pages here: nothing to wait for
+        assert choose_prefetch(big, ext, timer=timer({"l1": 3.0, "l2": 2.0}, calls)) == "l2" and calls == [1]
+        return
+    assert choose_prefetch(big, ext, timer=timer({"l1": 3.0, "l2": 2.0}, calls)) is None and calls == []
+    huge_pages.hold(big)
+    assert choose_prefetch(big, ext, timer=timer({"l1": 3.0, "l2": 2.0}, calls)) == "l2" and calls == [1]
+
+
 def test_a_model_that_fits_in_cache_is_not_timed(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECENGINE_PLAN_DIR", str(tmp_path))
     ext, calls = FakeExt(), []

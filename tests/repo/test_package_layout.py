@@ -14,6 +14,7 @@ FLOORS = {
     "errors": 0, "timing": 0, "eos": 0,
     "kernels": 1, "_kvext": 1, "_quantext": 1,  # the compiled extensions (csrc/, setup.py)
     "machine": 1,  # the CPU at hand, its cache dir and its one measurement table
+    "huge_pages": 1,  # where the CPU weights sit in memory (2 MiB pages)
     "layers": 2,
     "models": 3,
     "runtime": 4, "drafting": 4, "structured": 4,  # structured: constraints, xgrammar matchers
