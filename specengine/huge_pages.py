@@ -10,9 +10,12 @@ pages anyway; the common "madvise" setting gives them only to ranges that ask, w
 `hold(model)` copies the model's CPU weights into one 2 MiB-aligned block asked for with
 MADV_HUGEPAGE (views keep their strides and sharing: a tied embedding stays one tensor); whatever
 cached the old tensors must drop them (the caller: the compiled layer stack's cache). The kernel may
-still give 4 KiB pages (fragmented memory); `report` reads back what it gave (/proc/self/smaps). The cost is
-the huge pages' first touch: ~0.2 s/GiB on most machines, but ~8 s/GiB on VMs whose host takes
-freed guest memory back (free page reporting): there `huge_pages=False` suits short-lived processes.
+still give 4 KiB pages (fragmented memory); `huge_bytes` reads back what it gave (/proc/self/smaps). A
+tensor replaced after the hold (a layout changed at run time) is held anew in a block of its own, and
+its old bytes stay in the first block while the model holds any of it. The cost is the huge pages'
+first touch: on that VM, whose host takes freed guest memory back, 7.8 s/GiB for fresh ones (0.15
+s/GiB for ones the process had just freed; 4 KiB pages 0.2 s/GiB): there `huge_pages=False` suits
+short-lived processes.
 """
 from __future__ import annotations
 
