@@ -112,12 +112,21 @@ def kernels() -> list[dict]:
     return rows
 
 
-def read_bandwidth(nbytes: int, reps: int = 5) -> float:
-    """This machine's read bandwidth (bytes/s, all threads): the best of `reps` reads of a buffer of
-    `nbytes` (`stream_bytes()`), streamed as the kernels stream weights (`read_stream`; torch's own sum
-    reads 25% slower on a 2-core Zen 4). What a one-row matvec can at best reach."""
-    buf = torch.ones(nbytes, dtype=torch.uint8)
-    return nbytes / best_ms(lambda: _quantext.read_stream(buf), reps) * 1e3
+def read_bandwidth(buf: torch.Tensor, reps: int = 5) -> float:
+    """This machine's read bandwidth (bytes/s, all threads): the best of `reps` reads of `buf` (uint8 of
+    `stream_bytes()`, in the engine's pages), streamed as the kernels stream weights (`read_stream`;
+    torch's own sum reads 25% slower on a 2-core Zen 4). What a one-row matvec can at best reach."""
+    return buf.numel() / best_ms(lambda: _quantext.read_stream(buf), reps) * 1e3
+
+
+def in_engine_pages(t: torch.Tensor) -> torch.Tensor:
+    """`t` in the pages an engine holds its weights in (2 MiB where `huge_pages` is on: huge_pages.py)."""
+    from specengine import huge_pages
+
+    holder = torch.nn.Module()
+    holder.register_buffer("t", t)
+    huge_pages.hold(holder)
+    return holder.t
 
 
 def stream_bytes() -> int:
@@ -137,22 +146,25 @@ def streams(isas: list[str], rows=(1, 2, 4, 5, 8), rounds: int = 3) -> list[dict
     drifts by tens of percent within a minute, so the copies and widths take turns, `rounds` times, and
     each keeps its best (`--streams avx2` on an AVX-512 machine checks the AVX2 copy's arithmetic; its
     stream rate says nothing of an AVX2-only CPU). The bandwidth probe reads at both levels and keeps the
-    faster."""
+    faster. Weights and probe sit in the pages an engine holds its weights in (`in_engine_pages`)."""
     from specengine.kernels.quant_pack import pack_x8
 
+    from specengine import huge_pages
+
     out, widest, level, nbytes = [], _quantext.isa(), _quantext.prefetch(), stream_bytes()
+    probe, pages = in_engine_pages(torch.ones(nbytes, dtype=torch.uint8)), "2M" if huge_pages.enabled() else "4K"
     xs = {m: torch.randn(m, K) for m in rows}
     turns = [(isa, lv) for isa in isas for lv in (PREFETCH_LEVELS[:1] if isa == "baseline" else PREFETCH_LEVELS)]  # baseline: no prefetch
     try:
         for qtype in ("Q4_K", "Q5_0", "Q6_K", "Q4_0"):
             b = blocks(qtype)
             repeat = -(-nbytes // b.numel())
-            w = pack_x8(torch.cat([b] * repeat), qtype)
+            w = in_engine_pages(pack_x8(torch.cat([b] * repeat), qtype))
             best, bw = {}, 0.0
             for _ in range(rounds):
                 for lv in PREFETCH_LEVELS:  # beside the kernels' turns: a ratio of one moment
                     _quantext.set_prefetch(lv)
-                    bw = max(bw, read_bandwidth(nbytes, reps=2))
+                    bw = max(bw, read_bandwidth(probe, reps=2))
                 for isa, lv in turns:
                     _quantext.set_isa(isa)
                     _quantext.set_prefetch(lv)
@@ -160,7 +172,7 @@ def streams(isas: list[str], rows=(1, 2, 4, 5, 8), rounds: int = 3) -> list[dict
                         ms = best_ms(lambda: _quantext.quant_matmul_x8(xs[m], w, EXT_CODES[qtype], repeat * N), reps=2)
                         best[isa, lv, m] = min(best.get((isa, lv, m), ms), ms)
             for isa, lv in turns:
-                got = [dict(isa=isa, prefetch=lv, qtype=qtype, rows=m, weight_bytes=w.numel(), ms=best[isa, lv, m],
+                got = [dict(isa=isa, prefetch=lv, pages=pages, qtype=qtype, rows=m, weight_bytes=w.numel(), ms=best[isa, lv, m],
                             GB_per_s=w.numel() / best[isa, lv, m] / 1e6, x_one_row=best[isa, lv, m] / best[isa, lv, rows[0]],
                             read_bandwidth_GB_per_s=bw / 1e9, of_bandwidth=w.numel() / best[isa, lv, m] * 1e3 / bw)
                        for m in rows]

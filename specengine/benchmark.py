@@ -99,7 +99,7 @@ def environment() -> dict:
     commit = os.environ.get("SPECENGINE_COMMIT") or commit  # set by gpu_check: a copied tree's .git may be stale
     env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
            "cpu": cpu["cpu"], "cpu_family_model": f"{cpuinfo('cpu family')}/{cpuinfo('model')}",
-           "cpu_isa": cpu["isa"], "cpu_threads": cpu["threads"],
+           "cpu_isa": cpu["isa"], "cpu_threads": cpu["threads"], "weight_pages": cpu["pages"],
            "commit": commit, "command": " ".join(forcing_env() + sys.argv)}
     if torch.cuda.is_available():
         env.update(device=torch.cuda.get_device_name(), cuda=torch.version.cuda)
