@@ -64,7 +64,7 @@ class Engine:
             set_head_vocab(draft, draft_head_ids(cfg.draft_vocab, tokenizer, draft.config.vocab_size))  # FR-Spec
         elif cfg.draft_vocab not in ("auto", 0):
             raise SpecEngineError("draft_vocab cuts a draft model's LM head; there is no draft model", "draft_vocab")
-        huge_pages.enable(cfg.huge_pages)  # before any layout is chosen: the layouts' weights are held
+        huge_pages.enable(cfg.huge_pages)  # whether set_cpu_matmul (below) holds the CPU weights in 2 MiB pages
         self.tokenizer, self.max_seq_len = tokenizer, cfg.max_seq_len
         self.target = ModelRunner(target, cfg.kernels, cfg.cuda_graphs, cfg.max_batch)
         self.device = self.target.device

@@ -20,6 +20,7 @@ short-lived processes.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import sys
 import time
 import weakref
@@ -28,11 +29,11 @@ from pathlib import Path
 import torch
 
 HUGE = 2 << 20
-MADV_HUGEPAGE = 14
+MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 _enabled = True  # set per load by the engine's `huge_pages` option (`enable`)
-_blocks: dict[int, weakref.ref] = {}  # data pointer of each held block -> the block (what is held already)
+_blocks: dict[int, tuple] = {}  # each held block's mapping (data pointer) -> (weakref to its storage, bytes held)
 _moves = weakref.WeakKeyDictionary()  # model -> {"bytes", "seconds"} its holds moved, summed
 
 
@@ -72,17 +73,16 @@ def _tensors(modules) -> list[tuple[torch.nn.Module, str, torch.Tensor]]:
 
 
 def _block(nbytes: int) -> torch.Tensor:
-    """uint8 [nbytes] at a 2 MiB boundary, its whole 2 MiB spans asked for as huge pages before
-    anything touches them (a fault then takes a huge page; the tail, less than one, stays small pages)."""
-    raw = torch.empty(nbytes + HUGE, dtype=torch.uint8)
-    start = -raw.data_ptr() % HUGE
-    block = raw[start: start + nbytes]
+    """uint8 [nbytes] at a 2 MiB boundary of a fresh anonymous mapping (not torch's allocator: after large
+    frees glibc serves blocks of up to 32 MiB from memory already touched in small pages), its whole 2
+    MiB spans asked for as huge pages before anything touches them (a fault then takes a huge page; the
+    tail, less than one, stays in small pages). The tensor keeps the mapping alive; freed with it."""
+    area = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    start = -ctypes.addressof(ctypes.c_char.from_buffer(area)) % HUGE
     whole = nbytes // HUGE * HUGE
     if whole:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.madvise(ctypes.c_void_p(block.data_ptr()), ctypes.c_size_t(whole), MADV_HUGEPAGE) != 0:
-            raise OSError(ctypes.get_errno(), "madvise(MADV_HUGEPAGE) failed")
-    return block
+        area.madvise(MADV_HUGEPAGE, start, whole)
+    return torch.frombuffer(area, dtype=torch.uint8)[start: start + nbytes]
 
 
 def hold(model) -> dict | None:
@@ -115,7 +115,7 @@ def hold(model) -> dict | None:
                 new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
             moved[id(t)] = new
         (mod._parameters if name in mod._parameters else mod._buffers)[name] = new
-    _blocks[block.untyped_storage().data_ptr()] = weakref.ref(block.untyped_storage())
+    _blocks[block.untyped_storage().data_ptr()] = (weakref.ref(block.untyped_storage()), total)
     _forget_freed()
     done = {"bytes": total, "seconds": time.perf_counter() - t0}
     so_far = _moves.get(model, {"bytes": 0, "seconds": 0.0})
@@ -129,7 +129,7 @@ def held(model) -> bool:
 
 
 def _forget_freed() -> None:
-    for ptr in [p for p, ref in _blocks.items() if ref() is None]:
+    for ptr in [p for p, (ref, _) in _blocks.items() if ref() is None]:
         del _blocks[ptr]
 
 
@@ -139,7 +139,7 @@ def huge_bytes() -> int:
     mapping holds whichever blocks sit side by side, so this is counted for all at once; 0 where not
     readable."""
     _forget_freed()
-    blocks = [(ref().data_ptr(), ref().nbytes()) for ref in _blocks.values() if ref() is not None]
+    blocks = [(ptr, ref().nbytes(), held) for ptr, (ref, held) in _blocks.items() if ref() is not None]
     try:
         text = Path("/proc/self/smaps").read_text() if blocks else ""
     except OSError:
@@ -149,10 +149,10 @@ def huge_bytes() -> int:
         head = line.split()[0]
         if "-" in head and ":" not in head:  # a mapping's address range starts its entry
             lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = any(p < hi and p + n > lo for p, n in blocks)
+            inside = any(p < hi and p + n > lo for p, n, _ in blocks)
         elif head == "AnonHugePages:" and inside:
             total += int(line.split()[1]) * 1024
-    return min(total, sum(n // HUGE * HUGE for _, n in blocks))
+    return min(total, sum(held // HUGE * HUGE for _, _, held in blocks))
 
 
 def report(model) -> dict:
