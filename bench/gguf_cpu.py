@@ -146,12 +146,17 @@ def streams(isas: list[str], rows=(1, 2, 4, 5, 8), rounds: int = 3) -> list[dict
     drifts by tens of percent within a minute, so the copies and widths take turns, `rounds` times, and
     each keeps its best (`--streams avx2` on an AVX-512 machine checks the AVX2 copy's arithmetic; its
     stream rate says nothing of an AVX2-only CPU). The bandwidth probe reads at both levels and keeps the
-    faster. Weights and probe sit in the pages an engine holds its weights in (`in_engine_pages`)."""
+    faster. Weights and probe sit in the pages an engine holds its weights in (`in_engine_pages`), streamed
+    at the prefetch distance the planner filed for this machine (4 KiB where none was)."""
     from specengine.kernels.quant_pack import pack_x8
 
     from specengine import huge_pages
 
-    out, widest, level, nbytes = [], _quantext.isa(), _quantext.prefetch(), stream_bytes()
+    from specengine.models import quant_plan
+
+    out, widest, level, nbytes = [], _quantext.isa(), quant_plan.prefetch_setting(_quantext), stream_bytes()
+    quant_plan.set_prefetch(_quantext, quant_plan.filed_prefetch() or level)  # the distance the planner chose here
+    ahead = _quantext.prefetch_distance()
     probe, pages = in_engine_pages(torch.ones(nbytes, dtype=torch.uint8)), "2M" if huge_pages.enabled() else "4K"
     xs = {m: torch.randn(m, K) for m in rows}
     turns = [(isa, lv) for isa in isas for lv in (PREFETCH_LEVELS[:1] if isa == "baseline" else PREFETCH_LEVELS)]  # baseline: no prefetch
@@ -172,7 +177,7 @@ def streams(isas: list[str], rows=(1, 2, 4, 5, 8), rounds: int = 3) -> list[dict
                         ms = best_ms(lambda: _quantext.quant_matmul_x8(xs[m], w, EXT_CODES[qtype], repeat * N), reps=2)
                         best[isa, lv, m] = min(best.get((isa, lv, m), ms), ms)
             for isa, lv in turns:
-                got = [dict(isa=isa, prefetch=lv, pages=pages, qtype=qtype, rows=m, weight_bytes=w.numel(), ms=best[isa, lv, m],
+                got = [dict(isa=isa, prefetch=lv, prefetch_distance=ahead, pages=pages, qtype=qtype, rows=m, weight_bytes=w.numel(), ms=best[isa, lv, m],
                             GB_per_s=w.numel() / best[isa, lv, m] / 1e6, x_one_row=best[isa, lv, m] / best[isa, lv, rows[0]],
                             read_bandwidth_GB_per_s=bw / 1e9, of_bandwidth=w.numel() / best[isa, lv, m] * 1e3 / bw)
                        for m in rows]
@@ -182,7 +187,7 @@ def streams(isas: list[str], rows=(1, 2, 4, 5, 8), rounds: int = 3) -> list[dict
             del w
     finally:
         _quantext.set_isa(widest)
-        _quantext.set_prefetch(level)
+        quant_plan.set_prefetch(_quantext, level)
     return out
 
 

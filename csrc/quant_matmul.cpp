@@ -222,7 +222,7 @@ int64_t read_stream(const torch::Tensor& w) {
   at::parallel_for(0, int64_t(w.nbytes() / 64), 1024, [&](int64_t begin, int64_t end) {
     uint64_t s[8] = {};
     for (int64_t l = begin; l < end; ++l) {
-      const char* ahead = reinterpret_cast<const char*>(p + 8 * l) + kPrefetchAhead;
+      const char* ahead = reinterpret_cast<const char*>(p + 8 * l) + prefetch_distance;
       if (prefetch_to_l2) __builtin_prefetch(ahead, 0, 2); else __builtin_prefetch(ahead, 0, 3);
       for (int k = 0; k < 8; ++k) s[k] ^= p[8 * l + k];
     }
@@ -327,6 +327,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       }, "prefetch the weight stream into 'l1' or 'l2' (the planner times both: models/quant_plan.py)");
   m.def("prefetch", [] { return std::string(prefetch_to_l2 ? "l2" : "l1"); },
         "the cache the weight stream is prefetched into ('l1' or 'l2')");
+  m.def("set_prefetch_distance", [](int64_t bytes) {
+        TORCH_CHECK(bytes >= 64 && bytes <= 65536 && bytes % 64 == 0, "set_prefetch_distance takes whole 64-byte "
+                    "lines from 64 to 65536 bytes (how far ahead the weight stream is prefetched), got ", bytes);
+        prefetch_distance = bytes;
+      }, "prefetch the weight stream this many bytes ahead (the planner times a few: models/quant_plan.py)");
+  m.def("prefetch_distance", [] { return prefetch_distance; }, "how many bytes ahead the weight stream is prefetched");
   m.def("read_stream", &read_stream, "every byte of w read once as the matmuls stream weights -> a checksum "
         "(time it for the machine's read bandwidth)");
   m.def("row_attention", &row_attention, "batch-invariant verification attention: q [B, Q, Hq, D] over k, v "

@@ -35,7 +35,7 @@ class Plan:
     forward: dict  # role -> what runs its layers on a CPU: the compiled layer stack or the Python loop, and why
     step_costs: dict  # batch -> {"draft_s", "target_s": per width, "draft_prefill_s": per token}, measured so far
     tiles: dict | None = None  # AMX: the copy running and each copy's ms at 32 rows (quant_plan.choose_tiles)
-    prefetch: dict | None = None  # the cache the weight stream is prefetched into, and each level's pass ms
+    prefetch: dict | None = None  # the weight stream's prefetch ("l2@2048": cache, bytes ahead), each setting's pass ms
     pages: dict | None = None  # role -> CPU weights moved into 2 MiB pages (bytes, seconds, or why not); "huge_bytes": backed now
 
     def as_dict(self) -> dict:
@@ -70,10 +70,12 @@ class Plan:
                        + ", ".join(f"{isa} {ms:.3f} ms" for isa, ms in self.tiles["ms"].items()) + ")")
         if self.prefetch:
             p = self.prefetch
+            level, _, ahead = p["running"].partition("@")
             timed = ("; a pass over the GGUF layers at " + " / ".join(next(iter(p["ms"].values()))) + " rows: "
-                     + ", ".join(f"{lv} " + " / ".join(f"{ms:.1f}" for ms in by.values()) + " ms" for lv, by in p["ms"].items())
+                     + ", ".join(f"{s} " + " / ".join(f"{ms:.1f}" for ms in by.values()) + " ms"
+                                 for s, by in sorted(p["ms"].items(), key=lambda kv: sum(kv[1].values())))
                      if p.get("ms") else " (not timed: no model yet large enough to stream from memory)")
-            out.append(f"weight stream prefetched into {p['running']}{timed}")
+            out.append(f"weight stream prefetched into {level}" + (f", {ahead} bytes ahead" if ahead else "") + timed)
         if self.pages:
             held = {role: h for role, h in self.pages.items() if role != "huge_bytes"}
             out.append("weights in 2 MiB pages: " + ", ".join(
@@ -132,7 +134,7 @@ def plan_of(engine) -> Plan:
     tiles = table.get(quant_plan.TILES_ENTRY)
     tiles = {"running": cpu_ext.EXT.isa(), "ms": tiles["ms"]} if tiles else None
     fetch = table.get(quant_plan.PREFETCH_ENTRY)
-    prefetch = {"running": cpu_ext.EXT.prefetch(), "ms": fetch and fetch["ms"]} \
+    prefetch = {"running": quant_plan.prefetch_setting(cpu_ext.EXT), "ms": fetch and fetch["ms"]} \
         if layouts and cpu_ext.has("prefetch") else None  # an older build has no switch: nothing to say
     pages = {role: huge_pages.report(m) for role, m in models.items() if m.device.type == "cpu"}
     pages = pages and {**pages, "huge_bytes": huge_pages.huge_bytes()}

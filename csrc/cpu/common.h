@@ -31,11 +31,12 @@ enum QType : int64_t { kQ4_0 = 0, kQ5_0 = 1, kQ8_0 = 2, kQ4_K = 3, kQ5_K = 4, kQ
 constexpr const char* kNames[] = {"Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"};  // GGUF's names, by code
 constexpr int64_t kValues[] = {32, 32, 32, 256, 256, 256};
 constexpr int64_t kBytes[] = {18, 22, 34, 144, 176, 210};
-// Software prefetch distance of the weight stream (quant_dot_impl.h's prefetch_ahead): about a DRAM
-// latency's worth of bytes at one core's bandwidth, with room to spare. Not tuned to a machine: on the
-// interleaved kernels 2, 4 and 8 KiB gave the same verify-width times within noise on a 2-core EPYC
-// (bench/stream_rows.py), and none slowed a decode.
-constexpr int64_t kPrefetchAhead = 4096;
+// Software prefetch distance of the weight stream in bytes (dot_impl.h's prefetch_ahead): the machine's,
+// not the kernel's. 4 KiB held on a 2-core EPYC in 4 KiB pages (2-8 KiB alike); in 2 MiB pages on the AMX
+// Xeon 2 KiB streamed 4-13% faster than 4 KiB and 1 KiB or 8 KiB slower, so the planner times a few
+// distances with the level below on the model's own weights and sets it for the process
+// (models/quant_plan.py, choose_prefetch); 4 KiB until it has. Never changes a result.
+inline int64_t prefetch_distance = 4096;
 // Which cache that prefetch fills: L1 (prefetcht0) or L2 (prefetcht1). The faster one is the machine's,
 // not the kernel's (one row streamed, 2-vCPU AMX Xeon: L2 +12-47% for Q4_K / Q6_K, while AMD's K8-era
 // guide had both hints fill L1), so the planner times both on the model's own weights and

@@ -87,12 +87,12 @@ inline void unpack_q6k(const uint8_t* b, uint8_t* v) {
 }
 
 #ifdef SE_AVX2
-// The weight stream kPrefetchAhead bytes ahead of the block being multiplied, into L1 or L2
+// The weight stream `prefetch_distance` bytes ahead of the block being multiplied, into L1 or L2
 // (`prefetch_to_l2`), one call per block (`bytes` of it). At verify widths the kernel computes long
 // enough per block that the hardware prefetchers alone leave DRAM idle between requests: a 5-row down
 // projection (1536 x 8960) cost the time of its memory plus its compute, now about the larger of the two.
 inline void prefetch_ahead(const uint8_t* w, int64_t bytes) {
-  const char* p = reinterpret_cast<const char*>(w + kPrefetchAhead);
+  const char* p = reinterpret_cast<const char*>(w + prefetch_distance);
   if (prefetch_to_l2) {
 #pragma GCC unroll 32  // a constant count at every call: no loop left (18 lines of a Q4_K group)
     for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);

@@ -16,8 +16,10 @@ from .quant_linear import QuantLinear, _layout_changed, _quantext, quant_layers,
 
 LAYOUT_ROWS = (1, 4)  # a decode and a typical verify: the layout faster over both is kept
 TILES_ENTRY = "gguf:isa:tiles"  # which of the extension's copies TILES / VECTOR runs (choose_tiles)
-PREFETCH_ENTRY = "gguf:prefetch"  # the cache the weight stream is prefetched into (choose_prefetch)
+PREFETCH_ENTRY = "gguf:prefetch"  # the cache the weight stream is prefetched into, how far ahead (choose_prefetch)
 PREFETCH_LEVELS = ("l1", "l2")
+PREFETCH_DISTANCES = (1024, 2048, 4096, 8192)  # bytes ahead; 4096 until timed (csrc/cpu/common.h)
+PREFETCH_SETTINGS = tuple(f"{level}@{ahead}" for level in PREFETCH_LEVELS for ahead in PREFETCH_DISTANCES)
 
 
 def group_key(formats, layer) -> str:
@@ -154,14 +156,33 @@ def time_copies(ext, isas, rows: int = 32, reps: int = 5) -> dict[str, float]:
     return out
 
 
+def set_prefetch(ext, setting: str) -> None:
+    """Apply a prefetch setting, "<level>@<bytes ahead>" (a bare level keeps the distance)."""
+    level, _, ahead = setting.partition("@")
+    ext.set_prefetch(level)
+    if ahead and hasattr(ext, "set_prefetch_distance"):
+        ext.set_prefetch_distance(int(ahead))
+
+
+def prefetch_setting(ext) -> str:
+    """The prefetch setting running, as `set_prefetch` takes it."""
+    return f"{ext.prefetch()}@{ext.prefetch_distance()}" if hasattr(ext, "prefetch_distance") else ext.prefetch()
+
+
+def filed_prefetch(table: dict | None = None) -> str | None:
+    """The fastest prefetch setting this machine's table holds, or None where none was timed."""
+    entry = (cpu_matmul._load_table() if table is None else table).get(PREFETCH_ENTRY)
+    return None if entry is None else min(entry["ms"], key=lambda s: sum(entry["ms"][s].values()))
+
+
 def choose_prefetch(model, ext=_quantext, table: dict | None = None, timer=None) -> str | None:
-    """Prefetch the weight stream into whichever cache (L1 or L2) a pass over this model's GGUF layers
-    runs faster with, at LAYOUT_ROWS rows: timed once per machine and kernel build (the machine's table),
-    on the first model whose blocks are read from memory (more bytes than the last-level cache holds: a
-    pass over more than a cache holds misses on every line; and at least a timing pass's), set for this
-    process. Returns the level set, or None where nothing was timed or filed (no extension, or a model
-    small enough to sit in cache: its pass says nothing of the stream). `timer(ext, layers)`:
-    `time_levels` unless given (tests)."""
+    """Prefetch the weight stream into whichever cache (L1 or L2) and how far ahead (PREFETCH_DISTANCES) a
+    pass over this model's GGUF layers runs fastest with, at LAYOUT_ROWS rows: timed once per machine and
+    kernel build (the machine's table), on the first model whose blocks are read from memory (more bytes
+    than the last-level cache holds: a pass over more than a cache holds misses on every line; and at
+    least a timing pass's), in the pages they will run from, set for this process. Returns the setting
+    ("l2@2048"), or None where nothing was timed or filed (no extension, or a model small enough to sit in
+    cache: its pass says nothing of the stream). `timer(ext, layers)`: `time_prefetch` unless given (tests)."""
     if ext is None or not hasattr(ext, "set_prefetch"):
         return None
     table = cpu_matmul._load_table() if table is None else table
@@ -172,34 +193,33 @@ def choose_prefetch(model, ext=_quantext, table: dict | None = None, timer=None)
             return None
         if huge_pages.enabled() and not huge_pages.held(model) and nbytes >= huge_pages.HUGE:
             return None  # timed once the engine holds the weights in the pages they will run from (`hold`)
-        table[PREFETCH_ENTRY] = {"ms": (timer or time_levels)(ext, layers), "bytes": nbytes}
+        table[PREFETCH_ENTRY] = {"ms": (timer or time_prefetch)(ext, layers), "bytes": nbytes}
         cpu_matmul._save_table(table)
-    ms = table[PREFETCH_ENTRY]["ms"]
-    chosen = min(PREFETCH_LEVELS, key=lambda level: sum(ms[level].values()))
-    ext.set_prefetch(chosen)
+    chosen = filed_prefetch(table)
+    set_prefetch(ext, chosen)
     return chosen
 
 
-def time_levels(ext, layers, rounds: int = 3) -> dict[str, dict[str, float]]:
-    """{level: {rows: best ms of one pass over `layers`}} under each prefetch level, taking turns `rounds`
-    times (a VM's bandwidth drifts within a minute); the level set before is set again."""
+def time_prefetch(ext, layers, rounds: int = 3) -> dict[str, dict[str, float]]:
+    """{setting: {rows: best ms of one pass over `layers`}} under each prefetch setting, taking turns
+    `rounds` times (a VM's bandwidth drifts within a minute); the setting found is set again."""
     import torch
 
-    gen, before, out = torch.Generator().manual_seed(0), ext.prefetch(), {}
+    gen, before, out = torch.Generator().manual_seed(0), prefetch_setting(ext), {}
     xs = {r: {n: torch.randn(r, n, generator=gen) for n in {layer.in_features for layer in layers}}
           for r in LAYOUT_ROWS}
     try:
         with torch.inference_mode():
             for _ in range(rounds):
-                for level in PREFETCH_LEVELS:
-                    ext.set_prefetch(level)
+                for setting in PREFETCH_SETTINGS:
+                    set_prefetch(ext, setting)
                     for r in LAYOUT_ROWS:
                         ms = 1e3 * len(layers) * cpu_matmul._time_pass(
                             lambda x, layer: layer(x[layer.in_features]), xs[r], layers, reps=1)
-                        best = out.setdefault(level, {})
+                        best = out.setdefault(setting, {})
                         best[str(r)] = min(best.get(str(r), ms), ms)
     finally:
-        ext.set_prefetch(before)
+        set_prefetch(ext, before)
     return out
 
 

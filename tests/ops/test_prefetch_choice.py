@@ -1,8 +1,8 @@
-"""The cache the kernels prefetch their weight stream into (L1 or L2) is the machine's choice, not the
-kernel's: the planner times a pass over the model's GGUF layers under each level once per machine,
-files it in the machine's table and sets it (models/quant_plan.py `choose_prefetch`). Checked with given
-timings (which level wins is the machine's), and on the real extension: the level never changes a
-result, on any copy, and the timing leaves the level it found."""
+"""The cache the kernels prefetch their weight stream into (L1 or L2), and how far ahead, are the
+machine's choice, not the kernel's: the planner times a pass over the model's GGUF layers under each
+setting once per machine, files it in the machine's table and sets it (models/quant_plan.py
+`choose_prefetch`). Checked with given timings (which setting wins is the machine's), and on the real
+extension: no setting changes a result, on any copy, and the timing leaves the setting it found."""
 import pytest
 import torch
 
@@ -21,7 +21,7 @@ class FakeExt:
     """The extension's prefetch switch alone."""
 
     def __init__(self):
-        self.level = "l1"
+        self.level, self.ahead = "l1", 4096
 
     def prefetch(self):
         return self.level
@@ -30,6 +30,12 @@ class FakeExt:
         assert level in ("l1", "l2"), level
         self.level = level
 
+    def prefetch_distance(self):
+        return self.ahead
+
+    def set_prefetch_distance(self, ahead):
+        self.ahead = ahead
+
 
 def model(rows=64, cols=256):
     return torch.nn.Sequential(QuantLinear([("Q4_K", random_blocks("Q4_K", rows, cols))]),
@@ -37,10 +43,10 @@ def model(rows=64, cols=256):
 
 
 def timer(ms: dict, calls: list):
-    def time_levels(ext, layers):
+    def time_prefetch(ext, layers):
         calls.append(len(layers))
         return {level: {"1": v, "4": 2 * v} for level, v in ms.items()}
-    return time_levels
+    return time_prefetch
 
 
 @pytest.fixture
@@ -50,17 +56,21 @@ def streams_from_memory(monkeypatch):
     monkeypatch.setattr(cpu_matmul, "MIN_PASS_BYTES", 1)
 
 
-def test_the_faster_level_is_set_and_filed_once(tmp_path, monkeypatch, streams_from_memory):
+def test_the_faster_setting_is_set_and_filed_once(tmp_path, monkeypatch, streams_from_memory):
     monkeypatch.setenv("SPECENGINE_PLAN_DIR", str(tmp_path / "a"))
     ext, calls = FakeExt(), []
-    assert choose_prefetch(model(), ext, timer=timer({"l1": 3.0, "l2": 2.0}, calls)) == "l2" and ext.level == "l2"
-    assert calls == [2] and set(cpu_matmul._load_table()[PREFETCH_ENTRY]["ms"]) == {"l1", "l2"}
+    timings = {"l1@4096": 3.0, "l2@2048": 2.0, "l2@4096": 2.5}
+    assert choose_prefetch(model(), ext, timer=timer(timings, calls)) == "l2@2048"
+    assert (ext.level, ext.ahead) == ("l2", 2048)
+    assert calls == [2] and set(cpu_matmul._load_table()[PREFETCH_ENTRY]["ms"]) == set(timings)
     again = FakeExt()  # a later process: the table decides, nothing is timed
-    assert choose_prefetch(model(), again, timer=timer({"l1": 1.0, "l2": 9.0}, calls)) == "l2" and calls == [2]
-    monkeypatch.setenv("SPECENGINE_PLAN_DIR", str(tmp_path / "b"))  # another machine, where L1 wins
+    assert choose_prefetch(model(), again, timer=timer({"l1@1024": 1.0}, calls)) == "l2@2048" and calls == [2]
+    assert (again.level, again.ahead) == ("l2", 2048)
+    monkeypatch.setenv("SPECENGINE_PLAN_DIR", str(tmp_path / "b"))  # another machine, where L1 8 KiB ahead wins
     other = FakeExt()
     other.level = "l2"
-    assert choose_prefetch(model(), other, timer=timer({"l1": 2.0, "l2": 3.0}, calls)) == "l1" and other.level == "l1"
+    assert choose_prefetch(model(), other, timer=timer({"l1@8192": 2.0, "l2@2048": 3.0}, calls)) == "l1@8192"
+    assert (other.level, other.ahead) == ("l1", 8192)
 
 
 def test_the_level_is_timed_in_the_pages_the_weights_will_run_from(tmp_path, monkeypatch, streams_from_memory):
@@ -73,52 +83,56 @@ def test_the_level_is_timed_in_the_pages_the_weights_will_run_from(tmp_path, mon
     big = torch.nn.Sequential(QuantLinear([("Q4_K", random_blocks("Q4_K", 8192, 512))]))  # 2.4 MB
     ext, calls = FakeExt(), []
     if huge_pages.support() is not None:  # no huge pages here: nothing to wait for
-        assert choose_prefetch(big, ext, timer=timer({"l1": 3.0, "l2": 2.0}, calls)) == "l2" and calls == [1]
+        assert choose_prefetch(big, ext, timer=timer({"l1@4096": 3.0, "l2@4096": 2.0}, calls)) == "l2@4096"
         return
-    assert choose_prefetch(big, ext, timer=timer({"l1": 3.0, "l2": 2.0}, calls)) is None and calls == []
+    assert choose_prefetch(big, ext, timer=timer({"l1@4096": 3.0, "l2@4096": 2.0}, calls)) is None and calls == []
     huge_pages.hold(big)
-    assert choose_prefetch(big, ext, timer=timer({"l1": 3.0, "l2": 2.0}, calls)) == "l2" and calls == [1]
+    assert choose_prefetch(big, ext, timer=timer({"l1@4096": 3.0, "l2@4096": 2.0}, calls)) == "l2@4096"
+    assert calls == [1]
 
 
 def test_a_model_that_fits_in_cache_is_not_timed(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECENGINE_PLAN_DIR", str(tmp_path))
     ext, calls = FakeExt(), []
-    assert choose_prefetch(model(), ext, timer=timer({"l1": 3.0, "l2": 2.0}, calls)) is None
-    assert calls == [] and ext.level == "l1" and PREFETCH_ENTRY not in cpu_matmul._load_table()
+    assert choose_prefetch(model(), ext, timer=timer({"l1@4096": 3.0, "l2@2048": 2.0}, calls)) is None
+    assert calls == [] and (ext.level, ext.ahead) == ("l1", 4096) and PREFETCH_ENTRY not in cpu_matmul._load_table()
     assert choose_prefetch(model(), None) is None
 
 
-def test_the_real_levels_are_timed_and_the_level_found_is_kept():
-    before = EXT.prefetch()
-    ms = quant_plan.time_levels(EXT, list(model()), rounds=1)
-    assert set(ms) == {"l1", "l2"} and all(0 < v < 1e3 for by in ms.values() for v in by.values())
-    assert EXT.prefetch() == before
+def test_the_real_settings_are_timed_and_the_setting_found_is_kept():
+    before = quant_plan.prefetch_setting(EXT)
+    ms = quant_plan.time_prefetch(EXT, list(model()), rounds=1)
+    assert set(ms) == set(quant_plan.PREFETCH_SETTINGS) and all(0 < v < 1e3 for by in ms.values() for v in by.values())
+    assert quant_plan.prefetch_setting(EXT) == before
     with pytest.raises(RuntimeError, match="'l1' or 'l2'"):
         EXT.set_prefetch("l3")
-    assert EXT.prefetch() == before
+    for bad in (0, 100, 1 << 20):
+        with pytest.raises(RuntimeError, match="whole 64-byte lines from 64 to 65536"):
+            EXT.set_prefetch_distance(bad)
+    assert quant_plan.prefetch_setting(EXT) == before
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q5_0", "Q4_K", "Q6_K"])
-def test_the_level_never_changes_a_result(qtype):
+def test_the_setting_never_changes_a_result(qtype):
     """Both layouts' kernels, every copy this CPU runs, 1-9 rows (chunk edges), odd row counts."""
     n, k = 37, 512
     w = random_blocks(qtype, n, k, seed=3)
     wp = pack_x8(w, qtype)
     code = EXT.formats()[qtype][0]
     x = torch.randn(9, k, generator=torch.Generator().manual_seed(1))
-    isa, level = EXT.isa(), EXT.prefetch()
+    isa, setting = EXT.isa(), quant_plan.prefetch_setting(EXT)
     try:
         for copy in EXT.isas():
             EXT.set_isa(copy)
             for m in (1, 5, 9):
-                got = {}
-                for lv in ("l1", "l2"):
-                    EXT.set_prefetch(lv)
-                    got[lv] = (EXT.quant_matmul(x[:m], w, code), EXT.quant_matmul_x8(x[:m], wp, code, n))
-                assert all(torch.equal(a, b) for a, b in zip(got["l1"], got["l2"])), (copy, m)
+                got = []
+                for s in ("l1@4096", "l2@4096", "l2@64", "l1@65536"):
+                    quant_plan.set_prefetch(EXT, s)
+                    got.append((EXT.quant_matmul(x[:m], w, code), EXT.quant_matmul_x8(x[:m], wp, code, n)))
+                assert all(torch.equal(a, b) for g in got[1:] for a, b in zip(got[0], g)), (copy, m)
     finally:
         EXT.set_isa(isa)
-        EXT.set_prefetch(level)
+        quant_plan.set_prefetch(EXT, setting)
 
 
 def test_the_plan_says_where_the_stream_is_prefetched(tmp_path, monkeypatch, tiny_pair, tokenizer):
@@ -129,9 +143,9 @@ def test_the_plan_says_where_the_stream_is_prefetched(tmp_path, monkeypatch, tin
     monkeypatch.setenv("SPECENGINE_PLAN_DIR", str(tmp_path))
     plan = Engine(tiny_pair[0], tokenizer, max_seq_len=64).plan
     assert plan.prefetch is None  # a float model streams no GGUF blocks
-    timed = dataclasses.replace(plan, prefetch={"running": "l2", "ms": {"l1": {"1": 41.8, "4": 51.4},
-                                                                        "l2": {"1": 38.1, "4": 47.2}}})
-    assert "weight stream prefetched into l2; a pass over the GGUF layers at 1 / 4 rows: l1 41.8 / 51.4 ms, " \
-           "l2 38.1 / 47.2 ms" in str(timed)
+    timed = dataclasses.replace(plan, prefetch={"running": "l2@2048", "ms": {"l1@4096": {"1": 41.8, "4": 51.4},
+                                                                             "l2@2048": {"1": 38.1, "4": 47.2}}})
+    assert "weight stream prefetched into l2, 2048 bytes ahead; a pass over the GGUF layers at 1 / 4 rows: " \
+           "l2@2048 38.1 / 47.2 ms, l1@4096 41.8 / 51.4 ms" in str(timed)
     untimed = dataclasses.replace(plan, prefetch={"running": "l1", "ms": None})
     assert "weight stream prefetched into l1 (not timed" in str(untimed)
