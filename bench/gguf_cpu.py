@@ -145,8 +145,8 @@ def streams(isas: list[str], rows=(1, 2, 4, 5, 8), rounds: int = 3) -> list[dict
     every format alike): GB/s of weights, and each width's cost in one-row calls. A shared VM's bandwidth
     drifts by tens of percent within a minute, so the copies and widths take turns, `rounds` times, and
     each keeps its best (`--streams avx2` on an AVX-512 machine checks the AVX2 copy's arithmetic; its
-    stream rate says nothing of an AVX2-only CPU). The bandwidth probe reads at both levels and keeps the
-    faster. Weights and probe sit in the pages an engine holds its weights in (`in_engine_pages`), streamed
+    stream rate says nothing of an AVX2-only CPU). The bandwidth probe reads under every prefetch setting
+    and keeps the fastest. Weights and probe sit in the pages an engine holds its weights in (`in_engine_pages`), streamed
     at the prefetch distance the planner filed for this machine (4 KiB where none was)."""
     from specengine.kernels.quant_pack import pack_x8
 
@@ -167,9 +167,10 @@ def streams(isas: list[str], rows=(1, 2, 4, 5, 8), rounds: int = 3) -> list[dict
             w = in_engine_pages(pack_x8(torch.cat([b] * repeat), qtype))
             best, bw = {}, 0.0
             for _ in range(rounds):
-                for lv in PREFETCH_LEVELS:  # beside the kernels' turns: a ratio of one moment
-                    _quantext.set_prefetch(lv)
+                for setting in quant_plan.PREFETCH_SETTINGS:  # beside the kernels' turns: a ratio of one moment
+                    quant_plan.set_prefetch(_quantext, setting)  # the probe at its best, not at the kernels' distance
                     bw = max(bw, read_bandwidth(probe, reps=2))
+                _quantext.set_prefetch_distance(ahead)
                 for isa, lv in turns:
                     _quantext.set_isa(isa)
                     _quantext.set_prefetch(lv)
