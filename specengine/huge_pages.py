@@ -35,6 +35,7 @@ THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 _enabled = True  # set per load by the engine's `huge_pages` option (`enable`)
 _blocks: dict[int, tuple] = {}  # each held block's mapping (data pointer) -> (weakref to its storage, bytes held)
 _moves = weakref.WeakKeyDictionary()  # model -> {"bytes", "seconds"} its holds moved, summed
+_refused = None  # why the last hold could not get its block (mmap or madvise failed), for the plan
 
 
 def support() -> str | None:
@@ -101,7 +102,12 @@ def hold(model) -> dict | None:
     if total < HUGE:  # nothing a huge page would hold
         return None
     t0 = time.perf_counter()
-    block = _block(total)
+    try:
+        block = _block(total)
+    except OSError as e:  # a kernel or sandbox that refuses the mapping or the advice: small pages, said why
+        global _refused
+        _refused = f"the kernel refused huge pages: {e}"
+        return None
     for s, at in storages.values():
         block[at: at + s.nbytes()].copy_(torch.empty(0, dtype=torch.uint8).set_(s))
     moved = {}  # id of an old tensor -> its new one (a tensor registered twice stays one)
@@ -157,6 +163,6 @@ def huge_bytes() -> int:
 
 def report(model) -> dict:
     """This model's weights: bytes moved into huge pages and the seconds it took, or why none were."""
-    why = "huge_pages=False" if not _enabled else support()
+    why = "huge_pages=False" if not _enabled else support() or _refused
     moved = _moves.get(model)
     return moved or {"why_not": why or "under 2 MiB of weights"}

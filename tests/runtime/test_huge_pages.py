@@ -69,6 +69,19 @@ def test_the_kernel_backs_held_weights_with_huge_pages(enabled):
     assert huge_pages.huge_bytes() > base  # THP may fall back on fragmented memory, but not for every span
 
 
+def test_a_refused_block_leaves_the_weights_where_they_are(enabled, monkeypatch):
+    def refuse(nbytes):
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(huge_pages, "_block", refuse)
+    monkeypatch.setattr(huge_pages, "_refused", None)
+    m = Tied()
+    before = m.a.weight
+    assert huge_pages.hold(m) is None and m.a.weight is before and not huge_pages.held(m)
+    if huge_pages.support() is None:
+        assert huge_pages.report(m)["why_not"].startswith("the kernel refused huge pages")
+
+
 def test_off_or_small_moves_nothing(enabled):
     huge_pages.enable(False)
     m = Tied()
