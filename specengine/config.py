@@ -84,8 +84,9 @@ class EngineConfig:
         type=lambda t: t if t == "auto" else int(t))
     huge_pages: bool = option(True, "hold CPU weights in 2 MiB pages (Linux transparent huge pages): fewer TLB "
                               "misses as each step streams the weights, 1.1-1.2x decode on a 2-core VM; the pages' "
-                              "first touch costs 0.2-8 s per GiB at load, the most on VMs whose host reclaims "
-                              "freed memory (--no-huge-pages for short-lived processes there)")
+                              "first touch costs load time (8-10 s per GiB measured on a VM whose host reclaims "
+                              "freed memory, 0.15 on pages the process had just freed): --no-huge-pages for "
+                              "short-lived processes there")
     # loading: read by Engine.from_pretrained (an Engine built from loaded models ignores them)
     device: str = option("auto", "auto (CUDA when available) | cpu | cuda | cuda:N")
     dtype: object = option("auto", "auto (bf16 on CUDA; on CPU fp32 or bf16, whichever measures faster) | "

@@ -67,7 +67,7 @@ def _tensors(modules) -> list[tuple[torch.nn.Module, str, torch.Tensor]]:
     for mod in modules:
         for table in (mod._parameters, mod._buffers):
             for name, t in table.items():
-                if t is not None and t.device.type == "cpu" and t.layout == torch.strided and not t.is_meta \
+                if t is not None and t.device.type == "cpu" and t.layout == torch.strided \
                         and t.untyped_storage().data_ptr() not in _blocks:
                     out.append((mod, name, t))
     return out
@@ -134,6 +134,16 @@ def held(model) -> bool:
     return model in _moves
 
 
+def refused() -> str | None:
+    """Why the last hold got no block (the kernel refused the mapping or the advice), else None."""
+    return _refused
+
+
+def pending(model) -> bool:
+    """Will a hold still move this model's weights (enabled here, not held yet, not refused)?"""
+    return enabled() and not held(model) and _refused is None
+
+
 def _forget_freed() -> None:
     for ptr in [p for p, (ref, _) in _blocks.items() if ref() is None]:
         del _blocks[ptr]
@@ -163,6 +173,6 @@ def huge_bytes() -> int:
 
 def report(model) -> dict:
     """This model's weights: bytes moved into huge pages and the seconds it took, or why none were."""
-    why = "huge_pages=False" if not _enabled else support() or _refused
+    why = "huge_pages=False" if not _enabled else support() or refused()
     moved = _moves.get(model)
     return moved or {"why_not": why or "under 2 MiB of weights"}

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from . import huge_pages
+
 
 @functools.lru_cache(maxsize=None)
 def cpu_name() -> str:
@@ -87,7 +89,6 @@ def last_level_cache_bytes() -> int:
 def machine() -> dict:
     """What the measurements depend on. "kernels": the instruction set our kernels run with
     here (CPUID; None where not built)."""
-    from . import huge_pages
     from .kernels.cpu_ext import EXT, TILES, VECTOR
 
     # the tile copy's choice is a measurement filed in this table (quant_plan.choose_tiles): both copies

@@ -36,7 +36,8 @@ class Plan:
     step_costs: dict  # batch -> {"draft_s", "target_s": per width, "draft_prefill_s": per token}, measured so far
     tiles: dict | None = None  # AMX: the copy running and each copy's ms at 32 rows (quant_plan.choose_tiles)
     prefetch: dict | None = None  # the weight stream's prefetch ("l2@2048": cache, bytes ahead), each setting's pass ms
-    pages: dict | None = None  # role -> CPU weights moved into 2 MiB pages (bytes, seconds, or why not); "huge_bytes": backed now
+    pages: dict | None = None  # role -> CPU weights moved into 2 MiB pages (bytes, seconds), or why not
+    huge_bytes: int = 0  # of the held weights, the bytes the kernel backs with huge pages now
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -77,11 +78,10 @@ class Plan:
                      if p.get("ms") else " (not timed: no model yet large enough to stream from memory)")
             out.append(f"weight stream prefetched into {level}" + (f", {ahead} bytes ahead" if ahead else "") + timed)
         if self.pages:
-            held = {role: h for role, h in self.pages.items() if role != "huge_bytes"}
             out.append("weights in 2 MiB pages: " + ", ".join(
                 f"{role} {h['bytes'] / 2**30:.2f} GiB (moved in {h['seconds']:.1f} s)" if "bytes" in h
-                else f"{role} none ({h['why_not']})" for role, h in held.items())
-                + f"; {self.pages['huge_bytes'] / 2**30:.2f} GiB backed by huge pages now")
+                else f"{role} none ({h['why_not']})" for role, h in self.pages.items())
+                + f"; {self.huge_bytes / 2**30:.2f} GiB backed by huge pages now")
         for role, layouts in self.layouts.items():
             out.append(f"{role} GGUF layouts: " + ", ".join(f"{k}={v}" for k, v in sorted(layouts.items())))
         inv = self.invariance
@@ -137,7 +137,6 @@ def plan_of(engine) -> Plan:
     prefetch = {"running": quant_plan.prefetch_setting(cpu_ext.EXT), "ms": fetch and fetch["ms"]} \
         if layouts and cpu_ext.has("prefetch") else None  # an older build has no switch: nothing to say
     pages = {role: huge_pages.report(m) for role, m in models.items() if m.device.type == "cpu"}
-    pages = pages and {**pages, "huge_bytes": huge_pages.huge_bytes()}
     return Plan(key=machine.key(), machine=machine.machine(), precision=precision, ops=ops, linears=linears,
                 layouts=layouts, invariance=inv, forward=forward, step_costs=costs, tiles=tiles, prefetch=prefetch,
-                pages=pages or None)
+                pages=pages or None, huge_bytes=huge_pages.huge_bytes() if pages else 0)

@@ -191,7 +191,7 @@ def choose_prefetch(model, ext=_quantext, table: dict | None = None, timer=None)
         nbytes = sum(w.numel() for layer in layers for _, w in layer.stored())
         if nbytes < max(machine.last_level_cache_bytes(), cpu_matmul.MIN_PASS_BYTES):
             return None
-        if huge_pages.enabled() and not huge_pages.held(model) and nbytes >= huge_pages.HUGE:
+        if huge_pages.pending(model) and nbytes >= huge_pages.HUGE:
             return None  # timed once the engine holds the weights in the pages they will run from (`hold`)
         table[PREFETCH_ENTRY] = {"ms": (timer or time_prefetch)(ext, layers), "bytes": nbytes}
         cpu_matmul._save_table(table)
@@ -265,7 +265,10 @@ def choose_layouts(model, reps: int = 2, progress: bool = True) -> dict[str, str
 
 def hold(model) -> None:
     """The engine's model into 2 MiB pages where its `huge_pages` asks (huge_pages.py): the compiled
-    layer stack drops the tensors it held, and the prefetch level is timed now if it waited for this."""
-    if huge_pages.hold(model) is not None:
+    layer stack drops the tensors it held, and the prefetch setting, if it waited for the hold, is timed
+    now (on the held weights, or on the small pages a refused hold left)."""
+    moved = huge_pages.hold(model) is not None
+    if moved:
         _layout_changed()
+    if moved or huge_pages.refused():
         choose_prefetch(model)

@@ -91,6 +91,28 @@ def test_the_level_is_timed_in_the_pages_the_weights_will_run_from(tmp_path, mon
     assert calls == [1]
 
 
+def test_a_refused_hold_does_not_leave_the_setting_waiting(tmp_path, monkeypatch, streams_from_memory):
+    """Where the kernel refuses the block (huge_pages.hold gets none), the setting is timed on the small
+    pages the weights stay in, at the engine's hold, instead of waiting for a hold that never comes."""
+    from specengine import huge_pages
+
+    def refuse(nbytes):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setenv("SPECENGINE_PLAN_DIR", str(tmp_path))
+    monkeypatch.setattr(huge_pages, "_enabled", True)
+    monkeypatch.setattr(huge_pages, "_refused", None)
+    monkeypatch.setattr(huge_pages, "_block", refuse)
+    big = torch.nn.Sequential(QuantLinear([("Q4_K", random_blocks("Q4_K", 8192, 512))]))  # 2.4 MB
+    ext, calls, timed = FakeExt(), [], []
+    if huge_pages.support() is None:
+        assert choose_prefetch(big, ext, timer=timer({"l2@2048": 2.0}, calls)) is None  # waits for the hold
+    monkeypatch.setattr(quant_plan, "choose_prefetch", lambda model: timed.append(model))
+    quant_plan.hold(big)
+    assert not huge_pages.held(big) and timed == ([big] if huge_pages.support() is None else [])
+    assert choose_prefetch(big, ext, timer=timer({"l2@2048": 2.0}, calls)) == "l2@2048" and calls == [1]
+
+
 def test_a_model_that_fits_in_cache_is_not_timed(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECENGINE_PLAN_DIR", str(tmp_path))
     ext, calls = FakeExt(), []
