@@ -110,6 +110,12 @@ def best_gamma(alpha: float, costs, gamma_max: int, gamma_min: int = 1, scale: d
     return max(range(gamma_min, gamma_max + 1), key=lambda g: round_rate(alpha, g, costs, scale=scale))
 
 
+# The pair's rate, what a new call starts from: its accepted drafts and rejections over the engine's
+# greedy calls, decayed per drafted round (~50 rounds, a few calls). The last call's own rate was one
+# text's: after HumanEval/1 (α 0.53) HumanEval/2 (0.87) started plain, one probe's rejection held it
+# plain for the call (0.98x `ar`, where it ran 1.21x after HumanEval/0; AVX2 copy, docs/design.md).
+PAIR_DECAY, PAIR_SUFFIX = 0.98, ":pair"
+
 PROBE_FIRST, PROBE_MAX = 16, 256  # plain rounds before a probe: the first wait, the longest
 
 
@@ -165,7 +171,8 @@ class AutoGammaPolicy(FixedPolicy):
         super().__init__(min(4, gamma_max))
         self.gamma_max = gamma_max
         self.accepted, self.rejected = prior_alpha * prior_weight, (1 - prior_alpha) * prior_weight
-        self.decay = decay
+        self.decay, self.prior_weight = decay, prior_weight
+        self.pair: tuple | None = None  # the pair's decayed (accepted, rejections) across calls (PAIR_DECAY)
         self.costs = None
         self.wait = ProbeWait(probe_every, probe_max)
         self.probing = False  # this round is a probe
@@ -185,11 +192,11 @@ class AutoGammaPolicy(FixedPolicy):
 
     def recall(self, store: dict, key: str) -> None:
         """Start from the acceptance rate the engine's earlier greedy calls learned for this pair
-        (`store[key]`), at the prior's weight, instead of the prior's rate, and from their rounds'
-        measured cost corrections; where this engine learned none, from the rate earlier processes
+        (`store[key]`: the pair's over their last drafted rounds, PAIR_DECAY, not the last text's), at
+        the prior's weight, instead of the prior's rate, and from their rounds' measured cost corrections; where this engine learned none, from the rate earlier processes
         filed (step_costs.FiledClocks: measured costs only). Greedy only: the methods do not call
         it for a sampled call, whose seed must repeat its tokens whatever earlier calls learned."""
-        alpha = store.get(key)
+        alpha, self.pair = store.get(key), store.get(key + PAIR_SUFFIX)
         self.learned = alpha is not None
         if alpha is not None:
             self._set_alpha(alpha)
@@ -201,8 +208,11 @@ class AutoGammaPolicy(FixedPolicy):
         self.accepted, self.rejected = alpha * weight, (1 - alpha) * weight
 
     def remember(self, store: dict, key: str) -> None:
-        """Leave the current rate for the engine's next call (a plain round leaves it as it was)."""
-        store[key] = self.alpha
+        """Leave the pair's rate for the engine's next call (a plain round leaves it as it was)."""
+        if self.pair is not None:
+            store[key], store[key + PAIR_SUFFIX] = self.pair[0] / sum(self.pair), self.pair
+        else:
+            store[key] = self.alpha
         store[key + CLOCK_SUFFIX] = self.clock.factors()
 
     def timed(self, seconds: float) -> None:
@@ -249,8 +259,11 @@ class AutoGammaPolicy(FixedPolicy):
         self.wait.count(plain)
         if not plain:
             self.learned = True
+            rejections = sum(a < d for a, d in zip(n_acc, num_draft))
+            a, r = self.pair or (self.alpha * self.prior_weight, (1 - self.alpha) * self.prior_weight)
+            self.pair = (PAIR_DECAY * a + sum(n_acc), PAIR_DECAY * r + rejections)
             self.accepted = self.decay * self.accepted + sum(n_acc)
-            self.rejected = self.decay * self.rejected + sum(a < d for a, d in zip(n_acc, num_draft))
+            self.rejected = self.decay * self.rejected + rejections
         if self.costs is not None:
             self._choose()
             if probed and self.gamma == 0:  # the probe confirmed plain decoding: wait longer

@@ -442,3 +442,34 @@ def test_sd_skips_the_probe_its_reply_cannot_repay(tiny_pair, tokenizer, monkeyp
     assert r.token_ids == ar
     drafted = [i for i, (proposed, _, _) in enumerate(r.stats["round_log"]) if proposed]
     assert len(drafted) == 1 and drafted[0] >= 16  # the probe after 16 plain rounds, none after 32 more
+
+
+def test_a_new_call_starts_from_the_pairs_rate_not_the_last_texts():
+    """A call's first choice comes from the pair's acceptance over the engine's recent greedy calls:
+    a short call on text the draft gets wrong (its own rate below break-even) leaves the next call
+    speculating on what the pair accepted over many rounds before it (PAIR_DECAY); a long run of such
+    text moves the pair's rate too. (Started from the last call's own rate, HumanEval/2 decoded plainly
+    after HumanEval/1 where it ran 1.21x `ar` after HumanEval/0; docs/design.md, "Never slower".)"""
+    mid = StepCosts(1, draft_s=0.3, target_s=(1.0, 1.25, 1.45, 1.65, 1.85, 2.05, 2.25, 2.45, 2.65))
+    assert best_gamma(0.5, mid, 8, gamma_min=0) == 0 and best_gamma(0.8, mid, 8, gamma_min=0) >= 1
+    g, store = torch.Generator().manual_seed(0), {}
+
+    def call(rounds, rate, costs=mid):
+        pol = AutoGammaPolicy()
+        pol.recall(store, "greedy")
+        pol.set_costs(costs)
+        first = (pol.alpha, pol.gamma)
+        for _ in range(rounds):
+            ok = (torch.rand(pol.gamma, generator=g) < rate).tolist() + [False]
+            pol.update([ok.index(False) if pol.gamma else 0], [pol.gamma])
+            pol.remember(store, "greedy")
+        return first, pol.alpha
+
+    call(30, 0.9)  # text the draft gets right
+    _, own = call(20, 0.0)  # a short reply it gets wrong: its own rate ends below break-even
+    assert best_gamma(own, mid, 8, gamma_min=0) == 0
+    (start, gamma), _ = call(1, 0.9)
+    assert start > 0.75 and gamma >= 1  # the pair's rate: speculate on the next text
+    call(200, 0.3, FLAT)  # a long run of text it gets less right (FLAT: drafting throughout) moves it
+    (start, gamma), _ = call(1, 0.3)
+    assert start == pytest.approx(0.3, abs=0.1) and gamma == 0
