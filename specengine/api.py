@@ -79,7 +79,7 @@ class Engine:
         self._drafter = None
         self._step_costs = {}  # batch -> StepCosts, measured on first need (sd gamma="auto", pearl)
         self.suffix_caches = SuffixCaches(cfg.suffix_cache_tokens)  # suffix decoding's memory, per key
-        self._acceptance = {}  # decoding mode -> the draft's acceptance rate the last call learned (γ auto)
+        self._acceptance = {}  # decoding mode -> the draft's acceptance over the recent calls (γ auto)
         self._side_stream = None
         self._replay = None  # a benchmark's acceptance replay (specengine/replay); never set otherwise
         # `ar` launches each round before reading the last (docs/design.md, "Overlapped rounds");

@@ -59,7 +59,7 @@ class SpeculativeDecoding(Method):
             mode = call.mode
             # reading a flag per draft step is free only without an asynchronous device queue
             self.policy.attach(ctx.acceptance_head(mode), early_exit=ctx.device.type == "cpu")
-        if self.policy.needs_costs:  # gamma="auto": γ from measured step costs and the last call's acceptance
+        if self.policy.needs_costs:  # gamma="auto": γ from measured step costs and the pair's acceptance so far
             self.key = call.mode
             self.policy.calibrate = self.key == "greedy"
             if self.key == "greedy":  # a seeded sampled call repeats its tokens: no state of earlier calls
