@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 CHECK = ("import specengine, specengine.kernels as k, importlib.util as u; "
-         "print(specengine.__file__); print(k.__file__); print(u.find_spec('kernels'))")
+         "print(specengine.__file__); print(k.__file__); s = u.find_spec('kernels'); print(s and s.origin)")
 
 
 def test_editable_install_maps_kernels_under_specengine(tmp_path):
@@ -19,7 +19,8 @@ def test_editable_install_maps_kernels_under_specengine(tmp_path):
                          check=True).stdout.splitlines()
     assert Path(out[0]).resolve() == ROOT / "specengine" / "__init__.py"
     assert Path(out[1]).resolve() == ROOT / "kernels" / "__init__.py"
-    assert out[2] == "None"  # Hugging Face's `kernels` name stays free
+    # the bare name is never ours: free, or Hugging Face's `kernels` (transformers >= 5.25 depends on it)
+    assert out[2] == "None" or Path(out[2]).resolve() != ROOT / "kernels" / "__init__.py"
 
 
 @pytest.mark.slow
