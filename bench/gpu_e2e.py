@@ -227,7 +227,7 @@ def is_copy(name: str) -> bool:
 
 STEP_VARIANTS = {  # how the target step runs (docs/design.md, "Fused step")
     "unfused": "the plain-torch reference ops (the CPU path), our CUDA graphs",
-    "fused": "our Triton kernels (kernels/: add+RMSNorm, RoPE+KV write, SiLU-and-mul) and merged projections",
+    "fused": "our Triton kernels (specengine/kernels/: add+RMSNorm, RoPE+KV write, SiLU-and-mul) and merged projections",
     "torch.compile": "the reference ops, attention included, through torch.compile (inductor, no cudagraphs "
                      "of its own) inside our graphs, captured lazily so dynamo compiles once per shape used: "
                      "the gpt-fast recipe, the peer to beat",

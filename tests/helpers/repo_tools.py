@@ -1,6 +1,5 @@
 """Developer tools of the repository (tools/, not part of the installed package), loaded by
-path: the repository root is never put on sys.path (its `kernels/` would shadow Hugging
-Face's package of that name)."""
+path: tools/ is no package of the install, and the checkout's root stays off sys.path."""
 import importlib.util
 import sys
 from pathlib import Path

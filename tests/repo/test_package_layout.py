@@ -27,14 +27,13 @@ METHODS_MAY_IMPORT = {"errors", "timing", "kernels", "methods"}  # the context b
 
 
 def modules() -> dict[str, Path]:
-    """specengine module name -> file (kernels/ is installed as specengine.kernels)."""
+    """specengine module name -> file."""
     out = {}
-    for base, prefix in ((ROOT / "specengine", "specengine"), (ROOT / "kernels", "specengine.kernels")):
-        for f in base.rglob("*.py"):
-            parts = list(f.relative_to(base).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            out[".".join([prefix, *parts])] = f
+    for f in (ROOT / "specengine").rglob("*.py"):
+        parts = list(f.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = f
     out["specengine._kvext"] = out["specengine._quantext"] = ROOT / "setup.py"  # compiled: import nothing of ours
     return out
 
@@ -142,7 +141,7 @@ def test_modules_and_functions_stay_small():
 
 
 def test_every_folder_says_what_lives_there():
-    for init in list((ROOT / "specengine").rglob("__init__.py")) + [ROOT / "kernels" / "__init__.py"]:
+    for init in (ROOT / "specengine").rglob("__init__.py"):
         doc = ast.get_docstring(ast.parse(init.read_text()))
         assert doc and len(doc) > 40, init
 
@@ -158,7 +157,7 @@ def test_every_kernel_has_its_reference_in_its_own_file():
     from specengine.kernels.ops import OPS
 
     orphans, with_kernels = [], set()
-    for path in sorted((ROOT / "kernels").glob("*.py")):
+    for path in sorted((ROOT / "specengine" / "kernels").glob("*.py")):
         fns = _functions(path)
         kernels = [f.name for f in fns if f.name.endswith("_kernel")
                    and any("triton." in ast.unparse(d) for d in f.decorator_list)]
