@@ -193,7 +193,8 @@ class AutoGammaPolicy(FixedPolicy):
     def recall(self, store: dict, key: str) -> None:
         """Start from the acceptance rate the engine's earlier greedy calls learned for this pair
         (`store[key]`: the pair's over their last drafted rounds, PAIR_DECAY, not the last text's), at
-        the prior's weight, instead of the prior's rate, and from their rounds' measured cost corrections; where this engine learned none, from the rate earlier processes
+        the prior's weight, instead of the prior's rate, and from their rounds' measured cost
+        corrections; where this engine learned none, from the rate earlier processes
         filed (step_costs.FiledClocks: measured costs only). Greedy only: the methods do not call
         it for a sampled call, whose seed must repeat its tokens whatever earlier calls learned."""
         alpha, self.pair = store.get(key), store.get(key + PAIR_SUFFIX)
