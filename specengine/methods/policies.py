@@ -171,7 +171,7 @@ class AutoGammaPolicy(FixedPolicy):
         super().__init__(min(4, gamma_max))
         self.gamma_max = gamma_max
         self.accepted, self.rejected = prior_alpha * prior_weight, (1 - prior_alpha) * prior_weight
-        self.decay, self.prior_weight = decay, prior_weight
+        self.decay = decay
         self.pair: tuple | None = None  # the pair's decayed (accepted, rejections) across calls (PAIR_DECAY)
         self.costs = None
         self.wait = ProbeWait(probe_every, probe_max)
@@ -261,7 +261,7 @@ class AutoGammaPolicy(FixedPolicy):
         if not plain:
             self.learned = True
             rejections = sum(a < d for a, d in zip(n_acc, num_draft))
-            a, r = self.pair or (self.alpha * self.prior_weight, (1 - self.alpha) * self.prior_weight)
+            a, r = self.pair or (self.accepted, self.rejected)  # none yet: the call's start, at the prior's weight
             self.pair = (PAIR_DECAY * a + sum(n_acc), PAIR_DECAY * r + rejections)
             self.accepted = self.decay * self.accepted + sum(n_acc)
             self.rejected = self.decay * self.rejected + rejections
