@@ -205,10 +205,7 @@ $(DEVICE_PY)/.installed: $(STAMP)
 gpu-rehearsal: $(DEVICE_PY)/.installed
 	env -u TRITON_INTERPRET PYTHONPATH=$(DEVICE_PY) $(PY) -m specengine.kernels.compile_check --full \
 	  --json bench/results/compile_check_full_triton$(TRITON_DEVICE).json; test $$? -lt 2
-	PYTHONPATH=$(DEVICE_PY) SPECENGINE_TEST_THREADS=1 $(VENV)/bin/pytest -q $(XDIST) -m "not slow" \
-	  tests/ops/test_verify_attention.py tests/ops/test_attention_window.py tests/ops/test_rejection_sampling.py \
-	  tests/ops/test_draft_sampling.py tests/ops/test_commit_tokens.py tests/ops/test_quant_matmul_triton.py \
-	  tests/ops/test_fused_step_ops.py
+	PYTHONPATH=$(DEVICE_PY) SPECENGINE_TEST_THREADS=1 $(VENV)/bin/pytest -q $(XDIST) -m "triton and not slow" tests/
 	GPU_SMOKE=1 PYTHONPATH=$(DEVICE_PY) OUT=build/gpu-rehearsal bash scripts/gpu_run.sh
 
 # GPU bring-up on a CUDA machine (its own python3 with torch, triton, transformers; no network):

@@ -10,6 +10,8 @@ from specengine.kernels import cpu_ext
 from specengine.kernels.row_attention import verify_attention_rows
 from specengine.kernels.verify_attention import verify_attention_ref, verify_attention_tiled
 
+pytestmark = pytest.mark.triton  # a Triton kernel against its reference: `make gpu-rehearsal` runs these
+
 SHAPES = [(1, 4, 2, 16, 40, 5), (3, 6, 2, 32, 37, 8), (7, 4, 1, 16, 30, 3), (2, 8, 8, 16, 300, 260)]
 # (shape, tree): a tree's new tokens are windowed by slot, so trees only where the window holds them
 # (the decoder refuses a tree wider than a layer's window)

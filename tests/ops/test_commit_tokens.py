@@ -10,6 +10,8 @@ from specengine.kernels.commit_tokens import commit_tokens_ref
 pytest.importorskip("triton")
 from specengine.kernels.commit_tokens import commit_tokens  # noqa: E402
 
+pytestmark = pytest.mark.triton  # a Triton kernel against its reference: `make gpu-rehearsal` runs these
+
 
 def case(B, W, S=24, seed=0):
     """A buffer and a round's output: active rows keep n_new ≤ W tokens within capacity; one

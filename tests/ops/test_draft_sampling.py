@@ -8,6 +8,8 @@ from helpers.ops import BACKENDS, DEVICE, implementation
 
 from specengine.methods.sampling import SamplingParams, sample_draft
 
+pytestmark = pytest.mark.triton  # a Triton kernel against its reference: `make gpu-rehearsal` runs these
+
 
 def sample_draft_fused(logits, params, seed, offset, pos):
     return sample_draft(logits, params, seed, offset, pos, implementation("draft_sample", "triton")[0])

@@ -17,6 +17,8 @@ from specengine.kernels.add_rms_norm import add_rms_norm  # noqa: E402
 from specengine.kernels.rope_kv_write import rope_kv_write  # noqa: E402
 from specengine.kernels.silu_and_mul import silu_and_mul  # noqa: E402
 
+pytestmark = pytest.mark.triton  # a Triton kernel against its reference: `make gpu-rehearsal` runs these
+
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
        torch.float16: dict(atol=2e-3, rtol=2e-3)}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

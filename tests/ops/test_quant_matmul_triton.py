@@ -12,6 +12,8 @@ from specengine.kernels.quant_matmul import CODES, quant_matmul_ref
 pytest.importorskip("triton")
 from specengine.kernels.quant_matmul import quant_matmul_triton  # noqa: E402
 
+pytestmark = pytest.mark.triton  # a Triton kernel against its reference: `make gpu-rehearsal` runs these
+
 DTYPES = [torch.float32] + ([torch.bfloat16, torch.float16] if DEVICE == "cuda" else [])
 
 

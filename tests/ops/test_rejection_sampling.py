@@ -9,6 +9,8 @@ from helpers.ops import BACKENDS, implementation, on_cpu_fewer
 
 from specengine.kernels.rejection_sampling import rejection_sample_any, rejection_sample_greedy, rejection_sample_ref
 
+pytestmark = pytest.mark.triton  # a Triton kernel against its reference: `make gpu-rehearsal` runs these
+
 
 def args(logits, drafts, q, num_draft, temp, seed=0, offset=0, device="cpu"):
     B = logits.shape[0]

@@ -12,6 +12,8 @@ from specengine.kernels import verify_attention_ref
 pytest.importorskip("triton")
 from specengine.kernels.verify_attention import verify_attention  # noqa: E402
 
+pytestmark = pytest.mark.triton  # a Triton kernel against its reference: `make gpu-rehearsal` runs these
+
 
 def rand_case(B, Q, Hq, Hkv, D, S, seed, dtype=torch.float32):
     return attention_cases.rand_case(B, Q, Hq, Hkv, D, S, seed, dtype, DEVICE)

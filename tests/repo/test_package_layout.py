@@ -3,6 +3,7 @@ are no import circles, methods never reach the runtime or the Engine, every Trit
 has its torch reference in its own file, and modules and functions stay small. Read from the
 source with `ast`, lazy (function-level) imports included."""
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -170,3 +171,18 @@ def test_every_kernel_has_its_reference_in_its_own_file():
     for op, (module, ref, kernel) in OPS.items():
         names = {f.name for f in _functions(Path(module.__file__))}
         assert {ref, kernel} <= names, (op, module.__name__)
+
+
+def test_every_triton_kernel_is_tested_under_the_devices_triton():
+    """`make gpu-rehearsal` runs the tests marked `triton` under the GPU machine's own Triton:
+    a kernel module none of them imports would meet that Triton first on the GPU."""
+    marked = [p for p in (ROOT / "tests").rglob("test_*.py")
+              if re.search(r"^pytestmark = pytest\.mark\.triton\b", p.read_text(), re.M)]
+    imported = {node.module.rsplit(".", 1)[-1] for p in marked for node in ast.walk(ast.parse(p.read_text()))
+                if isinstance(node, ast.ImportFrom) and node.module}
+    imported |= {p.stem.removeprefix("test_") for p in marked}  # a test named after its kernel's module
+    untested = [path.stem for path in sorted((ROOT / "specengine" / "kernels").glob("*.py"))
+                if any(f.name.endswith("_kernel") and any("triton." in ast.unparse(d) for d in f.decorator_list)
+                       for f in _functions(path)) and path.stem not in imported]
+    assert not untested, untested
+    assert len(marked) >= 7, marked  # the check sees the tests it is about
