@@ -35,7 +35,7 @@ THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 _enabled = True  # set per load by the engine's `huge_pages` option (`enable`)
 _blocks: dict[int, tuple] = {}  # each held block's mapping (data pointer) -> (weakref to its storage, bytes held)
 _moves = weakref.WeakKeyDictionary()  # model -> {"bytes", "seconds"} its holds moved, summed
-_refused = None  # why the last hold could not get its block (mmap or madvise failed), for the plan
+_refusals = weakref.WeakKeyDictionary()  # model -> why its hold got no block (mmap or madvise failed)
 
 
 def support() -> str | None:
@@ -105,8 +105,7 @@ def hold(model) -> dict | None:
     try:
         block = _block(total)
     except OSError as e:  # a kernel or sandbox that refuses the mapping or the advice: small pages, said why
-        global _refused
-        _refused = f"the kernel refused huge pages: {e}"
+        _refusals[model] = f"the kernel refused huge pages: {e}"
         return None
     for s, at in storages.values():
         block[at: at + s.nbytes()].copy_(torch.empty(0, dtype=torch.uint8).set_(s))
@@ -134,14 +133,15 @@ def held(model) -> bool:
     return model in _moves
 
 
-def refused() -> str | None:
-    """Why the last hold got no block (the kernel refused the mapping or the advice), else None."""
-    return _refused
+def refused(model) -> str | None:
+    """Why this model's hold got no block (the kernel refused the mapping or the advice), else None.
+    Per model: one refusal (a sandbox's moment, a mapping too large) does not stop the next model's."""
+    return _refusals.get(model)
 
 
 def pending(model) -> bool:
     """Will a hold still move this model's weights (enabled here, not held yet, not refused)?"""
-    return enabled() and not held(model) and _refused is None
+    return enabled() and not held(model) and model not in _refusals
 
 
 def _forget_freed() -> None:
@@ -173,6 +173,6 @@ def huge_bytes() -> int:
 
 def report(model) -> dict:
     """This model's weights: bytes moved into huge pages and the seconds it took, or why none were."""
-    why = "huge_pages=False" if not _enabled else support() or refused()
+    why = "huge_pages=False" if not _enabled else support() or refused(model)
     moved = _moves.get(model)
     return moved or {"why_not": why or "under 2 MiB of weights"}

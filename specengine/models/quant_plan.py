@@ -270,5 +270,5 @@ def hold(model) -> None:
     moved = huge_pages.hold(model) is not None
     if moved:
         _layout_changed()
-    if moved or huge_pages.refused():
+    if moved or huge_pages.refused(model):
         choose_prefetch(model)

@@ -101,7 +101,6 @@ def test_a_refused_hold_does_not_leave_the_setting_waiting(tmp_path, monkeypatch
 
     monkeypatch.setenv("SPECENGINE_PLAN_DIR", str(tmp_path))
     monkeypatch.setattr(huge_pages, "_enabled", True)
-    monkeypatch.setattr(huge_pages, "_refused", None)
     monkeypatch.setattr(huge_pages, "_block", refuse)
     big = torch.nn.Sequential(QuantLinear([("Q4_K", random_blocks("Q4_K", 8192, 512))]))  # 2.4 MB
     ext, calls, timed = FakeExt(), [], []

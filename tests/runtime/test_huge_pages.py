@@ -74,12 +74,16 @@ def test_a_refused_block_leaves_the_weights_where_they_are(enabled, monkeypatch)
         raise OSError(22, "Invalid argument")
 
     monkeypatch.setattr(huge_pages, "_block", refuse)
-    monkeypatch.setattr(huge_pages, "_refused", None)
     m = Tied()
     before = m.a.weight
     assert huge_pages.hold(m) is None and m.a.weight is before and not huge_pages.held(m)
     if huge_pages.support() is None:
         assert huge_pages.report(m)["why_not"].startswith("the kernel refused huge pages")
+        assert not huge_pages.pending(m)
+        monkeypatch.undo()  # the next model's hold is tried afresh: one refusal is not the process's
+        other = Tied()
+        assert huge_pages.pending(other) and huge_pages.hold(other) is not None and huge_pages.held(other)
+        assert huge_pages.refused(other) is None and huge_pages.refused(m) is not None
 
 
 def test_off_or_small_moves_nothing(enabled):
