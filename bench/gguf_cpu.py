@@ -217,16 +217,27 @@ def decode_rate(stats: dict) -> float:
     return stats["new_tokens"] / max(stats["wall_time_s"] - stats["prefill_s"], 1e-9)
 
 
-def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool) -> dict:
+def prompt_texts(eng, prompt_set: str, n: int) -> list[str]:
+    """The first n prompts of a set as the text both engines are given."""
+    from specengine.prompts import humaneval, mtbench
+
+    if prompt_set == "humaneval":
+        return [p["prompt"] for p in humaneval(n)]
+    return [eng.tokenizer.apply_chat_template([{"role": "user", "content": q["turns"][0]}], tokenize=False,
+                                              add_generation_prompt=True) for q in mtbench(n)]
+
+
+def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool, prompt_set: str = "humaneval") -> dict:
     """Providers interleaved prompt by prompt and repeated (a shared VM's speed drifts by +-20%
     within minutes, so providers run one after another compare two moments): per prompt and
     repeat, every provider once, decode tokens/s; each ratio is taken between runs of the same
     prompt and repeat, and its median reported (with the lowest, for ours against `ar`). Ours: the
     engine's default plan, every cost-driven method (`sd`, `ngram`, `hybrid`, `pearl`), each checked
-    to give `ar`'s tokens."""
+    to give `ar`'s tokens. `prompt_set`: "humaneval" (code completions) or "mtbench" (MT-bench's first
+    turns, chat-templated into one text that both engines read: prose, where the code pair agrees least)."""
     import statistics
 
-    from specengine.prompts import humaneval
+    prompts = prompt_texts(eng, prompt_set, n_prompts)
 
     def ours(method, **kw):
         def run(prompt):
@@ -259,9 +270,9 @@ def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool) -> dic
     peer_info = None  # llama.cpp's system_info line: the instruction sets it was built for
     runs = []  # (repeat, prompt, provider, decode tokens/s)
     for rep in range(repeats):
-        for i, p in enumerate(humaneval(n_prompts)):
+        for i, p in enumerate(prompts):
             for name, run in providers.items():
-                r = run(p["prompt"])
+                r = run(p)
                 peer_info = r.pop("system_info", None) or peer_info
                 if "token_ids" in r:
                     ids = r.pop("token_ids")
@@ -295,7 +306,7 @@ def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool) -> dic
         print(f"median prediction error {name}: {e:+.1%}", flush=True)
     print(f"every method of ours gave ar's tokens: {same}", flush=True)
     peer = {"llama.cpp": {"version": llamacpp.version(), "system_info": peer_info}} if llama else {}
-    return {"repeats": repeats, "prompts": n_prompts, "new_tokens": new, **peer, "runs": runs, "median_ratios": ratios,
+    return {"repeats": repeats, "prompts": n_prompts, "prompt_set": prompt_set, "new_tokens": new, **peer, "runs": runs, "median_ratios": ratios,
             "lowest_ratios": lowest, "prediction_error_median": errors, "same_tokens_as_ar": same}
 
 
@@ -365,6 +376,8 @@ def main(argv=None) -> int:
     ap.add_argument("--llamacpp", action="store_true", help="add llama.cpp's providers (bench/peers/llamacpp.py build first)")
     ap.add_argument("--interleaved", type=int, default=0, metavar="R",
                     help="only the interleaved comparison, R repeats of every prompt (the README's per-CPU row)")
+    ap.add_argument("--prompts", choices=["humaneval", "mtbench"], default="humaneval",
+                    help="the interleaved comparison's prompt set (mtbench: chat prose, its first turns)")
     ap.add_argument("--streams", metavar="ISA", nargs="*",
                     help="only the interleaved kernel's stream rates, per instruction-set copy (default: every one "
                          "this CPU runs), beside the machine's read bandwidth")
@@ -404,7 +417,8 @@ def main(argv=None) -> int:
         eng = Engine.from_pretrained(DEFAULT_TARGET, draft=DEFAULT_DRAFT, max_seq_len=1024)
         report = {"benchmark": "gguf_cpu_interleaved", "environment": environment(), "kernel_isa": extension_isa(),
                   "dtype_choice": {k: eng.dtype_choice.get(k) for k in ("target", "draft")},
-                  "interleaved": interleaved(eng, args.n_prompts, args.max_new_tokens, args.interleaved, args.llamacpp)}
+                  "interleaved": interleaved(eng, args.n_prompts, args.max_new_tokens, args.interleaved, args.llamacpp,
+                                              args.prompts)}
         print(f"wrote {save(report, args.out)}")
         return 0
     if _quantext is None:
