@@ -26,6 +26,13 @@ too (as the draft's acceptance is: step_costs.FiledClocks), so a new process's f
 from them rather than exploring again (4 extra rounds of 46 on HumanEval/1 x 64: 0.90x the next).
 A bin whose curve says "no proposal" is probed with its best γ >= 1 every PROBE_EVERY rows
 it declines, so that the bin's estimate can change as the text does.
+
+The carried curves are the pair's and the texts' of earlier calls, hundreds of tries deep, so one
+call's few proposals barely move them, while a text's kind moves every bin at once: on MT-bench's
+prose (AVX2 copy) one call's proposals were accepted 1 time in 21 where the curves learned on code
+expected about a third, and `ngram` ran 0.935x `ar`. So each call also keeps its own text factor,
+its verified tokens accepted over what the curves expected of them (`text_factor`, shrunk toward 1
+by TEXT_WEIGHT tokens), which scales every bin's odds of acceptance; it is the text's, not carried.
 """
 from __future__ import annotations
 
@@ -36,6 +43,7 @@ PRIOR_Q1, PRIOR_WEIGHT = 0.5, 2.0  # position 1's prior, and the pseudo-counts o
 PROBE_EVERY = 8
 MEMORY = 256  # tries of a position past which a bin's counts are halved: recent rounds weigh more
 EXPLORE_TRIES = 4  # hybrid: a bin tried fewer times than this gets its n-gram round whatever the estimate
+TEXT_WEIGHT = 3.0  # the text factor's prior: this many expected tokens accepted as the curves say
 
 
 def match_bin(m: int) -> int:
@@ -58,6 +66,7 @@ class NgramGammaPolicy:
         self.costs = None
         self.scale: dict = {}  # measured / predicted seconds per kind of round ("plain", "spec": round_clock.py)
         self.last_bins: dict[int, int] = {}  # row -> bin of its proposal this round
+        self.text_expected = self.text_kept = 0.0  # this call's verified tokens: the curves' chances, those accepted
 
     def set_costs(self, costs) -> None:
         self.costs = costs
@@ -71,12 +80,23 @@ class NgramGammaPolicy:
             self.seen, self.kept = [list(r) for r in seen], [list(r) for r in kept]
         store[key] = (self.seen, self.kept)
 
-    def survival(self, b: int) -> list[float]:
-        """s[γ]: P(the first γ tokens of a proposal from bin b are all accepted), γ = 0..gamma_max."""
-        s, q = [1.0], PRIOR_Q1
+    def curve(self, b: int) -> list[float]:
+        """q[k]: bin b's learned P(token k accepted | tokens 1..k-1 were), k = 1..gamma_max (q[0] unused)."""
+        q = [PRIOR_Q1]
         for k in range(1, self.gamma_max + 1):
-            q = (self.kept[b][k] + PRIOR_WEIGHT * q) / (self.seen[b][k] + PRIOR_WEIGHT)
-            s.append(s[-1] * q)
+            q.append((self.kept[b][k] + PRIOR_WEIGHT * q[-1]) / (self.seen[b][k] + PRIOR_WEIGHT))
+        return q
+
+    def text_factor(self) -> float:
+        """This call's verified tokens accepted over what the curves expected of them, shrunk toward 1."""
+        return (self.text_kept + TEXT_WEIGHT) / (self.text_expected + TEXT_WEIGHT)
+
+    def survival(self, b: int) -> list[float]:
+        """s[γ]: P(the first γ tokens of a proposal from bin b are all accepted), γ = 0..gamma_max: the
+        bin's curve with its odds scaled by the call's text factor."""
+        s, f = [1.0], self.text_factor()
+        for q in self.curve(b)[1:]:
+            s.append(s[-1] * q * f / (1.0 - q + q * f))
         return s
 
     def expected(self, b: int) -> list[float]:
@@ -115,10 +135,12 @@ class NgramGammaPolicy:
             b, a = self.last_bins.get(row), n_acc[row]
             if b is None or not d:
                 continue
-            seen, kept = self.seen[b], self.kept[b]
+            seen, kept, q = self.seen[b], self.kept[b], self.curve(b)
             for k in range(1, min(a + 1, d) + 1):  # positions 1..a accepted, position a + 1 rejected
                 seen[k] += 1
                 kept[k] += k <= a
+                self.text_expected += q[k]
+                self.text_kept += k <= a
             if seen[1] > MEMORY:
                 seen[:], kept[:] = [x / 2 for x in seen], [x / 2 for x in kept]
 
