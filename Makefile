@@ -94,22 +94,32 @@ bench-ray: $(STAMP)
 	$(PY) bench/serve_ray.py --out bench/results/cpu_serve_ray.json
 
 # The stream rates per ISA copy, llama.cpp beside ours, the same interleaved prompt by prompt (the
-# README's per-CPU row), and the first reply after warmup() against the next, in fresh processes.
-CPU_KIND = $$($(PY) -c "from specengine.machine import cpu_kind; print(cpu_kind())")  # avx512_zen5, avx2_zen3, ...
+# README's per-CPU row) on HumanEval and on MT-bench's prose, and the first reply after warmup() against
+# the next, in fresh processes.
+# CPU_KIND (avx512_zen5, avx2_zen3, ...) and CPU_NAME (zen5, zen3, ...): asked when a recipe expands them,
+# after $(STAMP) made the venv. No comment on a variable's line: make keeps the spaces before one in the
+# value, and `--out x_$(CPU_KIND).json` split in two (tests/repo/test_bench_layout.py).
+CPU_KIND = $(shell $(PY) -c "from specengine.machine import cpu_kind; print(cpu_kind())")
+CPU_NAME = $(patsubst $(firstword $(subst _, ,$(CPU_KIND)))_%,%,$(CPU_KIND))
 bench-gguf: $(STAMP)
 	$(PY) bench/peers/llamacpp.py build
 	$(PY) bench/gguf_cpu.py --streams --out bench/results/cpu_gguf_streams_$(CPU_KIND).json
 	$(PY) bench/gguf_cpu.py --llamacpp --out bench/results/cpu_gguf_vs_llamacpp_$(CPU_KIND).json
 	$(PY) bench/gguf_cpu.py --llamacpp --interleaved 2 --n-prompts 3 --max-new-tokens 64 \
 	  --out bench/results/cpu_gguf_interleaved_$(CPU_KIND).json
+	$(PY) bench/gguf_cpu.py --llamacpp --interleaved 2 --n-prompts 3 --max-new-tokens 64 --prompts mtbench \
+	  --out bench/results/cpu_gguf_interleaved_mtbench_$(CPU_KIND).json
 	$(PY) bench/gguf_cpu.py --first-reply 3 --max-new-tokens 64 --out bench/results/cpu_gguf_first_reply_$(CPU_KIND).json
 
 # On a CPU with more than AVX2: both sides held to AVX2 alone (our kernels' AVX2 copy, llama.cpp built
-# for AVX2 without AVX-512 or VNNI), interleaved as above: an AVX2-only EPYC's instruction set (~20 min).
+# for AVX2 without AVX-512 or VNNI), interleaved as above on both prompt sets: an AVX2-only EPYC's
+# instruction set (~20 min).
 bench-gguf-avx2: $(STAMP)
 	SPECENGINE_ISA=avx2 $(PY) bench/peers/llamacpp.py build
 	SPECENGINE_ISA=avx2 $(PY) bench/gguf_cpu.py --llamacpp --interleaved 2 --n-prompts 3 --max-new-tokens 64 \
-	  --out bench/results/cpu_gguf_interleaved_avx2copy_$$($(PY) -c "from specengine.machine import cpu_kind; print(cpu_kind().split('_', 1)[1])").json
+	  --out bench/results/cpu_gguf_interleaved_avx2copy_$(CPU_NAME).json
+	SPECENGINE_ISA=avx2 $(PY) bench/gguf_cpu.py --llamacpp --interleaved 2 --n-prompts 3 --max-new-tokens 64 \
+	  --prompts mtbench --out bench/results/cpu_gguf_interleaved_mtbench_avx2copy_$(CPU_NAME).json
 
 # N-gram drafting on prompts that copy their input (specengine/prompts.py, COPY_PROMPTS) and on HumanEval:
 # HF generate and its prompt lookup, our ar, n-gram chains and tree, the draft model, the hybrid

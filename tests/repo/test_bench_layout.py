@@ -55,3 +55,18 @@ def test_no_test_imports_from_bench():
     offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py")
                  if p != Path(__file__).resolve() and pattern.search(p.read_text())]
     assert not offenders, offenders
+
+
+def test_every_bench_target_writes_to_one_named_file():
+    """`make -n` of every bench target: each `--out` names one path ending in .json (a make variable
+    whose line ends in a comment keeps the spaces before it, and split `--out x_avx2 .json` in two)."""
+    import subprocess
+
+    targets = re.findall(r"^(bench[\w-]*):", (ROOT / "Makefile").read_text(), re.M)
+    assert "bench-gguf" in targets
+    dry = subprocess.run(["make", "-n", "-s", *targets], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    outs = re.findall(r"--out\s+(\S+)(\s+\S+)?", dry.stdout)
+    assert len(outs) >= 8, dry.stdout[-2000:] + dry.stderr[-2000:]
+    bad = [(path, nxt) for path, nxt in outs if not re.fullmatch(r"bench/results/[\w.-]+\.json", path)
+           or nxt.strip().startswith(".json")]
+    assert not bad, bad
