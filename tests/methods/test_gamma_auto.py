@@ -152,6 +152,38 @@ def test_plain_rounds_probe_again_and_learn_from_the_probe():
     assert pol.alpha > before and pol.gamma >= 1
 
 
+def test_a_probe_whose_short_stretch_ends_plain_doubles_the_wait():
+    """An accepted probe lifts α for a round or two that the costs choose; when that stretch falls back
+    to plain decoding within PROBE_SUSTAIN rounds the probe confirmed plain decoding: the wait doubles
+    (16, 32, 64) instead of starting again at 16 (each probe pays the draft's catch-up: MT-bench prose,
+    AVX2 copy, a call with two such probes ran 0.92x `ar`). A stretch that lasts resets the wait."""
+    from specengine.methods.policies import PROBE_SUSTAIN
+
+    costs = StepCosts(1, 0.3, tuple(1.0 + 0.3 * w for w in range(9)))
+
+    def drive(accepted_after_probe: int) -> list[int]:
+        """The drafted rounds of 140: drafts rejected, except a probe's and the next
+        `accepted_after_probe` rounds', accepted in full."""
+        pol = make_policy("fixed", "auto")
+        pol.set_costs(costs)
+        drafted, good = [], 0
+        for i in range(140):
+            g = pol.gamma
+            if pol.probing:
+                good = accepted_after_probe + 1
+            if g:
+                drafted.append(i)
+            pol.update([g if good > 0 else 0], [g])
+            good -= bool(g)
+        return drafted
+
+    probes = [i for i in drive(0) if i > 1]  # round 0 drafts from the prior, then plain
+    assert probes[::2] == [17, 51, 117] and probes[1::2] == [18, 52]  # probe, one round by the costs, plain
+    lasting = drive(PROBE_SUSTAIN + 2)
+    gaps = [b - a for a, b in zip(lasting, lasting[1:]) if b - a > 1]
+    assert gaps and set(gaps) == {17}  # each lasting stretch reset the wait to 16 plain rounds
+
+
 def test_sd_that_falls_back_to_plain_rounds_is_lossless(tiny_pair, tokenizer, monkeypatch):
     """Costs that make speculation lose: sd runs plain decode rounds, probes every 16, and its
     draft catches up across the plain rounds; tokens are ar's, greedy and seeded sampling,
