@@ -96,10 +96,11 @@ bench-ray: $(STAMP)
 # The stream rates per ISA copy, llama.cpp beside ours, the same interleaved prompt by prompt (the
 # README's per-CPU row) on HumanEval and on MT-bench's prose, and the first reply after warmup() against
 # the next, in fresh processes.
-# CPU_KIND (avx512_zen5, avx2_zen3, ...) and CPU_NAME (zen5, zen3, ...): asked when a recipe expands them,
-# after $(STAMP) made the venv. No comment on a variable's line: make keeps the spaces before one in the
-# value, and `--out x_$(CPU_KIND).json` split in two (tests/repo/test_bench_layout.py).
-CPU_KIND = $(shell $(PY) -c "from specengine.machine import cpu_kind; print(cpu_kind())")
+# CPU_KIND (avx512_zen5, avx2_zen3, ...) and CPU_NAME (zen5, zen3, ...): asked when a recipe first expands
+# them, after $(STAMP) made the venv, and kept (the eval: one ~2 s Python start, not one per use). No
+# comment on a variable's line: make keeps the spaces before one in the value, and `--out
+# x_$(CPU_KIND).json` split in two (tests/repo/test_bench_layout.py).
+CPU_KIND = $(eval CPU_KIND := $$(shell $(PY) -c "from specengine.machine import cpu_kind; print(cpu_kind())"))$(CPU_KIND)
 CPU_NAME = $(patsubst $(firstword $(subst _, ,$(CPU_KIND)))_%,%,$(CPU_KIND))
 bench-gguf: $(STAMP)
 	$(PY) bench/peers/llamacpp.py build

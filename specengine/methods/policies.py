@@ -119,8 +119,9 @@ PAIR_DECAY, PAIR_SUFFIX = 0.98, ":pair"
 PROBE_FIRST, PROBE_MAX = 16, 256  # plain rounds before a probe: the first wait, the longest
 # Drafted rounds in a row, the probe's included, before what a probe found counts as speculation paying
 # again: one accepted probe lifts α enough for a round or two chosen by the costs, and a stretch that
-# short back to plain decoding confirmed it (the wait was reset by it and probed again 16 rounds later,
-# each probe a ~1.3-step catch-up: MT-bench prose, AVX2 copy, 0.92x `ar` on one call with two probes).
+# short which falls back to plain decoding confirmed plain (it used to reset the wait, and the call
+# probed again 16 rounds later, each probe a ~1.3-step catch-up: MT-bench prose, AVX2 copy, 0.92x `ar`
+# on one call with two probes).
 PROBE_SUSTAIN = 3
 
 

@@ -151,6 +151,12 @@ def _functions(path: Path) -> list[ast.FunctionDef]:
     return [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)]
 
 
+def _triton_kernels(fns) -> list[str]:
+    """The Triton kernels among a file's functions: `@triton.jit` (or autotuned) and named `_<name>_kernel`."""
+    return [f.name for f in fns
+            if f.name.endswith("_kernel") and any("triton." in ast.unparse(d) for d in f.decorator_list)]
+
+
 def test_every_kernel_has_its_reference_in_its_own_file():
     """Liger's discipline: a file of kernels/ that defines a Triton kernel (a `@triton.jit`
     function named `_<name>_kernel`) also defines the torch reference it is tested against
@@ -160,8 +166,7 @@ def test_every_kernel_has_its_reference_in_its_own_file():
     orphans, with_kernels = [], set()
     for path in sorted((ROOT / "specengine" / "kernels").glob("*.py")):
         fns = _functions(path)
-        kernels = [f.name for f in fns if f.name.endswith("_kernel")
-                   and any("triton." in ast.unparse(d) for d in f.decorator_list)]
+        kernels = _triton_kernels(fns)
         if kernels:
             with_kernels.add(path.stem)
             if not any(f.name.endswith("_ref") for f in fns):
@@ -182,7 +187,6 @@ def test_every_triton_kernel_is_tested_under_the_devices_triton():
                 if isinstance(node, ast.ImportFrom) and node.module}
     imported |= {p.stem.removeprefix("test_") for p in marked}  # a test named after its kernel's module
     untested = [path.stem for path in sorted((ROOT / "specengine" / "kernels").glob("*.py"))
-                if any(f.name.endswith("_kernel") and any("triton." in ast.unparse(d) for d in f.decorator_list)
-                       for f in _functions(path)) and path.stem not in imported]
+                if _triton_kernels(_functions(path)) and path.stem not in imported]
     assert not untested, untested
     assert len(marked) >= 7, marked  # the check sees the tests it is about
