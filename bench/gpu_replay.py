@@ -99,6 +99,24 @@ def replay_engine(target, draft, traces: TraceSet) -> tuple[Engine, Replay]:
     return eng, replay
 
 
+def runs(log) -> str:
+    """The last call's rounds as (proposed, accepted) runs: "0/0x16 1/1 0/0x32 ..." (what γ auto chose)."""
+    out, last, n = [], None, 0
+    for entry in list(log) + [None]:
+        key = None if entry is None else f"{entry[0]}/{entry[1]}"
+        if key != last and last is not None:
+            out.append(last + (f"x{n}" if n > 1 else ""))
+            n = 0
+        last, n = key, n + 1
+    return " ".join(out)
+
+
+def costs(eng) -> dict:
+    """The step costs the engine measured (what γ auto and PEARL chose by), in ms."""
+    return {str(b): dict(draft_ms=c.draft_s * 1e3, target_ms=[round(t * 1e3, 3) for t in c.target_s[:9]])
+            for b, c in eng.measured_step_costs.items()}
+
+
 def timed_calls(eng, replay: Replay, kw: dict) -> dict:
     """A warm-up call (captures, autotuning), then every trace's prompt once, timed as whole
     calls; one short profiled call for the kernels per round."""
@@ -117,7 +135,9 @@ def timed_calls(eng, replay: Replay, kw: dict) -> dict:
         exact &= r.token_ids == t.target_tokens
     row = dict(tokens_per_s=new / wall, new_tokens=new, wall_s=wall, tokens_per_target_forward=new / target_forwards,
                same_tokens_as_trace=exact, acceptance_rate=r.stats.get("acceptance_rate"),
-               gamma_mean=r.stats.get("gamma_mean"), plain_rounds=r.stats.get("plain_rounds"))
+               gamma_mean=r.stats.get("gamma_mean"), plain_rounds=r.stats.get("plain_rounds"),
+               **{k: r.stats.get(k) for k in ("rounds_launched_ahead", "round_cost_factors", "prediction_error")},
+               rounds=runs(r.stats.get("round_log") or []), step_costs=costs(eng))
     kinds = torch.profiler.ProfilerActivity
     with torch.profiler.profile(activities=[kinds.CUDA] if E.S.device == "cuda" else [kinds.CPU]) as prof:
         r = replay.generate(eng, 0, **kw)
@@ -158,6 +178,9 @@ def replay_section(pair: str, traces: TraceSet, methods, rows: list, save) -> No
             print(f"{pair}/0.5b {trace_kind:9s} {provider:26s} {r['tokens_per_s']:8.1f} tok/s  x ar "
                   f"{r['x_ar'] or 1:.2f}  tau {r['tokens_per_target_forward']:.2f}  same {r['same_tokens_as_trace']}  "
                   f"({r['config_s']:.0f} s)", flush=True)
+            if r.get("round_cost_factors"):  # what a cost-driven choice saw
+                print(f"    costs {r['step_costs']} factors {r['round_cost_factors']} ahead "
+                      f"{r['rounds_launched_ahead']} rounds {r['rounds'][:200]}", flush=True)
         replay.detach(eng)
         del eng
         E.free_memory()
@@ -206,16 +229,20 @@ def gpt_fast_ar(model, prompt: list[int], new: int) -> list[int]:
 
 
 def peers_section(traces: TraceSet, rows: list, save) -> None:
-    """HF `generate` (bf16, sdpa, its default cache) and the gpt-fast-style compiled `ar` on the
-    replay's prompts and lengths, per target shape."""
-    for pair, name in PAIRS.items():
-        model = E.random_model(name, 0)
+    """HF `generate` (bf16, sdpa, its default cache) on both target shapes, then the gpt-fast-style
+    compiled `ar` (its compile takes longest: last), on the replay's prompts and lengths."""
+    def hf_generate(model):
         hf = E.to_hf(model)
-        for provider, fn in (("hf generate", lambda p, n: hf.generate(
-                                 torch.tensor([p], device=E.S.device), max_new_tokens=n, min_new_tokens=n,
-                                 do_sample=False, pad_token_id=0)[0, len(p):].tolist()),
-                             ("torch.compile ar (gpt-fast)", lambda p, n: gpt_fast_ar(model, p, n))):
+        return lambda p, n: hf.generate(torch.tensor([p], device=E.S.device), max_new_tokens=n, min_new_tokens=n,
+                                        do_sample=False, pad_token_id=0)[0, len(p):].tolist()
+
+    for provider, make in (("hf generate", hf_generate),
+                           ("torch.compile ar (gpt-fast)", lambda model: lambda p, n: gpt_fast_ar(model, p, n))):
+        for pair, name in PAIRS.items():
             t0 = time.perf_counter()
+            print(f"{pair} {provider}: building, warming up", flush=True)  # a stall shows where
+            model = E.random_model(name, 0)
+            fn = make(model)
             with torch.inference_mode():
                 fn(traces.traces[0].prompt, 8)  # warm-up: compile, autotune
                 E.sync()
@@ -230,8 +257,8 @@ def peers_section(traces: TraceSet, rows: list, save) -> None:
                              wall_s=wall, config_s=time.perf_counter() - t0))
             save()
             print(f"{pair} {provider:28s}: {new / wall:8.1f} tok/s ({time.perf_counter() - t0:.0f} s)", flush=True)
-        del hf, model
-        E.free_memory()
+            del fn, model
+            E.free_memory()
 
 
 def table(folder: Path) -> str:
@@ -265,6 +292,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pair", choices=tuple(PAIRS), default="1.5b")
     ap.add_argument("--trace", default=str(TRACE))
     ap.add_argument("--prompts", type=int, default=2, help="the trace's first n prompts")
+    ap.add_argument("--providers", help="replay: only these (comma-separated, as the rows name them), beside ar")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args(argv)
     if a.section == "table":
@@ -292,7 +320,11 @@ def main(argv=None) -> int:
         peers_section(traces, rows, save)
     else:
         for pair in ((a.pair,) if a.section == "replay" else ("7b", "1.5b")):
-            replay_section(pair, traces, METHODS if a.section == "replay" else PEARL, rows, save)
+            methods = METHODS if a.section == "replay" else PEARL
+            if a.providers:
+                wanted = a.providers.split(",")
+                methods = [m for m in methods if m[0] in wanted]
+            replay_section(pair, traces, methods, rows, save)
     result["section_s"] = time.perf_counter() - t0
     save()
     return 0

@@ -49,11 +49,14 @@ class PhaseTimer:
         return out
 
 
-def best_seconds(fn, repeats: int, device=None, setup=None, best: float = float("inf")) -> float:
+def best_seconds(fn, repeats: int, device=None, setup=None, best: float = float("inf"), back_to_back: int = 1) -> float:
     """The least wall time of `repeats` calls of fn() (the first call also pays one-time costs
     such as kernel selection for a new shape; the minimum drops it). On CUDA the device is
     synchronized around each call, so its queued work is timed too. setup(): untimed, before
-    each call. best: a minimum so far, to extend across interleaved rounds."""
+    each call. best: a minimum so far, to extend across interleaved rounds. back_to_back: each
+    time is that many calls queued between two syncs, divided by it: a call's cost as a round
+    pays it when the host queues it behind other work (a draft step inside a chain), not its
+    latency from an idle device (on a CPU the two are the same)."""
     sync = torch.device(device).type == "cuda" if device is not None else False
     for _ in range(repeats):
         if setup is not None:
@@ -61,8 +64,9 @@ def best_seconds(fn, repeats: int, device=None, setup=None, best: float = float(
         if sync:
             torch.cuda.synchronize(device)
         t = time.perf_counter()
-        fn()
+        for _ in range(back_to_back):
+            fn()
         if sync:
             torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - t)
+        best = min(best, (time.perf_counter() - t) / back_to_back)
     return best

@@ -267,3 +267,21 @@ def test_warmup_files_nothing(tiny_pair, tokenizer, monkeypatch, tmp_path):
     assert eng._clocks.key is not None and eng._clocks.key not in machine.load()
     eng.generate([5, 9, 2], max_new_tokens=8, ignore_eos=True, method="sd", gamma="auto")
     assert "greedy" in machine.load()[eng._clocks.key]  # a request's is filed
+
+
+def test_best_seconds_times_back_to_back_calls_per_call():
+    """back_to_back=k: each time is k calls between two syncs, divided by k (a GPU step's cost
+    inside a round, where forwards queue behind one another; step_costs.BACK_TO_BACK)."""
+    import time
+
+    from specengine.timing import best_seconds
+
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.01)
+
+    per_call = best_seconds(fn, 2, back_to_back=3)
+    assert len(calls) == 6
+    assert 0.009 < per_call < 0.02  # one call's time, not three calls'
