@@ -225,8 +225,8 @@ gpu-rehearsal: $(DEVICE_PY)/.installed
 gpu-check:
 	SPECENGINE_COMMIT=$$(git rev-parse --short HEAD 2>/dev/null) bash scripts/gpu_check.sh $(GPU_PARTS)
 
-# THE command for a GPU window (15 minutes of device time, start included): about 7 minutes on a
-# bare H100 (scripts/gpu_run.sh): the ar step, every method replaying the real pair's acceptance
+# THE command for a GPU window (15 minutes of device time, start included): at most 8 minutes (6 on an
+# H200, first run; scripts/gpu_run.sh): the ar step, every method replaying the real pair's acceptance
 # trace on random weights of the 7B/0.5B and 1.5B/0.5B shapes, HF generate and a torch.compile'd
 # ar beside them, PEARL last; each section's JSON into $$OUT as it ends. On the device, pass the
 # commit: SPECENGINE_COMMIT=<sha> bash scripts/gpu_run.sh (its copied .git may be stale).

@@ -25,7 +25,7 @@ from .methods.base import CallInputs, CallTotals, Method
 from .methods.logprobs import LogprobSpec, entries, token_logprobs
 from .methods.sampling import SamplingParams
 from .methods.state import DecodeState
-from .runtime.graphs import padded_width
+from .runtime.graphs import captures, padded_width
 from .row_state import RowState
 from .runtime.runner import ModelRunner
 from .structured.rows import RowConstraints
@@ -156,7 +156,7 @@ class Generation:
         host's reading and bookkeeping (docs/design.md, "Overlapped rounds")."""
         if self._pending is None and all(r.finish_reason is not None for r in self.rows):
             return [[] for _ in self.rows]  # every row ended before its first round (a grammar's dead end)
-        t0 = time.perf_counter()
+        t0, captured = time.perf_counter(), captures()
         pending = self._pending or self._launch(ahead=0)
         ahead = self.overlap and self.method.one_token_rounds and self._more_after_pending()
         self._pending = self._launch(ahead=1) if ahead else None
@@ -164,7 +164,8 @@ class Generation:
         kept = self._read(pending)
         took = time.perf_counter() - t0
         self.decode_s += took
-        self.method.timed(took)  # with a round launched ahead: this step's share of the device's time
+        if captures() == captured:  # a graph's capture is a one-time cost, not the round's (graphs.capture_graph)
+            self.method.timed(took)  # with a round launched ahead: this step's share of the device's time
         return kept
 
     def _more_after_pending(self) -> bool:

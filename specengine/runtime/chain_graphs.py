@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .graphs import batch_bucket, cuda_capture, len_bucket
+from .graphs import batch_bucket, capture_graph, cuda_capture, len_bucket
 
 
 class DraftChainGraphs:
@@ -94,7 +94,7 @@ class DraftChainGraphs:
         graph = self.graphs.get(key)
         if graph is None:
             fn = self._fns[key] = self._chain(*key[:3], state.params, sampler, feed)
-            graph = self.graphs[key] = self.capture(fn, self.pool, self.runner.device)
+            graph = self.graphs[key] = capture_graph(self.capture, fn, self.pool, self.runner.device)
         graph.replay()
         self.replays += 1
         if b > B:

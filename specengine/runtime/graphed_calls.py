@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from .graphs import capture_graph
+
 
 def _signature(args) -> tuple:
     return tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
@@ -57,4 +59,4 @@ class GraphedCalls:
             result = fn(*inputs)
             for static, o in zip(outputs, (result,) if single else result):
                 static.copy_(o)
-        return inputs, outputs, self.capture(call, self.pool, self.device), single
+        return inputs, outputs, capture_graph(self.capture, call, self.pool, self.device), single

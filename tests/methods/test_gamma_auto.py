@@ -505,3 +505,35 @@ def test_a_new_call_starts_from_the_pairs_rate_not_the_last_texts():
     call(200, 0.3, FLAT)  # a long run of text it gets less right (FLAT: drafting throughout) moves it
     (start, gamma), _ = call(1, 0.3)
     assert start == pytest.approx(0.3, abs=0.1) and gamma == 0
+
+
+def test_a_round_that_captured_a_graph_is_not_booked_to_the_round_clock(tiny_pair, tokenizer, monkeypatch, tmp_path):
+    """A capture (two eager runs and the graph: tens of ms on a GPU) is a one-time cost: the round
+    that paid it is not timed into γ auto's cost corrections (on an H200 a probe's captures read as
+    3.9x the model's cost of drafting and kept γ auto plain). The stand-in capture here takes 0.3 s."""
+    import time
+
+    from helpers.cache import fresh_cache
+
+    from specengine.methods.policies import AutoGammaPolicy
+    from specengine.runtime import graphs
+
+    fresh_cache(monkeypatch, tmp_path)
+    target, _, perturbed = tiny_pair
+    eng = Engine(target, tokenizer, draft=perturbed, max_seq_len=128)
+
+    def slow_capture(fn, pool, device):
+        fn(), fn()
+        time.sleep(0.3)
+        return type("Replay", (), {"replay": staticmethod(fn)})()
+
+    eng.set_cuda_graphs(True, capture=slow_capture, lazy=True)
+    booked = []
+    timed = AutoGammaPolicy.timed
+    monkeypatch.setattr(AutoGammaPolicy, "timed", lambda self, s: (booked.append(s), timed(self, s)))
+    before = graphs.captures()
+    ar = eng.generate("def f(x):", max_new_tokens=20, method="ar", ignore_eos=True).token_ids
+    out = eng.generate("def f(x):", max_new_tokens=20, method="sd", gamma="auto", ignore_eos=True)
+    assert out.token_ids == ar
+    assert graphs.captures() > before and booked  # graphs were captured, and rounds timed
+    assert max(booked) < 0.3  # none of them a round that captured
