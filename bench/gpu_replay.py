@@ -96,6 +96,7 @@ def replay_engine(target, draft, traces: TraceSet) -> tuple[Engine, Replay]:
     eng.set_cuda_graphs(True, capture=E.S.capture)
     replay = Replay(traces, vocab=target.config.vocab_size, device=E.S.device)
     replay.attach(eng)
+    eng.warmup()  # as a server starts: graphs (the draft's chains too), step costs
     return eng, replay
 
 

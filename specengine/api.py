@@ -31,6 +31,7 @@ from .runtime.runner import ModelRunner
 from .encoding import check_capacity, encode
 from .request import RequestParams
 from .structured.constraint import Compiler
+from .methods.steps import prepare_chains
 from .methods.suffix_cache import SuffixCaches
 from .runtime.step_costs import FiledClocks, recalled_or_measured
 
@@ -202,19 +203,18 @@ class Engine:
         return dict(self._step_costs)
 
     def warmup(self, batch: int = 1) -> dict:
-        """Pay one-time costs now rather than in the first timed call (which does it otherwise):
-        allocate the KV buffers and capture the CUDA graphs of every bucket (Triton autotuning
-        runs there), and measure the step costs that every cost-driven choice this engine can
-        make uses (sd and hybrid γ auto with the draft, the target alone for n-gram rounds, PEARL's
-        window) at the widest width each may run, and probe batch invariance once at the widest of
-        all (at hybrid's, then PEARL's, it probed twice). Returns what the graphs hold, per model."""
+        """Pay one-time costs now, not in the first call: KV buffers, the CUDA graphs of every bucket
+        and draft chain (Triton autotunes there), the step costs of every cost-driven choice (sd and
+        hybrid γ auto, n-gram rounds, PEARL's window) at each one's widest, and batch invariance
+        probed once at the widest of all. Returns what the graphs hold, per model."""
         prompt = [[0, 0]] * batch if batch > 1 else [0, 0]
         methods = ("hybrid", "sd", "pearl", "ngram") if self.draft is not None else ("ngram",)  # hybrid's widths: the others'
-        self.target.invariance.ensure(batch, max(self.new_method(m, gamma="auto").max_width for m in methods))
-        kw = dict(max_new_tokens=2, ignore_eos=True, gamma="auto", suffix_cache=False)
+        widest = max(self.new_method(m, gamma="auto").max_width for m in methods)
+        self.target.invariance.ensure(batch, widest)
         with self._clocks.paused():  # each measures (once per engine and batch) what its first call would
             for method in methods:
-                self.generate(prompt, method=method, **kw)
+                self.generate(prompt, method=method, max_new_tokens=2, ignore_eos=True, gamma="auto", suffix_cache=False)
+        prepare_chains(self.method_context(), range(1, widest))  # every chain graph a greedy call may replay
         self._acceptance.clear()  # a junk prompt's acceptance (not filed): recalled, a first sd call ran 0.77x the next
         return {name: (r.graphs.memory_bytes if r.graphs is not None else 0)
                 for name, r in zip(("target", "draft"), self._runners())}

@@ -37,7 +37,7 @@ import torch
 
 from .context import MethodContext
 from .logprobs import capture
-from .sampling import filter_logits
+from .sampling import SamplingParams, filter_logits
 from .state import DecodeState, RoundOutput, buffer_positions
 from .token_tree import TokenTree, TreeShape, ancestor_mask, tree_accept
 
@@ -82,6 +82,16 @@ def draft_resync(draft, state: DecodeState, behind: int, width: int | None = Non
     tokens = state.tokens.gather(1, state.positions(draft.cache.lens.to(torch.int64), last))
     draft.verify(tokens, attn_len=state.attn_len)
     draft.cache.set_lens(state.n - 1)
+
+
+def prepare_chains(ctx: MethodContext, gammas) -> int:
+    """Capture the draft's whole-chain graphs of greedy calls for every γ in `gammas` now
+    (Engine.warmup: no call then captures one mid-round); 0 where it has none (graphs off)."""
+    chain = getattr(ctx.draft, "chain_graphs", lambda: None)() if ctx.draft is not None else None
+    if chain is None:
+        return 0
+    with torch.inference_mode():  # as a call runs them: the buffers are inference tensors
+        return chain.prepare(ctx.sample_draft, catch_up_feed, gammas, SamplingParams())
 
 
 def read_missed(draft, state: DecodeState, behind: int, width: int | None = None) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .graphs import batch_bucket, capture_graph, cuda_capture, len_bucket
+from .graphs import batch_bucket, batch_buckets, capture_graph, cuda_capture, len_bucket, len_buckets
 
 
 class DraftChainGraphs:
@@ -68,6 +68,25 @@ class DraftChainGraphs:
                 if q is not None:
                     self.q[:b, j].copy_(q)
         return chain
+
+    def prepare(self, sampler, feed, gammas, params) -> int:
+        """Capture now, for `params`, the graphs of every batch bucket, γ in `gammas` and length
+        bucket (Engine.warmup), so that no call captures one mid-round: a probe's captures were
+        its cost on the first H200 run (docs/design.md, "The first GPU runs"). Each chain runs as
+        the padding rows of `run` do (catch-up at 0 to length 1: scratch K/V); every length ends
+        at 0. Returns how many it captured."""
+        before = len(self.graphs)
+        for b in batch_buckets(self.max_batch):
+            self.seen[:b].zero_()
+            self.upto[:b].fill_(1)
+            for gamma in (g for g in gammas if g <= self.max_gamma):
+                for n in len_buckets(self.max_seq_len):
+                    key = (b, gamma, n, (params.temperature, params.top_k, params.top_p))
+                    if key not in self.graphs:
+                        fn = self._fns[key] = self._chain(b, gamma, n, params, sampler, feed)
+                        self.graphs[key] = capture_graph(self.capture, fn, self.pool, self.runner.device)
+        self.runner._buffer.lens.zero_()
+        return len(self.graphs) - before
 
     def run(self, state, sampler, feed, gamma: int, seen, upto):
         """The chain `methods.steps.draft_chain` would compute with the draft `sampler` (tokens

@@ -368,3 +368,24 @@ def test_graphed_calls_replay_pure_functions_per_shape_and_key(model):
     assert len(runner._calls.entries) == 3 and runner._calls.replays == 4
     with pytest.raises(RuntimeError, match="_local_scalar_dense"):  # a host sync cannot be captured
         runner.graphed("g", lambda t: t * t.sum().item(), x)
+
+
+def test_warmup_captures_every_chain_graph_a_greedy_call_replays(tiny_pair, tokenizer):
+    """Engine.warmup captures the draft's whole-chain graphs of every γ and length bucket, so a
+    greedy call after it captures none mid-round (a probe's captures cost it on an H200); tokens
+    stay ar's. The stand-in capture counts."""
+    from specengine.runtime import graphs
+
+    target, _, perturbed = tiny_pair[:3]
+    eng = Engine(target, tokenizer, draft=perturbed, max_seq_len=512, max_batch=1)
+    eng.set_cuda_graphs(True, capture=replaying_capture)
+    eng.warmup()
+    chain = eng.draft.chain_graphs()
+    assert chain is not None and len(chain.graphs) >= 8 * 2  # γ 1..8 at least, both length buckets
+    before = graphs.captures()
+    prompt = "def add(a, b):\n"
+    ar = eng.generate(prompt, max_new_tokens=24, method="ar", ignore_eos=True).token_ids
+    for kw in (dict(method="sd", gamma=3), dict(method="sd", gamma="auto"), dict(method="sd", gamma=8),
+               dict(method="hybrid", gamma="auto")):
+        assert eng.generate(prompt, max_new_tokens=24, ignore_eos=True, **kw).token_ids == ar, kw
+    assert graphs.captures() == before
