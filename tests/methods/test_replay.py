@@ -129,3 +129,23 @@ def test_a_missing_or_foreign_trace_file_is_named(tmp_path):
     bad.write_bytes(b"not a trace")
     with pytest.raises(SpecEngineError, match="not an acceptance trace"):
         TraceSet.load(bad)
+
+
+@pytest.mark.parametrize("name", ["sd:3", "sd:auto", "pearl", "hybrid"])
+def test_a_replay_under_graphs_makes_the_pairs_rounds(name, pair_runs, tiny_dir, tokenizer, tmp_path):
+    """With graphs on (a stand-in capture that freezes what a CUDA graph freezes, runtime tests),
+    the replay's chain plan runs as one graphed call per round (a GPU's launches: the benchmark's
+    own work) and the rounds are still the pair's."""
+    from runtime.test_graphs import fake_capture
+
+    traces, runs = pair_runs
+    eng = engine_over(scrambled(tiny_dir, 7), scrambled(tiny_dir, 8), tokenizer, seed=3)
+    eng.set_cuda_graphs(True, capture=fake_capture)
+    replay = Replay(TraceSet.load(traces.save(tmp_path / "trace.safetensors")), vocab=eng.target.config.vocab_size,
+                    device="cpu")
+    replay.attach(eng)
+    for i, real in enumerate(runs[name]):
+        r = replay.generate(eng, i, **CASES[name])
+        assert r.token_ids == real.token_ids and r.stats["round_log"] == real.stats["round_log"]
+    if name == "sd:3":  # every round drafts a chain: its plan came from a graphed call
+        assert any(key[0] == "replay chain" for key in eng.target._calls.entries)
