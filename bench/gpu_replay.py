@@ -20,6 +20,7 @@ rehearsal of the same command, run by the tests. Its figures mean nothing.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -102,14 +103,8 @@ def replay_engine(target, draft, traces: TraceSet) -> tuple[Engine, Replay]:
 
 def runs(log) -> str:
     """The last call's rounds as (proposed, accepted) runs: "0/0x16 1/1 0/0x32 ..." (what γ auto chose)."""
-    out, last, n = [], None, 0
-    for entry in list(log) + [None]:
-        key = None if entry is None else f"{entry[0]}/{entry[1]}"
-        if key != last and last is not None:
-            out.append(last + (f"x{n}" if n > 1 else ""))
-            n = 0
-        last, n = key, n + 1
-    return " ".join(out)
+    groups = ((key, len(list(same))) for key, same in itertools.groupby(f"{e[0]}/{e[1]}" for e in log))
+    return " ".join(key + (f"x{n}" if n > 1 else "") for key, n in groups)
 
 
 def costs(eng) -> dict:

@@ -79,14 +79,21 @@ class DraftChainGraphs:
         for b in batch_buckets(self.max_batch):
             self.seen[:b].zero_()
             self.upto[:b].fill_(1)
-            for gamma in (g for g in gammas if g <= self.max_gamma):
+            for gamma in gammas:
                 for n in len_buckets(self.max_seq_len):
-                    key = (b, gamma, n, (params.temperature, params.top_k, params.top_p))
-                    if key not in self.graphs:
-                        fn = self._fns[key] = self._chain(b, gamma, n, params, sampler, feed)
-                        self.graphs[key] = capture_graph(self.capture, fn, self.pool, self.runner.device)
+                    key = self.key(b, gamma, n, params)
+                    if key is not None:
+                        self._graph(key, params, sampler, feed)
         self.runner._buffer.lens.zero_()
         return len(self.graphs) - before
+
+    def _graph(self, key: tuple, params, sampler, feed):
+        """The graph of `key`, captured on first need (its closure kept alive beside it)."""
+        graph = self.graphs.get(key)
+        if graph is None:
+            fn = self._fns[key] = self._chain(*key[:3], params, sampler, feed)
+            graph = self.graphs[key] = capture_graph(self.capture, fn, self.pool, self.runner.device)
+        return graph
 
     def run(self, state, sampler, feed, gamma: int, seen, upto):
         """The chain `methods.steps.draft_chain` would compute with the draft `sampler` (tokens
@@ -110,11 +117,7 @@ class DraftChainGraphs:
         if b > B:  # padding rows: catch-up at 0 to length 1, lengths end at γ; reset after
             self.seen[B:b].zero_()
             self.upto[B:b].fill_(1)
-        graph = self.graphs.get(key)
-        if graph is None:
-            fn = self._fns[key] = self._chain(*key[:3], state.params, sampler, feed)
-            graph = self.graphs[key] = capture_graph(self.capture, fn, self.pool, self.runner.device)
-        graph.replay()
+        self._graph(key, state.params, sampler, feed).replay()
         self.replays += 1
         if b > B:
             self.runner._buffer.lens[B:b].zero_()
