@@ -187,3 +187,27 @@ def test_the_suite_files_into_a_table_of_its_own(monkeypatch, tmp_path):
     assert machine.cache_path().parent == tmp_path
     monkeypatch.delenv("SPECENGINE_PLAN_DIR")
     assert machine.cache_path().parent == machine.cache_dir() / "plan"
+
+
+def test_a_path_that_cannot_win_is_timed_once_and_a_contender_to_its_best():
+    """The table's passes: a path whose first timed pass is already past `loses_at` is not timed
+    again (one untimed call on the first weight first); a contender gets every rep, its minimum."""
+    import time
+
+    calls = []
+
+    def fn(cost):
+        def run(x, w):
+            calls.append(cost)
+            time.sleep(cost)
+        return run
+
+    weights = [0, 1]  # two weights: a pass is two calls
+    slow = cpu_matmul._time_pass(fn(0.004), None, weights, reps=2, loses_at=0.001)
+    assert len(calls) == 1 + 2 and slow >= 0.004  # warm-up, one pass: seconds per weight
+    calls.clear()
+    close = cpu_matmul._time_pass(fn(0.001), None, weights, reps=2, loses_at=0.003)
+    assert len(calls) == 1 + 2 * 2 and 0.001 <= close < 0.003
+    calls.clear()
+    cpu_matmul._time_pass(fn(0.001), None, weights, reps=2)  # no bound (the first path timed): as before
+    assert len(calls) == 2 * 2
