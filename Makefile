@@ -34,21 +34,21 @@ demo: $(CORE)
 # The whole suite on CPU, real pair included (fetched into the cache on first run). The
 # headers of a CUDA build of torch are extracted once (cached) so csrc/ is nvcc-checked
 # against them; where they cannot be had, that one test skips (and fails CI, which allows
-# only "needs CUDA" skips: SPECENGINE_NO_SKIPS=1 in .ci/run). One run on two pytest-xdist
-# workers (WORKERS), a file at a time: every memory-heavy file (real models, Ray's cluster) in
-# turn on one worker with every core's thread, first; the other takes the light slow files (the
-# GPU-command rehearsals: mostly one busy thread), then the fast ones, one torch thread per test
-# (two threads each, four on two cores, was slower); the first joins it when its group ends
-# (tests/helpers/scheduling.py). The slowest tests are listed at the end: CI is held to about 20
-# minutes, and each run states its peak memory.
+# only "needs CUDA" skips: SPECENGINE_NO_SKIPS=1 in .ci/run). The fast tier on two
+# pytest-xdist workers (WORKERS), test by test, one torch thread each (438 s on a 2-core Zen 5;
+# two threads each, four on two cores, was slower); then the slow tier (real models, GPU-command
+# rehearsals, Ray) on two workers, a file at a time: every memory-heavy file (real models, Ray's
+# cluster) in turn on one worker with every core's thread, the light ones (the rehearsals: mostly
+# one busy thread) on the other with one (tests/helpers/scheduling.py). The slowest tests are
+# listed at the end: CI is held to about 20 minutes, and each run states its peak memory.
 # Then the tests that depend on what this machine makes `auto` choose run again with each
 # choice forced, so a submission made on one CPU kind is checked for the others too.
 WORKERS ?= 2
 XDIST = -n $(WORKERS)
 test: $(STAMP)
 	$(PY) tools/ext_check.py --fetch-only
-	SPECENGINE_TEST_THREADS=1 SPECENGINE_HEAVY_THREADS=$$(nproc) $(VENV)/bin/pytest -q $(XDIST) --dist loadscope \
-	  --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
+	SPECENGINE_TEST_THREADS=1 $(VENV)/bin/pytest -q $(XDIST) --dist load -m "not slow" --durations=10 $(PYTEST_ARGS)
+	SPECENGINE_HEAVY_THREADS=$$(nproc) $(VENV)/bin/pytest -q $(XDIST) --dist loadscope -m slow --durations=10 $(PYTEST_ARGS)
 	SPECENGINE_CPU_DTYPE=bfloat16 $(VENV)/bin/pytest -q -m cpu_dtype_choice $(PYTEST_ARGS)
 	SPECENGINE_CPU_DTYPE=float32 $(VENV)/bin/pytest -q -m cpu_dtype_choice $(PYTEST_ARGS)
 	SPECENGINE_INVARIANT_PROBE=refuse $(VENV)/bin/pytest -q -m invariance_probe $(PYTEST_ARGS)

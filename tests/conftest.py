@@ -26,12 +26,14 @@ if not os.environ.get("SPECENGINE_PLAN_DIR"):
     atexit.register(shutil.rmtree, os.environ["SPECENGINE_PLAN_DIR"], True)
 if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("SPECENGINE_TEST_THREADS"):
     torch.set_num_threads(int(os.environ["SPECENGINE_TEST_THREADS"]))  # one per worker: no oversubscription
-# two workers: every memory-heavy file on one, the longest units first (helpers/scheduling.py)
-from helpers.scheduling import order, pytest_runtest_setup, pytest_xdist_make_scheduler  # noqa: E402,F401
+# the slow tier on two workers: every memory-heavy file on one (helpers/scheduling.py)
+from helpers.scheduling import pytest_runtest_setup, pytest_xdist_make_scheduler  # noqa: E402,F401
 
 
 def pytest_collection_modifyitems(config, items):
-    items[:] = order(items)
+    # a fast tier first: the tests marked `slow` (real models, the GPU-command rehearsals, the
+    # nvcc compile) run last, in their order, so a broken change fails in minutes
+    items[:] = [i for i in items if "slow" not in i.keywords] + [i for i in items if "slow" in i.keywords]
     if os.environ.get("TRITON_INTERPRET") == "1":
         return
     skip = pytest.mark.skip(reason=f"runs Triton kernels on CPU tensors: on a GPU machine run it with "
