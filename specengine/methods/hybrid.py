@@ -23,6 +23,9 @@ from .steps import chain_round
 # draft prefill deferred: the reply is expected to write this many times what it has so far
 # (chosen by host-only replays and an interleaved A/B: docs/design.md, "Experiments")
 PRIME_HORIZON = 2.0
+# ... and paid when the savings projected exceed this many times its cost: the projection's α is the
+# engine's last call's (code, 0.65-0.75) where prose accepts ~0.5, and the prefill is paid for good
+PRIME_MARGIN = 2.0
 
 
 class HybridDecoding(NgramDecoding):
@@ -87,7 +90,7 @@ class HybridDecoding(NgramDecoding):
         written = [self.n_host[b] - self.start[b] for b in live]
         ahead = sum(self._ahead(b, w) for w, b in zip(written, live))
         prime = self._prime_s([self.n_host[b] for b in live if not self.primed[b]], c)
-        return self.saved * ahead / max(sum(written), 1) > prime
+        return self.saved * ahead / max(sum(written), 1) > PRIME_MARGIN * prime
 
     def _ahead(self, b: int, written: int) -> int:
         """What row b may still write: its limit's remainder where nothing can end it sooner (no

@@ -559,12 +559,13 @@ def test_hybrid_explores_an_untried_bin_and_charges_ngram_rounds_the_draft_readi
 def test_hybrid_prefills_the_draft_once_the_projected_saving_pays_for_it(plain_factor):
     """Draft prefill deferred (γ auto): each round adds what the draft's chain would have saved;
     the prefill waits until that saving, projected over what the reply may still write
-    (PRIME_HORIZON times what it has written, at most its limit), exceeds the prefill, also while
+    (PRIME_HORIZON times what it has written, at most its limit), exceeds PRIME_MARGIN times the
+    prefill (paid for good, on a projection from another text's α), also while
     the engine has not learned the draft's acceptance (an unconditional first try paid the prefill
     on replies where drafting then lost: a first call at 0.77-0.88x the next on Zen 5). Until
     chains are timed, a chain is priced no cheaper than the plain rounds measure (their factor
     here 1.5): on the AVX2 EPYC chains priced at the bare model primed where drafting then lost."""
-    from specengine.methods.hybrid import PRIME_HORIZON
+    from specengine.methods.hybrid import PRIME_HORIZON, PRIME_MARGIN
 
     cost = lambda w: 1.0 + 0.1 * (w - 1)  # noqa: E731
     m, _ = hybrid_at(0.5, 0.9, 0.1, cost)
@@ -592,7 +593,7 @@ def test_hybrid_prefills_the_draft_once_the_projected_saving_pays_for_it(plain_f
         for k in range(1, limit):
             out = k - 1
             ahead = limit - out if known else min(PRIME_HORIZON * max(out, 1), limit - out)
-            if k * saving * ahead / max(out, 1) > prime([3000 + out], m.draft_policy.costs):
+            if k * saving * ahead / max(out, 1) > PRIME_MARGIN * prime([3000 + out], m.draft_policy.costs):
                 return k
         return None
 
@@ -600,9 +601,9 @@ def test_hybrid_prefills_the_draft_once_the_projected_saving_pays_for_it(plain_f
     assert first_round(60) == want(60) is None  # a reply near its limit: too little ahead to pay it back
     # a reply nothing can end before its limit: the prime pays in the first round that can pay it back
     assert first_round(512, known=True) == want(512, known=True) == 1
-    known = {n: first_round(n, known=True) for n in (40, 100, 150)}
-    assert known == {n: want(n, known=True) for n in known} and known[40] is None and known[150] == 1
-    assert known[100] is not None and first_round(100) is None  # projected from what it wrote: never primed
+    known = {n: first_round(n, known=True) for n in (40, 200, 300)}
+    assert known == {n: want(n, known=True) for n in known} and known[40] is None and known[300] == 1
+    assert known[200] is not None and first_round(200) is None  # projected from what it wrote: never primed
 
 
 def test_the_draft_acceptance_carries_to_the_engine_next_call(tiny_pair, tokenizer):
