@@ -2,6 +2,7 @@
 the timings, the table is cached per machine, packed weights round-trip, tokens unchanged."""
 import json
 import os
+import types
 from pathlib import Path
 
 import pytest
@@ -212,3 +213,32 @@ def test_a_path_that_cannot_win_is_timed_once_and_a_contender_to_its_best():
     calls.clear()
     cpu_matmul._time_pass(fn(0.001), None, weights, reps=2)  # no bound (the first path timed): as before
     assert len(calls) == 2 * 2
+
+
+def test_the_last_row_counts_winner_is_timed_first_so_its_losers_take_one_pass(monkeypatch):
+    """measure_group times each row count's paths with the previous row count's winner first: a path
+    that lost there by more than LOSES_BY gets one pass (bf16 on an AVX2 EPYC: our `rows` kernel, last
+    in PATHS, beat F.linear at every row count, and F.linear took every rep at every one)."""
+    import time
+
+    calls = []
+
+    def path(name, cost):
+        def run(x, w):
+            calls.append((x.shape[0], name))
+            time.sleep(cost)
+        return run
+
+    w = torch.zeros(4, 8)
+    monkeypatch.setattr(cpu_matmul, "PATHS", {"slow": ("plain", path("slow", 0.05)), "fast": ("plain", path("fast", 0.001))})
+    monkeypatch.setattr(cpu_matmul, "PATH_DTYPES", {})
+    monkeypatch.setattr(cpu_matmul, "_sample", lambda layers, dtype: [w, w])  # two weights: a pass is two calls
+    layer = types.SimpleNamespace(out_features=4)
+    ms = cpu_matmul.measure_group([layer], torch.float32, [1, 2, 3], ["plain"], reps=2)
+    assert all(ms[str(r)]["fast"] < ms[str(r)]["slow"] for r in (1, 2, 3))
+    per = {(r, n): sum(1 for c in calls if c == (r, n)) for r in (1, 2, 3) for n in ("slow", "fast")}
+    # row 1: PATHS' order, `slow` first and timed in full (2 reps x 2 weights); then `fast`, cut by nothing
+    assert per[1, "slow"] == 2 * 2 and per[1, "fast"] == 1 + 2 * 2
+    # rows 2, 3: `fast` first; `slow` one untimed call and one pass
+    assert all(per[r, "fast"] == 2 * 2 and per[r, "slow"] == 1 + 2 for r in (2, 3))
+    assert [n for r, n in calls if r == 2][0] == "fast"

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from helpers.hf_reference import greedy
+from helpers.real import HUGE_PAGES_IN_TESTS
 from specengine import Engine
 from specengine.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET, fetch
 from specengine.prompts import humaneval
@@ -29,9 +30,10 @@ def hf_reference(prompts):
 def pair(hf_reference):
     target_dir, draft_dir = fetch(DEFAULT_TARGET), fetch(DEFAULT_DRAFT)
     # fp32 pinned: dtype "auto" picks bf16 on some CPUs (AMX), where exactness needs the
-    # batch-invariant mode that auto may leave off; the bf16 test below asks for it
+    # batch-invariant mode that auto may leave off; the bf16 test below asks for it. Small pages:
+    # see HUGE_PAGES_IN_TESTS (the GGUF pair, as users run it, keeps the default)
     return Engine.from_pretrained(DEFAULT_TARGET, draft=DEFAULT_DRAFT, device="cpu", max_seq_len=1024,
-                                  dtype="float32"), target_dir
+                                  dtype="float32", huge_pages=HUGE_PAGES_IN_TESTS), target_dir
 
 
 @pytest.fixture(scope="module")
