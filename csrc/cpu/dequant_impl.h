@@ -109,29 +109,46 @@ inline void dequantize(int64_t qtype, const uint8_t* w, int64_t nb, float* y) {
 }
 
 // ---------------------------------------------------------------- dense bf16 / fp32 weights, few rows
-// y[m] = sum_k x[m, k] * w[k] for R activation rows: a 16-lane vector accumulator per row (GCC
-// vector extensions: one zmm, two ymm or four xmm), lanes summed in a fixed order. Every row takes
-// the same operations whatever R is, so its result never depends on its neighbours.
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
+// y[m] = sum_k x[m, k] * w[k] for R activation rows: 16 lanes of accumulators per row, held as this
+// instruction set's own vectors (one zmm, two ymm or four xmm), lanes summed in a fixed order (0..15).
+// Every row takes the same operations whatever R is, so its result never depends on its neighbours,
+// and every copy the same per-lane sums. Native widths: as one 64-byte GCC vector the AVX2 copy kept
+// its accumulators on the stack and rebuilt them lane by lane each step (bf16 at one row 4 GB/s of
+// weights, 5x slower than F.linear; 2-core AVX2 EPYC, 2026-12-04).
+#if defined(SE_WIDE)
+typedef float vlane __attribute__((vector_size(64)));
+#elif defined(SE_AVX2)
+typedef float vlane __attribute__((vector_size(32)));
+#else
+typedef float vlane __attribute__((vector_size(16)));
+#endif
+constexpr int kLanes = sizeof(vlane) / sizeof(float), kParts = 16 / kLanes;
+typedef float v16 __attribute__((vector_size(64), aligned(4)));  // the invariant attention's lanes (attention_impl.h)
+
+// One vector from unaligned floats, as one load (a 64-byte memcpy into an array of vectors went through
+// the stack in 16-byte pieces, and reading them back as one vector stalled on store forwarding).
+inline vlane load_lane(const float* p) {
+  vlane v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
 
 template <int R>
 void dot_rows_f32(const float* __restrict x, int64_t K, const float* __restrict w, float* out) {
-  v16 acc[R] = {};
+  vlane acc[R][kParts] = {};
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
-    v16 wv;
-    std::memcpy(&wv, w + k, sizeof(wv));
-    for (int r = 0; r < R; ++r) {
-      v16 xv;
-      std::memcpy(&xv, x + r * K + k, sizeof(xv));
-      acc[r] += xv * wv;
+    for (int p = 0; p < kParts; ++p) {
+      const vlane wv = load_lane(w + k + p * kLanes);
+      for (int r = 0; r < R; ++r) acc[r][p] += load_lane(x + r * K + k + p * kLanes) * wv;
     }
   }
   for (int r = 0; r < R; ++r) {
     float tail = 0.0f;
     for (int64_t t = k; t < K; ++t) tail += x[r * K + t] * w[t];
     float s = 0.0f;
-    for (int j = 0; j < 16; ++j) s += acc[r][j];
+    for (int p = 0; p < kParts; ++p)
+      for (int j = 0; j < kLanes; ++j) s += acc[r][p][j];
     out[r] = s + tail;
   }
 }
