@@ -185,7 +185,7 @@ def _time_pass(fn, x, weights, reps: int, xs=None, loses_at: float | None = None
     loses_at: seconds per weight past which the path cannot win (LOSES_BY x the best path timed at
     this row count): one untimed call on the first weight takes the shape's one-time costs, and a
     first timed pass already that slow is not repeated (bf16 on an AVX2 EPYC: the per-row
-    kernel's 2.4-4.9x losses were 57% of the table's passes)."""
+    kernel's 2.4-4.9x losses, before its loads were fixed, were 57% of the table's passes)."""
     xs = xs or [x] * len(weights)
 
     def one_pass():
@@ -220,7 +220,7 @@ def measure_group(layers, dtype, rows, storages, reps: int = 2, bar=None) -> dic
             if bar is not None:
                 bar.update(1)
         # the winner here goes first at the next row count, so the paths losing to it are timed once
-        # there (bf16 on an AVX2 EPYC: `rows`, last in PATHS, beat `F.linear` at every row count)
+        # there (bf16 on an AVX2 EPYC: `rows`, last in PATHS, beats F.linear from 2 rows on by 1.2-2x)
         winner = min(ms[str(r)], key=ms[str(r)].get)
         order = [winner] + [p for p in order if p != winner]
     return ms

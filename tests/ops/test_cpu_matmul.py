@@ -218,7 +218,7 @@ def test_a_path_that_cannot_win_is_timed_once_and_a_contender_to_its_best():
 def test_the_last_row_counts_winner_is_timed_first_so_its_losers_take_one_pass(monkeypatch):
     """measure_group times each row count's paths with the previous row count's winner first: a path
     that lost there by more than LOSES_BY gets one pass (bf16 on an AVX2 EPYC: our `rows` kernel, last
-    in PATHS, beat F.linear at every row count, and F.linear took every rep at every one)."""
+    in PATHS, beats F.linear from 2 rows on, which otherwise took every rep at every row count)."""
     import time
 
     calls = []
