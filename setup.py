@@ -108,10 +108,9 @@ def extensions():
     # -Wno-psabi: the baseline copy, built at -O1 (isa_baseline.cpp), calls silu_impl.h's 64-byte
     # vector helpers instead of inlining them, and GCC notes that such a call's ABI changed in GCC 4.6
     # (helpers of one translation unit: no ABI is crossed)
-    NO_PSABI = ["-Wno-psabi"]
     quant = CppExtension("specengine._quantext", ["csrc/quant_matmul.cpp", "csrc/fused_ops_cpu.cpp", "csrc/decode_stack.cpp",
                                                   "csrc/cpu/dispatch.cpp", *cpu], define_macros=macros,
-                         extra_compile_args={"cxx": ["-O3", "-g0", "-fopenmp", *NO_PSABI]}, extra_link_args=["-fopenmp"])
+                         extra_compile_args={"cxx": ["-O3", "-g0", "-fopenmp", "-Wno-psabi"]}, extra_link_args=["-fopenmp"])
     return {"build_ext": OptionalBuild.with_options(no_python_abi_suffix=False)}, [ext, quant]
 
 

@@ -8,7 +8,8 @@
 // verify_attention.py's `verify_attention_ref` (the torch counterpart is `verify_attention_tiled`).
 #pragma once
 #include "common.h"
-#include "dequant_impl.h"
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));  // 16 lanes, loaded from unaligned rows
 
 // q . k over D values in a fixed order: 16 lanes of partial sums, then the lanes in order.
 template <typename T>

@@ -123,7 +123,6 @@ typedef float vlane __attribute__((vector_size(32)));
 typedef float vlane __attribute__((vector_size(16)));
 #endif
 constexpr int kLanes = sizeof(vlane) / sizeof(float), kParts = 16 / kLanes;
-typedef float v16 __attribute__((vector_size(64), aligned(4)));  // the invariant attention's lanes (attention_impl.h)
 
 // One vector from unaligned floats, as one load (a 64-byte memcpy into an array of vectors went through
 // the stack in 16-byte pieces, and reading them back as one vector stalled on store forwarding).

@@ -209,19 +209,19 @@ def measure_group(layers, dtype, rows, storages, reps: int = 2, bar=None) -> dic
     ms, order = {}, list(PATHS)
     for r in rows:
         x = torch.randn(r, plain[0].shape[1], generator=gen).to(dtype)
-        ms[str(r)] = {}
+        times = ms[str(r)] = {}
         for name in order:
             storage, fn = PATHS[name]
             if storage not in stores or (name == "wxt_pad" and r != 1) or dtype not in PATH_DTYPES.get(name, (dtype,)):
                 continue
-            best = min(ms[str(r)].values(), default=None)  # ms of the best path timed so far
+            best = min(times.values(), default=None)  # ms of the best path timed so far
             loses_at = None if best is None else LOSES_BY * best / (1e3 * scale)
-            ms[str(r)][name] = 1e3 * scale * _time_pass(fn, x, stores[storage], reps, loses_at=loses_at)
+            times[name] = 1e3 * scale * _time_pass(fn, x, stores[storage], reps, loses_at=loses_at)
             if bar is not None:
                 bar.update(1)
         # the winner here goes first at the next row count, so the paths losing to it are timed once
         # there (bf16 on an AVX2 EPYC: `rows`, last in PATHS, beats F.linear from 2 rows on by 1.2-2x)
-        winner = min(ms[str(r)], key=ms[str(r)].get)
+        winner = min(times, key=times.get)
         order = [winner] + [p for p in order if p != winner]
     return ms
 
