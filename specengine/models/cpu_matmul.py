@@ -20,6 +20,7 @@ replaces the weight (one copy in memory, never two); `unpack` restores it.
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 
 import torch
@@ -184,8 +185,10 @@ def _time_pass(fn, x, weights, reps: int, xs=None, loses_at: float | None = None
     inputs when `xs` is given). The first pass also warms up; it rarely wins the minimum.
     loses_at: seconds per weight past which the path cannot win (LOSES_BY x the best path timed at
     this row count): one untimed call on the first weight takes the shape's one-time costs, and a
-    first timed pass already that slow is not repeated (bf16 on an AVX2 EPYC: the per-row
-    kernel's 2.4-4.9x losses, before its loads were fixed, were 57% of the table's passes)."""
+    first timed pass stops at the weight that takes it past the bound, its rate so far the answer:
+    a loser costs at most ~LOSES_BY x the best pass, however far behind (bf16 on an AVX2 EPYC:
+    F.linear and the transposed product lose 3-4x to `rows` from 1 row on, and their full passes
+    were 24 of the bf16 pair's 31 s table). A pass that ends inside the bound gets every rep."""
     xs = xs or [x] * len(weights)
 
     def one_pass():
@@ -194,8 +197,13 @@ def _time_pass(fn, x, weights, reps: int, xs=None, loses_at: float | None = None
     if loses_at is None:
         return best_seconds(one_pass, reps) / len(weights)
     fn(xs[0], weights[0])
-    first = best_seconds(one_pass, 1)
-    return (first if first >= loses_at * len(weights) else best_seconds(one_pass, reps - 1, best=first)) / len(weights)
+    limit, start = loses_at * len(weights), time.perf_counter()
+    for done, (x_i, w) in enumerate(zip(xs, weights), 1):
+        fn(x_i, w)  # a CPU call: done when it returns
+        elapsed = time.perf_counter() - start
+        if elapsed >= limit:
+            return elapsed / done
+    return best_seconds(one_pass, reps - 1, best=elapsed) / len(weights)
 
 
 def measure_group(layers, dtype, rows, storages, reps: int = 2, bar=None) -> dict:
