@@ -13,6 +13,9 @@ Candidates: `F.linear`, the transposed product, the padded one-row product, oneD
 (`rows`, bf16 weights: each weight row widened once for every input row, csrc/; where the
 extension is built).
 
+Past the tuned widths (a prompt) a group takes F.linear, or, for a dtype `rows` applies to, whichever
+of the two won at PREFILL_ROWS.
+
 A shape group also chooses its weight *storage*: the plain tensor (paths `linear`, `wxt`,
 `wxt_pad`) or oneDNN's packed layout (path `mkldnn`, for every row count). Packing
 replaces the weight (one copy in memory, never two); `unpack` restores it.
@@ -33,6 +36,9 @@ from . import quant_linear
 from .quant_linear import _quantext  # the compiled CPU kernels (None where not built)
 
 ROWS_TUNED = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)  # decode (1), verify (γ+1), small batches
+# A prompt's width, where a dtype with our `rows` kernel (bf16) times it against the storage's large-input
+# path: without native bf16, F.linear's emulated GEMM costs ~6x `rows` per row on the AVX2 EPYC (prefill)
+PREFILL_ROWS = 64
 MIN_PASS_BYTES = 256 << 20  # a timing pass reads at least this much weight (or every layer)
 LOSES_BY = 1.3  # a path whose first pass is this much slower than the best one's is timed once
 
@@ -70,6 +76,7 @@ STORAGE_LARGE_PATH = {"plain": "linear", "mkldnn": "mkldnn"}  # rows past the tu
 # bf16 only: fp32 BLAS is already near memory bandwidth for few rows on the CPUs measured, and
 # fp32 keeps transformers' sums (the fp32 peers' token equality on random models rests on it)
 PATH_DTYPES = {"rows": (torch.bfloat16,)}
+PREFILL_PATHS = {*STORAGE_LARGE_PATH.values(), "rows"}  # the paths timed at PREFILL_ROWS
 
 
 @functools.lru_cache(maxsize=None)
@@ -89,10 +96,10 @@ def storage_available(storage: str, dtype: torch.dtype) -> bool:
 class Plan:
     """The storage of one shape group and its path per row count (index = rows)."""
     storage: str
-    by_rows: tuple[str, ...]  # path for r rows at index r (index 0: the large-input path)
+    by_rows: tuple[str, ...]  # path for r rows at index r (index 0: the path past the last index)
 
     def fns(self):
-        return tuple(PATHS[p][1] for p in self.by_rows), PATHS[STORAGE_LARGE_PATH[self.storage]][1]
+        return tuple(PATHS[p][1] for p in self.by_rows), PATHS[self.by_rows[0]][1]
 
     @property
     def pack(self):
@@ -106,11 +113,13 @@ def fastest(times: dict[str, float], storage: str) -> tuple[float, str]:
 
 
 def plan_from_entry(entry: dict) -> Plan:
-    """Best path per tuned row count; an untuned count uses the next larger tuned one."""
+    """Best path per tuned row count; an untuned count uses the next larger tuned one; past the
+    largest, the PREFILL_ROWS winner where that width was timed, else the storage's large path."""
     storage = entry["storage"]
     best = {int(r): fastest(times, storage)[1] for r, times in entry["ms"].items()}
     top = max(best)
-    by_rows = [STORAGE_LARGE_PATH[storage]] + [best[min(t for t in best if t >= r)] for r in range(1, top + 1)]
+    large = best.get(PREFILL_ROWS, STORAGE_LARGE_PATH[storage])
+    by_rows = [large] + [best[min(t for t in best if t >= r)] for r in range(1, top + 1)]
     return Plan(storage, tuple(by_rows))
 
 
@@ -222,9 +231,13 @@ def measure_group(layers, dtype, rows, storages, reps: int = 2, bar=None) -> dic
             storage, fn = PATHS[name]
             if storage not in stores or (name == "wxt_pad" and r != 1) or dtype not in PATH_DTYPES.get(name, (dtype,)):
                 continue
+            if r == PREFILL_ROWS and name not in PREFILL_PATHS:  # what a prompt may take: see tune
+                continue
             best = min(times.values(), default=None)  # ms of the best path timed so far
             loses_at = None if best is None else LOSES_BY * best / (1e3 * scale)
-            times[name] = 1e3 * scale * _time_pass(fn, x, stores[storage], reps, loses_at=loses_at)
+            # a prompt's width is compute-bound: one weight times it as well as a stream of them
+            weights = stores[storage][:1] if r == PREFILL_ROWS else stores[storage]
+            times[name] = 1e3 * scale * _time_pass(fn, x, weights, reps, loses_at=loses_at)
             if bar is not None:
                 bar.update(1)
         # the winner here goes first at the next row count, so the paths losing to it are timed once
@@ -252,6 +265,9 @@ def tune(model, rows=ROWS_TUNED, reps: int = 2, progress: bool = True, dtype=Non
     """Measure (or read from the machine's table) every shape group of `model`; returns entries."""
     dtype = dtype or model.dtype
     rows = sorted(set(rows) | set(ROWS_TUNED))  # the storage is chosen over all of ROWS_TUNED
+    if "rows" in PATHS and dtype in PATH_DTYPES["rows"]:
+        # a prompt's path: the storage's large path or `rows` (other dtypes: the large path, untimed)
+        rows = sorted(set(rows) | {PREFILL_ROWS})
     table = _load_table()
     groups = shape_groups(model, dtype)
     todo = {}

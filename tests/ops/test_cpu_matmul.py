@@ -29,7 +29,7 @@ def _weights(name, w):
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 5e-2)])
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 17])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 17, 70])
 @pytest.mark.parametrize("out_f,in_f", [(7, 33), (96, 64), (130, 257)])
 def test_every_path_computes_linear(dtype, tol, rows, out_f, in_f):
     g = torch.Generator().manual_seed(rows * out_f)
@@ -54,6 +54,41 @@ def test_plan_follows_timings():
     assert plan.by_rows == ("linear", "wxt_pad", "linear", "wxt", "wxt")
     entry["storage"] = "mkldnn"
     assert set(plan_from_entry(entry).by_rows) == {"mkldnn"}
+
+
+def test_a_prompt_takes_the_path_that_won_at_the_prefill_width():
+    """Past the largest tuned verify width a forward takes the PREFILL_ROWS winner where that width was
+    timed (bf16: F.linear or our `rows`), else the storage's large path, as before."""
+    P = cpu_matmul.PREFILL_ROWS
+    entry = {"storage": "plain", "ms": {"1": {"linear": 3.0, "rows": 1.0}, "16": {"linear": 3.0, "rows": 1.0}}}
+    plan = plan_from_entry(entry)
+    assert plan.by_rows[0] == "linear" and len(plan.by_rows) == 17
+    entry["ms"][str(P)] = {"linear": 5.0, "rows": 2.0}
+    plan = plan_from_entry(entry)
+    assert plan.by_rows[0] == "rows" and set(plan.by_rows[17:]) == {"rows"} and len(plan.by_rows) == P + 1
+    if "rows" in PATHS:  # the extension built (CI builds it)
+        assert plan.fns()[1] is PATHS["rows"][1]
+    entry["ms"][str(P)] = {"linear": 1.0, "rows": 2.0}
+    assert plan_from_entry(entry).by_rows[0] == "linear"
+
+
+def test_the_prefill_width_is_timed_where_rows_applies_and_only_against_the_large_paths(tiny_dir, cache, monkeypatch):
+    """bf16 (our `rows` kernel's dtype) times PREFILL_ROWS, on the large-input paths and `rows` only;
+    fp32 never times it (its large path stays F.linear, untimed)."""
+    P = cpu_matmul.PREFILL_ROWS
+    timed = []
+    real = cpu_matmul._time_pass
+    monkeypatch.setattr(cpu_matmul, "_time_pass", lambda fn, x, *a, **k: timed.append((x.shape[0], fn)) or real(fn, x, *a, **k))
+    for dtype in (torch.float32, torch.bfloat16):
+        timed.clear()
+        entries = cpu_matmul.tune(load_model(tiny_dir, dtype=dtype)[0], progress=False)
+        wide = {fn for r, fn in timed if r == P}
+        if dtype == torch.bfloat16 and "rows" in PATHS:
+            assert wide <= {PATHS[p][1] for p in cpu_matmul.PREFILL_PATHS if p in PATHS}
+            assert {PATHS["rows"][1], PATHS["linear"][1]} <= wide
+            assert all(str(P) in e["ms"] for e in entries.values())
+        else:
+            assert not wide and all(str(P) not in e["ms"] for e in entries.values())
 
 
 def test_storage_is_the_least_total_time():
