@@ -6,6 +6,7 @@ blocks the compiled layer stack gives the Python loop's tokens past the window."
 import pytest
 import torch
 
+from helpers.real import HUGE_PAGES_IN_TESTS
 from specengine import Engine
 from specengine.models.fetch import fetch
 from specengine.models.loading import load_model
@@ -47,7 +48,7 @@ def test_greedy_generation_equals_transformers(hf):
     ids = tok(prompt, return_tensors="pt").input_ids
     ref = model.generate(ids, do_sample=False, max_new_tokens=12)[0, ids.shape[1]:].tolist()
     eng = Engine.from_pretrained(NAME, draft=NAME, max_seq_len=128, dtype="float32", weights="float",
-                                 cpu_matmul="linear")
+                                 cpu_matmul="linear", huge_pages=HUGE_PAGES_IN_TESTS)
     ar = eng.generate(ids[0].tolist(), max_new_tokens=12, method="ar", ignore_eos=True)
     sd = eng.generate(ids[0].tolist(), max_new_tokens=12, method="sd", gamma=3, ignore_eos=True)
     assert ar.token_ids[:len(ref)] == ref and sd.token_ids == ar.token_ids

@@ -44,10 +44,16 @@ def test_a_different_eos_is_refused():
         check_tokenizers(tok, other, len(tok))
 
 
-def test_from_pretrained_refuses_a_draft_with_another_tokenizer(tiny_dir, tmp_path):
+def test_from_pretrained_refuses_a_draft_with_another_tokenizer(tiny_dir, tmp_path, monkeypatch):
+    """A draft from other files is checked (its tokenizer loaded); one from the target's own files
+    shares its tokenizer, loaded once."""
     import shutil
 
-    from specengine import Engine
+    from specengine import Engine, api
+
+    loads = []
+    real = api.load_tokenizer
+    monkeypatch.setattr(api, "load_tokenizer", lambda path: loads.append(path) or real(path))
 
     draft = tmp_path / "draft"
     shutil.copytree(tiny_dir, draft)
@@ -55,4 +61,7 @@ def test_from_pretrained_refuses_a_draft_with_another_tokenizer(tiny_dir, tmp_pa
     swapped(tok, "x", "y").save_pretrained(draft)
     with pytest.raises(SpecEngineError, match="differs from the target's at id"):
         Engine.from_pretrained(str(tiny_dir), draft=str(draft), dtype="float32", max_seq_len=64)
+    assert len(loads) == 2
+    loads.clear()
     assert Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), dtype="float32", max_seq_len=64).draft
+    assert len(loads) == 1
