@@ -5,6 +5,7 @@ written unless asked for) are in tests/runtime/test_real_smollm2.py, on the slow
 import pytest
 import torch
 
+from helpers.real import HUGE_PAGES_IN_TESTS
 from specengine import Engine
 from specengine.models.fetch import cache_dir
 from specengine.models.loading import load_model
@@ -24,7 +25,8 @@ def test_the_quantized_pair_is_lossless_small_and_close_to_the_float_model():
     import os
 
     target, draft = REAL_FILES[:2]
-    eng = Engine.from_pretrained(target, draft=draft, weights="gguf", max_seq_len=256, cpu_matmul="linear")
+    eng = Engine.from_pretrained(target, draft=draft, weights="gguf", max_seq_len=256, cpu_matmul="linear",
+                                 huge_pages=HUGE_PAGES_IN_TESTS)
     files = sum(os.path.getsize(cache_dir() / "gguf" / f"{n}.gguf") for n in (target, draft))
     held = sum(b.numel() * b.element_size() for r in (eng.target, eng.draft)
                for b in list(r.model.buffers()) + list(r.model.parameters()))
