@@ -2,7 +2,7 @@
 
 Parameter names mirror transformers' (minus the `model.` prefix), except that q/k/v and
 gate/up are merged into one projection each (`qkv_proj`, `gate_up_proj`: one GEMM instead
-of three or two); `merge_checkpoint` maps a checkpoint's HF names onto them. Each op
+of three or two); `merged_homes` maps a checkpoint's HF names onto their rows. Each op
 comes from the forward's ops table (kernels/ops.py: the torch reference or the Triton
 kernel, as the engine's `kernels` option chose; the runner passes it), in the order the layer
 program says (layer_program.py; csrc/decode_stack.cpp walks the same program in C++).
@@ -260,22 +260,23 @@ def _merged_projections(model: Transformer):
             yield name, name.rsplit(".", 1)[0], module.parts
 
 
-def merge_checkpoint(state: dict[str, torch.Tensor], model: Transformer) -> dict[str, torch.Tensor]:
-    """A checkpoint's tensors by HF name -> this model's (merged projections concatenated in
-    their `parts` order); names without a merged home pass through. In place: `state` loses
-    each part as it is merged, so a load holds one copy of the weights, never two."""
-    out = state
+def merged_homes(model: Transformer) -> dict[str, tuple[str, int, int]]:
+    """HF name of each part of a merged projection -> (this model's name, first row, rows): where a
+    load copies the part, straight into the merged tensor (one copy of the weights, written once)."""
+    names, homes = set(model.state_dict()), {}
     for name, prefix, parts in _merged_projections(model):
-        for kind in ("weight", "bias"):
-            keys = [f"{prefix}.{part}.{kind}" for part, _ in parts]
-            if all(k in out for k in keys):
-                out[f"{name}.{kind}"] = torch.cat([out.pop(k) for k in keys])
-    return out
+        start = 0
+        for part, rows in parts:
+            for kind in ("weight", "bias"):
+                if f"{name}.{kind}" in names:
+                    homes[f"{prefix}.{part}.{kind}"] = (f"{name}.{kind}", start, rows)
+            start += rows
+    return homes
 
 
 def split_checkpoint(model: Transformer) -> dict[str, torch.Tensor]:
     """This model's tensors by HF name (merged projections split into their `parts`): the
-    inverse of `merge_checkpoint`, for handing the same weights to transformers."""
+    inverse of `merged_homes`, for handing the same weights to transformers."""
     out = dict(model.state_dict())
     for name, prefix, parts in _merged_projections(model):
         for kind in ("weight", "bias"):

@@ -10,7 +10,7 @@ import torch
 from . import fetch
 from .config import ModelConfig
 from ..errors import SpecEngineError
-from .decoder import Transformer, merge_checkpoint
+from .decoder import Transformer, merged_homes
 
 
 def resolve(name_or_path: str | Path) -> Path:
@@ -102,7 +102,9 @@ def load_model(name_or_path, dtype=torch.float32, device="cpu", weights: str = "
     if weights == "gguf":
         return _load_gguf(model, name_or_path, dtype, device), path
     fetch.ensure_float_weights(path)  # a GGUF's directory gets its dequantized weights on first need
-    state = {}
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    homes = merged_homes(model)  # q/k/v and gate/up parts: copied into their merged tensor's rows
+    state, filled = {}, {}
     for f in _weight_files(path):
         for keys in _chunks(f):
             # each tensor copied into memory of its own, the file opened per chunk: a tensor left
@@ -110,14 +112,26 @@ def load_model(name_or_path, dtype=torch.float32, device="cpu", weights: str = "
             # the last one goes, so a weight later repacked (cpu_matmul) would be held twice
             with safe_open(f, framework="pt", device="cpu") as sf:
                 for key in keys:
-                    t = sf.get_tensor(key)
-                    state[key.removeprefix("model.")] = t.to(dtype) if t.dtype != dtype else t.clone()
+                    t, name = sf.get_tensor(key), key.removeprefix("model.")
+                    if name not in homes:
+                        state[name] = t.to(dtype) if t.dtype != dtype else t.clone()
+                        continue
+                    merged, start, rows = homes[name]
+                    if tuple(t.shape) != (rows, *shapes[merged][1:]):
+                        raise SpecEngineError(f"{key} in {f} has shape {tuple(t.shape)}; this architecture "
+                                              f"expects {(rows, *shapes[merged][1:])}")
+                    if merged not in state:
+                        state[merged] = torch.empty(shapes[merged], dtype=dtype)
+                    state[merged][start:start + rows].copy_(t)  # converts the dtype as it copies
+                    filled[merged] = filled.get(merged, 0) + rows
+    partial = sorted(k for k, rows in filled.items() if rows != shapes[k][0])
+    if partial:
+        raise SpecEngineError(f"checkpoint in {path} lacks parts of {len(partial)} merged projections, e.g. {partial[:3]}")
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     if cfg.gemma:  # Gemma's norms scale by (1 + w): held as that, so every norm is one RMSNorm
         state = {k: v + 1 if k.endswith("norm.weight") else v for k, v in state.items()}
-    state = merge_checkpoint(state, model)  # HF names -> merged qkv / gate_up projections
-    expected = {k for k in model.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+    expected = {k for k in shapes if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
     missing = sorted(expected - state.keys())
     if missing:
         raise SpecEngineError(f"checkpoint in {path} lacks {len(missing)} weights, e.g. {missing[:3]}")

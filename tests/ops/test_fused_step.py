@@ -179,12 +179,12 @@ def test_checkpoints_load_by_hf_names_into_merged_projections(tiny_dir):
 
 
 def test_split_checkpoint_hands_transformers_the_same_weights(tiny_dir):
-    """split_checkpoint is merge_checkpoint's inverse: transformers loaded from it gives our
+    """split_checkpoint is the load's inverse (merged_homes): transformers loaded from it gives our
     logits (the benchmark's HF peers run the engine's own random weights this way)."""
     from transformers import AutoModelForCausalLM
 
     from specengine.models.loading import load_model
-    from specengine.models.decoder import merge_checkpoint, split_checkpoint
+    from specengine.models.decoder import merged_homes, split_checkpoint
 
     model = load_model(tiny_dir)[0]
     hf = AutoModelForCausalLM.from_config(model.config.hf_config).eval()
@@ -198,5 +198,6 @@ def test_split_checkpoint_hands_transformers_the_same_weights(tiny_dir):
     runner.allocate(1, 32)
     with torch.inference_mode():
         torch.testing.assert_close(runner.verify(ids)[0], hf(ids).logits[0], atol=1e-4, rtol=1e-4)
-    back = merge_checkpoint(split_checkpoint(model), model)
-    assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
+    ours, homes = model.state_dict(), merged_homes(model)
+    assert homes and all(torch.equal(state[part], ours[name][start:start + rows])
+                         for part, (name, start, rows) in homes.items())
