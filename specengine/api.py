@@ -112,9 +112,7 @@ class Engine:
             draft, cfg = None, cfg.replace(method=cfg.method or draft)
         tmodel, tpath, dmodel, choice = load_pair(target, draft, cfg)
         tokenizer = load_tokenizer(tpath)
-        # its ids must mean the target's (sizes alone prove nothing); a draft from the target's own
-        # files (self-speculation) has its tokenizer (Gemma 3's: ~6 s a load on a 2-core EPYC)
-        if dmodel is not None and resolve(draft) != tpath:
+        if dmodel is not None and resolve(draft) != tpath:  # ids must mean the target's (the same files: they do)
             check_tokenizers(tokenizer, load_tokenizer(resolve(draft)), dmodel.config.vocab_size)
         engine = cls(tmodel, tokenizer, dmodel, cfg)
         engine.dtype_choice = choice
