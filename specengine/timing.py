@@ -18,6 +18,7 @@ import torch
 CLOCK_SUFFIX = ":round_clock"  # a policy's round cost factors: store[key + CLOCK_SUFFIX]
 CURVES_SUFFIX = ":by_match"  # the n-gram acceptance curves of a method and mode: store[f"{name}:{mode}" + CURVES_SUFFIX]
 FILED = ":filed"  # what the machine's table filed for key (seeded beside the engine's own)
+LEARNED = ":learned"  # PEARL's state a call leaves for the next: store[f"{name}:{mode}" + LEARNED]
 
 
 class PhaseTimer:

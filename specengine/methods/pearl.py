@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import SpecEngineError
+from ..timing import FILED, LEARNED  # store[f"pearl:greedy{LEARNED}"]: what the engine's last greedy call left
 from .base import CallInputs, CallTotals, Method, prediction, speculative_stats, tokens_left
 from .context import MethodContext
 from .logprobs import capture
@@ -36,7 +37,6 @@ from .steps import PlainStep, draft_chain, draft_resync, parallel_draft, verify_
 
 GAMMA_MAX = 16  # the longest window round(1/c) may choose
 PRIOR_ROUNDS = 4.0  # weight of the chain-model prior of tokens per round, as the acceptance prior's
-LEARNED = ":learned"  # store[f"pearl:greedy{LEARNED}"]: what the engine's last greedy call left (`_recall`)
 
 
 def gamma_for(cost_ratio: float, gamma_max: int = GAMMA_MAX) -> int:
@@ -121,8 +121,8 @@ class Pearl(Method):
             # PEARL's rounds are its own kind of round: its own key
             self.calibrate, self.clock_key = recall_clock(self.clock, ctx.acceptance, self.name, call, self.costs)
             self.learned_key = f"{self.name}:{call.mode}{LEARNED}"
-            if self.calibrate:
-                self._recall(ctx.acceptance.get(self.learned_key))
+            if self.calibrate:  # this engine's last call, else what earlier processes filed (FiledClocks)
+                self._recall(ctx.acceptance.get(self.learned_key) or ctx.acceptance.get(self.learned_key + FILED))
         self.modes = PearlModes(torch.zeros(state.batch, dtype=torch.bool, device=state.tokens.device))
         self.rows, self.first = call.rows, True  # first: the call's first round is next
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import machine
-from ..timing import CLOCK_SUFFIX, CURVES_SUFFIX, FILED, best_seconds
+from ..timing import CLOCK_SUFFIX, CURVES_SUFFIX, FILED, LEARNED, best_seconds
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,10 @@ def recalled_or_measured(target, draft, state, max_width: int) -> StepCosts:
 # Seeded under FILED, beside the engine's own, so that a policy applies it to measured costs only.
 # The n-gram methods' greedy acceptance curves by match length (ngram_policy.py) are filed the same
 # way (once CURVES_MOVED verified tries changed them): a first call in a new process explored them
-# again, 4 extra rounds of 46 on HumanEval/1 x 64 (0.90x the next call).
+# again, 4 extra rounds of 46 on HumanEval/1 x 64 (0.90x the next call). So is PEARL's greedy state
+# (pearl.py `_recall`: acceptance, yield, probe wait; moved by ALPHA_MOVED or a wait that changed):
+# a new process's first PEARL call started from the prior and a wait of 16, and probed 3-4 times in
+# 64 tokens where the next call probed once (0.91x the next call, MT-bench, AVX2 EPYC).
 REPLAN = 0.10
 ALPHA_MOVED = 0.05
 CURVES_MOVED = 8
@@ -178,7 +181,7 @@ class FiledClocks:
     def __init__(self, target, draft):
         self.key = table_key("round_clock", target, draft)
         entry = machine.load().get(self.key, {}) if self.key is not None else {}
-        self.filed = {k: v for k, v in entry.items() if k.endswith((CLOCK_SUFFIX, CURVES_SUFFIX)) or k == ALPHA_KEY}
+        self.filed = {k: v for k, v in entry.items() if k.endswith((CLOCK_SUFFIX, CURVES_SUFFIX, LEARNED)) or k == ALPHA_KEY}
 
     @contextlib.contextmanager
     def paused(self):
@@ -209,6 +212,10 @@ class FiledClocks:
         for k, (seen, kept) in curves.items():
             now[k] = [[list(r) for r in seen], [list(r) for r in kept]]
             moved |= k not in self.filed or _tries_apart(now[k][0], self.filed[k][0]) >= CURVES_MOVED
+        for k, v in store.items():  # PEARL's: its acceptance, yield and probe wait (not the plain rounds under way)
+            if k.endswith(":greedy" + LEARNED):
+                old, now[k] = self.filed.get(k), {**v, "run": 0}
+                moved |= old is None or abs(v["alpha"] - old["alpha"]) > ALPHA_MOVED or v["every"] != old["every"]
         if self.key is not None and moved:
             self.filed = {**self.filed, **now}
             machine.update({self.key: dict(self.filed)})  # stamped with the machine's speed now (ref_ms)

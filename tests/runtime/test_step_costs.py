@@ -254,6 +254,52 @@ def test_the_ngram_curves_are_filed_and_a_new_engine_starts_from_them(tiny_pair,
     assert len(starts) == 2  # sampled: no recall at all
 
 
+def test_pearls_greedy_state_is_filed_and_a_new_engines_first_call_starts_from_it(tiny_pair, tokenizer, monkeypatch,
+                                                                                   tmp_path):
+    """PEARL's greedy state (acceptance, yield, probe wait) is filed beside the draft's acceptance when
+    its acceptance moved by ALPHA_MOVED or its wait changed (the plain rounds under way are not: a new
+    process starts none): a second engine's first greedy PEARL call starts from it instead of the prior
+    and a wait of 16; this engine's own last call comes first; a sampled call reads none."""
+    import copy
+
+    from specengine import Engine
+    from specengine.methods.pearl import Pearl
+
+    fresh_cache(monkeypatch, tmp_path)
+    engine = lambda: Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]),  # noqa: E731
+                            max_seq_len=96)
+    key = "pearl:greedy:learned"
+    first = engine()
+    with first._clocks.paused():
+        first.generate([5, 9, 2], max_new_tokens=4, ignore_eos=True, method="pearl")
+    assert key in first._acceptance  # what the call left for the next
+    state = {"alpha": 0.62, "scale": 1.1, "every": 64, "run": 7}
+    first._acceptance[key] = dict(state)
+    first._clocks.file(first._acceptance)
+    assert engine()._clocks.filed[key] == {**state, "run": 0}
+    first._clocks.file({**first._acceptance, key: {**state, "alpha": 0.65, "run": 9}})  # within ALPHA_MOVED
+    assert engine()._clocks.filed[key]["alpha"] == 0.62
+    first._clocks.file({**first._acceptance, key: {**state, "every": 128}})  # the wait doubled: filed
+    assert engine()._clocks.filed[key]["every"] == 128
+
+    recalled, real = [], Pearl._recall
+    monkeypatch.setattr(Pearl, "_recall", lambda self, learned: recalled.append(learned) or real(self, learned))
+    waits = []
+    real_choice = Pearl._choice
+    monkeypatch.setattr(Pearl, "_choice", lambda self: waits.append(self.wait.every) or real_choice(self))
+    second = engine()
+    with second._clocks.paused():
+        second.generate([7, 1], max_new_tokens=4, ignore_eos=True, method="pearl")
+    assert recalled[-1] == {**state, "every": 128, "run": 0} and waits[0] == 128
+    own = second._acceptance[key]
+    with second._clocks.paused():
+        second.generate([7, 1], max_new_tokens=4, ignore_eos=True, method="pearl")
+    assert recalled[-1] is own  # its own last call's, not the filed
+    n = len(recalled)
+    engine().generate([7, 1], max_new_tokens=4, method="pearl", temperature=0.8, seed=1)
+    assert len(recalled) == n  # sampled: no recall
+
+
 def test_warmup_files_nothing(tiny_pair, tokenizer, monkeypatch, tmp_path):
     """warmup's calls decode a junk prompt: what they accept is no pair's rate, so the machine's
     table is left as it was (a first request seeded from it started with plain rounds)."""
