@@ -112,8 +112,8 @@ class Engine:
             draft, cfg = None, cfg.replace(method=cfg.method or draft)
         tmodel, tpath, dmodel, choice = load_pair(target, draft, cfg)
         tokenizer = load_tokenizer(tpath)
-        if dmodel is not None and resolve(draft) != tpath:  # ids must mean the target's (the same files: they do)
-            check_tokenizers(tokenizer, load_tokenizer(resolve(draft)), dmodel.config.vocab_size)
+        if dmodel is not None and (dpath := resolve(draft)) != tpath:  # ids must mean the target's (the same files: they do)
+            check_tokenizers(tokenizer, load_tokenizer(dpath), dmodel.config.vocab_size)
         engine = cls(tmodel, tokenizer, dmodel, cfg)
         engine.dtype_choice = choice
         return engine

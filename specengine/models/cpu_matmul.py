@@ -13,8 +13,8 @@ Candidates: `F.linear`, the transposed product, the padded one-row product, oneD
 (`rows`, bf16 weights: each weight row widened once for every input row, csrc/; where the
 extension is built).
 
-Past the tuned widths (a prompt) a group takes F.linear, or, for a dtype `rows` applies to, whichever
-of the two won at PREFILL_ROWS.
+Past the tuned widths (a prompt) a group takes its storage's large-input path (F.linear, or oneDNN's
+for a packed weight), or, for a dtype `rows` applies to, whichever of that and `rows` won at PREFILL_ROWS.
 
 A shape group also chooses its weight *storage*: the plain tensor (paths `linear`, `wxt`,
 `wxt_pad`) or oneDNN's packed layout (path `mkldnn`, for every row count). Packing
@@ -37,10 +37,10 @@ from .quant_linear import _quantext  # the compiled CPU kernels (None where not 
 
 ROWS_TUNED = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)  # decode (1), verify (γ+1), small batches
 # A prompt's width, where a dtype with our `rows` kernel (bf16) times it against the storage's large-input
-# path: without native bf16, F.linear's emulated GEMM costs ~6x `rows` per row on the AVX2 EPYC (prefill)
+# path: without native bf16, F.linear's emulated GEMM costs ~3x `rows` there on the AVX2 EPYC (prefill)
 PREFILL_ROWS = 64
 MIN_PASS_BYTES = 256 << 20  # a timing pass reads at least this much weight (or every layer)
-LOSES_BY = 1.3  # a path whose first pass is this much slower than the best one's is timed once
+LOSES_BY = 1.3  # a path whose first pass gets this much slower than the best one's stops there, timed once
 
 
 # ----------------------------------------------------------------------------- paths
@@ -77,6 +77,11 @@ STORAGE_LARGE_PATH = {"plain": "linear", "mkldnn": "mkldnn"}  # rows past the tu
 # fp32 keeps transformers' sums (the fp32 peers' token equality on random models rests on it)
 PATH_DTYPES = {"rows": (torch.bfloat16,)}
 PREFILL_PATHS = {*STORAGE_LARGE_PATH.values(), "rows"}  # the paths timed at PREFILL_ROWS
+
+
+def applies(name: str, dtype: torch.dtype) -> bool:
+    """Whether path `name` exists here (`rows`: where the extension is built) and multiplies `dtype`."""
+    return name in PATHS and dtype in PATH_DTYPES.get(name, (dtype,))
 
 
 @functools.lru_cache(maxsize=None)
@@ -229,7 +234,7 @@ def measure_group(layers, dtype, rows, storages, reps: int = 2, bar=None) -> dic
         times = ms[str(r)] = {}
         for name in order:
             storage, fn = PATHS[name]
-            if storage not in stores or (name == "wxt_pad" and r != 1) or dtype not in PATH_DTYPES.get(name, (dtype,)):
+            if storage not in stores or (name == "wxt_pad" and r != 1) or not applies(name, dtype):
                 continue
             if r == PREFILL_ROWS and name not in PREFILL_PATHS:  # what a prompt may take: see tune
                 continue
@@ -265,7 +270,7 @@ def tune(model, rows=ROWS_TUNED, reps: int = 2, progress: bool = True, dtype=Non
     """Measure (or read from the machine's table) every shape group of `model`; returns entries."""
     dtype = dtype or model.dtype
     rows = sorted(set(rows) | set(ROWS_TUNED))  # the storage is chosen over all of ROWS_TUNED
-    if "rows" in PATHS and dtype in PATH_DTYPES["rows"]:
+    if applies("rows", dtype):
         # a prompt's path: the storage's large path or `rows` (other dtypes: the large path, untimed)
         rows = sorted(set(rows) | {PREFILL_ROWS})
     table = _load_table()
