@@ -189,6 +189,37 @@ torch::Tensor dequantize(const torch::Tensor& w, int64_t qtype, int64_t cols) {
   return y;
 }
 
+// fp32 rows -> Q4_0 blocks by ggml's reference rule (quantize_row_q4_0_ref; models/requant.py's
+// quantize_q4_0_ref is the spec): per 32 values the first of largest magnitude, signed, is -8 d, and
+// q = min(15, trunc(x / d + 8.5)). Here, not in an ISA's unit: this file builds without FMA, so
+// x * id + 8.5 rounds twice, as the reference does (a fused multiply-add would move ties).
+torch::Tensor quantize_q4_0(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
+              "x must be a contiguous float32 CPU tensor [N, K]");
+  TORCH_CHECK(x.size(1) % 32 == 0, "Q4_0 rows hold whole blocks of 32 values; ", x.size(1), " is not a multiple");
+  const int64_t N = x.size(0), nb = x.size(1) / 32;
+  auto y = torch::empty({N, nb * kBytes[kQ4_0]}, torch::kByte);
+  const float* xp = x.data_ptr<float>();
+  uint8_t* yp = y.data_ptr<uint8_t>();
+  at::parallel_for(0, N * nb, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const float* v = xp + 32 * b;
+      uint8_t* out = yp + kBytes[kQ4_0] * b;
+      float amax = std::fabs(v[0]), peak = v[0];  // all zeros: the first, signed (the gguf package's d)
+      for (int j = 1; j < 32; ++j)
+        if (amax < std::fabs(v[j])) amax = std::fabs(v[j]), peak = v[j];
+      const float d = peak / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+      const uint16_t h = c10::detail::fp16_ieee_from_fp32_value(d);
+      std::memcpy(out, &h, 2);
+      for (int j = 0; j < 16; ++j) {
+        const int lo = std::min(15, int(int8_t(v[j] * id + 8.5f))), hi = std::min(15, int(int8_t(v[16 + j] * id + 8.5f)));
+        out[2 + j] = uint8_t(lo | hi << 4);
+      }
+    }
+  });
+  return y;
+}
+
 // Dense bf16 / fp32 weights for decode and verify widths: each weight row read once for all rows.
 torch::Tensor dense_matmul(const torch::Tensor& x, const torch::Tensor& w) {
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "dense_matmul runs on CPU tensors");
@@ -319,6 +350,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return py::tuple(out);
       }, "the GGUF block formats with an interleaved layout (and a kernel for it)");
   m.def("dequantize", &dequantize, "w [N, row_bytes] GGUF blocks -> fp32 [N, cols]");
+  m.def("quantize_q4_0", &quantize_q4_0, "x [N, K] fp32 -> Q4_0 blocks uint8 [N, K / 32 * 18] (ggml's reference rule)");
   m.def("dense_matmul", &dense_matmul, "x [M, K] fp32 @ w [N, K] (bf16 or fp32).T -> [M, N] fp32, few rows");
   m.def("set_prefetch", [](const std::string& level) {
         TORCH_CHECK(level == "l1" || level == "l2", "set_prefetch takes 'l1' or 'l2' (the cache the weight "

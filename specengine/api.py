@@ -20,7 +20,7 @@ from . import huge_pages, precision
 from .models.cpu_matmul import optimize, unpack
 from .models.loading import load_tokenizer, resolve
 from .models.quant_plan import choose_layouts, hold
-from .models.tokenizer_check import check_tokenizers
+from .models.tokenizer_check import check_tokenizers, same_tokenizer_files
 from .models.subset_head import set_head_vocab
 from .models.vocab import pad_vocab
 from .drafting.frequent_vocab import draft_head_ids
@@ -112,7 +112,7 @@ class Engine:
             draft, cfg = None, cfg.replace(method=cfg.method or draft)
         tmodel, tpath, dmodel, choice = load_pair(target, draft, cfg)
         tokenizer = load_tokenizer(tpath)
-        if dmodel is not None and (dpath := resolve(draft)) != tpath:  # ids must mean the target's (the same files: they do)
+        if dmodel is not None and not same_tokenizer_files(tpath, dpath := resolve(draft)):  # ids must mean the target's
             check_tokenizers(tokenizer, load_tokenizer(dpath), dmodel.config.vocab_size)
         engine = cls(tmodel, tokenizer, dmodel, cfg)
         engine.dtype_choice = choice

@@ -21,8 +21,12 @@ from helpers.cache import fresh_cache
 gguf = pytest.importorskip("gguf")
 
 
+QUANTIZERS = {"extension": requant.quantize_q4_0, "reference": requant.quantize_q4_0_ref}
+
+
+@pytest.mark.parametrize("which", QUANTIZERS)
 @pytest.mark.parametrize("rows,cols", [(1, 32), (7, 96), (16, 256)])
-def test_q4_0_quantizer_is_the_gguf_packages(rows, cols):
+def test_q4_0_quantizer_is_the_gguf_packages(rows, cols, which):
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, cols, generator=g) * torch.rand(rows, 1, generator=g) * 3
     x[0, :32] = 0.0  # an all-zero block: d = 0
@@ -30,11 +34,24 @@ def test_q4_0_quantizer_is_the_gguf_packages(rows, cols):
         x[1, :32] = torch.linspace(-1, 1, 32)  # equal magnitudes at both ends: the first one wins
         x[1, 32:64] = torch.linspace(1, -1, 32)  # and the other way round
         x[1, 40] = -5.0  # a negative peak
-    ours = requant.quantize_q4_0(x)
+        x[1, 64:96] = 0.0
+        x[1, 64:96:3] = -0.0  # zeros of both signs: d's sign from the first
+    ours = QUANTIZERS[which](x)
     theirs = gguf.quants.quantize(x.numpy(), gguf.GGMLQuantizationType.Q4_0)
     assert np.array_equal(ours.numpy(), theirs)
     with pytest.raises(ValueError, match="whole blocks of 32"):
-        requant.quantize_q4_0(torch.zeros(1, 48))
+        QUANTIZERS[which](torch.zeros(1, 48))
+
+
+def test_the_extensions_q4_0_quantizer_gives_the_references_bytes_on_many_blocks():
+    """~10^5 blocks of several scales, values on a grid (x / d + 8.5 landing on whole numbers, where a
+    fused multiply-add would round otherwise), and the halves and odd row counts: the same bytes."""
+    assert requant._quantext is not None  # built in every install (CI's too)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(301, 1024, generator=g) * torch.logspace(-4, 2, 301).unsqueeze(1)
+    x[::3] = (x[::3] * 4).round() / 4  # a coarse grid: many exact ties
+    for rows in (x, x[:1, :32], x[5:8, :96]):
+        assert torch.equal(requant.quantize_q4_0(rows), requant.quantize_q4_0_ref(rows))
 
 
 @pytest.fixture(scope="module")

@@ -45,8 +45,9 @@ def test_a_different_eos_is_refused():
 
 
 def test_from_pretrained_refuses_a_draft_with_another_tokenizer(tiny_dir, tmp_path, monkeypatch):
-    """A draft from other files is checked (its tokenizer loaded); one from the target's own files
-    shares its tokenizer, loaded once."""
+    """A draft from other files is checked (its tokenizer loaded); one from the target's own files,
+    or from a folder whose tokenizer files are byte for byte the target's, shares its tokenizer,
+    loaded once."""
     import shutil
 
     from specengine import Engine, api
@@ -64,4 +65,9 @@ def test_from_pretrained_refuses_a_draft_with_another_tokenizer(tiny_dir, tmp_pa
     assert len(loads) == 2
     loads.clear()
     assert Engine.from_pretrained(str(tiny_dir), draft=str(tiny_dir), dtype="float32", max_seq_len=64).draft
+    assert len(loads) == 1
+    twin = tmp_path / "twin"  # other weights' folder, the same tokenizer files
+    shutil.copytree(tiny_dir, twin)
+    loads.clear()
+    assert Engine.from_pretrained(str(tiny_dir), draft=str(twin), dtype="float32", max_seq_len=64).draft
     assert len(loads) == 1
