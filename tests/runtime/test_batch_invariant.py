@@ -168,6 +168,10 @@ def test_auto_weighs_the_padding_cost_timed_until_stable(bf16_pair, tokenizer, m
     assert cheap.batch_invariant and info["pad_width"] == 9 and info["cost"] > -1 and len(info["costs"]) >= 3
     assert info["cost"] in info["costs"] and "within" in info["why"]
     assert cheap.generate("x", max_new_tokens=2).stats["batch_invariant"] == info  # and in every call's stats
+    with monkeypatch.context() as m:  # filed in the machine's table: the next load of these models reads it
+        m.setattr(invariance.BatchInvariance, "cost", lambda self: pytest.fail("timed again"))
+        again = Engine(target, tokenizer, draft, max_seq_len=256).batch_invariant_info
+    assert (again["cost"], again["costs"]) == (info["cost"], info["costs"])
     monkeypatch.setattr(invariance, "INVARIANT_MAX_COST", -1.0)  # nothing is that cheap
     dear = Engine(target, tokenizer, draft, max_seq_len=256)
     assert not dear.batch_invariant and dear.ops.names["attention"] not in ("torch-tiled", "cpu-rows")
