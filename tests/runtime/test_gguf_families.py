@@ -52,17 +52,10 @@ def test_a_gguf_of_a_newer_family_loads_as_blocks_and_matches_the_float_model(tm
 def test_tensors_read_through_the_cached_index_are_the_gguf_packages(tmp_path, monkeypatch):
     """A load reads tensors where our header walk (gguf_weights._read_index) finds them: every tensor
     the same bytes, format and shape as the `gguf` package's GGUFReader, and a second load never parses."""
-    from transformers import Qwen3Config
-
     from specengine.models import gguf_weights
 
     fresh_cache(monkeypatch, tmp_path / "cache")
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM_from(Qwen3Config(vocab_size=96, hidden_size=64, intermediate_size=96,
-                                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                              head_dim=16))
-    path = tmp_path / "tiny.gguf"
-    write_gguf(hf, path, "qwen3")
+    path = tiny_qwen3_gguf(tmp_path, layers=2)
     reader = gguf.GGUFReader(path)
     ours = gguf_weights._Tensors(path)
     for t in reader.tensors:
@@ -84,12 +77,7 @@ def test_a_load_reads_the_files_pages_in_place_and_never_writes_the_file(tmp_pat
 
     from specengine.models import gguf_weights
 
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM_from(Qwen3Config(vocab_size=96, hidden_size=64, intermediate_size=96,
-                                              num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                                              head_dim=16))
-    path = tmp_path / "tiny.gguf"
-    write_gguf(hf, path, "qwen3")
+    path = tiny_qwen3_gguf(tmp_path, layers=1)
     before = path.read_bytes()
     src = gguf_weights._Tensors(path)
     _, norm = src.get("output_norm.weight")
@@ -105,3 +93,16 @@ def AutoModelForCausalLM_from(config):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_config(config).eval()
+
+
+def tiny_qwen3_gguf(tmp_path, layers: int):
+    """A tiny random Qwen3 written as a GGUF file (Q8_0 matrices) -> its path."""
+    from transformers import Qwen3Config
+
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM_from(Qwen3Config(vocab_size=96, hidden_size=64, intermediate_size=96,
+                                              num_hidden_layers=layers, num_attention_heads=4,
+                                              num_key_value_heads=2, head_dim=16))
+    path = tmp_path / "tiny.gguf"
+    write_gguf(hf, path, "qwen3")
+    return path
