@@ -6,6 +6,7 @@ A target whose vocabulary is padded past the draft's (Qwen2.5-7B+: 152,064 rows 
 tokens) passes: only the draft's range is compared."""
 from __future__ import annotations
 
+import filecmp
 from pathlib import Path
 
 from ..errors import SpecEngineError
@@ -23,12 +24,7 @@ def same_tokenizer_files(a: Path, b: Path) -> bool:
     present = [n for n in TOKENIZER_FILES if (a / n).exists() or (b / n).exists()]
     if not any(n in present for n in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         return False
-    for n in present:
-        fa, fb = a / n, b / n
-        if not (fa.exists() and fb.exists()) or fa.stat().st_size != fb.stat().st_size \
-                or fa.read_bytes() != fb.read_bytes():
-            return False
-    return True
+    return all((a / n).exists() and (b / n).exists() and filecmp.cmp(a / n, b / n, shallow=False) for n in present)
 
 
 def _by_id(tok, upto: int) -> dict[int, str]:

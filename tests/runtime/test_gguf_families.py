@@ -73,8 +73,6 @@ def test_a_load_reads_the_files_pages_in_place_and_never_writes_the_file(tmp_pat
     """Tensors are views of the file's copy-on-write mapping, not copies (a copy of every weight's
     bytes had cost a 1.6 GB load ~7 s of fresh-page faults on the 2-vCPU EPYC VM); a write into a
     loaded tensor changes the process's copy only, never the file other loads read."""
-    from transformers import Qwen3Config
-
     from specengine.models import gguf_weights
 
     path = tiny_qwen3_gguf(tmp_path, layers=1)
