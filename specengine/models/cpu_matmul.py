@@ -10,15 +10,13 @@ fastest is kept, and the entries go to the machine's one table (specengine/machi
 by CPU, instruction sets, threads, torch and the kernels' digest), so later loads apply it at once.
 
 Candidates: `F.linear`, the transposed product, the padded one-row product, oneDNN, and ours
-(`rows`, bf16 weights: each weight row widened once for every input row, csrc/; where the
-extension is built).
+(`rows`, bf16 weights: each weight row widened once for every input row, csrc/; where built).
 
 Past the tuned widths (a prompt) a group takes its storage's large-input path (F.linear, or oneDNN's
 for a packed weight), or, for a dtype `rows` applies to, whichever of that and `rows` won at PREFILL_ROWS.
 
-A shape group also chooses its weight *storage*: the plain tensor (paths `linear`, `wxt`,
-`wxt_pad`) or oneDNN's packed layout (path `mkldnn`, for every row count). Packing
-replaces the weight (one copy in memory, never two); `unpack` restores it.
+A shape group also chooses its weight *storage*: the plain tensor (paths `linear`, `wxt`, `wxt_pad`)
+or oneDNN's packed layout (`mkldnn`, every row count), which replaces the weight; `unpack` restores it.
 """
 from __future__ import annotations
 
@@ -41,6 +39,7 @@ ROWS_TUNED = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)  # decode (1), verify (γ+1), s
 PREFILL_ROWS = 64
 MIN_PASS_BYTES = 256 << 20  # a timing pass reads at least this much weight (or every layer)
 LOSES_BY = 1.3  # a path whose first pass gets this much slower than the best one's stops there, timed once
+DROPPED_AT = 2.0  # a path this much slower than its storage's best at 2+ rows is not timed at more rows
 
 
 # ----------------------------------------------------------------------------- paths
@@ -221,20 +220,24 @@ def _time_pass(fn, x, weights, reps: int, xs=None, loses_at: float | None = None
 
 
 def measure_group(layers, dtype, rows, storages, reps: int = 2, bar=None) -> dict:
-    """{rows: {path: ms per layer}} for the paths of the given storages on this group's weights."""
+    """{rows: {path: ms per layer}} for the paths of the given storages on this group's weights. A path
+    that lost by DROPPED_AT to one of its storage at 2+ rows is left out of larger row counts (one row
+    is no evidence: a BLAS's slow GEMV, `wxt_pad`; a prompt's width is timed for itself)."""
     plain = _sample(layers, dtype)
     scale = layers[0].out_features / plain[0].shape[0]  # a sliced LM head: scale to the whole
     stores = {"plain": plain}
     if "mkldnn" in storages:
         stores["mkldnn"] = [_pack_mkldnn(w) for w in plain]
     gen = torch.Generator().manual_seed(0)
-    ms, order = {}, list(PATHS)
+    ms, order, dropped = {}, list(PATHS), set()
     for r in rows:
         x = torch.randn(r, plain[0].shape[1], generator=gen).to(dtype)
         times = ms[str(r)] = {}
         for name in order:
             storage, fn = PATHS[name]
             if storage not in stores or (name == "wxt_pad" and r != 1) or not applies(name, dtype):
+                continue
+            if name in dropped and r != PREFILL_ROWS:
                 continue
             if r == PREFILL_ROWS and name not in PREFILL_PATHS:  # what a prompt may take: see tune
                 continue
@@ -249,6 +252,8 @@ def measure_group(layers, dtype, rows, storages, reps: int = 2, bar=None) -> dic
         # there (bf16 on an AVX2 EPYC: `rows`, last in PATHS, beats F.linear from 2 rows on by 1.2-2x)
         winner = min(times, key=times.get)
         order = [winner] + [p for p in order if p != winner]
+        if 2 <= r < PREFILL_ROWS:  # far behind a path of its storage past one row (a GEMV's quirks): out
+            dropped |= {p for p, t in times.items() if t > DROPPED_AT * fastest(times, PATHS[p][0])[0]}
     return ms
 
 
@@ -293,6 +298,7 @@ def tune(model, rows=ROWS_TUNED, reps: int = 2, progress: bool = True, dtype=Non
                 entry = table[key]
                 entry["ms"].update(measure_group(layers, dtype, missing, storages, reps, bar))
                 entry["storage"] = _choose_storage(entry["ms"], storages)
+            bar.update(n - bar.n)  # the paths left out of larger row counts
         _save_table(table)
     return {key: table[key] for key in groups}
 
@@ -315,6 +321,30 @@ def one_row_seconds(model, dtype, progress: bool = True) -> float:
                 bar.update(1)
         _save_table(table)
     return sum(len(layers) * min(table[key]["ms"]["1"].values()) for key, layers in groups.items()) / 1e3
+
+
+def row_invariant_path(model) -> str | None:
+    """`rows` where it multiplies every Linear of `model` (bf16 weights held plain, the extension
+    built): each row's sum runs in one fixed order whatever rows share the call, so one path at
+    every row count makes the matmuls batch-invariant without padding (runtime/invariance.py);
+    else None."""
+    layers = _linears(model)
+    ok = layers and all(m.weight is not None and applies("rows", m.weight.dtype) for m in layers)
+    return "rows" if ok else None
+
+
+def use_path(model, path: str | None) -> None:
+    """Every Linear of `model` multiplies along `path` at every row count, prompts included; None:
+    each takes back its own plan, kept on the layer (so the invariance probe's one-layer shadow and
+    the model's runner never disagree on it)."""
+    for layer in _linears(model):
+        if path is not None:
+            if not hasattr(layer, "own_plan"):
+                layer.own_plan = layer.plan
+            layer.use(Plan("plain", (path,) * (ROWS_TUNED[-1] + 1)))
+        elif hasattr(layer, "own_plan"):
+            own = layer.__dict__.pop("own_plan")
+            layer.use(own) if own is not None else layer.plain()
 
 
 def apply(model, entries: dict[str, dict]) -> dict[str, Plan]:

@@ -8,9 +8,13 @@ per shape) decodes a few random tokens one at a time, then verifies them in bloc
 width 1..W, and every row's logits must have the same bits. Kernel choice depends on shapes,
 never on values, so random data exposes any difference in reduction order.
 
-Two ways to be invariant, cheapest first:
+Three ways to be invariant, cheapest first:
 - unpadded: forwards keep their own width (only the fixed-tile attention differs from the
   normal path); on CPUs whose kernels are row-count invariant this costs almost nothing;
+- one matmul path (CPU, bf16): unpadded, every Linear on our `rows` kernel at every row count
+  (cpu_matmul.use_path), where the measured plan mixes BLAS paths by row count. Its decode pays
+  `rows` at one row (0-33% over the plan's best on the AVX2 EPYC) where padding paid the plan's
+  best at W rows, which from 2 rows on is `rows` itself, at W times the work;
 - padded to W: every verify/decode runs at W tokens per row, so every matmul has one shape.
 GPU forwards always pad (graph buckets regroup widths, and memory-bound steps pay little).
 
@@ -29,6 +33,7 @@ from torch import nn
 
 from .. import machine
 from ..errors import SpecEngineError
+from ..models import cpu_matmul
 from ..models.quant_linear import quant_layers
 from ..timing import best_seconds
 from .graphs import batch_bucket
@@ -51,27 +56,33 @@ class BatchInvariance:
         self.runner = runner
         self.width: int | None = None  # on: the widest target forward it covers
         self.pad_width: int | None = None  # ... and the width every forward pads to, if the probe needs it
+        self.path: str | None = None  # ... or the one matmul path every Linear takes (cpu_matmul.use_path)
         self.choice, self.batches = 0, set()
 
     def candidates(self) -> list[tuple]:
-        """(ops, pad width) to probe, cheapest first: every invariant attention the ops table
-        allows (fastest first: the compiled per-row one on a CPU, the fixed-split kernel on
-        CUDA), on a CPU unpadded then padded; on CUDA always padded (graph buckets regroup widths)."""
+        """(ops, pad width, one matmul path) to probe, cheapest first: every invariant attention the
+        ops table allows (fastest first: the compiled per-row one on a CPU, the fixed-split kernel on
+        CUDA); on a CPU unpadded, then with one matmul path where one exists, then padded; on CUDA
+        always padded (graph buckets regroup widths)."""
         W, r = self.width, self.runner
         options = [(r.normal_ops.with_attention(fn, name)) for fn, name in r.normal_ops.invariant_attentions()]
-        unpadded = [(ops, None) for ops in options] if r.device.type != "cuda" else []
-        return unpadded + [(ops, W) for ops in options]
+        if r.device.type == "cuda":
+            return [(ops, W, None) for ops in options]
+        one = cpu_matmul.row_invariant_path(r.model)
+        return ([(ops, None, None) for ops in options] + ([(ops, None, one) for ops in options] if one else [])
+                + [(ops, W, None) for ops in options])
 
     def select(self, choice: int = 0) -> None:
         """Take candidate `choice` (mode on) or the normal ops (off) and forget which batch
         sizes the probe passed (kernels, matmul plans or attention changed)."""
-        r = self.runner
         self.choice, self.batches = choice, set()
-        if self.width:
-            r.ops, self.pad_width = self.candidates()[choice]
-        else:
-            r.ops, self.pad_width = r.normal_ops, None
-        r.drop_graphs()
+        self.apply(self.candidates()[choice] if self.width else (self.runner.normal_ops, None, None))
+        self.runner.drop_graphs()
+
+    def apply(self, setting: tuple) -> None:
+        """The runner forwards as `setting` (ops, pad width, one matmul path or None: the plan's)."""
+        self.runner.ops, self.pad_width, self.path = setting
+        cpu_matmul.use_path(self.runner.model, self.path)
 
     def set_width(self, width: int | None) -> None:
         """On up to `width` tokens per forward, or off (None)."""
@@ -97,13 +108,13 @@ class BatchInvariance:
         shadow = r.spawn(one_layer(r.model))  # the graphs replay at the bucket's row count
         candidates = self.candidates()
         for i in range(self.choice, len(candidates)):
-            ops, pad = candidates[i]
-            failure = probe(shadow, ops, rows, self.width, pad)
+            failure = probe(shadow, candidates[i], rows, self.width)
             if failure is None:
                 if i != self.choice:
                     self.select(i)
                 self.batches.add(batch)
                 return
+        self.apply(candidates[self.choice])  # the shared Linears as the mode left them, not as the probe did
         raise SpecEngineError(
             f"batch-invariant mode: on this backend the {failure}, even with every forward padded to "
             f"{self.width} tokens; pass batch_invariant=False (16-bit speculation may then "
@@ -130,19 +141,20 @@ class BatchInvariance:
                 self.set_width(None)
                 info.update(refused=str(e), why="the probe refused")
             if mode == "auto" and self.width is not None:
-                if self.pad_width is None:
+                if self.pad_width is None and self.path is None:
                     info["why"] = "no padding needed: on without a timing"
                 else:
                     info["cost"], info["costs"] = self.recalled_cost()
                     over = info["cost"] > INVARIANT_MAX_COST
-                    info["why"] = (f"padding to {self.pad_width} costs {info['cost']:+.1%} per decode "
+                    how = f"padding to {self.pad_width}" if self.path is None else f"one matmul path ({self.path})"
+                    info["why"] = (f"{how} costs {info['cost']:+.1%} per decode "
                                    f"({'over' if over else 'within'} {INVARIANT_MAX_COST:.0%})")
                     if over:
                         self.set_width(None)
         else:
             self.set_width(None)
             info["why"] = "asked off" if mode is False else "not a 16-bit or quantized target"
-        info.update(on=self.width is not None, pad_width=self.pad_width)
+        info.update(on=self.width is not None, pad_width=self.pad_width, path=self.path)
         return info
 
     def recalled_cost(self) -> tuple[float, list[float]]:
@@ -160,9 +172,14 @@ class BatchInvariance:
         return cost, costs
 
     def cost(self) -> float:
-        """Extra time of one decode with the mode (its attention and padding) over without it."""
+        """Extra time of one decode with the mode (its attention, padding or one path) over without it."""
         r = self.runner
-        off, on = decode_seconds(r.spawn(r.model), [(r.normal_ops, None), (r.ops, self.pad_width)])
+        mode = (r.ops, self.pad_width, self.path)
+        shadow = r.spawn(r.model)
+        try:
+            off, on = decode_seconds(shadow, [(r.normal_ops, None, None), mode], shadow.invariance.apply)
+        finally:
+            self.apply(mode)  # the shared Linears' plans back to the mode's
         return on / off - 1
 
 
@@ -213,7 +230,7 @@ def one_layer(model) -> nn.Module:
 
 
 @torch.inference_mode()
-def probe(runner, ops, rows: int, width: int, pad: int | None, seed: int = 0) -> str | None:
+def probe(runner, setting: tuple, rows: int, width: int, seed: int = 0) -> str | None:
     """None when every row's logits (and so its K/V) are bit-identical decoded alone (one
     row, one token; padded to `pad` if set) and verified in blocks of 1..width tokens with
     `rows` rows, on `runner` (an eager runner of its own, the model's first layer); else
@@ -223,7 +240,8 @@ def probe(runner, ops, rows: int, width: int, pad: int | None, seed: int = 0) ->
         raise SpecEngineError(f"{PROBE_ENV} must be 'measure' or 'refuse', got {forced!r}", PROBE_ENV)
     if forced == "refuse":
         return f"probe was told to refuse ({PROBE_ENV}=refuse)"
-    runner.ops, runner.invariance.pad_width = ops, pad
+    runner.invariance.apply(setting)
+    pad = setting[1]
     model = runner.model
     g = torch.Generator().manual_seed(seed)
     seq = torch.randint(0, model.config.vocab_size, (rows, PROBE_CONTEXT + width), generator=g).to(runner.device)
@@ -260,17 +278,17 @@ def _decode_next(runner, token):
 
 
 @torch.inference_mode()
-def decode_seconds(runner, settings, context: int = 128, rounds: int = 2, reps: int = 3) -> list[float]:
+def decode_seconds(runner, settings, apply, context: int = 128, rounds: int = 2, reps: int = 3) -> list[float]:
     """Best time of one single-row decode at `context` on `runner` (an eager runner of its
-    own: the engine's buffers stay as they are) for each (ops, pad width) setting,
+    own: the engine's buffers stay as they are) for each setting, taken by `apply(setting)`,
     interleaved round by round so a noisy machine biases no setting."""
-    runner.allocate(1, context + 2 * max(pad or 1 for _, pad in settings))
+    runner.allocate(1, context + 2 * max(s[1] or 1 for s in settings))
     lens = torch.tensor([context], dtype=torch.int32, device=runner.device)  # K/V values: any
     token = torch.zeros(1, dtype=torch.int64, device=runner.device)
     best = [float("inf")] * len(settings)
     for _ in range(rounds):
-        for i, (ops, pad) in enumerate(settings):
-            runner.ops, runner.invariance.pad_width = ops, pad
+        for i, setting in enumerate(settings):
+            apply(setting)
             best[i] = best_seconds(lambda: runner.decode(token), reps, runner.device,
                                    setup=lambda: runner.cache.set_lens(lens), best=best[i])
     return best

@@ -107,7 +107,7 @@ def measure_step_costs(target, draft, state, max_width: int, repeats: int = 3) -
 def cost_signature(runner) -> str:
     """What a forward's time depends on, as a short digest: the model's tensors (names, shapes,
     dtypes), which block segments are held interleaved, and the runner's ops and batch-invariant
-    mode. Values are left out: they never change a kernel's time."""
+    mode (its padding or one matmul path). Values are left out: they never change a kernel's time."""
     h = hashlib.sha256()
     model = runner.model
     for name, t in itertools.chain(model.named_parameters(), model.named_buffers()):
@@ -116,7 +116,7 @@ def cost_signature(runner) -> str:
         if getattr(m, "packed", None) is not None:
             h.update(f"{name}:{m.packed};".encode())
     inv = runner.invariance
-    h.update(f"{sorted(runner.ops.names.items())}:{inv.width}:{inv.pad_width}:{type(model).__name__}".encode())
+    h.update(f"{sorted(runner.ops.names.items())}:{inv.width}:{inv.pad_width}:{inv.path}:{type(model).__name__}".encode())
     return h.hexdigest()[:16]
 
 

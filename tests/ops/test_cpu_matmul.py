@@ -254,7 +254,8 @@ def test_a_path_that_cannot_win_stops_its_one_pass_at_the_bound_and_a_contender_
 
 def test_the_last_row_counts_winner_is_timed_first_so_its_losers_take_one_pass(monkeypatch):
     """measure_group times each row count's paths with the previous row count's winner first: a path
-    that lost there by more than LOSES_BY gets one pass, cut at the bound (bf16 on an AVX2 EPYC: our `rows` kernel, last
+    that lost there by more than LOSES_BY gets one pass, cut at the bound, and one that lost by more
+    than DROPPED_AT at 2 rows or more is timed no more (bf16 on an AVX2 EPYC: our `rows` kernel, last
     in PATHS, beats F.linear from 2 rows on, which otherwise took every rep at every row count)."""
     import time
 
@@ -271,11 +272,13 @@ def test_the_last_row_counts_winner_is_timed_first_so_its_losers_take_one_pass(m
     monkeypatch.setattr(cpu_matmul, "PATH_DTYPES", {})
     monkeypatch.setattr(cpu_matmul, "_sample", lambda layers, dtype: [w, w])  # two weights: a pass is two calls
     layer = types.SimpleNamespace(out_features=4)
-    ms = cpu_matmul.measure_group([layer], torch.float32, [1, 2, 3], ["plain"], reps=2)
-    assert all(ms[str(r)]["fast"] < ms[str(r)]["slow"] for r in (1, 2, 3))
-    per = {(r, n): sum(1 for c in calls if c == (r, n)) for r in (1, 2, 3) for n in ("slow", "fast")}
+    ms = cpu_matmul.measure_group([layer], torch.float32, [1, 2, 3, 4], ["plain"], reps=2)
+    assert all(ms[str(r)]["fast"] < ms[str(r)]["slow"] for r in (1, 2))
+    per = {(r, n): sum(1 for c in calls if c == (r, n)) for r in (1, 2, 3, 4) for n in ("slow", "fast")}
     # row 1: PATHS' order, `slow` first and timed in full (2 reps x 2 weights); then `fast`, cut by nothing
     assert per[1, "slow"] == 2 * 2 and per[1, "fast"] == 1 + 2 * 2
-    # rows 2, 3: `fast` first; `slow` one untimed call and its pass cut at its first weight (50 ms > 1.3 x 2 ms)
-    assert all(per[r, "fast"] == 2 * 2 and per[r, "slow"] == 1 + 1 for r in (2, 3))
+    # row 2: `fast` first; `slow` one untimed call and its pass cut at its first weight (50 ms > 1.3 x 2 ms)
+    assert per[2, "fast"] == 2 * 2 and per[2, "slow"] == 1 + 1
     assert [n for r, n in calls if r == 2][0] == "fast"
+    # rows 3, 4: `slow` lost by more than DROPPED_AT at 2 rows: not timed again (one row alone never drops it)
+    assert all(per[r, "fast"] == 2 * 2 and per[r, "slow"] == 0 and "slow" not in ms[str(r)] for r in (3, 4))

@@ -178,6 +178,41 @@ def test_auto_weighs_the_padding_cost_timed_until_stable(bf16_pair, tokenizer, m
     assert dear.batch_invariant_info["cost"] is not None and "over" in dear.batch_invariant_info["why"]
 
 
+def test_a_plan_mixing_paths_by_row_count_is_made_invariant_by_one_path_without_padding(bf16_pair, tokenizer,
+                                                                                         monkeypatch):
+    """bf16 on a CPU whose measured plan takes a BLAS path at one row and our `rows` kernel from two
+    (the AVX2 EPYC's; here a stand-in path that rounds its one-row results coarsely): unpadded, a
+    row's bits depend on how many rows share the call (the probe says so), so the mode puts every
+    Linear on `rows` at every width instead of padding; every method then gives ar's tokens, and
+    the mode off gives each Linear its own plan back."""
+    from specengine.models import cpu_matmul
+    from specengine.models.cpu_matmul import Plan
+
+    def coarse(x, w):
+        return (torch.nn.functional.linear(x.float(), w.float()) * 4).round().div(4).to(x.dtype)
+
+    monkeypatch.setitem(cpu_matmul.PATHS, "coarse", ("plain", coarse))
+    target, draft = bf16_pair
+    eng = Engine(target, tokenizer, draft, max_seq_len=256, batch_invariant=False)
+    mixed = Plan("plain", ("rows", "coarse") + ("rows",) * 15)
+    layers = cpu_matmul._linears(eng.target.model)
+    for layer in layers:
+        layer.use(mixed)
+    shadow = eng.target.spawn(invariance.one_layer(eng.target.model))
+    ops = eng.target.normal_ops.with_attention(*eng.target.normal_ops.invariant_attentions()[0])
+    assert invariance.probe(shadow, (ops, None, None), 1, 8) is not None  # mixed paths: not invariant
+    eng.set_batch_invariant(True, 8)
+    info = eng.batch_invariant_info
+    assert info["on"] and info["path"] == "rows" and info["pad_width"] is None, info
+    assert all(layer.plan.by_rows == ("rows",) * 17 for layer in layers)
+    for p in PROMPTS[:3]:
+        ar = eng.generate(p, max_new_tokens=24, method="ar", ignore_eos=True).token_ids
+        for kw in (dict(method="sd", gamma=3), dict(method="pearl", gamma=3), dict(method="sd", tree="2x3:5")):
+            assert eng.generate(p, max_new_tokens=24, ignore_eos=True, **kw).token_ids == ar, (p, kw)
+    eng.set_batch_invariant(False)
+    assert all(layer.plan is mixed for layer in layers) and eng.batch_invariant_info["path"] is None
+
+
 def test_stable_cost_repeats_until_three_timings_agree():
     values = iter([0.30, -0.10, 0.05, 0.04, 0.05, 0.9])
     cost, costs = invariance.stable_cost(lambda: next(values), spread=0.02)
