@@ -34,26 +34,21 @@ demo: $(CORE)
 # The whole suite on CPU, real pair included (fetched into the cache on first run). The
 # headers of a CUDA build of torch are extracted once (cached) so csrc/ is nvcc-checked
 # against them; where they cannot be had, that one test skips (and fails CI, which allows
-# only "needs CUDA" skips: SPECENGINE_NO_SKIPS=1 in .ci/run). Two runs side by side
-# (tests/helpers/scheduling.py): the heavy files (real models, Ray's cluster) one after another
-# in a process of their own, one torch thread while the other run goes on and every core after
-# it (its log printed when both end); and the rest on two pytest-xdist workers (WORKERS), test
-# by test, one torch thread each, the slow light files (GPU-command rehearsals) last, so a
-# broken change fails in minutes. The slowest tests are listed at the end of each: CI is held
-# to about 20 minutes, and each run states its peak memory. Then the tests that depend on what
-# this machine makes `auto` choose run again with each choice forced, so a submission made on
-# one CPU kind is checked for the others too.
+# only "needs CUDA" skips: SPECENGINE_NO_SKIPS=1 in .ci/run). The fast tier on two
+# pytest-xdist workers (WORKERS), test by test, one torch thread each (438 s on a 2-core Zen 5;
+# two threads each, four on two cores, was slower); then the slow tier (real models, GPU-command
+# rehearsals, Ray) on two workers, a file at a time: every memory-heavy file (real models, Ray's
+# cluster) in turn on one worker with every core's thread, the light ones (the rehearsals: mostly
+# one busy thread) on the other with one (tests/helpers/scheduling.py). The slowest tests are
+# listed at the end: CI is held to about 20 minutes, and each run states its peak memory.
+# Then the tests that depend on what this machine makes `auto` choose run again with each
+# choice forced, so a submission made on one CPU kind is checked for the others too.
 WORKERS ?= 2
 XDIST = -n $(WORKERS)
-SHARE_MARK = $(CURDIR)/build/.tests-beside-heavy
 test: $(STAMP)
 	$(PY) tools/ext_check.py --fetch-only
-	mkdir -p build && touch $(SHARE_MARK)
-	(SPECENGINE_SHARE_MARK=$(SHARE_MARK) $(VENV)/bin/pytest -q -m heavy --durations=10 $(PYTEST_ARGS) \
-	  > build/tests-heavy.log 2>&1; echo $$? > build/tests-heavy.rc) & \
-	SPECENGINE_TEST_THREADS=1 $(VENV)/bin/pytest -q $(XDIST) --dist load -m "not heavy" --durations=10 $(PYTEST_ARGS); \
-	rest=$$?; rm -f $(SHARE_MARK); wait; echo "== the heavy files' run (beside the one above) =="; \
-	cat build/tests-heavy.log; test $$rest = 0 && test "$$(cat build/tests-heavy.rc)" = 0
+	SPECENGINE_TEST_THREADS=1 $(VENV)/bin/pytest -q $(XDIST) --dist load -m "not slow" --durations=10 $(PYTEST_ARGS)
+	SPECENGINE_HEAVY_THREADS=$$(nproc) $(VENV)/bin/pytest -q $(XDIST) --dist loadscope -m slow --durations=10 $(PYTEST_ARGS)
 	SPECENGINE_CPU_DTYPE=bfloat16 $(VENV)/bin/pytest -q -m cpu_dtype_choice $(PYTEST_ARGS)
 	SPECENGINE_CPU_DTYPE=float32 $(VENV)/bin/pytest -q -m cpu_dtype_choice $(PYTEST_ARGS)
 	SPECENGINE_INVARIANT_PROBE=refuse $(VENV)/bin/pytest -q -m invariance_probe $(PYTEST_ARGS)

@@ -26,14 +26,11 @@ if not os.environ.get("SPECENGINE_PLAN_DIR"):
     atexit.register(shutil.rmtree, os.environ["SPECENGINE_PLAN_DIR"], True)
 if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("SPECENGINE_TEST_THREADS"):
     torch.set_num_threads(int(os.environ["SPECENGINE_TEST_THREADS"]))  # one per worker: no oversubscription
-# the heavy files in a run of their own beside the rest (helpers/scheduling.py)
-from helpers.scheduling import pytest_runtest_setup  # noqa: E402,F401
-from helpers.scheduling import pytest_collection_modifyitems as _mark_heavy  # noqa: E402
+# the slow tier on two workers: every memory-heavy file on one (helpers/scheduling.py)
+from helpers.scheduling import pytest_runtest_setup, pytest_xdist_make_scheduler  # noqa: E402,F401
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` selects
 def pytest_collection_modifyitems(config, items):
-    _mark_heavy(config, items)
     # a fast tier first: the tests marked `slow` (real models, the GPU-command rehearsals, the
     # nvcc compile) run last, in their order, so a broken change fails in minutes
     items[:] = [i for i in items if "slow" not in i.keywords] + [i for i in items if "slow" in i.keywords]

@@ -1,49 +1,44 @@
-"""How `make test` shares the machine (a pytest plugin: tests/conftest.py imports its hooks).
+"""How `make test` shares two workers (a pytest plugin: tests/conftest.py imports its hooks).
 
-Two pytest runs side by side (Makefile, `test`): the *heavy* files (real models, Ray's cluster:
-each holds GBs, so they run one after another in a process of their own, and the suite holds one
-real pair at a time) and everything else on two xdist workers, one torch thread each, the slow
-light files (GPU-command rehearsals, SmolLM2) last. Side by side, no core waits: the heavy run's
-single-threaded stretches (a reference model's load, tokenizers, the trace's bookkeeping) and
-the light tests fill each other's gaps, where one tier after the other left a core idle.
-
-The heavy run takes one torch thread while the other run goes on (its file SHARE_MARK_ENV names
-exists: three busy threads on two cores already; a second OpenMP thread would wait on a preempted
-sibling), then every core: set per test, before its fixtures, so a module's model loads with it."""
+The slow tier runs with `--dist loadscope`: a file's tests on one worker, and every memory-heavy
+file's (real models, Ray's cluster) on the same one, in turn, so one real pair is in memory at a
+time (two ran the 24 GiB machine out of memory) while the other worker takes the light files
+(the GPU-command rehearsals, mostly one busy Python thread). xdist's `loadgroup` cannot do this
+here: it renames items through `item._nodeid`, which pytest 9.2 no longer reads, so its groups are
+silently ignored (tests/repo/test_suite_scheduling.py)."""
 import os
 
 import pytest
 
 HEAVY_PATHS = ("tests/real/", "tests/serve/test_ray.py")
-SHARE_MARK_ENV = "SPECENGINE_SHARE_MARK"  # a file that exists while the other tier runs
 
 
 def is_heavy(nodeid: str) -> bool:
     return nodeid.startswith(HEAVY_PATHS)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Mark the heavy files' tests `heavy` before `-m` selects (`-m heavy`, `-m "not heavy"`)."""
-    for item in items:
-        if is_heavy(item.nodeid):
-            item.add_marker(pytest.mark.heavy)
-
-
-def threads_now() -> int | None:
-    """The heavy run's torch threads for the next test: 1 while the other tier runs, else every
-    core; None outside the heavy run (no mark file named)."""
-    mark = os.environ.get(SHARE_MARK_ENV)
-    if not mark:
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadscope`: a file is a unit, and every heavy file is one unit together."""
+    if config.getvalue("dist") != "loadscope":
         return None
-    return 1 if os.path.exists(mark) else os.cpu_count() or 1
+    from xdist.scheduler import LoadScopeScheduling
+
+    class HeavyTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "heavy" if is_heavy(nodeid) else super()._split_scope(nodeid)
+
+    return HeavyTogether(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    threads = threads_now()
-    if threads is not None:
+    """SPECENGINE_HEAVY_THREADS (the slow tier): the heavy files' worker runs that many torch
+    threads, the light worker one (its children too, through OMP_NUM_THREADS): the light tests
+    are mostly one busy Python thread, the real pair's matmuls want every core."""
+    heavy_threads = os.environ.get("SPECENGINE_HEAVY_THREADS")
+    if heavy_threads and os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
 
+        threads = int(heavy_threads) if is_heavy(item.nodeid) else 1
         torch.set_num_threads(threads)
-        os.environ["OMP_NUM_THREADS"] = str(threads)  # the children it starts (the reference models)
+        os.environ["OMP_NUM_THREADS"] = str(threads)

@@ -1,7 +1,7 @@
 """Our torch reference dequantizer (kernels/quant_matmul.py) against the `gguf` package's on every
 quantized tensor of the real GGUF files. A file of its own outside tests/real/: it reads the files a
-tensor at a time (well under 1 GiB), so it runs with the light tests beside the heavy files' run
-(tests/helpers/scheduling.py), not in it."""
+tensor at a time (well under 1 GiB), so the slow tier's scheduler runs it on the light worker beside
+the real-model files (tests/helpers/scheduling.py), not after them."""
 import pytest
 import torch
 

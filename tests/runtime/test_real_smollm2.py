@@ -3,9 +3,9 @@ once, then our logits equal transformers' on the converted weights; a `.gguf` pa
 converts into the cache too; weights and dtype "auto" measure its blocks beside the float settings and
 load what they chose, writing a float copy only when one is chosen or asked for.
 
-A file of its own outside tests/real/: a 135M model (well under 1 GiB), so it runs with the light
-tests beside the heavy files' run, not in it (tests/helpers/scheduling.py; in it, it had made the
-heavy files the suite's critical path by ~95 s)."""
+A file of its own outside tests/real/: a 135M model (well under 1 GiB), so the slow tier's scheduler
+runs it on the light worker beside the real pair's files, not after them (tests/helpers/scheduling.py;
+it had made the heavy worker the slow tier's critical path by ~95 s)."""
 import pytest
 import torch
 
