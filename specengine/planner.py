@@ -86,7 +86,8 @@ class Plan:
             out.append(f"{role} GGUF layouts: " + ", ".join(f"{k}={v}" for k, v in sorted(layouts.items())))
         inv = self.invariance
         out.append(f"batch-invariant: {'on' if inv.get('on') else 'off'} ({inv.get('why')})"
-                   + (f", padded to {inv['pad_width']}" if inv.get("pad_width") else ""))
+                   + (f", padded to {inv['pad_width']}" if inv.get("pad_width") else "")
+                   + (f", every Linear on `{inv['path']}`" if inv.get("path") else ""))
         for batch, c in self.step_costs.items():
             target = ", ".join(f"{1e3 * s:.2f}" for s in c["target_s"])
             prime = c.get("draft_prefill_s")

@@ -205,6 +205,7 @@ def test_a_plan_mixing_paths_by_row_count_is_made_invariant_by_one_path_without_
     info = eng.batch_invariant_info
     assert info["on"] and info["path"] == "rows" and info["pad_width"] is None, info
     assert all(layer.plan.by_rows == ("rows",) * 17 for layer in layers)
+    assert "every Linear on `rows`" in str(eng.plan)  # what engine.plan says of the mode
     for p in PROMPTS[:3]:
         ar = eng.generate(p, max_new_tokens=24, method="ar", ignore_eos=True).token_ids
         for kw in (dict(method="sd", gamma=3), dict(method="pearl", gamma=3), dict(method="sd", tree="2x3:5")):
