@@ -132,6 +132,7 @@ def unpack(model) -> None:
     GGUF blocks back to the file's rows."""
     for layer in _linears(model):
         layer.plain()
+        layer.__dict__.pop("own_plan", None)  # F.linear is its own plan now (use_path)
     for layer in quant_linear.quant_layers(model):
         layer.pack(False)
 
@@ -324,24 +325,22 @@ def one_row_seconds(model, dtype, progress: bool = True) -> float:
 
 
 def row_invariant_path(model) -> str | None:
-    """`rows` where it multiplies every Linear of `model` (bf16 weights held plain, the extension
-    built): each row's sum runs in one fixed order whatever rows share the call, so one path at
-    every row count makes the matmuls batch-invariant without padding (runtime/invariance.py);
-    else None."""
+    """`rows` where it multiplies every Linear of `model` (bf16 held plain, the extension built): each
+    row's sum in one order whatever rows share the call, batch-invariant unpadded (invariance.py)."""
     layers = _linears(model)
-    ok = layers and all(m.weight is not None and applies("rows", m.weight.dtype) for m in layers)
-    return "rows" if ok else None
+    return "rows" if layers and all(m.weight is not None and applies("rows", m.weight.dtype) for m in layers) else None
 
 
 def use_path(model, path: str | None) -> None:
     """Every Linear of `model` multiplies along `path` at every row count, prompts included; None:
     each takes back its own plan, kept on the layer (so the invariance probe's one-layer shadow and
     the model's runner never disagree on it)."""
+    one = Plan("plain", (path,) * (ROWS_TUNED[-1] + 1)) if path is not None else None
     for layer in _linears(model):
-        if path is not None:
+        if one is not None:
             if not hasattr(layer, "own_plan"):
                 layer.own_plan = layer.plan
-            layer.use(Plan("plain", (path,) * (ROWS_TUNED[-1] + 1)))
+            layer.use(one)
         elif hasattr(layer, "own_plan"):
             own = layer.__dict__.pop("own_plan")
             layer.use(own) if own is not None else layer.plain()
@@ -353,6 +352,7 @@ def apply(model, entries: dict[str, dict]) -> dict[str, Plan]:
         plans[key] = plan_from_entry(entries[key])
         for layer in layers:
             layer.use(plans[key])
+            layer.__dict__.pop("own_plan", None)  # the tuned plan is its own now (use_path)
     return plans
 
 

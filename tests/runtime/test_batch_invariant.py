@@ -212,6 +212,10 @@ def test_a_plan_mixing_paths_by_row_count_is_made_invariant_by_one_path_without_
             assert eng.generate(p, max_new_tokens=24, ignore_eos=True, **kw).token_ids == ar, (p, kw)
     eng.set_batch_invariant(False)
     assert all(layer.plan is mixed for layer in layers) and eng.batch_invariant_info["path"] is None
+    eng.set_batch_invariant(True, 8)  # on again; plain F.linear asked for meanwhile is what the mode off leaves
+    eng.set_cpu_matmul("linear")
+    eng.set_batch_invariant(False)
+    assert all(layer.plan is None for layer in layers)
 
 
 def test_stable_cost_repeats_until_three_timings_agree():
