@@ -1,25 +1,23 @@
-"""End-to-end GPU benchmark on the real architectures with RANDOM weights (the real pair's
-weights cannot travel to the GPU machine): Qwen2.5-Coder-1.5B shape as target, 0.5B shape
-as draft, Qwen2.5-7B shape as a second target (vocab 151936 for all), bf16.
+"""The GPU bring-up's end-to-end figures on the real architectures with RANDOM weights (the real
+pair's weights cannot travel to the GPU machine): Qwen2.5-Coder-1.5B shape as target, 0.5B shape
+as draft, Qwen2.5-7B shape as a second target (vocab 151936 for all), bf16. What each method
+gains on the real pair's acceptance is `make gpu-run`'s (bench/gpu_replay.py: a replayed trace);
+random weights reject every draft, so no method's speed-up is timed here.
 
 - ar: the target step unfused (torch reference ops), fused (our kernels; eager and CUDA
   graphs) and through torch.compile inside our graphs (the gpt-fast peer), batch 1 and 8,
   contexts 512 and 4096; tokens/s, MBU (weights + KV bytes read per step / step time /
   peak bandwidth) and, at batch 1 with graphs, the per-kernel profile (kernels per layer).
-- every method (sd γ 2-6 and auto, specdec++, parallelspec, the best trees, pearl with and
-  without its second stream) on the 1.5B/0.5B and 7B/0.5B shapes: per-round draft / verify
-  (CUDA events), GPU busy time per round (torch.profiler, union of kernel intervals), engine
-  overhead = 1 − busy / round wall; the multi-step draft as one graph vs a graph per step.
-- peers on the same weights and prompt: transformers `generate` (static cache +
-  torch.compile) and assisted generation with the draft.
-- all-accept bound: draft = a copy of the target (every draft accepted: pure engine cost).
-- projected real-pair speedups: τ each method reached on CPU with the real weights
-  (bench/results/cpu_e2e_*.json) / these GPU round times, x our ar and x HF generate.
-  PROJECTED, not measured; the 7B pair uses the 1.5B pair's acceptance as a proxy.
+- all-accept bound: every method (sd γ 2-6 and auto, specdec++, parallelspec, the best trees,
+  pearl with and without its second stream, n-gram, hybrid) with draft = a copy of the target
+  (every draft accepted: pure engine cost): per-round draft / verify (CUDA events), GPU busy
+  time per round (torch.profiler, union of kernel intervals), engine overhead = 1 − busy /
+  round wall; the multi-step draft as one graph vs a graph per step.
+- batch-invariant mode on, off and auto: tokens/s and sd == ar.
 Writes JSON: python bench/gpu_e2e.py --out bench/results/gpu_e2e_h100.json
 `--smoke` runs every section on the CPU with tiny shapes and a few tokens (torch.compile with
 dynamo's "eager" backend: the same tracing and recompiles, no inductor):
-a test (tests/test_gpu_check_rehearsal.py) so that a GPU session never loses its minutes to an
+a test (tests/repo/test_gpu_check_rehearsal.py) so that a GPU session never loses its minutes to an
 error this script would have hit anyway. Its figures mean nothing.
 """
 from __future__ import annotations
@@ -66,13 +64,13 @@ class Setup:
     vocab: int = 151936
     new: int = 64  # new tokens per generate
     contexts: tuple = (512, 4096)  # the ar section's prompt lengths
-    spec_ctx: int = 512  # the prompt length of the method, peer and invariant sections
+    spec_ctx: int = 512  # the prompt length of the all-accept and invariant sections (and gpu_replay's)
     batches: tuple = (1, 8)
     max_seq: int = 4096 + 256
     compile_backend: str = "inductor"  # of the torch.compile providers (ours and HF's)
     dtype: torch.dtype = torch.bfloat16  # smoke: fp32, where "same tokens as ar" must hold against HF too
     capture: object = None  # CUDA graph capture; smoke: a stand-in that replays by calling (graph paths run)
-    # one method config of the spec/methods sections (warm-up, timed and profiled runs): past it the
+    # one method config of the all-accept section (warm-up, timed and profiled runs): past it the
     # config is recorded in `config_timeouts` and the section goes on (PEARL's first call hung
     # in both H100 runs, 77df1d5 and 644f525, until 14fc5bf, so the 1.5B pair never ran).
     config_limit_s: float = float(os.environ.get("GPU_CONFIG_LIMIT_S", 75))
@@ -325,16 +323,10 @@ def random_extras(draft):
     return _EXTRAS[id(draft)]
 
 
-# the first command's methods: γ auto, the fixed γ best on the CPU with the real pair (3,
-# bench/README.md), pearl. The first H100 run (77df1d5) reached only sd:6 of the 7B pair
-# within its part's limit with every fixed γ here, and never pearl or the 1.5B pair.
-CORE_CONFIGS = [
-    ("sd:auto", dict(method="sd", gamma="auto"), {}),
-    ("sd:3", dict(method="sd", gamma=3), {}),
+# every method at its best CPU setting (bench/README.md), the all-accept section's rows
+METHOD_CONFIGS = [("sd:auto", dict(method="sd", gamma="auto"), {})] + [
+    (f"sd:{g}", dict(method="sd", gamma=g), {}) for g in (2, 3, 4, 6)] + [
     ("pearl:auto", dict(method="pearl"), {}),
-]
-# every other method at its best CPU setting (bench/README.md): the second command
-MORE_CONFIGS = [(f"sd:{g}", dict(method="sd", gamma=g), {}) for g in (2, 4, 6)] + [
     ("pearl:4", dict(method="pearl", gamma=4), {}),
     ("sd:4 per-step graphs", dict(method="sd", gamma=4), {"chain_graph": False}),
     ("sd:8@specdec++=0.5", dict(method="sd", gamma=8, policy="specdec++", threshold=0.5), {}),
@@ -349,7 +341,6 @@ MORE_CONFIGS = [(f"sd:{g}", dict(method="sd", gamma=g), {}) for g in (2, 4, 6)] 
     # the real pair; the random models' stand-in tokenizer matches no table, so it is set here)
     ("sd:auto cut head", dict(method="sd", gamma="auto"), {"draft_vocab": 65536}),
 ]
-METHOD_CONFIGS = CORE_CONFIGS + MORE_CONFIGS
 
 
 class RowLog(list):
@@ -403,7 +394,7 @@ def fresh_engine(target, draft) -> Engine:
     return eng
 
 
-def spec_section(rows: list, target, draft, label: str, configs=CORE_CONFIGS) -> None:
+def spec_section(rows: list, target, draft, label: str, configs=METHOD_CONFIGS) -> None:
     """Every method (sd γ 2-6 and auto, whole-chain vs per-step draft graphs, specdec++,
     parallelspec, the best trees, pearl ± its second stream): round wall, GPU busy time,
     engine overhead = 1 − busy / round wall, draft / verify split."""
@@ -504,95 +495,17 @@ def to_hf(model):
     return hf
 
 
-def hf_timed(fn) -> tuple[float, list[int]]:
-    for _ in range(2):  # warm-up: compile, static cache, autotune
-        fn()
-    sync()
-    t0 = time.perf_counter()
-    out = fn()
-    sync()
-    return time.perf_counter() - t0, out
-
-
-def peers_section(rows: list, target, draft, label: str, ar_tokens: list[int] | None) -> None:
-    """transformers on the same weights and prompt: `generate` with its static cache and
-    torch.compile (the fast HF path), and assisted generation with the draft. Greedy, batch 1,
-    context 512, S.new tokens (min_new_tokens too: no early stop). "Same tokens as
-    our ar" must hold in fp32 (the smoke test asserts it); in bf16 the near-flat logits of
-    random weights can flip a greedy pick between two implementations, so there it only informs."""
-    ids = torch.tensor(prompts(1, S.spec_ctx), device=S.device)
-    hf_t, hf_d = to_hf(target), to_hf(draft)
-    kw = dict(max_new_tokens=S.new, min_new_tokens=S.new, do_sample=False, pad_token_id=0)
-    runs = {
-        # disable_compile: transformers would compile generate on its own with a static cache on
-        # CUDA, on top of the script's compile of the forward
-        "hf generate (static cache, torch.compile)": lambda: compiled.generate(
-            ids, cache_implementation="static", disable_compile=True, **kw)[0, ids.shape[1]:].tolist(),
-        "hf assisted (draft)": lambda: hf_t.generate(ids, assistant_model=hf_d, **kw)[0, ids.shape[1]:].tolist(),
-    }
-    compiled = to_hf(target)
-    mode = "reduce-overhead" if S.compile_backend == "inductor" else None
-    compiled.forward = torch.compile(compiled.forward, backend=S.compile_backend, mode=mode, fullgraph=True)
-    for provider, fn in runs.items():
-        with torch.inference_mode():
-            wall, toks = hf_timed(fn)
-        row = dict(pair=label, provider=provider, batch=1, ctx=S.spec_ctx, new_tokens=len(toks), decode_wall_s=wall,
-                   tokens_per_s=len(toks) / wall, same_tokens_as_ar=None if ar_tokens is None else toks == ar_tokens)
-        rows.append(row)
-        print(f"{label} {provider:40s}: {row['tokens_per_s']:7.1f} tok/s (prefill included)  same as our ar "
-              f"{row['same_tokens_as_ar']}", flush=True)
-    del hf_t, hf_d, compiled
-    free_memory()
-
-
-CPU_ACCEPTANCE = ("cpu_e2e_qwen25coder_1.5b_0.5b.json", "cpu_e2e_specdec_greedy.json", "cpu_e2e_parallelspec.json",
-                  "cpu_e2e_trees.json")
-
-
-def projections(out: list, spec_rows: list[dict], peer_rows: list[dict]) -> None:
-    """PROJECTED real-pair speed: τ (tokens per target forward) each method reached on the
-    real pair on CPU (make bench / bench-specdec / bench-parallelspec / bench-trees, greedy
-    HumanEval) divided by the GPU round time of the same configuration (random weights, batch
-    1, ctx 512). For the 7B/0.5B shapes the 1.5B pair's acceptance stands in (a proxy).
-    Method x pair -> projected tokens/s, x our measured ar, x HF generate."""
-    tau = {}
-    for name in CPU_ACCEPTANCE:
-        src = Path(__file__).parent / "results" / name
-        if src.exists():
-            for r in json.loads(src.read_text())["results"]:
-                tau.setdefault(r["provider"], r.get("tokens_per_target_forward"))
-    for pair in sorted({r["pair"] for r in spec_rows if r["pair"].startswith("random")}):
-        ar = next((r for r in spec_rows if r["pair"] == pair and r["provider"] == "ar"), None)
-        hf = next((r for r in peer_rows if r["pair"] == pair and "static cache" in r["provider"]), None)
-        for r in spec_rows:
-            key = r["provider"].split(" ")[0]  # "sd:4 per-step graphs" -> "sd:4"
-            cpu_tau = tau.get(key)
-            # γ auto adapts to the acceptance it sees: with random weights it sees almost none and
-            # may decode plainly, so its GPU round says nothing about the real pair's round
-            if r["pair"] != pair or r["provider"] == "ar" or not cpu_tau or ":auto" in r["provider"]:
-                continue
-            tps = cpu_tau / r["round_s"]
-            row = dict(pair=pair, provider=r["provider"], projected=True, cpu_tau=cpu_tau, gpu_round_s=r["round_s"],
-                       projected_tokens_per_s=tps, acceptance_source="1.5B/0.5B real pair, CPU" +
-                       (" (proxy for 7B/0.5B)" if "7b" in pair else ""),
-                       projected_x_ar=tps / ar["tokens_per_s"] if ar else None,
-                       projected_x_hf_generate=tps / hf["tokens_per_s"] if hf else None)
-            out.append(row)
-            print(f"PROJECTED {pair} {r['provider']:22s}: {tps:7.1f} tok/s  x ar {row['projected_x_ar'] or 0:.2f}  "
-                  f"x HF generate {row['projected_x_hf_generate'] or 0:.2f}", flush=True)
-
-
-# in the order they run. The first device command: the step's figures, the core methods on both
-# pairs and their projections; the second: everything else, torch.compile of our model last.
-SECTIONS = ("ar", "spec", "projected", "methods", "peers", "allaccept", "invariant", "ar-variants", "compile")
-FIRST, SECOND = "ar,spec,projected", "methods,peers,allaccept,invariant,ar-variants,compile"
-PAIR_SECTIONS = {"spec", "methods", "peers", "allaccept", "invariant"}  # on the target/draft pairs
-KEYS = {"ar": "ar", "ar-variants": "ar", "compile": "ar", "spec": "spec", "methods": "spec", "allaccept": "spec",
-        "peers": "peers", "projected": "projected", "invariant": "invariant"}  # section -> result key
+# in the order they run. The first device command: the step's figures; the second: everything
+# else, torch.compile of our model last.
+SECTIONS = ("ar", "allaccept", "invariant", "ar-variants", "compile")
+FIRST, SECOND = "ar", "allaccept,invariant,ar-variants,compile"
+PAIR_SECTIONS = {"allaccept", "invariant"}  # on the 1.5B target / 0.5B draft shapes
+KEYS = {"ar": "ar", "ar-variants": "ar", "compile": "ar", "allaccept": "spec",
+        "invariant": "invariant"}  # section -> result key
 
 
 def summary(result: dict) -> str:
-    """One screen: the step per shape, each method's speed against ar, what failed."""
+    """One screen: the step per shape, each method's all-accept round against ar, what failed."""
     lines = [f"gpu_e2e {result['environment'].get('device')} commit {result['environment'].get('commit')} "
              f"smoke={result['smoke']} sections done: {', '.join(result['done']) or 'none'}"]
     for r in result["ar"]:
@@ -606,9 +519,6 @@ def summary(result: dict) -> str:
                          f"same {r['same_tokens_as_ar']}  round {r['round_s'] * 1e3:.2f} ms, GPU busy "
                          f"{r.get('gpu_busy_s_per_round', float('nan')) * 1e3:.2f}, host ops (profiled) "
                          f"{r.get('host_self_s_per_round', float('nan')) * 1e3:.2f}")
-    for r in result["projected"]:
-        lines.append(f"PROJECTED {r['pair']} {r['provider']}: {r['projected_tokens_per_s']:.1f} tok/s "
-                     f"x ar {r['projected_x_ar'] or 0:.2f}")
     lines.append("seconds per section: " + ", ".join(f"{k} {v:.0f}" for k, v in result.get("section_s", {}).items()))
     for t in result.get("config_timeouts", []):
         lines.append(f"STOPPED {t['pair']} {t['provider']}: {t['error']}")
@@ -643,8 +553,8 @@ def main(argv=None) -> int:
     result = {"environment": environment(), "weights": "random (real architectures; see the docstring)",
               "smoke": args.smoke, "dtype": str(S.dtype).removeprefix("torch."), "new_tokens": S.new,
               "peak_bandwidth_Bps": peak, "copy_bandwidth_Bps": bw, "sections": sorted(sections), "done": [],
-              "method_providers": [p for p, _, _ in CORE_CONFIGS + (MORE_CONFIGS if "methods" in sections else [])],
-              "ar": [], "spec": [], "peers": [], "projected": [], "invariant": [], "section_s": {}}
+              "method_providers": [p for p, _, _ in METHOD_CONFIGS],
+              "ar": [], "spec": [], "invariant": [], "section_s": {}}
 
     def save():
         result["config_timeouts"] = TIMEOUTS
@@ -675,9 +585,7 @@ def main(argv=None) -> int:
     if "ar" in sections:  # first: the fused, graphed step at batch 1 (the figures everything builds on)
         guarded("ar", lambda rows: ar_section(rows, peak, bw, args.small, batches=S.batches[:1]))
     if sections & PAIR_SECTIONS:
-        pair_sections(sections, result, guarded, args.small)
-    if "projected" in sections and result["spec"]:
-        guarded("projected", lambda rows: projections(rows, result["spec"], result["peers"]))
+        pair_sections(sections, guarded)
     if "ar-variants" in sections:  # unfused, fused eager, batch 8
         guarded("ar-variants", lambda rows: ar_section(rows, peak, bw, args.small, variants=("unfused", "fused"),
                                                        graph_modes=(False, True)))
@@ -687,28 +595,18 @@ def main(argv=None) -> int:
     return 1 if result.get("errors") else 0
 
 
-def pair_sections(sections: set, result: dict, guarded, small: bool) -> None:
-    """The sections on target/draft pairs, the 7B/0.5B pair first (the one the goals name)."""
-    draft = random_model("qwen2.5-0.5b", 1)
-    for target_name in ("qwen2.5-1.5b",) if small else ("qwen2.5-7b", "qwen2.5-1.5b"):
-        target = random_model(target_name, 0)
-        label = f"random {target_name.split('-')[1]}/0.5b"
-        if "spec" in sections:
-            guarded("spec", lambda rows: spec_section(rows, target, draft, label))
-        if "methods" in sections:
-            guarded("methods", lambda rows: spec_section(rows, target, draft, label, MORE_CONFIGS))
-        if "peers" in sections:
-            ar = next((r for r in result["spec"] if r["pair"] == label and r["provider"] == "ar"), None)
-            guarded("peers", lambda rows: peers_section(rows, target, draft, label, ar and ar.get("tokens")))
-        if "allaccept" in sections and target_name == "qwen2.5-1.5b":  # draft = the target: pure engine cost
-            # a second model from the same seed: the same weights (a deepcopy would also copy what
-            # the engine installed on the first, e.g. the CPU matmul plan's packed weights)
-            guarded("allaccept", lambda rows: spec_section(rows, target, random_model(target_name, 0),
-                                                           "all-accept 1.5b/1.5b copy", METHOD_CONFIGS))
-        if "invariant" in sections and target_name == "qwen2.5-1.5b":
-            guarded("invariant", lambda rows: invariant_section(rows, target, draft))
-        del target
-        free_memory()
+def pair_sections(sections: set, guarded) -> None:
+    """The sections on the 1.5B target / 0.5B draft shapes."""
+    target, draft = random_model("qwen2.5-1.5b", 0), random_model("qwen2.5-0.5b", 1)
+    if "allaccept" in sections:  # draft = the target: pure engine cost
+        # a second model from the same seed: the same weights (a deepcopy would also copy what
+        # the engine installed on the first, e.g. the CPU matmul plan's packed weights)
+        guarded("allaccept", lambda rows: spec_section(rows, target, random_model("qwen2.5-1.5b", 0),
+                                                       "all-accept 1.5b/1.5b copy"))
+    if "invariant" in sections:
+        guarded("invariant", lambda rows: invariant_section(rows, target, draft))
+    del target, draft
+    free_memory()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU bring-up (docs/design.md "GPU check"), in two device commands of <= 10 minutes:
-#   make gpu-check GPU_PARTS=first    install, check, e2e-first: the headline figures (<= 6 min)
+#   make gpu-check GPU_PARTS=first    install, check, e2e-first: kernels checked, the ar step (<= 6 min)
 #   make gpu-check GPU_PARTS=second   (install,) gpu-tests, e2e-second, kernels, suite: the rest
 # Parts:
 #   install     editable install with the CUDA extension (sm_90); skipped when it is built
@@ -8,11 +8,11 @@
 #   check       every Triton kernel against its torch reference on CUDA, bf16 included (the
 #               kernel test files), before any timing is believed
 #   e2e-first   bench/gpu_e2e.py --only first: the fused, graphed ar step of the 0.5B/1.5B/7B
-#               shapes with kernel profiles; sd auto, fixed γ and pearl on 7B/0.5B then
-#               1.5B/0.5B; projections
+#               shapes with kernel profiles (what each method gains: make gpu-run, which replays
+#               the real pair's acceptance; random weights reject every draft)
 #   gpu-tests   pytest -m gpu
-#   e2e-second  bench/gpu_e2e.py --only second: other methods, HF peers, all-accept bound,
-#               batch-invariant mode, ar variants, torch.compile of our model last
+#   e2e-second  bench/gpu_e2e.py --only second: every method's all-accept bound (draft = the
+#               target: engine cost), batch-invariant mode, ar variants, torch.compile of ours last
 #   kernels     kernel microbenchmarks (rejection sampling, verify attention vs SDPA, compact_kv)
 #   suite       the rest of the suite on CUDA (two workers at most: few CUDA contexts), then
 #               the tests marked `interpreter` (kernels on CPU tensors) in a process of their own
