@@ -68,16 +68,14 @@ class Engine:
         huge_pages.enable(cfg.huge_pages)  # whether set_cpu_matmul (below) holds the CPU weights in 2 MiB pages
         self.tokenizer, self.max_seq_len = tokenizer, cfg.max_seq_len
         self.target = ModelRunner(target, cfg.kernels, cfg.cuda_graphs, cfg.max_batch)
-        self.device = self.target.device
-        self.draft = None
+        self.device, self.draft = self.target.device, None
         self._draft_head = None if draft is None else draft.lm_head  # this engine's (draft_vocab), see _start
         if draft is not None:
             runner = ModelRunner(draft, cfg.kernels, cfg.cuda_graphs, cfg.max_batch)
             self.draft = runner if runner.device == self.device else CrossDeviceDraft(runner, self.device)
         self.method = cfg.method or ("sd" if draft is not None else "ar")
         self._check_method(self.method)
-        self._heads = {}  # mode -> AcceptanceHead, loaded on first use
-        self._drafter = None
+        self._heads, self._drafter = {}, None  # mode -> AcceptanceHead; the parallel drafter: loaded on first use
         self._step_costs = {}  # batch -> StepCosts, measured on first need (sd gamma="auto", pearl)
         self.suffix_caches = SuffixCaches(cfg.suffix_cache_tokens)  # suffix decoding's memory, per key
         self._acceptance = {}  # decoding mode -> the draft's acceptance over the recent calls (γ auto)
@@ -87,7 +85,7 @@ class Engine:
         # only a GPU runs ahead of the host, so elsewhere it would only cost a discarded round
         self.overlap_rounds = self.device.type == "cuda"
         self.dtype_choice, self._dtype_notes = None, set()  # from_pretrained sets the choice (dtype "auto")
-        self.set_cpu_matmul(cfg.cpu_matmul)
+        self._plan_cpu_matmul(cfg.cpu_matmul)
         self.set_batch_invariant(cfg.batch_invariant, cfg.invariant_width)  # probes the kernels the plan chose
         self.eos_ids = eos_ids(self.tokenizer, self.target.config.hf_config)
 
@@ -163,11 +161,14 @@ class Engine:
     def set_cpu_matmul(self, mode: str = "auto") -> None:
         """"auto": CPU Linear layers use the fastest matmul path per shape and row count, and GGUF
         blocks the faster layout, measured on this machine once (cached); "linear": plain F.linear
-        everywhere and GGUF blocks in the file's rows."""
+        everywhere and GGUF blocks in the file's rows. Batch-invariant mode is decided again: its
+        probe's verdict was on the kernels the old plan took."""
+        self._plan_cpu_matmul(mode)
+        self.set_batch_invariant(self.config.batch_invariant, self.config.invariant_width)
+
+    def _plan_cpu_matmul(self, mode: str) -> None:
         self.config = self.config.replace(cpu_matmul=mode)  # checked there; the config stays true
-        for runner in self._runners():
-            if runner.device.type != "cpu":
-                continue
+        for runner in (r for r in self._runners() if r.device.type == "cpu"):
             if mode == "auto":  # GGUF blocks also take the layout their kernel reads faster here
                 choose_layouts(runner.model)
                 optimize(runner.model)
@@ -180,8 +181,7 @@ class Engine:
         cached per engine and batch size (and on a CPU in the machine's table). draft=False: the target's only (draft_s 0), for a method
         that leaves the draft model out (its cache then holds nothing to time a step on)."""
         key = state.batch if draft and self.draft is not None else (state.batch, "target")
-        have = self._step_costs.get(key)
-        wide = self._step_costs.get(state.batch)
+        have, wide = self._step_costs.get(key), self._step_costs.get(state.batch)
         if have is None and key != state.batch and wide is not None and len(wide.target_s) >= max_width:
             have = self._step_costs[key] = dataclasses.replace(wide, draft_s=0.0)  # the target's, timed with the draft's
         if have is None or len(have.target_s) < max_width:

@@ -184,7 +184,7 @@ def test_a_plan_mixing_paths_by_row_count_is_made_invariant_by_one_path_without_
     (the AVX2 EPYC's; here a stand-in path that rounds its one-row results coarsely): unpadded, a
     row's bits depend on how many rows share the call (the probe says so), so the mode puts every
     Linear on `rows` at every width instead of padding; every method then gives ar's tokens, and
-    the mode off gives each Linear its own plan back."""
+    the mode off gives each Linear its own plan back. A plan set afterwards is probed again."""
     from specengine.models import cpu_matmul
     from specengine.models.cpu_matmul import Plan
 
@@ -213,7 +213,15 @@ def test_a_plan_mixing_paths_by_row_count_is_made_invariant_by_one_path_without_
     eng.set_batch_invariant(False)
     assert all(layer.plan is mixed for layer in layers) and eng.batch_invariant_info["path"] is None
     eng.set_batch_invariant(True, 8)  # on again; plain F.linear asked for meanwhile is what the mode off leaves
-    eng.set_cpu_matmul("linear")
+    probed, real_probe = [], invariance.probe
+    monkeypatch.setattr(invariance, "probe", lambda *a, **k: probed.append(a[1]) or real_probe(*a, **k))
+    eng.set_cpu_matmul("linear")  # a new plan: the mode decides again on the kernels it takes
+    info = eng.batch_invariant_info
+    assert probed and info["on"], info
+    want = None if info["path"] is None else Plan("plain", ("rows",) * 17).by_rows
+    assert all((layer.plan and layer.plan.by_rows) == want for layer in layers), info  # as the verdict says
+    ar = eng.generate(PROMPTS[0], max_new_tokens=24, method="ar", ignore_eos=True).token_ids
+    assert eng.generate(PROMPTS[0], max_new_tokens=24, method="sd", gamma=3, ignore_eos=True).token_ids == ar
     eng.set_batch_invariant(False)
     assert all(layer.plan is None for layer in layers)
 
