@@ -81,12 +81,9 @@ class Pearl(Method):
                                   "policy")
         # "parallel": the window is drafted by ParallelSpec's drafter in one forward (default 4)
         self.parallel, self.drafter = policy == "parallel", None
-        if self.parallel and gamma is None:
-            gamma = 4
-        self.gamma = gamma  # None: round(1/c) once c is measured, in begin()
+        self.gamma = gamma = 4 if self.parallel and gamma is None else gamma  # None: round(1/c), in begin()
         self.by_cost = gamma is None  # a window chosen by cost may also choose plain decoding
-        self.cost_ratio = self.costs = None
-        self.modes: PearlModes | None = None
+        self.cost_ratio = self.costs = self.modes = None  # modes: PearlModes (begin)
         self.plain, self.behind = PlainStep(), 0  # γ = 0 rounds (see _plain_wins)
         self.plain_total = self.flushes = 0  # plain rounds, and those of them that verified pending drafts (`_flush`)
         self.plain_last = False  # the last round launched was a plain step (one_token_rounds)
@@ -186,11 +183,17 @@ class Pearl(Method):
         # a wait under way (plain rounds carried from the last call) that ends within this call ends at
         # its first round, where the draft owes no catch-up; with none under way the costs choose
         early = self.first and self.wait.run > 0 and left is not None and self.wait.run + left >= self.wait.every
-        if early or self.wait.due(left, owed=self.behind):
+        if early or (self._probes_mid_call() and self.wait.due(left, owed=self.behind)):
             return False, "probe"
         if self.calibrate and self.clock.wants_plain():  # time plain decoding once to compare
             return True, "timing"
         return not self._beats_plain(self.round_tokens(), f), "cost"
+
+    def _probes_mid_call(self) -> bool:
+        """A probe later in a call first catches the draft up on each token it sat out: on a CPU (forwards
+        in turn) ~0.13 of a target step a token, so a plain stretch paid >= 13% for its probes however the
+        wait grew (docs/design.md, "Never slower"). There probes fall on a call's first round only."""
+        return self.ctx.device.type == "cuda"
 
     @property
     def one_token_rounds(self) -> bool:
@@ -345,8 +348,7 @@ class Pearl(Method):
             kind, model_s, tokens = self._kind  # booked with the tokens the plan expected of it
             self.clock.expect(kind, model_s, len(n_acc) * tokens)
         if self._flushed:  # the drafts' acceptance counts; a flush is not a PEARL round (its yield) nor a window
-            self.accepted = 0.9 * self.accepted + sum(n_acc)
-            self.proposed = 0.9 * self.proposed + sum(num_draft)
+            self.accepted, self.proposed = 0.9 * self.accepted + sum(n_acc), 0.9 * self.proposed + sum(num_draft)
             if len(n_acc) == 1:
                 self.modes.trace.append(("flush", num_draft[0], n_acc[0]))
         if self._flushed or not any(num_draft):  # a plain round: nothing was proposed (its wait still counts)
@@ -358,8 +360,7 @@ class Pearl(Method):
         # accepted all commits no bonus (the draft's next tokens stay pending for the next verify)
         committed = sum(a + (a < d) for a, d in zip(n_acc, num_draft))
         self.yield_ = (0.9 * total + committed, 0.9 * weight + len(n_acc))
-        self.accepted = 0.9 * self.accepted + sum(n_acc)
-        self.proposed = 0.9 * self.proposed + sum(num_draft)
+        self.accepted, self.proposed = 0.9 * self.accepted + sum(n_acc), 0.9 * self.proposed + sum(num_draft)
         full = [a >= d for a, d in zip(n_acc, num_draft)]
         self.modes.rejections += sum(not f for f in full)
         self.modes.any_post = any(full)
@@ -389,9 +390,8 @@ class Pearl(Method):
             **speculative_stats(totals),
             "mean_accepted_tokens": new_tokens / max(runs, 1),
             "measured_cost_ratio": self.cost_ratio,
-            "round_draft_s": times.get("draft", 0.0) / rounds,
-            "round_target_s": times.get("target", 0.0) / rounds,
-            "round_wall_s": times.get("round", 0.0) / rounds,
+            **{f"round_{k}_s": times.get(phase, 0.0) / rounds for k, phase in (("draft", "draft"), ("target", "target"),
+                                                                              ("wall", "round"))},
             "concurrent": self.ctx.device.type == "cuda",
             "plain_rounds": self.plain_total,
             "flush_rounds": self.flushes,

@@ -129,8 +129,9 @@ class ProbeWait:
     """γ auto's and PEARL's wait: after `every` plain rounds in a row one speculative round runs
     anyway (a probe), so that a change in the text is noticed. A probe that confirms plain decoding
     doubles the wait (up to PROBE_MAX), since every probe pays the draft's catch-up and a losing
-    round (every 16 rounds, PEARL settled on plain ran 0.83-0.95x `ar` on the real pair);
-    speculation winning again resets it."""
+    round (every 16 rounds, PEARL settled on plain ran 0.83-0.95x `ar` on the real pair; on a CPU
+    its probes now fall on a call's first round only, `Pearl._probes_mid_call`); speculation
+    winning again resets it."""
 
     def __init__(self, first: int = PROBE_FIRST, longest: int = PROBE_MAX):
         self.first, self.longest = first, longest

@@ -166,7 +166,16 @@ def test_draft_on_its_own_device_adapter(models, tokenizer, ar_out, tiny_dir):
         assert [r.token_ids for r in out] == [r.token_ids for r in ar_out]
 
 
-def test_a_window_chosen_by_cost_falls_back_to_plain_rounds_losslessly(models, tokenizer, ar_out, monkeypatch):
+@pytest.fixture
+def mid_call_probes(monkeypatch):
+    """PEARL probing later in a call too, as on CUDA (on a CPU its probes fall on first rounds only:
+    `test_on_a_cpu_probes_fall_on_a_calls_first_round_only`): the wait, flush and catch-up machinery."""
+    from specengine.methods.pearl import Pearl
+
+    monkeypatch.setattr(Pearl, "_probes_mid_call", lambda self: True)
+
+
+def test_a_window_chosen_by_cost_falls_back_to_plain_rounds_losslessly(models, tokenizer, ar_out, monkeypatch, mid_call_probes):
     """pearl with its window chosen by cost, where the costs say a PEARL round loses to a plain
     decode: it decodes plainly (pending drafts verified first, the draft kept to the committed
     tokens), runs a PEARL round every 16 plain ones (the draft resynced first), and gives ar's
@@ -185,7 +194,7 @@ def test_a_window_chosen_by_cost_falls_back_to_plain_rounds_losslessly(models, t
     assert [r.token_ids for r in given] == [r.token_ids for r in ar_out] and given[0].stats["plain_rounds"] == 0
 
 
-def test_a_probes_accepted_window_is_verified_before_plain_rounds_resume(models, tokenizer, ar_out):
+def test_a_probes_accepted_window_is_verified_before_plain_rounds_resume(models, tokenizer, ar_out, mid_call_probes):
     """Costs that make PEARL's rounds lose, a draft that agrees with the target everywhere: each probe's
     pre-verify round accepts its token and leaves γ - 1 drafts pending; the next round, plain by the
     costs, verifies them in one target forward (a flush: all accepted, and the bonus) instead of
@@ -204,7 +213,7 @@ def test_a_probes_accepted_window_is_verified_before_plain_rounds_resume(models,
     assert gen.method.flushes == len(flushes) >= 2
 
 
-def test_after_a_flush_the_draft_keeps_only_the_drafts_it_accepted(models, tokenizer, ar_out):
+def test_after_a_flush_the_draft_keeps_only_the_drafts_it_accepted(models, tokenizer, ar_out, mid_call_probes):
     """A draft that disagrees now and then, a window of 4 whose rounds lose to plain steps (a forward
     of 5 costs 3, of up to 4 one): after each probe's accepted pre-verify round a flush verifies the 3
     pending drafts, and one that rejects some leaves the draft's cache valid only up to the new n - 1
@@ -259,7 +268,7 @@ def _one_round(p, outcome, slowdown: float = 1.0) -> tuple[bool, list[int], list
     return plain, n_acc, num_draft
 
 
-def test_pearl_by_cost_settles_on_plain_rounds_when_its_rounds_measure_slower():
+def test_pearl_by_cost_settles_on_plain_rounds_when_its_rounds_measure_slower(mid_call_probes):
     """The model says PEARL's rounds win (draft 0.1 of a decode, 2 of 3 accepted); measured 3x
     slower than predicted, they lose: after a few rounds of each kind PEARL decodes plainly,
     probing every 16 plain rounds; measured as predicted, it keeps its rounds."""
@@ -271,7 +280,7 @@ def test_pearl_by_cost_settles_on_plain_rounds_when_its_rounds_measure_slower():
     assert not any(_pearl_rounds(3.0, measured=False))  # pinned costs: the model alone
 
 
-def test_a_probe_that_confirms_plain_rounds_doubles_the_wait():
+def test_a_probe_that_confirms_plain_rounds_doubles_the_wait(mid_call_probes):
     """Settled on plain rounds, PEARL probes after 16, then 32, then 64 plain rounds (each probe
     pays the draft's catch-up and a losing round: every 16 rounds, PEARL settled on plain ran
     0.83-0.95x `ar` on the real pair), as sd's γ auto does."""
@@ -280,6 +289,20 @@ def test_a_probe_that_confirms_plain_rounds_doubles_the_wait():
     settled = next(i for i in range(1, len(pearl_rounds)) if pearl_rounds[i] - pearl_rounds[i - 1] > 1)
     probes = pearl_rounds[settled - 1:]  # the last PEARL round before settling, then the probes
     assert [b - a - 1 for a, b in zip(probes, probes[1:])] == [16, 32, 64]  # plain rounds between them
+
+
+def test_on_a_cpu_probes_fall_on_a_calls_first_round_only():
+    """On a CPU a probe later in a call first catches the draft up on every token it sat out (~0.13 of
+    a target step each on the AVX2 EPYC: settled on plain rounds, PEARL ran 0.91x `ar` in the mean of
+    9 HumanEval calls against 0.99x with probes at first rounds only, A/B in one process). The
+    calls of `test_a_greedy_call_starts_from_what_the_engines_last_call_learned`: no probe after the
+    first call settles; each later probe is a call's first round, where the wait (doubled by each)
+    ends within the call: the 2nd, 3rd, 4th and 6th calls (waits 16, 32, 64, 128)."""
+    calls = _pearl_calls({}, calls=6)
+    first = calls[0]
+    assert first[:4] == [False] * 4 and all(first[9:])  # the prior tried, then plain to the end
+    assert all(all(later[1:]) for later in calls[1:])  # never a probe past a first round
+    assert [i for i, later in enumerate(calls[1:], 2) if not later[0]] == [2, 3, 4, 6]
 
 
 def _one_of_three(p) -> tuple[list[int], list[int]]:
@@ -314,7 +337,7 @@ def _pearl_calls(store: dict, calls: int, new: int = 48, outcome=_one_of_three, 
     return out
 
 
-def test_a_greedy_call_starts_from_what_the_engines_last_call_learned():
+def test_a_greedy_call_starts_from_what_the_engines_last_call_learned(mid_call_probes):
     """Where PEARL's rounds lose (AVX2 copy on the Xeon: ~1.9 tokens a window of 3, break-even 2.1),
     each call paid its first windows at the prior's expectation and a probe after 16 plain rounds
     (0.92x `ar`). A greedy call starts from what the engine's last one learned: its rounds' yield
@@ -335,7 +358,7 @@ def test_a_greedy_call_starts_from_what_the_engines_last_call_learned():
     assert sampled == _pearl_calls({}, calls=1, greedy=False)[0] and not sampled[0]  # earlier call's state
 
 
-def test_a_probe_lasts_while_its_windows_are_accepted():
+def test_a_probe_lasts_while_its_windows_are_accepted(mid_call_probes):
     """A pre-verify round commits one token whatever the text: judged on it alone, every probe
     confirmed plain decoding and dropped the drafts it had accepted. With drafts pending, the next
     round verifies them where a post-verify round's own expected tokens beat a plain step. The first
@@ -399,7 +422,7 @@ def test_pearl_expects_the_tokens_its_rounds_commit_not_a_chains():
 
 
 @pytest.mark.parametrize("new,probes", [(60, 1), (120, 2)])
-def test_pearl_skips_the_probe_its_reply_cannot_repay(models, tokenizer, new, probes):
+def test_pearl_skips_the_probe_its_reply_cannot_repay(models, tokenizer, new, probes, mid_call_probes):
     """Costs that make PEARL's rounds lose: it decodes plainly and probes after 16, then 32 plain
     rounds, but no probe catches up more tokens than the call has left (ProbeWait.due, as sd's γ
     auto): 60 tokens leave room for the first probe only, 120 for two. Tokens stay ar's. (Pinned costs
