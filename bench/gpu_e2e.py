@@ -406,7 +406,7 @@ def spec_section(rows: list, target, draft, label: str, configs=METHOD_CONFIGS) 
     ar.update(gpu_busy_s_per_round=ar_prof["gpu_busy_s_per_round"], sampling_s_per_round=ar_prof["sampling_s_per_round"],
               top_kernels_s_per_round=ar_prof["top_kernels_s_per_round"], **host_fields(ar_prof))
     ref = ar.pop("token_ids")
-    ar_row = dict(ar, pair=label, provider="ar", tokens=ref[0])
+    ar_row = dict(ar, pair=label, provider="ar")
     ar_row["engine_overhead"] = 1 - ar_row["gpu_busy_s_per_round"] / ar_row["round_s"]
     rows.append(ar_row)
     for provider, kw, opts in configs:
@@ -477,22 +477,6 @@ def invariant_section(rows: list, target, draft) -> None:
             print(f"batch-invariant {row['mode']:5s} B{batch}: ar {row['ar_tokens_per_s']:7.1f} tok/s  sd:4 "
                   f"{row['sd4_tokens_per_s']:7.1f}  same {row['sd_same_tokens_as_ar']}  {row['attention']} "
                   f"{row['info']}", flush=True)
-
-
-def to_hf(model):
-    """transformers' model with our model's weights (split back to HF names), same device/dtype."""
-    from transformers import AutoModelForCausalLM
-
-    from specengine.models.decoder import split_checkpoint
-
-    w = model.embed_tokens.weight
-    with torch.device(w.device):  # built where it runs: a 7B's random init on the CPU outlasted its section (H200)
-        hf = AutoModelForCausalLM.from_config(model.config.hf_config, dtype=w.dtype).eval()
-    state = split_checkpoint(model)
-    lm_head = state.pop("lm_head.weight")
-    hf.model.load_state_dict(state, strict=False)
-    hf.lm_head.weight = torch.nn.Parameter(lm_head, requires_grad=False)
-    return hf
 
 
 # in the order they run. The first device command: the step's figures; the second: everything

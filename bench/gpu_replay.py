@@ -228,11 +228,27 @@ def gpt_fast_ar(model, prompt: list[int], new: int) -> list[int]:
     return torch.cat(out, 1)[0].tolist()
 
 
+def to_hf(model):
+    """transformers' model with our model's weights (split back to HF names), same device/dtype."""
+    from transformers import AutoModelForCausalLM
+
+    from specengine.models.decoder import split_checkpoint
+
+    w = model.embed_tokens.weight
+    with torch.device(w.device):  # built where it runs: a 7B's random init on the CPU outlasted its section (H200)
+        hf = AutoModelForCausalLM.from_config(model.config.hf_config, dtype=w.dtype).eval()
+    state = split_checkpoint(model)
+    lm_head = state.pop("lm_head.weight")
+    hf.model.load_state_dict(state, strict=False)
+    hf.lm_head.weight = torch.nn.Parameter(lm_head, requires_grad=False)
+    return hf
+
+
 def peers_section(traces: TraceSet, rows: list, save) -> None:
     """HF `generate` (bf16, sdpa, its default cache) on both target shapes, then the gpt-fast-style
     compiled `ar` (its compile takes longest: last), on the replay's prompts and lengths."""
     def hf_generate(model):
-        hf = E.to_hf(model)
+        hf = to_hf(model)
         return lambda p, n: hf.generate(torch.tensor([p], device=E.S.device), max_new_tokens=n, min_new_tokens=n,
                                         do_sample=False, pad_token_id=0)[0, len(p):].tolist()
 
