@@ -161,10 +161,10 @@ class Engine:
     def set_cpu_matmul(self, mode: str = "auto") -> None:
         """"auto": CPU Linear layers use the fastest matmul path per shape and row count, and GGUF
         blocks the faster layout, measured on this machine once (cached); "linear": plain F.linear
-        everywhere and GGUF blocks in the file's rows. Batch-invariant mode is decided again: its
-        probe's verdict was on the kernels the old plan took."""
+        everywhere and GGUF blocks in the file's rows. A CPU target's batch-invariant mode is decided again."""
         self._plan_cpu_matmul(mode)
-        self.set_batch_invariant(self.config.batch_invariant, self.config.invariant_width)
+        if self.device.type == "cpu":  # its probe's verdict was on the kernels the old plan took
+            self.set_batch_invariant(self.config.batch_invariant, self.config.invariant_width)
 
     def _plan_cpu_matmul(self, mode: str) -> None:
         self.config = self.config.replace(cpu_matmul=mode)  # checked there; the config stays true
