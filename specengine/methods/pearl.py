@@ -54,11 +54,11 @@ class PearlModes:
     trace: list = field(default_factory=list)  # (mode, verified, accepted) per round, batch 1
 
 
-def overlap(device: torch.device, side_stream, draft_fn, target_fn):
-    """Run draft_fn and target_fn concurrently on CUDA (side stream + current), joined once."""
-    if device.type != "cuda":
+def overlap(side_stream, draft_fn, target_fn):
+    """draft_fn on the side stream beside target_fn on the current one, joined once; in turn off CUDA."""
+    if side_stream is None:
         return draft_fn(), target_fn()
-    main = torch.cuda.current_stream(device)
+    main = torch.cuda.current_stream(side_stream.device)
     side_stream.wait_stream(main)  # inputs ready; also protects memory reused across rounds
     with torch.cuda.stream(side_stream):
         d = draft_fn()
@@ -90,9 +90,7 @@ class Pearl(Method):
         self.wait, self.probed = ProbeWait(), False  # plain rounds before a probe; the last round was one
         self.rows, self.first = None, False  # the driver's rows (begin): what each may write and has kept
         self.accepted, self.proposed = 0.7 * 4, 4.0  # running acceptance: prior 0.7, weight 4, decayed
-        # committed tokens per row of a PEARL round, running (sum, weight): its pre/post-verify modes
-        # commit other than a chain of γ at that acceptance would (the chain's count: +30% on the real pair)
-        self.yield_ = None
+        self.yield_ = None  # committed tokens per PEARL round, running (sum, weight): not a chain's count (+30%)
         # measured vs predicted round seconds (round_clock.py): greedy, window by cost, measured costs
         # _kind: (kind, predicted seconds, expected tokens per row) of this round; _flushed: it was a flush
         self.clock, self.calibrate, self._kind, self._flushed = RoundClock(), False, None, False
@@ -125,13 +123,11 @@ class Pearl(Method):
 
     def _recall(self, learned: dict | None) -> None:
         """Start from what the engine's last greedy call learned (each at its prior's weight): the
-        acceptance, the tokens its rounds committed against the chain model's count at that
-        acceptance (so a window of another γ scales alike), and the probe wait it ended on with the plain
-        rounds counted towards it: the wait counts on across calls, so a probe often falls on a call's
-        first round, where the draft, just prefilled, owes no catch-up (a third of a probe's cost after
-        16 plain rounds on the AVX2 copy). Where PEARL loses (AVX2 copy on the Xeon: ~1.9 tokens a
-        window of 3, break-even 2.1), every call otherwise paid its first windows at the prior's 2.5 and
-        a probe after 16 plain rounds (0.92x `ar`)."""
+        acceptance, the tokens its rounds committed against the chain model's count (so a window of
+        another γ scales alike), and its probe wait with the plain rounds counted on: a probe then often
+        falls on a call's first round, where the just-prefilled draft owes no catch-up. Where PEARL loses
+        (AVX2 copy on the Xeon: break-even 2.1 tokens a window of 3, ~1.9 had), every call otherwise paid
+        its first windows at the prior's 2.5 and a probe after 16 plain rounds (0.92x `ar`)."""
         if not learned:
             return
         alpha = learned["alpha"]
@@ -149,9 +145,8 @@ class Pearl(Method):
             "run": self.wait.run}
 
     def _plain_wins(self) -> bool:
-        """Window chosen by cost only: a PEARL round is expected to commit fewer tokens per
-        second than a plain decode step (its cost: the draft's window plus the verify, one
-        after the other on a CPU, overlapped on CUDA), so the round decodes plainly instead.
+        """Window chosen by cost only: a PEARL round is expected to commit fewer tokens per second
+        than a plain decode step (`_round_s`), so the round decodes plainly instead.
         After a run of plain rounds one PEARL round runs anyway, to follow the text (`ProbeWait`,
         as sd's γ auto). With drafts pending (a round accepted its window) the next round is a
         post-verify round, whose drafts are paid for: it runs where its own expected tokens (a chain
@@ -189,11 +184,16 @@ class Pearl(Method):
             return True, "timing"
         return not self._beats_plain(self.round_tokens(), f), "cost"
 
-    def _probes_mid_call(self) -> bool:
-        """A probe later in a call first catches the draft up on each token it sat out: on a CPU (forwards
-        in turn) ~0.13 of a target step a token, so a plain stretch paid >= 13% for its probes however the
-        wait grew (docs/design.md, "Never slower"). There probes fall on a call's first round only."""
+    @property
+    def concurrent(self) -> bool:
+        """Draft and target run at once (two CUDA streams), else in turn: a round's cost, probes, stats."""
         return self.ctx.device.type == "cuda"
+
+    def _probes_mid_call(self) -> bool:
+        """A probe later in a call first catches the draft up on each token it sat out: run in turn that is
+        ~0.13 of a target step a token, so a plain stretch paid >= 13% for its probes however the wait
+        grew (docs/design.md, "Never slower"). There probes fall on a call's first round only."""
+        return self.concurrent
 
     @property
     def one_token_rounds(self) -> bool:
@@ -213,10 +213,9 @@ class Pearl(Method):
         return self.yield_[0] / self.yield_[1]
 
     def _round_s(self) -> float:
-        """A PEARL round's model seconds: window and verify, overlapped on CUDA, in turn on a CPU."""
-        c, g = self.costs, self.gamma
-        parts = (g * c.draft_s, c.verify_s(g + 1))
-        return max(parts) if self.ctx.device.type == "cuda" else sum(parts)
+        """A PEARL round's model seconds: window and verify, overlapped or in turn."""
+        parts = (self.gamma * self.costs.draft_s, self.costs.verify_s(self.gamma + 1))
+        return max(parts) if self.concurrent else sum(parts)
 
     def round(self, state: DecodeState, timer) -> RoundOutput:
         plain = self._plain_wins()
@@ -306,7 +305,7 @@ class Pearl(Method):
         # under a constraint the walk reads the pending tokens: their host copy starts before the forwards
         walk = None if state.constraints is None else \
             state.read_ahead(state.tokens.gather(1, state.positions(start, width - 1)))
-        (drafts, q, _), logits = overlap(state.tokens.device, ctx.side_stream(), run_draft, run_target)
+        (drafts, q, _), logits = overlap(ctx.side_stream(), run_draft, run_target)
 
         # proposals: post rows verify [pending, e1] (γ), pre rows verify [d1] (1)
         pending = state.tokens.gather(1, state.positions(start, gamma - 1))
@@ -392,7 +391,7 @@ class Pearl(Method):
             "measured_cost_ratio": self.cost_ratio,
             "round_draft_s": times.get("draft", 0.0) / rounds, "round_target_s": times.get("target", 0.0) / rounds,
             "round_wall_s": times.get("round", 0.0) / rounds,
-            "concurrent": self.ctx.device.type == "cuda",
+            "concurrent": self.concurrent,
             "plain_rounds": self.plain_total,
             "flush_rounds": self.flushes,
             "round_cost_factors": self.clock.factors(),  # measured / predicted round seconds
