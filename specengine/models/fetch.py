@@ -103,8 +103,13 @@ def ensure_float_weights(path: Path) -> Path:
     if any(path.glob("*.safetensors")) or not source.exists():
         return path
     with FileLock(path.parent / f"{path.name}.lock"):
-        if not any(path.glob("*.safetensors")):
-            convert_gguf(Path(source.read_text().strip()), path)
+        if not any(path.glob("*.safetensors")):  # the config and tokenizer are there: the weights only
+            from transformers import AutoConfig
+
+            gguf_path = Path(source.read_text().strip())
+            if not gguf_path.exists():
+                raise SpecEngineError(f"GGUF file not found: {gguf_path} (the source of {path})")
+            _write_float_weights(gguf_path, AutoConfig.from_pretrained(path), path)
     return path
 
 
@@ -175,8 +180,6 @@ def convert_gguf(gguf_path: Path, out: Path, weights: bool = True) -> Path:
     config = AutoConfig.from_pretrained(gguf_path.parent, **kw)
     (tmp / GGUF_SOURCE).write_text(str(gguf_path.resolve()))
     if weights:
-        print(f"[specengine] dequantizing {gguf_path.name} -> {out} (float weights asked for; one time)",
-              file=sys.stderr)
         _write_float_weights(gguf_path, config, tmp)
     config.dtype = torch.float32
     config.save_pretrained(tmp)
@@ -202,6 +205,10 @@ def _gguf_tokenizer(gguf_path: Path, model_type: str):
 
 
 def _write_float_weights(gguf_path: Path, config, out: Path) -> None:
+    """The GGUF's tensors dequantized (gguf's own dequantizer, through transformers' name map) into
+    out/model.safetensors in fp32. `config` is the directory's own where it exists: parsing the
+    file's metadata again for it and the tokenizer cost ~20 s a model on 2 cores."""
+    print(f"[specengine] dequantizing {gguf_path.name} -> {out} (float weights asked for; one time)", file=sys.stderr)
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
@@ -214,4 +221,6 @@ def _write_float_weights(gguf_path: Path, config, out: Path) -> None:
     tensors = {k: v.contiguous() for k, v in parsed["tensors"].items()}
     if config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    partial = out / "model.safetensors.partial"  # renamed when whole: a killed write leaves no weights behind
+    save_file(tensors, partial, metadata={"format": "pt"})
+    partial.replace(out / "model.safetensors")

@@ -84,5 +84,7 @@ def test_the_default_setting_writes_no_float_copy_and_float_weights_are_made_on_
     floats = list(folder.glob("*.safetensors"))
     assert bool(floats) == (eng.dtype_choice["target"] != "gguf"), eng.dtype_choice["target"]
     assert eng.generate("def f(", max_new_tokens=4).token_ids
-    load_model(name)  # float weights asked for: dequantized now
-    assert list(folder.glob("*.safetensors"))
+    config = (folder / "config.json").read_text()
+    load_model(name)  # float weights asked for: dequantized now, into the directory as it was
+    assert [f.name for f in folder.glob("*.safetensors*")] == ["model.safetensors"]
+    assert (folder / "config.json").read_text() == config
