@@ -115,6 +115,12 @@ def best_gamma(alpha: float, costs, gamma_max: int, gamma_min: int = 1, scale: d
 # text's: after HumanEval/1 (α 0.53) HumanEval/2 (0.87) started plain, one probe's rejection held it
 # plain for the call (0.98x `ar`, where it ran 1.21x after HumanEval/0; AVX2 copy, docs/design.md).
 PAIR_DECAY, PAIR_SUFFIX = 0.98, ":pair"
+# The weight (tokens) the pair's rate starts a call with, at most what its decayed counts hold in steady
+# state: at the prior's 4, a text whose first two rounds were rejected outright read α 0.83 -> 0.60 and
+# decoded plainly for the rest of the call (MT-bench/2: 62 plain rounds of 64 where the same call drafted
+# throughout at 0.63 and 1.18x `ar` an hour later). Simulated on this machine's costs (docs/design.md):
+# that case 1.14x -> 1.22x `ar` (lowest tenth 0.95 -> 1.12), bad text right after good ~1% slower.
+START_WEIGHT = 8.0
 
 PROBE_FIRST, PROBE_MAX = 16, 256  # plain rounds before a probe: the first wait, the longest
 # Drafted rounds in a row, the probe's included, before what a probe found counts as speculation paying
@@ -201,19 +207,20 @@ class AutoGammaPolicy(FixedPolicy):
     def recall(self, store: dict, key: str) -> None:
         """Start from the acceptance rate the engine's earlier greedy calls learned for this pair
         (`store[key]`: the pair's over their last drafted rounds, PAIR_DECAY, not the last text's), at
-        the prior's weight, instead of the prior's rate, and from their rounds' measured cost
-        corrections; where this engine learned none, from the rate earlier processes
-        filed (step_costs.FiledClocks: measured costs only). Greedy only: the methods do not call
+        START_WEIGHT (at most what the pair's counts hold), instead of the prior's rate, and from
+        their rounds' measured cost corrections; where this engine learned none, from the rate earlier
+        processes filed (step_costs.FiledClocks: measured costs only, at the prior's weight). Greedy only: the methods do not call
         it for a sampled call, whose seed must repeat its tokens whatever earlier calls learned."""
         alpha, self.pair = store.get(key), store.get(key + PAIR_SUFFIX)
         self.learned = alpha is not None
         if alpha is not None:
-            self._set_alpha(alpha)
+            steady = sum(self.pair) * (1 - PAIR_DECAY) / (1 - self.decay) if self.pair else 0.0
+            self._set_alpha(alpha, max(self.accepted + self.rejected, min(START_WEIGHT, steady)))
         self._seed = store.get(key + CLOCK_SUFFIX, {}) if self.calibrate else {}  # for measured costs only
         self._filed_alpha = store.get(key + FILED) if self.calibrate and alpha is None else None
 
-    def _set_alpha(self, alpha: float) -> None:
-        weight = self.accepted + self.rejected
+    def _set_alpha(self, alpha: float, weight: float | None = None) -> None:
+        weight = self.accepted + self.rejected if weight is None else weight
         self.accepted, self.rejected = alpha * weight, (1 - alpha) * weight
 
     def remember(self, store: dict, key: str) -> None:

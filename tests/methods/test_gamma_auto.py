@@ -507,6 +507,39 @@ def test_a_new_call_starts_from_the_pairs_rate_not_the_last_texts():
     assert start == pytest.approx(0.3, abs=0.1) and gamma == 0
 
 
+def test_two_rejected_first_rounds_do_not_outweigh_the_pairs_rate():
+    """A call starts from the pair's rate at START_WEIGHT tokens: a text whose first two rounds are
+    rejected outright still drafts where the pair accepts most. (At the prior's weight of 4 the rate read
+    0.54, below break-even here, and the call decoded plainly to its end: MT-bench/2, 62 plain rounds of
+    64, where the same call drafting ran 1.18x `ar`; docs/design.md, "A new call starts from the pair's
+    rate".) A pair with little history keeps the prior's weight."""
+    costs = StepCosts(1, draft_s=0.3, target_s=tuple(1.0 + 0.25 * w for w in range(9)))
+    assert best_gamma(0.54, costs, 8, gamma_min=0) == 0 and best_gamma(0.6, costs, 8, gamma_min=0) >= 1
+    g, store = torch.Generator().manual_seed(1), {}
+
+    def start():
+        pol = AutoGammaPolicy()
+        pol.recall(store, "greedy")
+        pol.set_costs(costs)
+        return pol
+
+    for _ in range(3):  # earlier calls on text the draft gets right
+        pol = start()
+        for _ in range(20):
+            ok = (torch.rand(pol.gamma, generator=g) < 0.85).tolist() + [False]
+            pol.update([ok.index(False) if pol.gamma else 0], [pol.gamma])
+            pol.remember(store, "greedy")
+    pol = start()
+    assert pol.accepted + pol.rejected == pytest.approx(8.0)
+    for _ in range(2):  # this text's first two rounds: every draft rejected
+        assert pol.gamma >= 1
+        pol.update([0], [pol.gamma])
+    assert pol.gamma >= 1 and pol.alpha > 0.6
+    fresh = AutoGammaPolicy()
+    fresh.recall({"greedy": 0.85, "greedy:pair": (0.85, 0.15)}, "greedy")  # one token of history
+    assert fresh.accepted + fresh.rejected == pytest.approx(4.0) and fresh.alpha == pytest.approx(0.85)
+
+
 def test_a_round_that_captured_a_graph_is_not_booked_to_the_round_clock(tiny_pair, tokenizer, monkeypatch, tmp_path):
     """A capture (two eager runs and the graph: tens of ms on a GPU) is a one-time cost: the round
     that paid it is not timed into γ auto's cost corrections (on an H200 a probe's captures read as
