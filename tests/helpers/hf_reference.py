@@ -16,7 +16,7 @@ from pathlib import Path
 def greedy(model_dir, prompts: list[str], new_tokens: int) -> list[dict]:
     """[{"ids": prompt ids, "tokens": the next `new_tokens` greedy ids}] per prompt, from
     `AutoModelForCausalLM.generate` in fp32 with EOS off. Kept in the machine's cache under a key
-    of everything the answer depends on (`_key`): the 1.5B's takes ~40 s of the slow tier's
+    of everything the answer depends on (`_memo`): the 1.5B's takes ~40 s of the slow tier's
     critical path on 2 cores, and the same files, prompts and versions give the same tokens."""
     job = json.dumps({"model": str(model_dir), "prompts": prompts, "new": new_tokens})
     memo = _memo(model_dir, job)
