@@ -116,9 +116,9 @@ def best_gamma(alpha: float, costs, gamma_max: int, gamma_min: int = 1, scale: d
 # plain for the call (0.98x `ar`, where it ran 1.21x after HumanEval/0; AVX2 copy, docs/design.md).
 PAIR_DECAY, PAIR_SUFFIX = 0.98, ":pair"
 # The weight (tokens) the pair's rate starts a call with, at most what its decayed counts hold in steady
-# state: at the prior's 4, a text whose first two rounds were rejected outright read α 0.83 -> 0.60 and
-# decoded plainly for the rest of the call (MT-bench/2: 62 plain rounds of 64 where the same call drafted
-# throughout at 0.63 and 1.18x `ar` an hour later). Simulated on this machine's costs (docs/design.md):
+# state: at the prior's 4, two rejected first rounds took α from the pair's 0.83 to 0.60 (HumanEval/1) and
+# the call decoded plainly to its end (also MT-bench/2: 62 plain rounds of 64, where the same call in the
+# benchmark's other repeat drafted throughout at 0.63, 1.18x `ar`). Simulated on this machine's costs (docs/design.md):
 # that case 1.14x -> 1.22x `ar` (lowest tenth 0.95 -> 1.12), bad text right after good ~1% slower.
 START_WEIGHT = 8.0
 

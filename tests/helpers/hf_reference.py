@@ -27,8 +27,9 @@ def greedy(model_dir, prompts: list[str], new_tokens: int) -> list[dict]:
         raise RuntimeError(f"transformers reference failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     out = json.loads(done.stdout.strip().splitlines()[-1])
     memo.parent.mkdir(parents=True, exist_ok=True)
-    memo.with_suffix(".partial").write_text(json.dumps(out))
-    memo.with_suffix(".partial").replace(memo)
+    partial = memo.with_suffix(".partial")  # renamed when whole: a killed run leaves no half answer
+    partial.write_text(json.dumps(out))
+    partial.replace(memo)
     return out
 
 
