@@ -10,14 +10,24 @@ no GPU to ask, as when the CUDA build PyPI serves lands on a CPU machine with nv
 the archs the kernels are checked for). Each extension is built or skipped on its own, so a CUDA
 failure never costs the CPU kernels. Metadata lives in pyproject.toml.
 """
+import importlib.util
 import os
 import re
 import shutil
 import sys
+from pathlib import Path
 
 from setuptools import setup
 
 MODE = os.environ.get("SPECENGINE_BUILD_EXT", "auto")  # auto | 0 | 1
+
+
+def build_cache():
+    """tools/ext_build_cache.py, loaded by path: a module built before with the same inputs is reused."""
+    spec = importlib.util.spec_from_file_location("ext_build_cache", Path(__file__).parent / "tools" / "ext_build_cache.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def isa_units():
@@ -87,6 +97,10 @@ def extensions():
                       file=sys.stderr)
 
         def build_extension(self, ext):  # one extension's failure leaves the other built
+            cache = build_cache()
+            key, target = cache.key(ext, torch.__version__, CUDA_HOME if with_cuda else None), self.get_ext_fullpath(ext.name)
+            if cache.fetch(key, target):
+                return
             try:
                 super().build_extension(ext)
             except Exception as e:
@@ -94,6 +108,8 @@ def extensions():
                     raise
                 self.failed = self.failed | {ext.name}
                 print(f"specengine: building {ext.name} failed ({e}); using its torch fallback", file=sys.stderr)
+                return
+            cache.keep(key, target)
 
         def build_extensions(self):  # then only what was built is copied in place or installed
             super().build_extensions()
