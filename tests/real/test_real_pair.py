@@ -108,10 +108,12 @@ def test_a_replay_of_the_real_pairs_trace_makes_its_rounds(pair, prompts, monkey
     def pinned(state, width, draft=True):
         return StepCosts(state.batch, 0.35, tuple(1.0 + 0.12 * w for w in range(width)))
 
-    eng, new = pair[0], 12  # 12 tokens: every kind of round above runs (CI time)
+    # CI time, each run of the pair prefilling its prompt: 12 tokens after the prompt's first 56
+    # (every kind of round above runs), trees of depth 2
+    eng, new = pair[0], 12
     monkeypatch.setattr(eng, "step_costs", pinned)
-    ids = eng.encode(prompts[1])[0][0]
-    traces = record(eng, [("HumanEval/1", ids)], new, show=False)
+    ids = eng.encode(prompts[1])[0][0][:56]
+    traces = record(eng, [("HumanEval/1", ids)], new, trees={"sd": "3x2:5", "parallelspec": "3x2:5"}, show=False)
     cases = [dict(method="sd", gamma="auto"), dict(method="sd", policy="specdec++", gamma=8),
              dict(method="sd", tree=traces.meta["trees"]["sd"]),
              dict(method="parallelspec", tree=traces.meta["trees"]["parallelspec"]), dict(method="pearl")]
