@@ -119,7 +119,9 @@ PAIR_DECAY, PAIR_SUFFIX = 0.98, ":pair"
 # state: at the prior's 4, two rejected first rounds took α from the pair's 0.83 to 0.60 (HumanEval/1) and
 # the call decoded plainly to its end (also MT-bench/2: 62 plain rounds of 64, where the same call in the
 # benchmark's other repeat drafted throughout at 0.63, 1.18x `ar`). Simulated on this machine's costs (docs/design.md):
-# that case 1.14x -> 1.22x `ar` (lowest tenth 0.95 -> 1.12), bad text right after good ~1% slower.
+# that case 1.14x -> 1.22x `ar` (lowest tenth 0.95 -> 1.12), bad text right after good ~1% slower. The
+# rate earlier processes filed starts a new engine's first call the same way (at the prior's 4 that call
+# ran 28 rounds where the next ran 26: HumanEval/1 x 64, AVX2 EPYC, 4 processes each; at 8, 26 and 26).
 START_WEIGHT = 8.0
 
 PROBE_FIRST, PROBE_MAX = 16, 256  # plain rounds before a probe: the first wait, the longest
@@ -249,8 +251,8 @@ class AutoGammaPolicy(FixedPolicy):
         self.costs = costs
         if getattr(costs, "measured", False):  # pinned costs stay the model
             self.clock.seed(self._seed)
-            if self._filed_alpha is not None:
-                self._set_alpha(self._filed_alpha)
+            if self._filed_alpha is not None:  # the pair's rate too, filed by earlier processes: START_WEIGHT
+                self._set_alpha(self._filed_alpha, max(self.accepted + self.rejected, START_WEIGHT))
                 self.learned = True
         self._seed, self._filed_alpha = {}, None
         self._choose()

@@ -540,6 +540,25 @@ def test_two_rejected_first_rounds_do_not_outweigh_the_pairs_rate():
     assert fresh.accepted + fresh.rejected == pytest.approx(4.0) and fresh.alpha == pytest.approx(0.85)
 
 
+def test_a_first_call_starts_from_the_filed_pairs_rate_at_the_start_weight():
+    """A new engine's first call starts from the rate earlier processes filed for the pair (the
+    machine's table: step_costs.FiledClocks) at START_WEIGHT, as later calls start from the engine's
+    own: two rejected first rounds leave it drafting. At the prior's weight it fell to γ 1 for rounds
+    where the next call, starting from its own rate, kept γ 2 (HumanEval/1: 28 rounds against 26)."""
+    from specengine.timing import FILED
+
+    costs = StepCosts(1, draft_s=0.3, target_s=tuple(1.0 + 0.25 * w for w in range(9)), measured=True)
+    pol = AutoGammaPolicy()
+    pol.calibrate = True  # a greedy call (sd.begin): measured costs are corrected, filed state applies
+    pol.recall({"greedy" + FILED: 0.85}, "greedy")
+    pol.set_costs(costs)
+    assert pol.alpha == pytest.approx(0.85) and pol.accepted + pol.rejected == pytest.approx(8.0)
+    for _ in range(2):
+        assert pol.gamma >= 1
+        pol.update([0], [pol.gamma])
+    assert pol.gamma >= 1 and pol.alpha > 0.6
+
+
 def test_a_round_that_captured_a_graph_is_not_booked_to_the_round_clock(tiny_pair, tokenizer, monkeypatch, tmp_path):
     """A capture (two eager runs and the graph: tens of ms on a GPU) is a one-time cost: the round
     that paid it is not timed into γ auto's cost corrections (on an H200 a probe's captures read as
