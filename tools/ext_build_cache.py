@@ -6,7 +6,8 @@ clean clone every run. Each built module is kept under `<cache>/ext-build/<key>/
 hash of everything the binary depends on: every file under csrc/, setup.py and this file, the
 extension's sources, macros and flags, the compiler's and nvcc's `--version`, torch's and Python's
 versions, the machine and the environment variables the build reads. Any change is a new key (a
-compile); nothing is ever reused across one. SPECENGINE_EXT_CACHE=0 turns it off. Loaded by path
+compile); nothing is ever reused across one. The KEEP builds last built or reused stay, older ones are
+removed. SPECENGINE_EXT_CACHE=0 turns it off. Loaded by path
 from setup.py (build isolation aside, the checkout is not importable there).
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+KEEP = 8  # builds kept (the most recently built or reused; ~1.4 MB each on a CPU machine)
 ENV = ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "TORCH_CUDA_ARCH_LIST", "SPECENGINE_ISAS", "CUDA_HOME")
 
 
@@ -61,6 +63,7 @@ def fetch(k: str, target: str) -> bool:
         return False
     Path(target).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(kept, target)
+    os.utime(kept.parent)  # recently used: the last to be pruned
     print(f"specengine: {Path(target).name} reused from {kept.parent} (same sources, compiler, torch, flags)",
           file=sys.stderr)
     return True
@@ -76,5 +79,8 @@ def keep(k: str, built: str) -> None:
         part = folder / (Path(built).name + f".part{os.getpid()}")
         shutil.copy2(built, part)
         os.replace(part, folder / Path(built).name)
+        builds = sorted((d for d in cache_root().iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime, reverse=True)
+        for old in builds[KEEP:]:
+            shutil.rmtree(old, ignore_errors=True)
     except OSError as e:  # a cache that cannot be written costs the next install a compile, nothing else
         print(f"specengine: could not keep the build in {folder} ({e})", file=sys.stderr)

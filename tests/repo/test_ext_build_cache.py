@@ -63,3 +63,20 @@ def test_a_kept_build_is_fetched_whole_and_never_when_turned_off(tmp_path, monke
     target.unlink()
     monkeypatch.setenv("SPECENGINE_EXT_CACHE", "0")
     assert not cache.fetch("k1", str(target)) and not target.exists()
+
+
+def test_only_the_most_recently_used_builds_are_kept(tmp_path, monkeypatch):
+    import os
+    import time
+
+    monkeypatch.setenv("SPECENGINE_CACHE", str(tmp_path / "cache"))
+    built = tmp_path / "_kvext.so"
+    built.write_bytes(b"so")
+    now = time.time()
+    for i in range(cache.KEEP):
+        cache.keep(f"k{i}", str(built))
+        os.utime(tmp_path / "cache" / "ext-build" / f"k{i}", (now - 100 + i, now - 100 + i))
+    assert cache.fetch("k0", str(tmp_path / "site" / "_kvext.so"))  # the oldest, used again: kept
+    cache.keep("new", str(built))
+    kept = {d.name for d in (tmp_path / "cache" / "ext-build").iterdir()}
+    assert len(kept) == cache.KEEP and {"new", "k0"} <= kept and "k1" not in kept
