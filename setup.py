@@ -23,8 +23,12 @@ MODE = os.environ.get("SPECENGINE_BUILD_EXT", "auto")  # auto | 0 | 1
 
 
 def build_cache():
-    """tools/ext_build_cache.py, loaded by path: a module built before with the same inputs is reused."""
-    spec = importlib.util.spec_from_file_location("ext_build_cache", Path(__file__).parent / "tools" / "ext_build_cache.py")
+    """tools/ext_build_cache.py, loaded by path: a module built before with the same inputs is reused.
+    None where it is absent (a source tree without tools/): then every build compiles."""
+    path = Path(__file__).parent / "tools" / "ext_build_cache.py"
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("ext_build_cache", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -97,9 +101,9 @@ def extensions():
                       file=sys.stderr)
 
         def build_extension(self, ext):  # one extension's failure leaves the other built
-            cache = build_cache()
-            key, target = cache.key(ext, torch.__version__, CUDA_HOME if with_cuda else None), self.get_ext_fullpath(ext.name)
-            if cache.fetch(key, target):
+            cache, target = build_cache(), self.get_ext_fullpath(ext.name)
+            key = cache and cache.key(ext, torch.__version__, CUDA_HOME if with_cuda else None)
+            if cache and cache.fetch(key, target):
                 return
             try:
                 super().build_extension(ext)
@@ -109,7 +113,8 @@ def extensions():
                 self.failed = self.failed | {ext.name}
                 print(f"specengine: building {ext.name} failed ({e}); using its torch fallback", file=sys.stderr)
                 return
-            cache.keep(key, target)
+            if cache:
+                cache.keep(key, target)
 
         def build_extensions(self):  # then only what was built is copied in place or installed
             super().build_extensions()
