@@ -211,9 +211,9 @@ class AutoGammaPolicy(FixedPolicy):
         (`store[key]`: the pair's over their last drafted rounds, PAIR_DECAY, not the last text's), at
         START_WEIGHT (at most what the pair's counts hold), instead of the prior's rate, and from
         their rounds' measured cost corrections; where this engine learned none, from the rate earlier
-        processes filed (step_costs.FiledClocks: measured costs only, at the prior's weight). Greedy
-        only: the methods do not call it for a sampled call, whose seed must repeat its tokens whatever
-        earlier calls learned."""
+        processes filed (step_costs.FiledClocks: measured costs only, applied in `set_costs`, also at
+        START_WEIGHT). Greedy only: the methods do not call it for a sampled call, whose seed must repeat
+        its tokens whatever earlier calls learned."""
         alpha, self.pair = store.get(key), store.get(key + PAIR_SUFFIX)
         self.learned = alpha is not None
         if alpha is not None:
