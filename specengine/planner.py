@@ -33,7 +33,7 @@ class Plan:
     layouts: dict  # role -> {"<qtype>:<rows>x<cols>": "x8" | "rows"} (GGUF blocks)
     invariance: dict  # batch-invariant mode: on, pad width, why, cost
     forward: dict  # role -> what runs its layers on a CPU: the compiled layer stack or the Python loop, and why
-    step_costs: dict  # batch -> {"draft_s", "target_s": per width, "draft_prefill_s": per token}, measured so far
+    step_costs: dict  # batch -> {"draft_s", "target_s" and "draft_widths_s": per width, "draft_prefill_s": per token}
     tiles: dict | None = None  # AMX: the copy running and each copy's ms at 32 rows (quant_plan.choose_tiles)
     prefetch: dict | None = None  # the weight stream's prefetch ("l2@2048": cache, bytes ahead), each setting's pass ms
     pages: dict | None = None  # role -> CPU weights moved into 2 MiB pages (bytes, seconds), or why not
@@ -90,8 +90,9 @@ class Plan:
                    + (f", every Linear on `{inv['path']}`" if inv.get("path") else ""))
         for batch, c in self.step_costs.items():
             target = ", ".join(f"{1e3 * s:.2f}" for s in c["target_s"])
-            prime = c.get("draft_prefill_s")
-            out.append(f"step costs (batch {batch}): draft {1e3 * c['draft_s']:.2f} ms, target by width [{target}] ms"
+            prime, dw = c.get("draft_prefill_s"), c.get("draft_widths_s")
+            draft = f"[{', '.join(f'{1e3 * s:.2f}' for s in dw)}]" if dw else f"{1e3 * c['draft_s']:.2f}"
+            out.append(f"step costs (batch {batch}): draft {'by width ' if dw else ''}{draft} ms, target by width [{target}] ms"
                        + (f", draft prefill {1e3 * prime:.2f} ms a token" if prime else ""))
         return "\n".join(out)
 
@@ -126,7 +127,8 @@ def plan_of(engine) -> Plan:
     precision = None if choice is None else {k: v for k, v in choice.items() if k not in ("grid", "matmul_s")}
     inv = {k: v for k, v in (engine.batch_invariant_info or {}).items() if k != "costs"}
     costs = {(str(b) if isinstance(b, int) else f"{b[0]} (target alone)"):
-             {"draft_s": c.draft_s, "target_s": list(c.target_s), "draft_prefill_s": c.draft_prefill_s}
+             {"draft_s": c.draft_s, "target_s": list(c.target_s), "draft_prefill_s": c.draft_prefill_s,
+              "draft_widths_s": list(c.draft_widths_s) if c.draft_widths_s else None}
              for b, c in engine.measured_step_costs.items()}
     # a draft on another device than its target is a CrossDeviceDraft over its own runner
     ops = {role: dict(getattr(r, "runner", r).ops.names) for role, r in runners.items()}

@@ -92,11 +92,10 @@ def round_rate(alpha: float, gamma: int, costs, extra_s: float = 0.0, scale: dic
 
 
 def read_s(costs, tokens: int, width: int) -> float:
-    """Seconds of draft forwards that read `tokens` tokens in forwards of at most `width`, the
-    draft's cost per width scaled as the target's."""
+    """Seconds of draft forwards that read `tokens` tokens in forwards of at most `width`, at the
+    draft's measured cost per width (StepCosts.draft_read_s)."""
     full, rest = divmod(max(tokens, 0), width)
-    scale = lambda w: costs.verify_s(w) / costs.verify_s(1)  # noqa: E731
-    return costs.draft_s * (full * scale(width) + (scale(rest) if rest else 0.0))
+    return full * costs.draft_read_s(width) + (costs.draft_read_s(rest) if rest else 0.0)
 
 
 def catch_up_s(costs, behind: int, width: int) -> float:

@@ -34,6 +34,11 @@ class StepCosts:
     # the draft's seconds per token of a prefill-sized forward (PRIME_CHUNK tokens a row): what
     # hybrid's deferred draft prefill costs; None where not timed (no draft, no room in the cache)
     draft_prefill_s: float | None = None
+    # draft_widths_s[w - 1]: the draft's forward of w tokens per row, what a catch-up reads (policies.read_s);
+    # None where not timed (pinned costs): then its step scaled by the target's width curve. On the AVX2
+    # EPYC the Q4_0 draft's curve is the steeper (4 tokens 1.78x one, the target's 1.33x; 8: 3.31x / 2.28x),
+    # so catch-ups priced by the target's ran 30-45% over their forecast and read as dear drafting.
+    draft_widths_s: tuple[float, ...] | None = None
 
     @property
     def cost_ratio(self) -> float:
@@ -47,6 +52,16 @@ class StepCosts:
             return t[width - 1]
         slope = (t[-1] - t[0]) / max(len(t) - 1, 1)
         return t[-1] + slope * (width - len(t))
+
+    def draft_read_s(self, width: int) -> float:
+        """The draft's forward of `width` tokens per row: measured (past the range, extrapolated
+        linearly), else the draft step scaled as the target's width."""
+        d = self.draft_widths_s
+        if not d:
+            return self.draft_s * self.verify_s(width) / self.verify_s(1)
+        if width <= len(d):
+            return d[width - 1]
+        return d[-1] + (d[-1] - d[0]) / max(len(d) - 1, 1) * (width - len(d))
 
 
 def forward_call(runner, state, width: int):
@@ -91,6 +106,7 @@ def measure_step_costs(target, draft, state, max_width: int, repeats: int = 3) -
     calls = {w: forward_call(target, state, w) for w in range(1, max_width + 1)}
     if draft is not None:
         calls[0] = forward_call(draft, state, 1)
+        calls.update({("draft", w): forward_call(draft, state, w) for w in range(2, max_width + 1)})
         prime = prefill_call(draft, state, PRIME_CHUNK)
         if prime is not None:
             calls["prime"] = prime
@@ -100,8 +116,9 @@ def measure_step_costs(target, draft, state, max_width: int, repeats: int = 3) -
             best[key] = best_seconds(fn, 1, device, best=best[key],
                                      back_to_back=BACK_TO_BACK if torch.device(device).type == "cuda" else 1)
     prime_s = best["prime"] / (state.batch * PRIME_CHUNK) if "prime" in best else None
+    widths = (best[0], *(best["draft", w] for w in range(2, max_width + 1))) if draft is not None else None
     return StepCosts(state.batch, best.get(0, 0.0), tuple(best[w] for w in range(1, max_width + 1)), measured=True,
-                     draft_prefill_s=prime_s)
+                     draft_prefill_s=prime_s, draft_widths_s=widths)
 
 
 def cost_signature(runner) -> str:
@@ -139,12 +156,14 @@ def recalled_or_measured(target, draft, state, max_width: int) -> StepCosts:
         return measure_step_costs(target, draft, state, max_width)
     key = f"{runners_key}:b{state.batch}"
     entry = machine.load().get(key)
-    if entry is not None and len(entry["target_s"]) >= max_width and (draft is None or "draft_prefill_s" in entry):
+    if entry is not None and len(entry["target_s"]) >= max_width and (draft is None or "draft_widths_s" in entry):
+        widths = entry.get("draft_widths_s")
         return StepCosts(state.batch, entry["draft_s"], tuple(entry["target_s"]), measured=True,
-                         draft_prefill_s=entry.get("draft_prefill_s"))
+                         draft_prefill_s=entry.get("draft_prefill_s"), draft_widths_s=tuple(widths) if widths else None)
     costs = measure_step_costs(target, draft, state, max_width)
     machine.update({key: {"draft_s": costs.draft_s, "target_s": list(costs.target_s),
-                          "draft_prefill_s": costs.draft_prefill_s}})
+                          "draft_prefill_s": costs.draft_prefill_s,
+                          "draft_widths_s": list(costs.draft_widths_s) if costs.draft_widths_s else None}})
     return costs
 
 

@@ -387,7 +387,7 @@ def test_the_prediction_is_the_plan_as_the_measured_rounds_corrected_it():
 
 def test_a_probe_after_plain_rounds_is_priced_with_its_catch_up():
     """A drafted round after k plain rounds first reads the k tokens the draft missed: the model
-    prices that (`catch_up_s`, the draft's width scaled as the target's), so a probe that took what
+    prices that (`catch_up_s`, at the draft's cost per width), so a probe that took what
     its catch-up costs books as predicted, and the corrections stay at 1 (unpriced, the probe read
     as 1.2x slow and a factor taken in a slow moment could never come down by probes)."""
     from specengine.methods.policies import catch_up_s
@@ -396,6 +396,8 @@ def test_a_probe_after_plain_rounds_is_priced_with_its_catch_up():
     c = pol.costs
     assert catch_up_s(c, 0, 9) == 0.0
     assert catch_up_s(c, 6, 5) == pytest.approx(0.2 * (c.verify_s(5) + c.verify_s(3) - c.verify_s(2)) / c.verify_s(1))
+    steep = dataclasses.replace(c, draft_widths_s=(0.2, 0.3, 0.45, 0.6, 0.8))  # the draft's own curve, where timed
+    assert catch_up_s(steep, 6, 5) == pytest.approx(0.8 + 0.45 - 0.3)
 
     def run(g, behind=0):
         pol.gamma = g

@@ -41,6 +41,7 @@ def test_the_plan_says_what_the_engine_runs(tiny_dir, cache):
     eng.warmup()
     costs = eng.plan.step_costs["1"]
     assert costs["draft_s"] > 0 and len(costs["target_s"]) >= 2 and costs["draft_prefill_s"] > 0
+    assert len(costs["draft_widths_s"]) == len(costs["target_s"]) and costs["draft_widths_s"][0] == costs["draft_s"]
     text = str(eng.plan)
     assert "precision: target" in text and "step costs (batch 1)" in text and "target linear" in text
     assert "draft prefill" in text  # what hybrid prices its deferred draft prefill at

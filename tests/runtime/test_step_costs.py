@@ -43,9 +43,29 @@ def test_a_drift_during_the_measurement_leaves_the_width_ratios_true(monkeypatch
     clock = Clock(slow_calls)
     monkeypatch.setattr(timing.time, "perf_counter", clock)
     costs = measure_step_costs(Runner(clock, 1.0), Runner(clock, 0.25), state(), max_width=9)
-    # one round over the 9 widths and the draft is 10 calls: the slow ones all fall in the first two
+    # one round over the 9 widths and the draft's 9 is 18 calls: the slow ones all fall in the first
     assert [costs.verify_s(w) / costs.verify_s(1) for w in range(1, 10)] == pytest.approx(list(range(1, 10)))
     assert costs.cost_ratio == pytest.approx(0.25)
+
+
+def test_the_drafts_own_width_curve_is_timed_and_read(monkeypatch):
+    """A catch-up reads several tokens in one draft forward, whose cost per width is the draft's own
+    (on the AVX2 EPYC the Q4_0 draft's 4 tokens cost 1.78x one, the target's 1.33x): timed beside the
+    target's widths, in the same rounds, and read by `draft_read_s`; pinned costs without a curve
+    scale the draft step by the target's."""
+    clock = Clock(0)
+    monkeypatch.setattr(timing.time, "perf_counter", clock)
+
+    class Steep(Runner):  # w tokens cost w^2 units: steeper than the target's w
+        def verify(self, tokens, attn_len):
+            self.clock.forward(self.unit * tokens.shape[1] ** 2)
+
+    costs = measure_step_costs(Runner(clock, 1.0), Steep(clock, 0.25), state(), max_width=4)
+    assert costs.draft_widths_s == pytest.approx((0.25, 1.0, 2.25, 4.0)) and costs.draft_s == pytest.approx(0.25)
+    assert [costs.draft_read_s(w) for w in (1, 3, 6)] == pytest.approx([0.25, 2.25, 4.0 + 2 * 1.25])
+    pinned = StepCosts(1, 0.25, (1.0, 2.0, 4.0))
+    assert [pinned.draft_read_s(w) for w in (1, 2, 3)] == pytest.approx([0.25, 0.5, 1.0])
+    assert measure_step_costs(Runner(clock, 1.0), None, state(), max_width=3).draft_widths_s is None
 
 
 def test_without_a_draft_the_step_is_free(monkeypatch):
