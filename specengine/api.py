@@ -1,7 +1,6 @@
 """Public API: `Engine.from_pretrained(...)`, `generate(...)`, `stream(...)`."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import warnings
 from dataclasses import dataclass, field
@@ -183,7 +182,7 @@ class Engine:
         key = state.batch if draft and self.draft is not None else (state.batch, "target")
         have, wide = self._step_costs.get(key), self._step_costs.get(state.batch)
         if have is None and key != state.batch and wide is not None and len(wide.target_s) >= max_width:
-            have = self._step_costs[key] = dataclasses.replace(wide, draft_s=0.0)  # the target's, timed with the draft's
+            have = self._step_costs[key] = wide.target_only()  # the target's, timed with the draft's
         if have is None or len(have.target_s) < max_width:
             have = self._step_costs[key] = recalled_or_measured(self.target, self.draft if draft else None, state,
                                                                 max_width)

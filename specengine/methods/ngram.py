@@ -112,7 +112,7 @@ class NgramDecoding(Method):
             self.policy.recall(ctx.acceptance, key, filed)
         if costs is not None:
             if self.policy.needs_costs:  # n-gram proposals are free: only the target's cost per width
-                self.policy.set_costs(dataclasses.replace(costs, draft_s=0.0))
+                self.policy.set_costs(costs.target_only())
             if self.by_match:
                 self.calibrate, self.clock_key = recall_clock(self.clock, ctx.acceptance, self.name, call, costs)
             if self.hybrid and self.draft_policy.needs_costs:

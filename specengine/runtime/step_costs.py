@@ -15,9 +15,9 @@ than now (`machine.STALE`); the rounds' measured times correct what drifts after
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import itertools
-from dataclasses import dataclass
 
 import torch
 
@@ -25,7 +25,7 @@ from .. import machine
 from ..timing import CLOCK_SUFFIX, CURVES_SUFFIX, FILED, LEARNED, best_seconds
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class StepCosts:
     batch: int
     draft_s: float  # one draft step (one token per row)
@@ -52,6 +52,10 @@ class StepCosts:
             return t[width - 1]
         slope = (t[-1] - t[0]) / max(len(t) - 1, 1)
         return t[-1] + slope * (width - len(t))
+
+    def target_only(self) -> "StepCosts":
+        """These costs with the draft left out (n-gram rounds, a method without the draft): reads are free."""
+        return dataclasses.replace(self, draft_s=0.0, draft_widths_s=None)
 
     def draft_read_s(self, width: int) -> float:
         """The draft's forward of `width` tokens per row: measured (past the range, extrapolated

@@ -66,6 +66,8 @@ def test_the_drafts_own_width_curve_is_timed_and_read(monkeypatch):
     pinned = StepCosts(1, 0.25, (1.0, 2.0, 4.0))
     assert [pinned.draft_read_s(w) for w in (1, 2, 3)] == pytest.approx([0.25, 0.5, 1.0])
     assert measure_step_costs(Runner(clock, 1.0), None, state(), max_width=3).draft_widths_s is None
+    alone = costs.target_only()  # n-gram rounds: the target's widths, the draft's reads free
+    assert alone.target_s == costs.target_s and alone.draft_s == 0.0 and alone.draft_read_s(3) == 0.0
 
 
 def test_without_a_draft_the_step_is_free(monkeypatch):
