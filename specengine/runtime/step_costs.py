@@ -47,11 +47,7 @@ class StepCosts:
 
     def verify_s(self, width: int) -> float:
         """Target forward of `width` tokens; past the measured range, extrapolated linearly."""
-        t = self.target_s
-        if width <= len(t):
-            return t[width - 1]
-        slope = (t[-1] - t[0]) / max(len(t) - 1, 1)
-        return t[-1] + slope * (width - len(t))
+        return at_width(self.target_s, width)
 
     def target_only(self) -> "StepCosts":
         """These costs with the draft left out (n-gram rounds, a method without the draft): reads are free."""
@@ -60,12 +56,16 @@ class StepCosts:
     def draft_read_s(self, width: int) -> float:
         """The draft's forward of `width` tokens per row: measured (past the range, extrapolated
         linearly), else the draft step scaled as the target's width."""
-        d = self.draft_widths_s
-        if not d:
+        if not self.draft_widths_s:
             return self.draft_s * self.verify_s(width) / self.verify_s(1)
-        if width <= len(d):
-            return d[width - 1]
-        return d[-1] + (d[-1] - d[0]) / max(len(d) - 1, 1) * (width - len(d))
+        return at_width(self.draft_widths_s, width)
+
+
+def at_width(t: tuple[float, ...], width: int) -> float:
+    """t[width - 1] of a forward's seconds per width; past the measured range, extrapolated linearly."""
+    if width <= len(t):
+        return t[width - 1]
+    return t[-1] + (t[-1] - t[0]) / max(len(t) - 1, 1) * (width - len(t))
 
 
 def forward_call(runner, state, width: int):
