@@ -80,7 +80,9 @@ def test_the_table_ranks_by_counted_frequency(tiny_table, tokenizer):
     unseen = [i for i in ids if i not in counts]
     assert unseen == sorted(unseen)  # ids the corpus never used follow in id order
     kept = frequent_ids(tokenizer, 5, VOCAB)
-    assert kept.tolist() == sorted(ids[:5])
+    specials = set(tokenizer.all_special_ids)  # <eos>, <|im_end|>, ...: no corpus ranks them, a reply ends on one
+    assert not specials <= set(ids[:5])
+    assert kept.tolist() == sorted(set(ids[:5]) | specials)
 
 
 def test_greedy_equals_ar_and_the_draft_proposes_only_kept_ids(tiny_pair, tokenizer, tiny_table):
@@ -88,7 +90,8 @@ def test_greedy_equals_ar_and_the_draft_proposes_only_kept_ids(tiny_pair, tokeni
     eng = Engine(target, tokenizer, draft, max_seq_len=128, draft_vocab=12)
     try:
         head = draft.lm_head
-        assert isinstance(head, SubsetHead) and len(head.ids) == 12
+        assert isinstance(head, SubsetHead) and head.ids.tolist() == frequent_ids(tokenizer, 12, VOCAB).tolist()
+        assert tokenizer.eos_token_id in head.ids.tolist()  # the draft can propose a reply's end
         seen = []
         hook = head.register_forward_hook(lambda mod, args, out: seen.append(out.argmax(-1).flatten()))
         ar = eng.generate(PROMPTS, max_new_tokens=24, method="ar", ignore_eos=True)
@@ -105,8 +108,9 @@ def test_greedy_equals_ar_and_the_draft_proposes_only_kept_ids(tiny_pair, tokeni
 
 
 def test_sampling_keeps_the_target_distribution(tmp_path, tokenizer, monkeypatch):
-    """V = 8, a draft that can propose 5 of them: the joint of two sampled tokens matches the
-    target's exact one, and the ids it cannot propose come out at their target rate."""
+    """V = 8, a draft that can propose 5 of them and the tokenizer's special ids: the joint of two
+    sampled tokens matches the target's exact one, and the ids it cannot propose come out at their
+    target rate."""
     from safetensors.torch import save_file
 
     order = [3, 0, 5, 1, 6, 2, 4, 7]  # a ranking of the 8 ids the models know (and the rest)
@@ -119,7 +123,7 @@ def test_sampling_keeps_the_target_distribution(tmp_path, tokenizer, monkeypatch
     hf, target, draft = small_vocab_models(tmp_path / "model", V)
     eng = Engine(target, tokenizer, draft, max_seq_len=40, draft_vocab=5)
     exact = exact_joint(hf, 1.0)
-    cut = torch.tensor([i for i in range(V) if i not in order[:5]])
+    cut = torch.tensor([i for i in range(V) if i not in draft.lm_head.ids.tolist()])
     assert exact.view(V, V)[cut].sum() > 0.05  # the ids the draft cannot propose matter to the check
     assert_sd_keeps_the_joint(eng, exact)
 
@@ -173,7 +177,8 @@ def test_auto_cuts_where_a_table_fits_and_halves_the_head(tiny_pair, tokenizer, 
     target, _, draft = tiny_pair
     try:
         Engine(target, tokenizer, draft, max_seq_len=64)
-        assert isinstance(draft.lm_head, SubsetHead) and len(draft.lm_head.ids) == 12
+        assert isinstance(draft.lm_head, SubsetHead)
+        assert draft.lm_head.ids.tolist() == frequent_ids(tokenizer, 12, VOCAB).tolist()
         Engine(target, tokenizer, draft, max_seq_len=64, draft_vocab=0)
         assert not isinstance(draft.lm_head, SubsetHead)
     finally:
