@@ -91,13 +91,13 @@ def draft_head_ids(setting, tokenizer, vocab_size: int) -> torch.Tensor | None:
         return None
     if setting == "auto":
         found = fitting_table(tokenizer)
-        return None if found is None else _with_specials(_kept(*found, AUTO, vocab_size), tokenizer, vocab_size)
+        return None if found is None else _kept(*found, AUTO, vocab_size, tokenizer)
     return frequent_ids(tokenizer, setting, vocab_size)
 
 
 def frequent_ids(tokenizer, size: int, vocab_size: int, table=None) -> torch.Tensor:
     """The `size` most frequent ids from `table` (a file) or the shipped table that fits `tokenizer`,
-    and the tokenizer's special tokens (`special_ids`), sorted by id; every id below `vocab_size`."""
+    and the tokenizer's special tokens (`_kept`), sorted by id; every id below `vocab_size`."""
     if table is None:
         found = fitting_table(tokenizer)
         if found is None:
@@ -110,23 +110,15 @@ def frequent_ids(tokenizer, size: int, vocab_size: int, table=None) -> torch.Ten
         if read_metadata(path, "frequency table").get("tokens_sha256") != tokens_sha256(tokenizer, ids.tolist()):
             raise SpecEngineError(f"the frequency table {path} was counted with another tokenizer "
                                   "(its ids name other tokens)", "draft_vocab")
-    return _with_specials(_kept(path, ids, size, vocab_size), tokenizer, vocab_size)
+    return _kept(path, ids, size, vocab_size, tokenizer)
 
 
-def _with_specials(kept: torch.Tensor, tokenizer, vocab_size: int) -> torch.Tensor:
-    """`kept` and the tokenizer's special tokens below `vocab_size` (end of text, a chat turn's start
-    and end, tool calls; 22 for Qwen2.5), sorted: a corpus of files never holds them, so no table ranks them, yet a reply ends on
-    one. Without them the draft could never propose a turn's end (MT-bench, 40 prompts x 96 tokens of
-    `ar` on the default pair: 87 of the 137 target tokens outside the 65,536 ranked ids were
-    <|im_start|>, <|im_end|> and <|endoftext|>)."""
-    added = getattr(tokenizer, "added_tokens_decoder", {})  # control tokens: <|im_start|>, <tool_call>, FIM's
-    ids = [*getattr(tokenizer, "all_special_ids", []), *(i for i, t in added.items() if getattr(t, "special", False))]
-    specials = sorted({i for i in ids if isinstance(i, int) and 0 <= i < vocab_size})
-    return torch.cat([kept, torch.tensor(specials, dtype=torch.int64)]).unique()  # unique() sorts
-
-
-def _kept(path: Path, ids: torch.Tensor, size: int, vocab_size: int) -> torch.Tensor:
-    """The table's first `size` ids, sorted; each below `vocab_size`."""
+def _kept(path: Path, ids: torch.Tensor, size: int, vocab_size: int, tokenizer) -> torch.Tensor:
+    """The table's first `size` ids and the tokenizer's special tokens below `vocab_size` (end of text, a
+    chat turn's start and end, tool calls; 22 for Qwen2.5), sorted. A corpus of files never holds the
+    special tokens, so no table ranks them, yet a reply ends on one: without them the draft could never
+    propose a turn's end (MT-bench, 40 prompts x 96 tokens of `ar` on the default pair: 87 of the 137
+    target tokens outside the 65,536 ranked ids were <|im_start|>, <|im_end|> and <|endoftext|>)."""
     if not 1 <= size <= len(ids):
         raise SpecEngineError(f"draft_vocab must be between 1 and {len(ids)} (the ids {path.name} ranks), "
                               f"got {size}", "draft_vocab")
@@ -134,7 +126,10 @@ def _kept(path: Path, ids: torch.Tensor, size: int, vocab_size: int) -> torch.Te
     if int(kept.max()) >= vocab_size:
         raise SpecEngineError(f"the frequency table {path.name} ranks ids past the draft's vocabulary "
                               f"({vocab_size})", "draft_vocab")
-    return kept.sort().values
+    added = getattr(tokenizer, "added_tokens_decoder", {})  # control tokens: <|im_start|>, <tool_call>, FIM's
+    special = [*getattr(tokenizer, "all_special_ids", []), *(i for i, t in added.items() if getattr(t, "special", False))]
+    special = sorted({i for i in special if isinstance(i, int) and 0 <= i < vocab_size})
+    return torch.cat([kept, torch.tensor(special, dtype=torch.int64)]).unique()  # unique() sorts
 
 
 def count(tokenizer, files: list[Path], progress: bool = True) -> tuple[collections.Counter, int]:
