@@ -226,6 +226,8 @@ def is_copy(name: str) -> bool:
 STEP_VARIANTS = {  # how the target step runs (docs/design.md, "Fused step")
     "unfused": "the plain-torch reference ops (the CPU path), our CUDA graphs",
     "fused": "our Triton kernels (specengine/kernels/: add+RMSNorm, RoPE+KV write, SiLU-and-mul) and merged projections",
+    "fused+gemv": "fused, and each few-row linear in one launch with the norm or SiLU-mul before it "
+                  "(kernels/fused_linear.py) in place of cuBLAS",
     "torch.compile": "the reference ops, attention included, through torch.compile (inductor, no cudagraphs "
                      "of its own) inside our graphs, captured lazily so dynamo compiles once per shape used: "
                      "the gpt-fast recipe, the peer to beat",
@@ -236,6 +238,7 @@ STEP_OPS = "add_rms_norm={0},rope_kv_write={0},silu_and_mul={0}"
 VARIANT_KERNELS = {  # the engine's `kernels` switch per variant (the samplers take Triton in each)
     "unfused": "auto," + STEP_OPS.format("torch"),
     "fused": "auto",
+    "fused+gemv": "auto,gemv=triton",
     "torch.compile": "auto,attention=torch," + STEP_OPS.format("torch"),  # dynamo does not trace our launchers
 }
 

@@ -37,6 +37,7 @@ from specengine.replay import Replay, TraceSet
 TRACE = Path(__file__).parent / "results" / "trace_qwen25coder_1.5b_0.5b.safetensors"
 PAIRS = {"7b": "qwen2.5-7b", "1.5b": "qwen2.5-1.5b"}
 STEP_SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b")
+STEP_VARIANTS = ("fused", "fused+gemv")  # gpu_e2e.STEP_VARIANTS: cuBLAS linears, then ours fused with their inputs
 METHODS = [  # (provider, generate options); trees: the CPU's best shapes, as recorded in the trace
     ("sd:2", dict(method="sd", gamma=2)), ("sd:3", dict(method="sd", gamma=3)), ("sd:4", dict(method="sd", gamma=4)),
     ("sd:auto", dict(method="sd", gamma="auto")),
@@ -187,15 +188,18 @@ def replay_section(pair: str, traces: TraceSet, methods, rows: list, save) -> No
 
 
 def step_section(rows: list, save) -> None:
-    """The fused, graphed `ar` step of each shape at batch 1, ctx 512, with its kernel count."""
+    """The fused, graphed `ar` step of each shape at batch 1, ctx 512, with its kernel count; then
+    with the few-row linears fused too (`gemv`: the 0.5B's is the draft step of issue 63's item 5)."""
     for name in STEP_SHAPES:
         model = E.random_model(name, 0)
-        r = E._ar_step(model, "fused", True, 1, E.S.contexts[0], profile=True)
-        r.update(model=name, step_s=r["round_s"], kernels_per_step=r.get("gpu_kernels", 0) / max(r["rounds"], 1))
-        rows.append(r)
-        save()
-        print(f"step {name:13s}: {r['step_s'] * 1e3:7.3f} ms  {r['tokens_per_s']:8.1f} tok/s  kernels/step "
-              f"{r['kernels_per_step']:.0f}", flush=True)
+        for variant in STEP_VARIANTS if E.S.device == "cuda" else STEP_VARIANTS[:1]:  # the smoke: no Triton on CPU
+            r = E._ar_step(model, variant, True, 1, E.S.contexts[0], profile=True)
+            r.update(model=name, variant=variant, step_s=r["round_s"],
+                     kernels_per_step=r.get("gpu_kernels", 0) / max(r["rounds"], 1))
+            rows.append(r)
+            save()
+            print(f"step {name:13s} {variant:10s}: {r['step_s'] * 1e3:7.3f} ms  {r['tokens_per_s']:8.1f} tok/s  "
+                  f"kernels/step {r['kernels_per_step']:.0f}", flush=True)
         del model
         E.free_memory()
 
@@ -284,8 +288,8 @@ def table(folder: Path) -> str:
     hf = {r["pair"]: r["tokens_per_s"] for r in load("peers.json")["rows"] if r["provider"] == "hf generate"}
     lines = []
     for r in load("step.json")["rows"]:
-        lines.append(f"ar step {r['model']:13s} {r['step_s'] * 1e3:7.3f} ms  kernels/step {r['kernels_per_step']:.0f}"
-                     f"  {r.get('commit', '')}")
+        lines.append(f"ar step {r['model']:13s} {r.get('variant', 'fused'):10s} {r['step_s'] * 1e3:7.3f} ms  "
+                     f"kernels/step {r['kernels_per_step']:.0f}  {r.get('commit', '')}")
     for r in load("peers.json")["rows"]:
         lines.append(f"{r['pair']:9s} {'peer':9s} {r['provider']:28s} {r['tokens_per_s']:8.1f} tok/s  {r.get('commit', '')}")
     head = f"{'pair':9s} {'trace':9s} {'provider':28s} {'tok/s':>8s} {'x ar':>6s} {'x HF':>6s} {'tau':>5s} same"

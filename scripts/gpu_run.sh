@@ -5,7 +5,8 @@
 # here under those versions):
 #   SPECENGINE_COMMIT=<sha> bash scripts/gpu_run.sh        (make gpu-run passes the commit)
 # Sections, each under its own limit, each JSON into $OUT the moment it ends:
-#   step         the fused, graphed ar step of the 0.5B / 1.5B / 7B shapes (first: short)
+#   step         the fused, graphed ar step of the 0.5B / 1.5B / 7B shapes, cuBLAS's linears and
+#                our fused few-row ones (gemv) (first: short)
 #   replay_7b    every method on 7B/0.5B shapes replaying the real pair's trace, then γ auto and the
 #   replay_1.5b  hybrid with every proposal rejected; the same on 1.5B/0.5B
 #   peers        HF generate (bf16, sdpa) and a torch.compile'd ar (gpt-fast) on the same prompts
@@ -50,7 +51,7 @@ section() {  # section NAME LIMIT_S ARGS...: run under its limit; its JSON is al
   echo "$name: rc=$rc in $((SECONDS - t0)) s$([ "$rc" = 124 ] && echo ' (stopped by its limit: rows so far kept)')" \
     | tee -a "$LOGS/sections.txt"
 }
-section step 70 step
+section step 90 step
 section replay_7b 140 replay --pair 7b
 section replay_1.5b 100 replay --pair 1.5b
 section peers 90 peers

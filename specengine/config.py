@@ -61,7 +61,8 @@ class EngineConfig:
     kernels: object = option("auto", "every op's implementation: auto (Triton kernels on CUDA, torch references "
                              "elsewhere) | torch | triton, then optional per-op overrides, e.g. "
                              "'triton,attention=torch' (ops: attention, add_rms_norm, rope_kv_write, silu_and_mul, "
-                             "rejection_sample, draft_sample, commit_tokens)")
+                             "rejection_sample, draft_sample, commit_tokens, gemv: few-row linears fused with the norm "
+                             "or silu-mul before them, auto = cuBLAS until a GPU times it)")
     cuda_graphs: bool = option(True, "replay CUDA graphs for every step (--no-cuda-graphs: run eagerly)")
     cpu_matmul: str = option("auto", "auto (fastest path per weight shape, measured once per machine) | linear")
     max_batch: int = option(1, "largest batch CUDA graphs are captured for (the server's rows)")

@@ -191,6 +191,26 @@ def _quant_variants(full: bool):
                 dict(dtype=dt, format=fmt, **const)
 
 
+def _gemv_variants(full: bool):
+    """The few-row fused linear: each prologue (none, add + RMSNorm, silu-mul), residual and bias, every
+    autotune config (representative: the norm with a residual and bias, every config)."""
+    from . import fused_linear as fl
+
+    cases = [(fl.NORM, True, True)] + ([(fl.NONE, False, True), (fl.NORM, False, False), (fl.SILU, False, False)]
+                                       if full else [])
+    for dt, (pro, res, bias) in itertools.product(DTYPES, cases):
+        configs = [dict(BLOCK_N=c.kwargs["BLOCK_N"], BK=c.kwargs["BK"], num_warps=c.num_warps, num_stages=c.num_stages)
+                   for c in fl.kept(fl._configs(), dt == "fp32")]
+        for cfg in configs:
+            p = f"*{dt}"
+            sig = dict(x_ptr=p, r_ptr=p, nw_ptr=p, w_ptr=p, b_ptr=p, y_ptr=p, s_ptr=p, **_i32("M", "N", "K"),
+                       eps="fp32", **_i32("s_xm", "s_rm", "s_wn", "s_ym", "s_sm"))
+            const = dict(PRO=pro, HAS_RES=res, HAS_BIAS=bias, IEEE=dt == "fp32", BLOCK_M=fl.BLOCK_M,
+                         BLOCK_N=cfg["BLOCK_N"], BK=cfg["BK"])
+            yield "fused_linear", fl._fused_linear_kernel.fn, sig, const, \
+                dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]), dict(dtype=dt, **const)
+
+
 def variants(full: bool = False):
     yield from _attention_variants(full)
     yield from _sampler_variants(full)
@@ -198,6 +218,7 @@ def variants(full: bool = False):
     yield from _fused_step_variants(full)
     yield from _commit_variants(full)
     yield from _quant_variants(full)
+    yield from _gemv_variants(full)
 
 
 def _resource_usage(cubin: bytes) -> tuple[int, int, int]:

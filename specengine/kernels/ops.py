@@ -25,8 +25,8 @@ from typing import Callable, Mapping
 import torch
 
 from ..errors import SpecEngineError
-from . import add_rms_norm, commit_tokens, cpu_ext, draft_sampling, rejection_sampling, rope_kv_write, row_attention, \
-    silu_and_mul, verify_attention
+from . import add_rms_norm, commit_tokens, cpu_ext, draft_sampling, fused_linear, rejection_sampling, rope_kv_write, \
+    row_attention, silu_and_mul, verify_attention
 from .jit import HAVE_TRITON
 
 CHOICES = ("auto", "torch", "triton", "cpu")
@@ -41,7 +41,13 @@ OPS = {
     "rejection_sample": (rejection_sampling, "rejection_sample_ref", "rejection_sample"),
     "draft_sample": (draft_sampling, "draft_sample_ref", "draft_sample"),
     "commit_tokens": (commit_tokens, "commit_tokens_ref", "commit_tokens"),
+    # few-row linears fused with the norm or silu-mul before them; the decoder asks `kernel("gemv")`
+    # and runs its fused layer program on all three launchers (the reference: the unfused program)
+    "gemv": (fused_linear, "norm_linear_ref", "norm_linear"),
 }
+# ops whose "auto" stays the reference on CUDA too: a kernel no GPU run has yet timed against
+# what it replaces (gemv: cuBLAS; docs/design.md, "Fused step")
+AUTO_REFERENCE = ("gemv",)
 
 
 class KernelChoiceError(SpecEngineError):
@@ -62,6 +68,7 @@ class Ops:
     rejection_sample: Callable
     draft_sample: Callable
     commit_tokens: Callable
+    gemv: Callable  # add + RMSNorm + linear; kernel("gemv"): the decoder's fused layer program (fused_linear.py)
     names: Mapping[str, str]  # op -> "torch" | "triton" | "cpu" (attention: "torch-tiled" | ... when invariant)
 
     def kernel(self, op: str) -> bool:
@@ -122,7 +129,7 @@ def resolve(spec, device: torch.device | str = "cpu") -> Ops:
     names = {}
     for op, choice in parse(spec).items():
         if choice == "auto":
-            choice = ("triton" if HAVE_TRITON else "torch") if device.type == "cuda" else \
+            choice = ("triton" if HAVE_TRITON and op not in AUTO_REFERENCE else "torch") if device.type == "cuda" else \
                 ("cpu" if cpu_available(op) else "torch")
         elif choice == "triton":
             if not HAVE_TRITON:

@@ -19,6 +19,7 @@ from torch import nn
 
 from . import cpu_stack, layer_program
 from .config import ModelConfig
+from ..kernels import fused_linear
 from ..kernels.ops import TORCH, Ops
 from ..layers.norm import RMSNorm
 from ..layers.rotary import StepRope
@@ -95,6 +96,13 @@ class Step:
     ops: Ops
     rope_local: StepRope | None = None  # sliding-window layers' own RoPE (Gemma 3), when it differs
     windows: dict | None = None  # window -> [B,T] first position each token sees
+    gemv: bool = False  # the few-row linears fused with their inputs (the ops table's gemv; kernels/fused_linear.py)
+
+
+def fusable(linear) -> bool:
+    """Whether a projection is a dense nn.Linear weight that the fused linears can read (not GGUF
+    blocks, not a CPU plan's packed weight)."""
+    return isinstance(linear, nn.Linear) and getattr(linear, "plan_fns", None) is None and linear.weight is not None
 
 
 def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -152,6 +160,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.program = layer_program.program_for(cfg)
+        self.fused_program = layer_program.fused(self.program)
         self.self_attn = Attention(cfg, layer)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -162,8 +171,20 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h, residual, layer_idx, cache, step: Step):
         """(this layer's last output, the residual stream before it): the next norm adds them."""
-        for op, module in layer_program.bind(self.program, self):
-            if op == "add_norm":
+        fl = fused_linear
+        for op, module in layer_program.bind(self.fused_program if step.gemv else self.program, self):
+            if op == "add_norm_linear":
+                norm, linear = module
+                if fusable(linear):
+                    h, residual = fl.norm_linear(h, residual, norm.weight, norm.eps, linear.weight, linear.bias)
+                else:
+                    h, residual = norm.add_forward(h, residual, step.ops)
+                    h = linear(h)
+            elif op == "silu_and_mul_linear":
+                h = fl.silu_linear(h, module.weight) if fusable(module) else module(step.ops.silu_and_mul(h))
+            elif op == "linear" and step.gemv and fusable(module):
+                h = fl.linear(h, module.weight, module.bias)
+            elif op == "add_norm":
                 h, residual = module.add_forward(h, residual, step.ops)
             elif op == "norm":
                 h = module(h, step.ops)
@@ -228,6 +249,7 @@ class Transformer(nn.Module):
             x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
         kernel = ops.kernel("rope_kv_write")
         step = Step(StepRope.build(cache, pos, write_pos, x, kernel), tree_mask, attn_len, ops)
+        step.gemv = ops.kernel("gemv") and fused_linear.fits(B * T)  # a decode, verify or draft step
         if self.windows:
             if tree_mask is not None and T > self.windows[0]:
                 raise ValueError(f"a tree of {T} tokens is wider than a {self.windows[0]}-token sliding window")
@@ -245,8 +267,12 @@ class Transformer(nn.Module):
         if logits_at is not None:
             at = logits_at[..., None].expand(B, logits_at.shape[1], x.shape[-1])
             x, residual = x.gather(1, at), residual.gather(1, at)
-        h, _ = self.norm.add_forward(x, residual, ops)
-        logits = self.lm_head(h).float()
+        if step.gemv and logits_at is None and not return_hidden and fusable(self.lm_head):
+            h = None
+            logits = fused_linear.norm_linear(x, residual, self.norm.weight, self.norm.eps, self.lm_head.weight)[0].float()
+        else:
+            h, _ = self.norm.add_forward(x, residual, ops)
+            logits = self.lm_head(h).float()
         own = self.config.trained_vocab_size
         if own is not None:  # a draft padded to its target's vocabulary (models/vocab.py): q = 0 there
             logits[..., own:] = float("-inf")

@@ -26,6 +26,9 @@ OPS = {
     "attention": "h = attention of q over the cache (and the step's tree or window)",
     "silu_and_mul": "h = silu(gate) * up",
     "gelu_tanh_and_mul": "h = gelu_tanh(gate) * up",
+    # `fused(program)`'s: one launch each where the ops table has the few-row fused linears (gemv)
+    "add_norm_linear": "h, residual = linear(norm(h + residual)), h + residual",
+    "silu_and_mul_linear": "h = linear(silu(gate) * up)",
 }
 
 LLAMA = (  # Llama, Qwen2, Qwen3, Mistral
@@ -54,7 +57,26 @@ GEMMA = (  # Gemma 3's sandwich: norms before and after attention and MLP
     ("norm", "post_feedforward_layernorm"),
 )
 
-assert all(op in OPS for program in (LLAMA, GEMMA) for op, _ in program)
+FUSIONS = {("add_norm", "linear"): "add_norm_linear", ("silu_and_mul", "linear"): "silu_and_mul_linear"}
+
+
+def fused(program) -> tuple:
+    """The program with each pair of FUSIONS as one step (its names: both submodules', or the
+    linear's alone); only the Python executor walks it, with the ops table's gemv kernels."""
+    out, i = [], 0
+    while i < len(program):
+        pair = (program[i][0], program[i + 1][0]) if i + 1 < len(program) else None
+        if pair in FUSIONS:
+            names = tuple(n for _, n in program[i:i + 2] if n)
+            out.append((FUSIONS[pair], names if len(names) > 1 else names[0]))
+            i += 2
+        else:
+            out.append(program[i])
+            i += 1
+    return tuple(out)
+
+
+assert all(op in OPS for program in (LLAMA, GEMMA) for op, _ in program + fused(program))
 
 
 def program_for(cfg) -> tuple:
@@ -62,6 +84,10 @@ def program_for(cfg) -> tuple:
 
 
 def bind(program, layer) -> list:
-    """[(op, the submodule it takes its weights from, or None)] of `layer`, resolved now (a
-    layer's projections may be swapped after construction, e.g. for GGUF blocks)."""
-    return [(op, attrgetter(name)(layer) if name else None) for op, name in program]
+    """[(op, the submodule it takes its weights from (a tuple for a fused pair), or None)] of `layer`,
+    resolved now (a layer's projections may be swapped after construction, e.g. for GGUF blocks)."""
+    def get(name):
+        if isinstance(name, tuple):
+            return tuple(attrgetter(n)(layer) for n in name)
+        return attrgetter(name)(layer) if name else None
+    return [(op, get(name)) for op, name in program]

@@ -108,6 +108,18 @@ def test_launch_budget_per_layer(tiny_pair, count_triton, Q):
     assert per_layer[0] >= 6  # it counts: a layer launches at least its GEMMs and fused ops
 
 
+@pytest.mark.parametrize("Q", [1, 4])
+def test_the_fused_linears_take_a_layer_to_six_launches(tiny_pair, count_triton, Q):
+    """gemv=triton (kernels/fused_linear.py): norm + qkv, RoPE + KV write, attention, o, norm + gate/up,
+    silu-mul + down; the final norm rides in the LM head's launch."""
+    model = copy.deepcopy(tiny_pair[0])  # plain weights (an engine's CPU plans keep the unfused path)
+    counter = step_launches(model, count_triton, torch.zeros(1, Q, dtype=torch.int64))
+    assert [counter.counts[f"layer{i}"] for i in range(len(model.layers))] == [6] * len(model.layers), counter.ops
+    assert counter.ops["layer0"].count("triton:_fused_linear_kernel") == 4
+    unfused = step_launches(model, count_triton, torch.zeros(1, Q, dtype=torch.int64), kernels="triton,gemv=torch")
+    assert unfused.counts["layer0"] == 9 and unfused.counts["rest"] == counter.counts["rest"] + 1
+
+
 def test_the_unfused_reference_path_is_over_budget(tiny_pair, count_triton):
     """The counter can fail: the torch reference ops (the CPU path) launch far more."""
     model = tiny_pair[0]

@@ -26,7 +26,7 @@ def report(tmp_path_factory):
 
 KERNELS = {"verify_attention", "merge_splits", "rejection_sample", "split_stats", "split_accept", "split_race",
            "split_finalize", "draft_sample", "add_rms_norm", "silu_and_mul", "rope_kv_write", "commit_tokens",
-           "quant_matmul"}
+           "quant_matmul", "fused_linear"}
 INTEGER_ONLY = {"split_finalize", "commit_tokens"}  # no float operand: compiled once, dtype "any"
 
 

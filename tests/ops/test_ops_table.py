@@ -65,11 +65,19 @@ def test_every_op_obeys_the_switch(engine, launches):
     per-backend options never reached them); "triton" launches one for every op."""
     run(engine, "torch", method="sd", gamma=2, temperature=0.9, seed=1)
     assert not launches, launches
-    run(engine, "triton", method="sd", gamma=2, temperature=0.9, seed=1)
+    run(engine, "triton,gemv=torch", method="sd", gamma=2, temperature=0.9, seed=1)
     for kernel in ("_verify_attention_kernel", "_add_rms_norm_kernel", "_rope_kv_write_kernel",
                    "_silu_and_mul_kernel", "_draft_sample_kernel", "_commit_tokens_kernel"):
         assert launches[kernel] > 0, (kernel, launches)
     assert launches["_rejection_sample_kernel"] + launches["_split_stats_kernel"] > 0, launches
+    assert "_fused_linear_kernel" not in launches, launches
+    launches.clear()
+    engine.set_cpu_matmul("linear")  # gemv reads plain weights (the CPU plans' keep the unfused path)
+    try:
+        run(engine, "triton", method="sd", gamma=2, temperature=0.9, seed=1)  # the norms ride in the linears
+    finally:
+        engine.set_cpu_matmul("auto")
+    assert launches["_fused_linear_kernel"] > 0 and launches["_rope_kv_write_kernel"] > 0, launches
     launches.clear()
     run(engine, "torch,silu_and_mul=triton", method="ar")
     assert set(launches) == {"_silu_and_mul_kernel"}, launches
