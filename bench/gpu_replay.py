@@ -50,6 +50,7 @@ METHODS = [  # (provider, generate options); trees: the CPU's best shapes, as re
 ]
 REJECTING = [("sd:auto", dict(method="sd", gamma="auto")), ("hybrid:auto", dict(method="hybrid", gamma="auto"))]
 PEARL = [("pearl", dict(method="pearl"))]
+GEMV = ("sd:auto", "hybrid:auto")  # rerun with the fused few-row linears (trace "real+gemv"), beside ar
 SMOKE_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2)
 
@@ -93,9 +94,9 @@ def rejecting(traces: TraceSet) -> TraceSet:
     return TraceSet(out, dict(traces.meta, rejecting=True))
 
 
-def replay_engine(target, draft, traces: TraceSet) -> tuple[Engine, Replay]:
+def replay_engine(target, draft, traces: TraceSet, kernels: str = "auto") -> tuple[Engine, Replay]:
     eng = Engine(target, E.NoTokenizer(), draft, max_seq_len=E.S.max_seq, max_batch=1, **E.PINNED,
-                 batch_invariant=False, **E.random_extras(draft))
+                 batch_invariant=False, kernels=kernels, **E.random_extras(draft))
     eng.set_cuda_graphs(True, capture=E.S.capture)
     replay = Replay(traces, vocab=target.config.vocab_size, device=E.S.device)
     replay.attach(eng)
@@ -153,10 +154,14 @@ def timed_calls(eng, replay: Replay, kw: dict) -> dict:
 def replay_section(pair: str, traces: TraceSet, methods, rows: list, save) -> None:
     draft = E.random_model("qwen2.5-0.5b", 1)
     target = E.random_model(PAIRS[pair], 0)
-    for trace_kind, set_ in (("real", traces), ("rejecting", rejecting(traces))):
-        eng, replay = replay_engine(target, draft, set_)
-        plan = [("ar", dict(method="ar"))] + (methods if trace_kind == "real" else
-                                              [m for m in methods if m[0] in dict(REJECTING + PEARL)])
+    kinds = [("real", traces, "auto"), ("rejecting", rejecting(traces), "auto")]
+    plans = {"real": methods, "rejecting": [m for m in methods if m[0] in dict(REJECTING + PEARL)],
+             "real+gemv": [m for m in methods if m[0] in GEMV]}
+    if E.S.device == "cuda" and plans["real+gemv"]:  # the fused few-row linears (gemv), both models: item 5's A/B
+        kinds.append(("real+gemv", traces, "auto,gemv=triton"))
+    for trace_kind, set_, kernels in kinds:
+        eng, replay = replay_engine(target, draft, set_, kernels)
+        plan = [("ar", dict(method="ar"))] + plans[trace_kind]
         ar = None
         for provider, kw in plan:
             t0 = time.perf_counter()
@@ -168,7 +173,7 @@ def replay_section(pair: str, traces: TraceSet, methods, rows: list, save) -> No
             except E.ConfigTimeout as e:
                 rows.append(dict(pair=pair, trace=trace_kind, provider=provider, error=str(e)))
                 save()
-                eng, replay = replay_engine(target, draft, set_)  # a run cut mid-capture: no known state
+                eng, replay = replay_engine(target, draft, set_, kernels)  # a run cut mid-capture: no known state
                 continue
             ar = r if provider == "ar" else ar
             r.update(pair=f"{pair}/0.5b", trace=trace_kind, trace_of="1.5B/0.5B real pair" if pair != "1.5b" else

@@ -8,7 +8,8 @@
 #   step         the fused, graphed ar step of the 0.5B / 1.5B / 7B shapes, cuBLAS's linears and
 #                our fused few-row ones (gemv) (first: short)
 #   replay_7b    every method on 7B/0.5B shapes replaying the real pair's trace, then γ auto and the
-#   replay_1.5b  hybrid with every proposal rejected; the same on 1.5B/0.5B
+#   replay_1.5b  hybrid with every proposal rejected, then ar / γ auto / hybrid with the fused gemv
+#                linears; the same on 1.5B/0.5B
 #   peers        HF generate (bf16, sdpa) and a torch.compile'd ar (gpt-fast) on the same prompts
 #   pearl        PEARL last, in a process of its own (it hung once on a GPU), real and rejecting traces
 # then one screen (summary.txt), the logs (logs.tar) and the Triton cache (triton_cache.tar.gz:
