@@ -1,8 +1,8 @@
 """Where the few-row fused linears run (the ops table's `gemv`, kernels/fused_linear.py): the fused
 layer program (six launches a layer: test_fused_step.py counts them), `auto` keeping cuBLAS, a model's
-tokens with them equal to the reference path's for every method in fp32, and the steps that keep the
-unfused program (prefill wider than 16 rows, CPU-planned weights). The GPU op selection forced on CPU
-tensors: Triton's interpreter."""
+tokens with them equal to the reference path's for every method in fp32, its decode logits equal
+transformers' for every family, and the steps that keep the unfused program (prefill wider than 16 rows,
+CPU-planned weights). The GPU op selection forced on CPU tensors: Triton's interpreter."""
 import copy
 
 import pytest
@@ -85,3 +85,39 @@ def test_wide_steps_and_planned_weights_take_the_unfused_path(tiny_pair, launche
     optimize(model, progress=False)  # every Linear takes a measured CPU path
     runner.verify(torch.zeros(1, 3, dtype=torch.int64), attn_len=32)
     assert launched == []
+
+
+@pytest.mark.parametrize("kind,kw", [
+    ("qwen2", {"tie_word_embeddings": True}),  # qkv bias, the tied head
+    ("qwen3", {"head_dim": 32, "num_key_value_heads": 1}),  # q/k norms inside the RoPE step
+    ("gemma3", {"num_hidden_layers": 3, "head_dim": 32, "num_key_value_heads": 1, "sliding_window": 8,
+                "query_pre_attn_scalar": 24}),  # sandwich norms; GeGLU keeps its own step
+    ("mistral", {"sliding_window": 8}),
+])
+@torch.inference_mode()
+def test_fused_decode_steps_match_transformers_for_every_family(tmp_path, kind, kw):
+    """The independent reference: transformers' logits on the same weights, fp32, over 12 decode
+    steps of two rows (each a fused step; the 22-row prefill is not)."""
+    from conftest import save_tiny
+
+    from specengine.models.loading import load_model
+    from specengine.runtime.runner import ModelRunner
+
+    hf = save_tiny(tmp_path, kind, seed=3, **kw)
+    biases = [p for name, p in hf.named_parameters() if name.endswith(".bias")]
+    if biases:  # transformers starts them at zero: give the fused product's bias something to add
+        g = torch.Generator().manual_seed(1)
+        for p in biases:
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        hf.save_pretrained(tmp_path)
+    ours = ModelRunner(load_model(tmp_path)[0], "torch,gemv=triton", cuda_graphs=False)
+    ours.allocate(2, 64)
+    ids = torch.randint(0, hf.config.vocab_size, (2, 23), generator=torch.Generator().manual_seed(0))
+    ref = hf(ids).logits
+    prompt = 11
+    ours.prefill(ids[:, :prompt], torch.tensor([prompt, prompt]))
+    ours.cache.set_lens(torch.tensor([prompt, prompt], dtype=torch.int32))
+    for step in range(12):
+        logits = ours.decode(ids[:, prompt + step])
+        ours.cache.set_lens(ours.cache.lens + 1)
+        assert (logits - ref[:, prompt + step]).abs().max() <= 1e-4, f"step {step}"
