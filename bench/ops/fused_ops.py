@@ -1,7 +1,8 @@
-"""The fused step's ops: torch reference vs `torch.compile` of the reference vs our Triton
-kernel vs our compiled CPU op (provider axis; "cpu" on CPU only), at the decode (1 token) and verify (8 tokens) shapes of the
-Qwen2.5 0.5B / 1.5B / 7B models, bf16. Bytes counted: what each op must read and write
-once (its memory roofline). `make bench-kernels` runs it with the other kernel benchmarks.
+"""The fused step's ops, and the few-row linears fused with them: torch reference vs `torch.compile`
+of the reference vs our Triton kernel vs our compiled CPU op (provider axis; "cpu" on CPU only), at
+the decode (1 token) and verify (8 tokens) shapes of the Qwen2.5 0.5B / 1.5B / 7B models, bf16.
+Bytes counted: what each op must read and write once (its memory roofline). `make bench-kernels`
+runs it with the other kernel benchmarks.
 """
 import pytest
 import torch
@@ -72,3 +73,35 @@ def test_rope_kv_write(benchmark, provider, model, tokens):
     fn = lambda: op(qkv, cos, sin, wpos, k_cache, v_cache, hq, hkv)  # noqa: E731
     benchmark.extra_info.update(provider=provider, model=model, tokens=tokens, op="rope_kv_write")
     timed(benchmark, fn, qkv.numel() * 2 * 2)
+
+
+# the linears of a layer (and the LM head) as the fused few-row kernel takes them: (op, N, K) per model
+LINEARS = {"qkv": lambda H, I, hq, hkv, d: ("norm", (hq + 2 * hkv) * d, H),
+           "gate_up": lambda H, I, *_: ("norm", 2 * I, H),
+           "down": lambda H, I, *_: ("silu", H, I),
+           "lm_head": lambda H, *_: ("norm", 151936, H)}
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("model", list(SHAPES))
+@pytest.mark.parametrize("linear", list(LINEARS))
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_fused_linear(benchmark, provider, model, linear, tokens):
+    """add + RMSNorm + linear (qkv, gate_up, the LM head) or silu-mul + linear (down): the reference
+    composition (cuBLAS for the product) against the fused few-row kernel (`gemv`). Bytes: the weight."""
+    from specengine.kernels import fused_linear as fl
+
+    dev, shape = device(), SHAPES[model]
+    kind, N, K = LINEARS[linear](*shape)
+    W = torch.randn(N, K, device=dev, dtype=torch.bfloat16) / K ** 0.5
+    if kind == "norm":
+        x, r = (torch.randn(tokens, K, device=dev, dtype=torch.bfloat16) for _ in range(2))
+        nw = torch.ones(K, device=dev, dtype=torch.bfloat16)
+        op = pick(provider, fl.norm_linear_ref, "fused_linear", "norm_linear")
+        fn = lambda: op(x, r, nw, 1e-6, W)  # noqa: E731
+    else:
+        gu = torch.randn(tokens, 2 * K, device=dev, dtype=torch.bfloat16)
+        op = pick(provider, fl.silu_linear_ref, "fused_linear", "silu_linear")
+        fn = lambda: op(gu, W)  # noqa: E731
+    benchmark.extra_info.update(provider=provider, model=model, tokens=tokens, op=f"fused_linear:{linear}")
+    timed(benchmark, fn, W.numel() * 2)
