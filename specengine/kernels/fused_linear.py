@@ -185,4 +185,3 @@ def silu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"silu_linear wants an even last dim (gate | up), got {gate_up.shape[-1]}")
     I = gate_up.shape[-1] // 2
     return _launch(_rows(gate_up, 2 * I), weight, None, SILU, I).view(*gate_up.shape[:-1], weight.shape[0])
-

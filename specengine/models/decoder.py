@@ -267,9 +267,9 @@ class Transformer(nn.Module):
         if logits_at is not None:
             at = logits_at[..., None].expand(B, logits_at.shape[1], x.shape[-1])
             x, residual = x.gather(1, at), residual.gather(1, at)
-        if step.gemv and logits_at is None and not return_hidden and fusable(self.lm_head):
-            h = None
-            logits = fused_linear.norm_linear(x, residual, self.norm.weight, self.norm.eps, self.lm_head.weight)[0].float()
+        if step.gemv and logits_at is None and not return_hidden and fusable(self.lm_head):  # the final norm inside
+            logits = fused_linear.norm_linear(x, residual, self.norm.weight, self.norm.eps, self.lm_head.weight,
+                                             self.lm_head.bias)[0].float()
         else:
             h, _ = self.norm.add_forward(x, residual, ops)
             logits = self.lm_head(h).float()
