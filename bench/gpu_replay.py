@@ -291,23 +291,30 @@ def table(folder: Path) -> str:
     """One screen: each method's tokens/s, x our ar, x HF generate and tau, per pair."""
     load = lambda n: json.loads((folder / n).read_text()) if (folder / n).exists() else {"rows": []}  # noqa: E731
     hf = {r["pair"]: r["tokens_per_s"] for r in load("peers.json")["rows"] if r["provider"] == "hf generate"}
-    lines = []
-    for r in load("step.json")["rows"]:
+    lines, steps = [], load("step.json")["rows"]
+    cublas = {r["model"]: r["step_s"] for r in steps if r.get("variant", "fused") == "fused"}
+    for r in steps:  # the fused few-row linears (gemv) against the same shape's cuBLAS step
+        vs = f"  x cuBLAS {cublas[r['model']] / r['step_s']:.2f}" if r.get("variant") == "fused+gemv" and \
+            r["model"] in cublas else ""
         lines.append(f"ar step {r['model']:13s} {r.get('variant', 'fused'):10s} {r['step_s'] * 1e3:7.3f} ms  "
-                     f"kernels/step {r['kernels_per_step']:.0f}  {r.get('commit', '')}")
+                     f"kernels/step {r['kernels_per_step']:.0f}{vs}  {r.get('commit', '')}")
     for r in load("peers.json")["rows"]:
         lines.append(f"{r['pair']:9s} {'peer':9s} {r['provider']:28s} {r['tokens_per_s']:8.1f} tok/s  {r.get('commit', '')}")
     head = f"{'pair':9s} {'trace':9s} {'provider':28s} {'tok/s':>8s} {'x ar':>6s} {'x HF':>6s} {'tau':>5s} same"
     lines.append(head)
-    for name in ("replay_7b.json", "replay_1.5b.json", "pearl.json"):
-        for r in load(name)["rows"]:
-            if "error" in r:
-                lines.append(f"{r['pair']:9s} {r['trace']:9s} {r['provider']:28s} STOPPED: {r['error']}")
-                continue
-            x_hf = r["tokens_per_s"] / hf[r["pair"]] if r["pair"] in hf else float("nan")
-            lines.append(f"{r['pair']:9s} {r['trace']:9s} {r['provider']:28s} {r['tokens_per_s']:8.1f} "
-                         f"{r['x_ar'] or 1:6.2f} {x_hf:6.2f} {r['tokens_per_target_forward']:5.2f} "
-                         f"{r['same_tokens_as_trace']}  {r.get('commit', '')}")
+    rows = [r for name in ("replay_7b.json", "replay_1.5b.json", "pearl.json") for r in load(name)["rows"]]
+    real = {(r["pair"], r["provider"]): r["tokens_per_s"] for name in ("replay_7b.json", "replay_1.5b.json")
+            for r in load(name)["rows"] if r["trace"] == "real" and "error" not in r}  # not pearl's own ar
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['pair']:9s} {r['trace']:9s} {r['provider']:28s} STOPPED: {r['error']}")
+            continue
+        x_hf = r["tokens_per_s"] / hf[r["pair"]] if r["pair"] in hf else float("nan")
+        key = (r["pair"], r["provider"])  # a gemv rerun against the same provider with cuBLAS
+        vs = f"  x cuBLAS {r['tokens_per_s'] / real[key]:.2f}" if r["trace"] == "real+gemv" and key in real else ""
+        lines.append(f"{r['pair']:9s} {r['trace']:9s} {r['provider']:28s} {r['tokens_per_s']:8.1f} "
+                     f"{r['x_ar'] or 1:6.2f} {x_hf:6.2f} {r['tokens_per_target_forward']:5.2f} "
+                     f"{r['same_tokens_as_trace']}{vs}  {r.get('commit', '')}")
     return "\n".join(lines) + "\n"
 
 
