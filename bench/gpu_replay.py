@@ -302,9 +302,10 @@ def table(folder: Path) -> str:
         lines.append(f"{r['pair']:9s} {'peer':9s} {r['provider']:28s} {r['tokens_per_s']:8.1f} tok/s  {r.get('commit', '')}")
     head = f"{'pair':9s} {'trace':9s} {'provider':28s} {'tok/s':>8s} {'x ar':>6s} {'x HF':>6s} {'tau':>5s} same"
     lines.append(head)
-    rows = [r for name in ("replay_7b.json", "replay_1.5b.json", "pearl.json") for r in load(name)["rows"]]
-    real = {(r["pair"], r["provider"]): r["tokens_per_s"] for name in ("replay_7b.json", "replay_1.5b.json")
-            for r in load(name)["rows"] if r["trace"] == "real" and "error" not in r}  # not pearl's own ar
+    replays = [load(name)["rows"] for name in ("replay_7b.json", "replay_1.5b.json")]
+    rows = [r for part in replays + [load("pearl.json")["rows"]] for r in part]
+    real = {(r["pair"], r["provider"]): r["tokens_per_s"] for part in replays  # not pearl's own ar
+            for r in part if r["trace"] == "real" and "error" not in r}
     for r in rows:
         if "error" in r:
             lines.append(f"{r['pair']:9s} {r['trace']:9s} {r['provider']:28s} STOPPED: {r['error']}")

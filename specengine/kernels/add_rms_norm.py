@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import cpu_ext
-from .jit import needs_triton, tl, triton
+from .jit import needs_triton, rms_scaled, tl, triton
 
 _CPU_OP = cpu_ext.op("add_rms_norm")  # the compiled CPU op (csrc/fused_ops_cpu.cpp), or None
 
@@ -41,7 +41,7 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, N, eps, s_x, s_r, s_
     xf = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / N + eps)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0)
-    y = w.to(tl.float32) * (xf * inv).to(x.dtype).to(tl.float32)
+    y = rms_scaled(x, inv, w)
     tl.store(y_ptr + row * s_y + cols, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .add_rms_norm import add_rms_norm_ref
-from .jit import needs_triton, tl, triton
+from .jit import needs_triton, rms_scaled, silu_mul, tl, triton
 from .silu_and_mul import silu_and_mul_ref
 
 BLOCK_M = 16  # the widest input the kernel takes; wider steps (prefill) keep the unfused path
@@ -82,12 +82,9 @@ def _input_tile(x_ptr, r_ptr, nw_ptr, ms, ks, ok, inv, K, s_xm, s_rm, PRO: tl.co
     if PRO == 1:
         if HAS_RES:
             x = (x.to(tl.float32) + tl.load(r_ptr + ms * s_rm + ks, mask=ok, other=0.0).to(tl.float32)).to(x.dtype)
-        nw = tl.load(nw_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
-        x = (nw * (x.to(tl.float32) * inv).to(x.dtype).to(tl.float32)).to(x.dtype)
+        x = rms_scaled(x, inv, tl.load(nw_ptr + ks, mask=ks < K, other=0.0)).to(x.dtype)
     elif PRO == 2:  # x holds [gate | up]; the up half starts K columns on
-        up = tl.load(x_ptr + ms * s_xm + K + ks, mask=ok, other=0.0)
-        g = x.to(tl.float32)
-        x = ((g / (1.0 + tl.exp(-g))).to(x.dtype).to(tl.float32) * up.to(tl.float32)).to(x.dtype)
+        x = silu_mul(x, tl.load(x_ptr + ms * s_xm + K + ks, mask=ok, other=0.0)).to(x.dtype)
     return x
 
 

@@ -8,7 +8,10 @@
   int64, wrapping products then masked, exactly as the torch reference does);
 - the samplers' helpers (rejection sampling's one-kernel and split paths, draft sampling):
   row statistics over vocab tiles, the accept test, the exponential race and the token
-  writes: one definition each, so every path draws the numbers the torch reference draws.
+  writes: one definition each, so every path draws the numbers the torch reference draws;
+- the fused step's roundings (`rms_scaled`, `silu_mul`), shared by add_rms_norm / silu_and_mul and
+  the fused linears' prologues, so the input a fused linear multiplies is rounded as the unfused
+  op would have written it.
 Helpers are `@triton.jit` functions, never kernels (no `_kernel` suffix): kernels live in
 their op's file beside its reference.
 """
@@ -44,6 +47,20 @@ def needs_triton(launcher):
     refuse.__name__ = refuse.__qualname__ = launcher.__name__
     refuse.__doc__ = launcher.__doc__
     return refuse
+
+
+@triton.jit
+def rms_scaled(x, inv, w):
+    """RMSNorm's output in fp32, transformers' roundings: the normed row (x * inv, fp32) rounded to x's
+    dtype before the weight multiplies it."""
+    return w.to(tl.float32) * (x.to(tl.float32) * inv).to(x.dtype).to(tl.float32)
+
+
+@triton.jit
+def silu_mul(g, u):
+    """silu(g) * u in fp32, transformers' MLP roundings: silu in fp32 rounded to g's dtype first."""
+    gf = g.to(tl.float32)
+    return (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32) * u.to(tl.float32)
 
 
 GOLDEN = 0x9E3779B9

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from . import cpu_ext
-from .jit import needs_triton, tl, triton
+from .jit import needs_triton, silu_mul, tl, triton
 
 _CPU_OP = cpu_ext.op("silu_and_mul")  # the compiled CPU op (csrc/fused_ops_cpu.cpp), or None
 
@@ -56,10 +56,7 @@ def _silu_and_mul_kernel(gu_ptr, out_ptr, I, s_in, s_out, BLOCK: tl.constexpr):
     ok = cols < I
     g = tl.load(gu_ptr + row * s_in + cols, mask=ok, other=0.0)
     u = tl.load(gu_ptr + row * s_in + I + cols, mask=ok, other=0.0)
-    gf = g.to(tl.float32)
-    act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
-    out = act.to(tl.float32) * u.to(tl.float32)
-    tl.store(out_ptr + row * s_out + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
+    tl.store(out_ptr + row * s_out + cols, silu_mul(g, u).to(out_ptr.dtype.element_ty), mask=ok)
 
 
 @needs_triton
