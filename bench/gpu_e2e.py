@@ -237,7 +237,7 @@ STEP_VARIANTS = {  # how the target step runs (docs/design.md, "Fused step")
 STEP_OPS = "add_rms_norm={0},rope_kv_write={0},silu_and_mul={0}"
 VARIANT_KERNELS = {  # the engine's `kernels` switch per variant (the samplers take Triton in each)
     "unfused": "auto," + STEP_OPS.format("torch"),
-    "fused": "auto",
+    "fused": "auto,gemv=torch",  # cuBLAS linears, named: `auto` may take the kernel after warmup()'s timing
     "fused+gemv": "auto,gemv=triton",
     "torch.compile": "auto,attention=torch," + STEP_OPS.format("torch"),  # dynamo does not trace our launchers
 }

@@ -33,10 +33,13 @@ import gpu_e2e as E
 from specengine import Engine
 from specengine.benchmark import environment
 from specengine.replay import Replay, TraceSet
+from specengine.runtime import kernel_choice
+from specengine.runtime.runner import ModelRunner
 
 TRACE = Path(__file__).parent / "results" / "trace_qwen25coder_1.5b_0.5b.safetensors"
 PAIRS = {"7b": "qwen2.5-7b", "1.5b": "qwen2.5-1.5b"}
 STEP_SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b")
+CUBLAS = "auto,gemv=torch"  # the replays' linears, named (warmup() times cuBLAS against gemv where left to auto)
 STEP_VARIANTS = ("fused", "fused+gemv")  # gpu_e2e.STEP_VARIANTS: cuBLAS linears, then ours fused with their inputs
 METHODS = [  # (provider, generate options); trees: the CPU's best shapes, as recorded in the trace
     ("sd:2", dict(method="sd", gamma=2)), ("sd:3", dict(method="sd", gamma=3)), ("sd:4", dict(method="sd", gamma=4)),
@@ -94,7 +97,7 @@ def rejecting(traces: TraceSet) -> TraceSet:
     return TraceSet(out, dict(traces.meta, rejecting=True))
 
 
-def replay_engine(target, draft, traces: TraceSet, kernels: str = "auto") -> tuple[Engine, Replay]:
+def replay_engine(target, draft, traces: TraceSet, kernels: str = CUBLAS) -> tuple[Engine, Replay]:
     eng = Engine(target, E.NoTokenizer(), draft, max_seq_len=E.S.max_seq, max_batch=1, **E.PINNED,
                  batch_invariant=False, kernels=kernels, **E.random_extras(draft))
     eng.set_cuda_graphs(True, capture=E.S.capture)
@@ -154,7 +157,7 @@ def timed_calls(eng, replay: Replay, kw: dict) -> dict:
 def replay_section(pair: str, traces: TraceSet, methods, rows: list, save) -> None:
     draft = E.random_model("qwen2.5-0.5b", 1)
     target = E.random_model(PAIRS[pair], 0)
-    kinds = [("real", traces, "auto"), ("rejecting", rejecting(traces), "auto")]
+    kinds = [("real", traces, CUBLAS), ("rejecting", rejecting(traces), CUBLAS)]
     plans = {"real": methods, "rejecting": [m for m in methods if m[0] in dict(REJECTING + PEARL)],
              "real+gemv": [m for m in methods if m[0] in GEMV]}
     if E.S.device == "cuda" and plans["real+gemv"]:  # the fused few-row linears (gemv), both models: item 5's A/B
@@ -205,6 +208,11 @@ def step_section(rows: list, save) -> None:
             save()
             print(f"step {name:13s} {variant:10s}: {r['step_s'] * 1e3:7.3f} ms  {r['tokens_per_s']:8.1f} tok/s  "
                   f"kernels/step {r['kernels_per_step']:.0f}", flush=True)
+        if E.S.device == "cuda":  # what a user's engine takes: warmup()'s own timing (runtime/kernel_choice.py)
+            choice = kernel_choice.choose_gemv(ModelRunner(model, "auto", max_batch=1), "auto")
+            rows.append(dict(model=name, variant="timed choice", gemv=choice))
+            save()
+            print(f"step {name:13s} timed choice: {choice}", flush=True)
         del model
         E.free_memory()
 
@@ -294,6 +302,11 @@ def table(folder: Path) -> str:
     lines, steps = [], load("step.json")["rows"]
     cublas = {r["model"]: r["step_s"] for r in steps if r.get("variant", "fused") == "fused"}
     for r in steps:  # the fused few-row linears (gemv) against the same shape's cuBLAS step
+        if "gemv" in r:  # warmup()'s timed choice on the same shape
+            g = r["gemv"] or {"chosen": "none", "ms": {}}
+            lines.append(f"ar step {r['model']:13s} timed choice: {g['chosen']} (" + ", ".join(
+                f"{impl} {ms:.3f} ms" for impl, ms in g["ms"].items()) + f")  {r.get('commit', '')}")
+            continue
         vs = f"  x cuBLAS {cublas[r['model']] / r['step_s']:.2f}" if r.get("variant") == "fused+gemv" and \
             r["model"] in cublas else ""
         lines.append(f"ar step {r['model']:13s} {r.get('variant', 'fused'):10s} {r['step_s'] * 1e3:7.3f} ms  "

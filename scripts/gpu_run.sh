@@ -6,7 +6,7 @@
 #   SPECENGINE_COMMIT=<sha> bash scripts/gpu_run.sh        (make gpu-run passes the commit)
 # Sections, each under its own limit, each JSON into $OUT the moment it ends:
 #   step         the fused, graphed ar step of the 0.5B / 1.5B / 7B shapes, cuBLAS's linears and
-#                our fused few-row ones (gemv) (first: short)
+#                our fused few-row ones (gemv), then warmup()'s timed choice between them (first: short)
 #   replay_7b    every method on 7B/0.5B shapes replaying the real pair's trace, then γ auto and the
 #   replay_1.5b  hybrid with every proposal rejected, then ar / γ auto / hybrid with the fused gemv
 #                linears; the same on 1.5B/0.5B

@@ -26,6 +26,7 @@ from .drafting.frequent_vocab import draft_head_ids
 from .pair import load_pair
 from .runtime.cross_device import CrossDeviceDraft
 from .runtime.graphs import dedicated_stream
+from .runtime.kernel_choice import choose_kernels
 from .runtime.runner import ModelRunner
 from .encoding import check_capacity, encode
 from .request import RequestParams
@@ -78,7 +79,7 @@ class Engine:
         self._step_costs = {}  # batch -> StepCosts, measured on first need (sd gamma="auto", pearl)
         self.suffix_caches = SuffixCaches(cfg.suffix_cache_tokens)  # suffix decoding's memory, per key
         self._acceptance = {}  # decoding mode -> the draft's acceptance over the recent calls (γ auto)
-        self._side_stream = None
+        self._side_stream, self.kernel_choice = None, {}  # kernel_choice: warmup()'s timed gemv, per role
         self._replay = None  # a benchmark's acceptance replay (specengine/replay); never set otherwise
         # `ar` launches each round before reading the last (docs/design.md, "Overlapped rounds");
         # only a GPU runs ahead of the host, so elsewhere it would only cost a discarded round
@@ -193,7 +194,6 @@ class Engine:
         """Every choice this engine made by measuring the machine (planner.py): precision per
         role, ops, matmul paths and GGUF layouts, batch-invariant mode, step costs. print() it."""
         from .planner import plan_of
-
         return plan_of(self)
 
     @property
@@ -202,11 +202,12 @@ class Engine:
         return dict(self._step_costs)
 
     def warmup(self, batch: int = 1) -> dict:
-        """Pay one-time costs now, not in the first call: KV buffers, the CUDA graphs of every bucket
-        and draft chain (Triton autotunes there), the step costs of every cost-driven choice (sd and
-        hybrid γ auto, n-gram rounds, PEARL's window) at each one's widest, and batch invariance
-        probed once at the widest of all. Returns what the graphs hold, per model."""
+        """Pay one-time costs now, not in the first call: on a GPU each model's few-row linears (cuBLAS or
+        the fused kernel, timed: `kernel_choice`), KV buffers, the CUDA graphs of every bucket and draft
+        chain (Triton autotunes there), the step costs of every cost-driven choice (sd and hybrid γ auto,
+        n-gram rounds, PEARL's window) at each one's widest, batch invariance at the widest of all. -> graph bytes per model."""
         prompt = [[0, 0]] * batch if batch > 1 else [0, 0]
+        self.kernel_choice, self._step_costs = choose_kernels(self._runners(), self.config.kernels), {}  # costs: after
         methods = ("hybrid", "sd", "pearl", "ngram") if self.draft is not None else ("ngram",)  # hybrid's widths: the others'
         widest = max(self.new_method(m, gamma="auto").max_width for m in methods)
         self.target.invariance.ensure(batch, widest)
@@ -229,7 +230,7 @@ class Engine:
         """The one switch between torch references and Triton kernels, for every op of both
         models and the samplers: "auto" | "torch" | "triton", with optional per-op overrides
         ("triton,attention=torch"; kernels/ops.py). `engine.ops.names` says what runs."""
-        self.config = self.config.replace(kernels=kernels)  # checked there; the config stays true
+        self.config, self.kernel_choice = self.config.replace(kernels=kernels), {}  # checked there; gemv: cuBLAS
         for runner in self._runners():
             runner.set_kernels(kernels)
 

@@ -12,8 +12,9 @@ sets, threads, torch and the kernels' digest), so a second load on the same mach
 nothing again. The batch-invariant probe (runtime/invariance.py)
 runs per engine and is not filed; which executor runs each CPU model's layers
 (models/cpu_stack.py) is decided, not measured, as is holding the CPU weights in 2 MiB pages
-(huge_pages.py: the engine's `huge_pages`). The plan reads them back from the engine; no
-choice is made here.
+(huge_pages.py: the engine's `huge_pages`). On a GPU, `Engine.warmup()` times each model's step
+with cuBLAS and with the fused few-row linears and keeps the faster (runtime/kernel_choice.py; not
+filed). The plan reads them back from the engine; no choice is made here.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class Plan:
     prefetch: dict | None = None  # the weight stream's prefetch ("l2@2048": cache, bytes ahead), each setting's pass ms
     pages: dict | None = None  # role -> CPU weights moved into 2 MiB pages (bytes, seconds), or why not
     huge_bytes: int = 0  # of the held weights, the bytes the kernel backs with huge pages now
+    gemv: dict | None = None  # role -> {"chosen": "torch" | "triton", "ms": each one's graphed step} (GPU warmup)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -60,6 +62,9 @@ class Plan:
                            + ", ".join(p["floored"]))
         for role, names in self.ops.items():
             out.append(f"{role} ops: " + ", ".join(f"{op}={impl}" for op, impl in sorted(names.items())))
+        for role, g in (self.gemv or {}).items():
+            out.append(f"{role} few-row linears: {'fused kernel' if g['chosen'] == 'triton' else 'cuBLAS'} (a graphed "
+                       f"step {g['ms']['torch']:.3f} ms with cuBLAS, {g['ms']['triton']:.3f} ms with the fused kernel)")
         for role, how in self.forward.items():
             out.append(f"{role} layers: {how}")
         for role, groups in self.linears.items():
@@ -142,4 +147,5 @@ def plan_of(engine) -> Plan:
     pages = {role: huge_pages.report(m) for role, m in models.items() if m.device.type == "cpu"}
     return Plan(key=machine.key(), machine=machine.machine(), precision=precision, ops=ops, linears=linears,
                 layouts=layouts, invariance=inv, forward=forward, step_costs=costs, tiles=tiles, prefetch=prefetch,
-                pages=pages or None, huge_bytes=huge_pages.huge_bytes() if pages else 0)
+                pages=pages or None, huge_bytes=huge_pages.huge_bytes() if pages else 0,
+                gemv=dict(engine.kernel_choice) or None)

@@ -45,8 +45,8 @@ OPS = {
     # and runs its fused layer program on all three launchers (the reference: the unfused program)
     "gemv": (fused_linear, "norm_linear_ref", "norm_linear"),
 }
-# ops whose "auto" stays the reference on CUDA too: a kernel no GPU run has yet timed against
-# what it replaces (gemv: cuBLAS; docs/design.md, "Fused step")
+# ops whose "auto" stays the reference on CUDA too: gemv's kernel wins or loses against cuBLAS by shape
+# and GPU, so Engine.warmup() times both per model and switches a runner (runtime/kernel_choice.py)
 AUTO_REFERENCE = ("gemv",)
 
 

@@ -64,3 +64,20 @@ def test_the_command_imports_nothing_the_gpu_machine_may_lack(blocked, tmp_path)
     proc = subprocess.run([sys.executable, "bench/gpu_replay.py", "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env=env)
     assert proc.returncode == 0 and "section" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_the_one_screen_sets_each_gemv_row_beside_cublas_and_the_timed_choice(tmp_path):
+    """The step rows a GPU run writes (CUDA only, so the smoke above has none): the fused few-row
+    linears' step as a ratio of the same shape's cuBLAS step, and warmup()'s own timed choice."""
+    step = [dict(model="qwen2.5-0.5b", variant="fused", step_s=1e-3, kernels_per_step=300),
+            dict(model="qwen2.5-0.5b", variant="fused+gemv", step_s=0.8e-3, kernels_per_step=180),
+            dict(model="qwen2.5-0.5b", variant="timed choice", gemv={"chosen": "triton",
+                                                                     "ms": {"torch": 1.01, "triton": 0.79}}),
+            dict(model="qwen2.5-7b", variant="timed choice", gemv=None)]
+    (tmp_path / "step.json").write_text(json.dumps({"rows": step}))
+    proc = subprocess.run([sys.executable, "bench/gpu_replay.py", "table", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "fused+gemv" in proc.stdout and "x cuBLAS 1.25" in proc.stdout
+    assert "timed choice: triton (torch 1.010 ms, triton 0.790 ms)" in proc.stdout
+    assert "qwen2.5-7b    timed choice: none ()" in proc.stdout
