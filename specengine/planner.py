@@ -63,8 +63,9 @@ class Plan:
         for role, names in self.ops.items():
             out.append(f"{role} ops: " + ", ".join(f"{op}={impl}" for op, impl in sorted(names.items())))
         for role, g in (self.gemv or {}).items():
-            out.append(f"{role} few-row linears: {'fused kernel' if g['chosen'] == 'triton' else 'cuBLAS'} (a graphed "
-                       f"step {g['ms']['torch']:.3f} ms with cuBLAS, {g['ms']['triton']:.3f} ms with the fused kernel)")
+            why = g.get("why") or (f"a graphed step {g['ms']['torch']:.3f} ms with cuBLAS, {g['ms']['triton']:.3f} ms "
+                                   f"with the fused kernel")
+            out.append(f"{role} few-row linears: {'fused kernel' if g['chosen'] == 'triton' else 'cuBLAS'} ({why})")
         for role, how in self.forward.items():
             out.append(f"{role} layers: {how}")
         for role, groups in self.linears.items():

@@ -57,11 +57,15 @@ def choose_gemv(runner, kernels, timer=None) -> dict | None:
     """Time `runner`'s step with cuBLAS and with the fused few-row linears (`timer(runner, tables)`:
     `time_steps` unless given, tests), set the faster on the runner and return {"chosen", "ms"};
     None where nothing was measured (a CPU runner without a timer, no Triton, gemv named in
-    `kernels`)."""
+    `kernels`). A kernel that fails here (a GPU it does not compile for) leaves cuBLAS, and says why."""
     candidates = tables(kernels)
     if candidates is None or not HAVE_TRITON or (runner.device.type != "cuda" and timer is None):
         return None
-    seconds = (timer or time_steps)(runner, candidates)
+    try:
+        seconds = (timer or time_steps)(runner, candidates)
+    except Exception as e:  # an optional fast path: its failure is reported, never raised
+        return {"chosen": runner.normal_ops.names["gemv"], "ms": {}, "why": f"the timing failed: {type(e).__name__}: "
+                f"{str(e).splitlines()[0][:200] if str(e) else ''}"}
     chosen = "triton" if seconds["triton"] <= MARGIN * seconds["torch"] else "torch"
     if runner.normal_ops.names["gemv"] != chosen:
         runner.set_kernels(candidates[chosen])  # drops graphs captured with the other table

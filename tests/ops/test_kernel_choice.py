@@ -64,6 +64,14 @@ def test_nothing_is_measured_on_a_cpu_runner_or_where_gemv_is_named(runner):
     assert calls == [] and runner.ops.names["gemv"] == "torch"
 
 
+def test_a_kernel_that_fails_here_leaves_cublas_and_says_why(runner):
+    def failing(runner, tables):
+        raise RuntimeError("PTX .version 8.4 does not support .target sm_75\nmore")
+    got = kernel_choice.choose_gemv(runner, "torch,gemv=auto", timer=failing)
+    assert got["chosen"] == "torch" and runner.ops.names["gemv"] == "torch" and got["ms"] == {}
+    assert got["why"] == "the timing failed: RuntimeError: PTX .version 8.4 does not support .target sm_75"
+
+
 def test_a_switch_drops_the_graphs_captured_with_the_other_table(tiny_pair):
     runner = ModelRunner(copy.deepcopy(tiny_pair[2]), "torch", capture=replaying)
     runner.allocate(1, 64)
