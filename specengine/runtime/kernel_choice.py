@@ -6,8 +6,9 @@ cuBLAS depends on the shapes and the GPU (a 0.5B draft's 896-wide rows against a
 3,584), so `auto` keeps cuBLAS until `Engine.warmup()` has timed both here: each CUDA runner's
 graphed one-token step under each table, taking turns, and the runner keeps the kernel only
 where it won by MARGIN. Never assumed from another GPU, never on a CPU runner (the kernel is
-Triton's), never where `kernels` names gemv's choice. The choice changes no token: both paths
-are the same sums (tests/ops/test_fused_linear_program.py).
+Triton's), never where `kernels` names gemv's choice. Either path is lossless (every method gives
+`ar`'s tokens on it: tests/ops/test_fused_linear_program.py); in fp32 both give the reference's
+tokens, and in bf16 they round apart as two GPUs do.
 """
 from __future__ import annotations
 
