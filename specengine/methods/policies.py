@@ -258,7 +258,7 @@ class AutoGammaPolicy(FixedPolicy):
 
     def _choose(self) -> None:
         self.probing = self.wait.due(self.left)
-        if self.clock.wants_plain() and not self.probing:  # time plain decoding once to compare
+        if self.clock.wants_plain(afresh=True) and not self.probing:  # time plain decoding once to compare
             self.gamma = 0
             return
         self.gamma = best_gamma(self.alpha, self.costs, self.gamma_max, gamma_min=1 if self.probing else 0,

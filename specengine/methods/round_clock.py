@@ -99,8 +99,15 @@ class RoundClock:
         if kind in other.prior:
             self.prior[kind] = other.prior[kind]
 
-    def wants_plain(self) -> bool:
-        """Speculation has been timed but plain decoding not yet: time plain rounds to compare."""
+    def wants_plain(self, afresh: bool = False) -> bool:
+        """Speculation has been timed but plain decoding not yet: time plain rounds to compare.
+        afresh (`sd`'s and `hybrid`'s chains): also where plain decoding has only an earlier call's
+        factor and this call's speculation has been timed. Where speculation wins every round plain
+        decoding is never timed otherwise, and a factor filed in a slow moment stays for good (AVX2
+        EPYC, MT-bench: a filed 1.66 against 1.33 timed afresh priced plain rounds dear, so `sd` drafted
+        γ 2-2.5 where 1-1.7 was right, 5 of 15 calls slower than `ar`). PEARL probes by its own rules."""
+        if afresh and "plain" in self.prior:  # (a plain round booked but not yet timed will replace it)
+            return self.known("spec") and "spec" not in self.prior and (self._pending or ("",))[0] != "plain"
         return self.known("spec") and not self.known("plain")
 
 

@@ -428,6 +428,29 @@ def test_carried_corrections_apply_to_measured_costs_only():
         assert pol.clock.factors() == ({"plain": 5.0} if measured else {})
 
 
+def test_a_carried_plain_factor_is_timed_again_once_the_calls_speculation_was():
+    """A plain factor filed in a slow moment (1.66) while speculation wins every round: without a plain
+    round of its own the call never learns that plain decoding is cheaper now (MT-bench on the AVX2
+    EPYC: `sd` drafted long chains and 5 of 15 calls ran slower than `ar`). So after this call's first
+    drafted round the policy times one plain round, and the factor moves toward what it measured."""
+    from specengine.methods.policies import AutoGammaPolicy
+
+    pol = AutoGammaPolicy()
+    pol.calibrate = True
+    pol.recall({"greedy:round_clock": {"plain": 1.66, "spec": 1.0}}, "greedy")
+    pol.set_costs(StepCosts(1, 0.2, tuple(1.0 + 0.05 * w for w in range(9)), measured=True))
+    gammas = []
+    for _ in range(12):
+        g = pol.gamma
+        gammas.append(g)
+        c = pol.costs
+        pol.update([g], [g])  # every proposal accepted
+        pol.timed(g * c.draft_s + c.verify_s(g + 1))  # every round as the model predicted
+    assert gammas.count(0) == 1 and gammas[0] > 0 and gammas.index(0) <= 2  # one plain round, once one was drafted
+    assert pol.clock.factor("plain") < 1.66 and "plain" not in pol.clock.prior
+    assert not pol.clock.wants_plain() and not pol.clock.wants_plain(afresh=True)
+
+
 @pytest.mark.parametrize("round_s", [0.005, 0.07, 2.0])
 def test_a_carried_correction_weighs_three_rounds_however_long_a_round_lasts(round_s):
     """A factor carried from an earlier call (or process) counts as MIN_ROUNDS rounds of this
