@@ -202,12 +202,12 @@ class Engine:
         return dict(self._step_costs)
 
     def warmup(self, batch: int = 1) -> dict:
-        """Pay one-time costs now, not in the first call: on a GPU each model's few-row linears (cuBLAS or
-        the fused kernel, timed: `kernel_choice`), KV buffers, the CUDA graphs of every bucket and draft
-        chain (Triton autotunes there), the step costs of every cost-driven choice (sd and hybrid γ auto,
-        n-gram rounds, PEARL's window) at each one's widest, batch invariance at the widest of all. -> graph bytes per model."""
+        """Pay one-time costs now, not in the first call: a GPU's few-row linears per model (timed: `kernel_choice`),
+        KV buffers, CUDA graphs of every bucket and draft chain (Triton autotunes there), the step costs of every cost-
+        driven choice (sd / hybrid γ auto, n-gram, PEARL's window) at its widest, batch invariance. -> graph bytes per model."""
         prompt = [[0, 0]] * batch if batch > 1 else [0, 0]
-        self.kernel_choice, self._step_costs = choose_kernels(self._runners(), self.config.kernels), {}  # costs: after
+        self.kernel_choice = choose_kernels(self._runners(), self.config.kernels)  # GPU only; {} elsewhere
+        self._step_costs = {} if self.kernel_choice else self._step_costs  # a timed choice: costs taken after it
         methods = ("hybrid", "sd", "pearl", "ngram") if self.draft is not None else ("ngram",)  # hybrid's widths: the others'
         widest = max(self.new_method(m, gamma="auto").max_width for m in methods)
         self.target.invariance.ensure(batch, widest)

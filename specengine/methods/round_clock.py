@@ -106,8 +106,9 @@ class RoundClock:
         decoding is never timed otherwise, and a factor filed in a slow moment stays for good (AVX2
         EPYC, MT-bench: a filed 1.66 against 1.33 timed afresh priced plain rounds dear, so `sd` drafted
         γ 2-2.5 where 1-1.7 was right, 5 of 15 calls slower than `ar`). PEARL probes by its own rules."""
-        if afresh and "plain" in self.prior:  # (a plain round booked but not yet timed will replace it)
-            return self.known("spec") and "spec" not in self.prior and (self._pending or ("",))[0] != "plain"
+        if afresh and "plain" in self.prior:
+            plain_pending = self._pending is not None and self._pending[0] == "plain"  # its time will replace the prior
+            return self.known("spec") and "spec" not in self.prior and not plain_pending
         return self.known("spec") and not self.known("plain")
 
 
