@@ -76,7 +76,7 @@ torch::Tensor silu_and_mul_cpu(const torch::Tensor& gu) {
               "gate_up must be a contiguous [rows, 2 * I] tensor (gate | up)");
   const int64_t R = gu.size(0), I = gu.size(1) / 2;
   auto out = torch::empty({R, I}, gu.options());
-  if (gu.scalar_type() == at::kFloat) {  // 16 lanes at a time, with our own exp (cpu/silu_impl.h)
+  if (gu.scalar_type() == at::kFloat) {  // a register of lanes at a time, with our own exp (cpu/silu_impl.h)
     silu_mul_f32_rows(gu.data_ptr<float>(), out.data_ptr<float>(), R, I);
     return out;
   }

@@ -5,7 +5,7 @@ Roundings follow transformers' MLP (`act_fn(gate) * up` in the model dtype): sil
 computed in fp32 and rounded to the dtype, then multiplied by u and rounded again.
 `silu_and_mul_ref` below is the spec; `silu_and_mul_cpu` is the compiled CPU op
 (csrc/fused_ops_cpu.cpp) with the same roundings. In fp32 the CPU op computes exp its own way
-(csrc/cpu/silu_impl.h, 16 lanes at a time): `silu_lanes_ref` is that op's spec, bit for bit.
+(csrc/cpu/silu_impl.h, a vector register at a time): `silu_lanes_ref` is that op's spec, bit for bit.
 """
 from __future__ import annotations
 
