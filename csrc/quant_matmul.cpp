@@ -16,6 +16,7 @@
 #include <torch/csrc/utils/pybind.h>  // the module's bindings, tensors included
 
 #include <atomic>
+#include <memory>
 #include <string>
 
 using namespace se;
@@ -308,8 +309,9 @@ torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k, cons
   const bool bf16 = q.scalar_type() == at::kBFloat16;
   const auto fn = kernels().attention;
   at::parallel_for(0, B * Q * Hq, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(L + 2 * D);  // scores, the output accumulator, the scaled query
-    fn(bf16, a, begin, end, scratch.data(), scratch.data() + L, scratch.data() + L + D);
+    // scores (kAttnGroup heads' rows), the output accumulator, the scaled query; never read before written
+    std::unique_ptr<float[]> scratch(new float[kAttnGroup * L + 2 * D]);
+    fn(bf16, a, begin, end, scratch.get(), scratch.get() + kAttnGroup * L, scratch.get() + kAttnGroup * L + D);
   });
   return out;
 }
