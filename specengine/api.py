@@ -81,8 +81,7 @@ class Engine:
         self._acceptance = {}  # decoding mode -> the draft's acceptance over the recent calls (γ auto)
         self._side_stream, self.kernel_choice = None, {}  # kernel_choice: warmup()'s timed gemv, per role
         self._replay = None  # a benchmark's acceptance replay (specengine/replay); never set otherwise
-        # `ar` launches each round before reading the last (docs/design.md, "Overlapped rounds");
-        # only a GPU runs ahead of the host, so elsewhere it would only cost a discarded round
+        # `ar` launches each round before reading the last ("Overlapped rounds"): only a GPU runs ahead of the host
         self.overlap_rounds = self.device.type == "cuda"
         self.dtype_choice, self._dtype_notes = None, set()  # from_pretrained sets the choice (dtype "auto")
         self._plan_cpu_matmul(cfg.cpu_matmul)
@@ -159,10 +158,10 @@ class Engine:
         return self._drafter
 
     def set_cpu_matmul(self, mode: str = "auto") -> None:
-        """"auto": CPU Linear layers use the fastest matmul path per shape and row count, and GGUF
-        blocks the faster layout, measured on this machine once (cached); "linear": plain F.linear
-        everywhere and GGUF blocks in the file's rows. A CPU target's batch-invariant mode is decided again."""
+        """"auto": CPU Linear layers take the fastest matmul path per shape and row count, GGUF blocks the faster layout
+        (measured once per machine); "linear": F.linear, GGUF blocks in the file's rows. Batch invariance is decided again."""
         self._plan_cpu_matmul(mode)
+        self._step_costs = {}  # timed on the old paths
         if self.device.type == "cpu":  # its probe's verdict was on the kernels the old plan took
             self.set_batch_invariant(self.config.batch_invariant, self.config.invariant_width)
 
@@ -177,9 +176,8 @@ class Engine:
             hold(runner.model)  # float weights as the plans left them, into 2 MiB pages (huge_pages.py)
 
     def step_costs(self, state, max_width: int, draft: bool = True):
-        """Measured draft step and target forward costs for the state's batch (widths 1..max_width),
-        cached per engine and batch size (and on a CPU in the machine's table). draft=False: the target's only (draft_s 0), for a method
-        that leaves the draft model out (its cache then holds nothing to time a step on)."""
+        """Measured draft step and target forward costs (widths 1..max_width) per batch size, cached (on a CPU also in
+        the machine's table). draft=False: the target's only (draft_s 0), for a method that leaves the draft out."""
         key = state.batch if draft and self.draft is not None else (state.batch, "target")
         have, wide = self._step_costs.get(key), self._step_costs.get(state.batch)
         if have is None and key != state.batch and wide is not None and len(wide.target_s) >= max_width:
@@ -224,7 +222,7 @@ class Engine:
         target runner's BatchInvariance found (runtime/invariance.py)."""
         self.config = self.config.replace(batch_invariant=mode, invariant_width=width)
         info = self.target.invariance.configure(mode, width)
-        self.batch_invariant, self.batch_invariant_info = info["on"], info
+        self.batch_invariant, self.batch_invariant_info, self._step_costs = info["on"], info, {}  # padding moves costs
 
     def set_kernels(self, kernels="auto") -> None:
         """The one switch between torch references and Triton kernels, for every op of both
@@ -233,6 +231,7 @@ class Engine:
         self.config, self.kernel_choice = self.config.replace(kernels=kernels), {}  # checked there; gemv: cuBLAS
         for runner in self._runners():
             runner.set_kernels(kernels)
+        self._step_costs = {}  # timed on the other ops: γ auto would price kernels that no longer run
 
     @property
     def ops(self):
@@ -247,6 +246,7 @@ class Engine:
         self.config = self.config.replace(cuda_graphs=bool(enabled))  # the config stays true
         for runner in self._runners():
             runner.set_cuda_graphs(enabled, capture, lazy)
+        self._step_costs = {}  # a graphed step costs less host time than an eager one: timed again
 
     def _runners(self):
         """The ModelRunners (the draft's unwrapped when it lives on another device)."""

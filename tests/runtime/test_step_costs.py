@@ -158,6 +158,32 @@ def test_a_second_engine_on_this_machine_reads_the_costs_from_its_table(tiny_pai
     assert len(measured) == 2
 
 
+def test_an_engine_forgets_its_step_costs_when_what_its_forwards_run_changes(tiny_pair, tokenizer, monkeypatch,
+                                                                            tmp_path):
+    """Costs timed on one ops table, matmul plan, graph setting or batch-invariant mode would price
+    forwards that no longer run: each switch drops them, and the next γ auto call times the forwards that
+    do (here the torch ops: another cost signature, so the machine's table has none to read)."""
+    import copy
+
+    from specengine import Engine
+    from specengine.runtime import step_costs as sc
+
+    fresh_cache(monkeypatch, tmp_path)
+    measured = []
+    real = sc.measure_step_costs
+    monkeypatch.setattr(sc, "measure_step_costs", lambda *a, **k: measured.append(a[3]) or real(*a, **k))
+    eng = Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]), max_seq_len=96)
+    call = lambda: eng.generate([5, 9, 2], max_new_tokens=4, ignore_eos=True, method="sd", gamma="auto")  # noqa: E731
+    for switch in (lambda: eng.set_kernels("torch"), lambda: eng.set_cuda_graphs(False),
+                   lambda: eng.set_cpu_matmul("auto"), lambda: eng.set_batch_invariant(False)):
+        call()
+        assert eng.measured_step_costs
+        switch()
+        assert not eng.measured_step_costs
+    call()
+    assert len(measured) == 2 and eng.measured_step_costs  # the compiled ops' costs, then the torch ops'
+
+
 def test_the_rounds_corrections_are_filed_and_a_new_engine_starts_from_them(tiny_pair, tokenizer, monkeypatch,
                                                                              tmp_path):
     """What a call's plain rounds measured against the step costs (round_clock.py: measured /
