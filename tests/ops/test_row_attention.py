@@ -83,6 +83,26 @@ def test_the_vectorized_loops_give_the_scalar_loops_bits(isa, D, dtype, tree):
                        plain.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
 
 
+@pytest.mark.parametrize("Hq,Hkv,D", [(6, 2, 128), (20, 2, 64), (14, 2, 64)])
+def test_the_heads_of_a_kv_head_give_their_bits_however_the_threads_split_them(isa, Hq, Hkv, D):
+    """The AVX2 copy takes the query heads of a KV head together (up to 8 at a time: 20 / 2 makes
+    groups of 8 and 2); a thread's share of rows may end inside a group. Every split (1-4 threads) and
+    the scalar loops give the same bits."""
+    q, k, v, lens = rand_case(2, 3, Hq, Hkv, D, 90, seed=Hq)
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2, 3, 4):
+            torch.set_num_threads(n)
+            outs.append(verify_attention_rows(q, k, v, lens))
+        row_attention._EXT.set_plain_attention(True)
+        outs.append(verify_attention_rows(q, k, v, lens))
+    finally:
+        row_attention._EXT.set_plain_attention(False)
+        torch.set_num_threads(threads)
+    assert all(torch.equal(o.view(torch.int32), outs[0].view(torch.int32)) for o in outs[1:])
+
+
 def test_a_querys_bits_depend_neither_on_the_other_queries_nor_the_read_length(isa):
     """Decoding token j alone (lens = n + j, Q = 1) and verifying it at position j of a chain
     (lens = n, Q = W), over any prefix of the cache that holds it: the same bits."""
