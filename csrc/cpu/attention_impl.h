@@ -56,6 +56,23 @@ struct QueryRow {
   }
 };
 
+// Hides the positions `row` may not see (-inf in p) and returns the max of the others' scores; n: their
+// count. The max in a local: kept in an array, each step had waited on a store (2x the loop).
+template <typename T>
+inline float mask_and_max(const QueryRow<T>& row, float* p, int64_t& n) {
+  float m = -INFINITY;
+  n = 0;
+  for (int64_t s = row.lo; s < row.stop; ++s) {
+    if (row.hidden(s)) {
+      p[s] = -INFINITY;
+      continue;
+    }
+    m = std::max(m, p[s]);
+    ++n;
+  }
+  return m;
+}
+
 // ---- The same arithmetic, vectorized for head dims of 16 * ND (64, 128, 256): bit for bit the loops
 // of attention_rows below. A key's 16 lane sums are added in lane order, as dot_fixed does, for 16
 // keys at once: their 16 x 16 partial sums transposed in registers (four stages of two-source
@@ -119,15 +136,7 @@ void attention_rows_v(const AttnArgs& a, int64_t begin, int64_t end, float* p) {
     for (; s + 16 <= row.stop; s += 16) dots16<ND>(qv, row.k + s * a.ks[1], a.ks[1], p + s);
     for (; s < row.stop; ++s) p[s] = dot_fixed(qf, row.k + s * a.ks[1], 16 * ND);
     int64_t n = 0;
-    float m = -INFINITY;
-    for (s = row.lo; s < row.stop; ++s) {
-      if (row.hidden(s)) {
-        p[s] = -INFINITY;
-        continue;
-      }
-      m = std::max(m, p[s]);
-      ++n;
-    }
+    const float m = mask_and_max(row, p, n);
     float sum = 0.0f;
     float out[16 * ND];
     v16 acc[ND];
@@ -225,16 +234,8 @@ void attention_heads(const AttnArgs& a, int64_t begin, int64_t end, float* p) {
     int64_t n = 0;
     for (int64_t j = 0; j < g; ++j) {
       float* pj = p + j * L;
-      float mj = -INFINITY, sj = 0.0f;  // locals: kept in the arrays, each step waited on a store (2x the loop)
-      n = 0;
-      for (s = row.lo; s < row.stop; ++s) {
-        if (row.hidden(s)) {
-          pj[s] = -INFINITY;
-          continue;
-        }
-        mj = std::max(mj, pj[s]);
-        ++n;
-      }
+      const float mj = mask_and_max(row, pj, n);
+      float sj = 0.0f;
       // the weights in place (a hidden key keeps -inf), then their sum: summed in the same loop, the
       // running sum was spilled around every call of exp (no vector register survives a call)
       for (s = row.lo; s < row.stop && n > 0; ++s)
