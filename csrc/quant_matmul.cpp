@@ -308,10 +308,12 @@ torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k, cons
              tm.defined() && tm.size(0) > 1 ? Q * Q : 0, float(scale), plain_attention()};
   const bool bf16 = q.scalar_type() == at::kBFloat16;
   const auto fn = kernels().attention;
+  // scores (a row per query head a group takes: never more than share a KV head), the output
+  // accumulator, the scaled query; never read before written
+  const int64_t rows = std::min<int64_t>(kAttnGroup, Hq / a.Hkv) * L;
   at::parallel_for(0, B * Q * Hq, 1, [&](int64_t begin, int64_t end) {
-    // scores (kAttnGroup heads' rows), the output accumulator, the scaled query; never read before written
-    std::unique_ptr<float[]> scratch(new float[kAttnGroup * L + 2 * D]);
-    fn(bf16, a, begin, end, scratch.get(), scratch.get() + kAttnGroup * L, scratch.get() + kAttnGroup * L + D);
+    std::unique_ptr<float[]> scratch(new float[rows + 2 * D]);
+    fn(bf16, a, begin, end, scratch.get(), scratch.get() + rows, scratch.get() + rows + D);
   });
   return out;
 }

@@ -123,7 +123,6 @@ inline void dots16(const v16* q, const T* k, int64_t stride, float* p) {
   std::memcpy(p, &s, sizeof(s));
 }
 
-
 template <int ND, typename T>
 void attention_rows_v(const AttnArgs& a, int64_t begin, int64_t end, float* p) {
   for (int64_t r = begin; r < end; ++r) {
@@ -137,10 +136,9 @@ void attention_rows_v(const AttnArgs& a, int64_t begin, int64_t end, float* p) {
     for (; s < row.stop; ++s) p[s] = dot_fixed(qf, row.k + s * a.ks[1], 16 * ND);
     int64_t n = 0;
     const float m = mask_and_max(row, p, n);
-    float sum = 0.0f;
-    float out[16 * ND];
     v16 acc[ND];
     for (int c = 0; c < ND; ++c) acc[c] = v16{};
+    float sum = 0.0f;
     for (s = row.lo; s < row.stop && n > 0; ++s) {
       if (p[s] == -INFINITY) continue;
       const float e = std::exp(p[s] - m);
@@ -148,8 +146,9 @@ void attention_rows_v(const AttnArgs& a, int64_t begin, int64_t end, float* p) {
 #pragma GCC unroll 16
       for (int c = 0; c < ND; ++c) acc[c] += e * load16(row.v + s * a.vs[1] + 16 * c);
     }
-    for (int c = 0; c < ND; ++c) std::memcpy(out + 16 * c, &acc[c], sizeof(v16));
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    float out[16 * ND];
+    for (int c = 0; c < ND; ++c) std::memcpy(out + 16 * c, &acc[c], sizeof(v16));
     for (int64_t l = 0; l < 16 * ND; ++l) row.o[l] = T(out[l] * inv);
   }
 }

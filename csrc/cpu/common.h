@@ -60,7 +60,7 @@ struct Act {
 
 // One call of the batch-invariant attention (row_attention_impl.h): tensors as [dim0, dim1, dim2, D].
 // Query heads row_attention takes together over one pass of their KV head's keys (attention_impl.h's
-// attention_heads); its scratch holds that many rows of scores.
+// attention_heads); its scratch holds up to that many rows of scores.
 constexpr int64_t kAttnGroup = 8;
 
 struct AttnArgs {

@@ -12,19 +12,13 @@
 // 2.2 ulp of the exact value over 2M points of [-88.37, 90] (torch's own differs from it by 1-2).
 #pragma once
 #include "common.h"
+#include "dequant_impl.h"
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 
-#if defined(SE_WIDE)
-constexpr int kSiluBytes = 64;
-#elif defined(SE_AVX2)
-constexpr int kSiluBytes = 32;
-#else
-constexpr int kSiluBytes = 16;
-#endif
-typedef float silu_vf __attribute__((vector_size(kSiluBytes)));
-typedef int32_t silu_vi __attribute__((vector_size(kSiluBytes)));
-constexpr int64_t kSiluLanes = kSiluBytes / 4;
+typedef vlane silu_vf;  // this instruction set's own float vector (dequant_impl.h)
+typedef int32_t silu_vi __attribute__((vector_size(sizeof(vlane))));
+constexpr int64_t kSiluLanes = kLanes;
 
 // exp(a) lane by lane: a > 88.37 gives +inf (2^n would leave the float range), a < -87.3 is taken as
 // -87.3 (exp under 2^-125: 1 + exp(a) rounds to 1 there, which is all SiLU needs), NaN stays NaN.
