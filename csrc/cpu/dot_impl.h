@@ -87,19 +87,36 @@ inline void unpack_q6k(const uint8_t* b, uint8_t* v) {
 }
 
 #ifdef SE_AVX2
-// The weight stream `prefetch_distance` bytes ahead of the block being multiplied, into L1 or L2
-// (`prefetch_to_l2`), one call per block (`bytes` of it). At verify widths the kernel computes long
-// enough per block that the hardware prefetchers alone leave DRAM idle between requests: a 5-row down
-// projection (1536 x 8960) cost the time of its memory plus its compute, now about the larger of the two.
+// One line of the weight stream into the cache `prefetch_to_l2` names (L2: prefetcht1, else L1). Inline
+// assembly, not _mm_prefetch: GCC 12 deleted whole groups of prefetch builtins under this branch as dead
+// code (at -O2 every one of prefetch_lines' below; at -O3 the sub-blocks' of the Q4_K loop), and volatile
+// assembly is never deleted.
+inline void prefetch_line(const char* p) {
+  if (prefetch_to_l2)
+    asm volatile("prefetcht1 %0" : : "m"(*p));
+  else
+    asm volatile("prefetcht0 %0" : : "m"(*p));
+}
+
+// The weight stream `prefetch_distance` bytes ahead of the block being multiplied, one call per block
+// (`bytes` of it). At verify widths the kernel computes long enough per block that the hardware
+// prefetchers alone leave DRAM idle between requests: a 5-row down projection (1536 x 8960) cost the
+// time of its memory plus its compute, now about the larger of the two.
 inline void prefetch_ahead(const uint8_t* w, int64_t bytes) {
   const char* p = reinterpret_cast<const char*>(w + prefetch_distance);
-  if (prefetch_to_l2) {
-#pragma GCC unroll 32  // a constant count at every call: no loop left (18 lines of a Q4_K group)
-    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
-  } else {
-#pragma GCC unroll 32
-    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-  }
+#pragma GCC unroll 32  // a constant count at every call: no loop left (3 lines of a Q4_0 group)
+  for (int64_t o = 0; o < bytes; o += 64) prefetch_line(p + o);
+}
+
+// N lines of the stream from byte `offset` of the block at w, as prefetch_ahead. A block of many lines
+// (Q4_K's 18, Q6_K's 27 in the x8 layout) asks for a few through its loop instead of all at its top: a
+// burst sat ~350 instructions behind the loads of the block before it, so while one of those waited on
+// memory the core did not reach the next burst and the stream stalled.
+template <int N>
+inline void prefetch_lines(const uint8_t* w, int64_t offset) {
+  const char* p = reinterpret_cast<const char*>(w + prefetch_distance + offset);
+#pragma GCC unroll 8
+  for (int n = 0; n < N; ++n) prefetch_line(p + 64 * n);
 }
 
 // v, as the compiler must assume an unknown instruction rewrote it: keeps a running integer sum in

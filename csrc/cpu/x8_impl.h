@@ -19,12 +19,13 @@ void dot_q4k_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
   const __m256i m4 = _mm256_set1_epi8(0xF);
   for (int64_t i = 0; i < nb; ++i, w += kGroup * kBytes[kQ4_K]) {
     __m256i sc[2], mn[2];
-    prefetch_ahead(w, kGroup * kBytes[kQ4_K]);
+    prefetch_lines<2>(w, 0);  // the scales; each sub-block asks for its 128 bytes (prefetch_lines)
     q4k_scales_mins(w, sc, mn);
     __m256i isum[R];
     for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
     const uint8_t* qs = w + kQ4KValues;
     auto sub_block = [&](int j) __attribute__((always_inline)) {  // the low (j even) or high nibbles of chunk j / 2
+      prefetch_lines<2>(w, kQ4KValues + 128 * j);
       __m256i p[R];
       for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
       for (int t = 0; t < 8; ++t) {  // values 32j + 4t .. 32j + 4t + 3 of each row
@@ -138,6 +139,7 @@ inline void q6_half(const uint8_t* w, int h, int s, int64_t i, const Act& a, con
   const int g = 8 * h + s;
   auto one_k = [&](auto kc) __attribute__((always_inline)) {
     constexpr int k = decltype(kc)::value;
+    if constexpr (k < 3) prefetch_lines<2>(w, kQ6Values + 96 * 8 * h + 384 * s + 128 * k);
     for (int t0 = 4 * s; t0 < 4 * s + 4; t0 += 2) {
       __m256i p[R];
       for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
@@ -162,7 +164,11 @@ void dot_q6k_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i, w += kGroup * kBytes[kQ6_K]) {
+#ifdef SE_VNNI
     prefetch_ahead(w, kGroup * kBytes[kQ6_K]);
+#else
+    prefetch_lines<3>(w, 0);  // d and the scales; each q6_half asks for its 384 bytes (prefetch_lines)
+#endif
     const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
     __m256i words[4];
     for (int k = 0; k < 4; ++k) words[k] = load256(w + kQ6Scales + 32 * k);

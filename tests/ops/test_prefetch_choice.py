@@ -3,6 +3,10 @@ machine's choice, not the kernel's: the planner times a pass over the model's GG
 setting once per machine, files it in the machine's table and sets it (models/quant_plan.py
 `choose_prefetch`). Checked with given timings (which setting wins is the machine's), and on the real
 extension: no setting changes a result, on any copy, and the timing leaves the setting it found."""
+import platform
+import shutil
+import subprocess
+
 import pytest
 import torch
 
@@ -170,3 +174,20 @@ def test_the_plan_says_where_the_stream_is_prefetched(tmp_path, monkeypatch, tin
            "l2@2048 38.1 / 47.2 ms, l1@4096 41.8 / 51.4 ms" in str(timed)
     untimed = dataclasses.replace(plan, prefetch={"running": "l1", "ms": None})
     assert "weight stream prefetched into l1 (not timed" in str(untimed)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or shutil.which("objdump") is None,
+                    reason="x86 copies only; objdump comes with the binutils that built the extension")
+@pytest.mark.parametrize("kernel, lines", [("dot_q4k_x8<1>", 18), ("dot_q6k_x8<1>", 27), ("dot_q4k_x8<5>", 4)])
+def test_the_avx2_weight_loops_keep_their_prefetches(kernel, lines):
+    """The compiled one-row loops still ask for every line of a group (Q4_K 18, Q6_K 27; a verify
+    width's Q4_K loop, whose sub-blocks stay a loop, for its scales and one sub-block's). GCC 12 had
+    deleted the sub-blocks' prefetch builtins as dead code, so the Q4_K stream ran without them
+    (dot_impl.h, prefetch_line); nothing else would notice: results do not change."""
+    listing = subprocess.run(["objdump", "-d", "-C", "--no-show-raw-insn", EXT.__file__], capture_output=True,
+                             text=True, check=True).stdout
+    head = f"<void se::avx2::{kernel}(unsigned char const*, long, se::Act const&, float*)>:"
+    bodies = [b for b in listing.split("\n\n") if head in b.splitlines()[0]]
+    assert bodies, f"no {kernel} in the avx2 copy"
+    prefetches = bodies[0].count("prefetcht")
+    assert prefetches >= lines, f"{kernel} issues {prefetches} prefetches, fewer than its {lines} lines"
