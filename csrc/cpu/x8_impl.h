@@ -24,7 +24,11 @@ void dot_q4k_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
     __m256i isum[R];
     for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
     const uint8_t* qs = w + kQ4KValues;
-    auto sub_block = [&](int j) __attribute__((always_inline)) {  // the low (j even) or high nibbles of chunk j / 2
+    // The low (j even) or high nibbles of chunk j / 2. Up to 3 rows unrolled whole: j is a constant in
+    // each copy, so each fold's byte pattern is too and no branch is left on j's parity (one row +19-21%
+    // compute rate on Zen 4; 2-3 rows 0.71-1.0x the time on Zen 3); 4-5 rows lost up to 7% unrolled,
+    // streamed (docs/design.md, "Experiments", CPU kernels).
+    auto sub_block = [&](int j) __attribute__((always_inline)) {
       prefetch_lines<2>(w, kQ4KValues + 128 * j);
       __m256i p[R];
       for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
@@ -35,10 +39,7 @@ void dot_q4k_x8(const uint8_t* w, int64_t nb, const Act& a, float* out) {
       }  // int16 pairs: 8 x 2 x 15 x 127 fits
       for (int r = 0; r < R; ++r) isum[r] = fold<false>(isum[r], p[r], sc[j / 4], j % 4);
     };
-    if constexpr (R == 1) {
-      // a decode: unrolled whole, each fold's byte pattern is a constant and no branch is left on
-      // j's parity (+21% one-row compute rate, avx2 copy on Zen 4; with more rows the unrolled
-      // loop ran out of registers and lost 7-12%: docs/design.md, "Experiments", CPU kernels)
+    if constexpr (R <= 3) {
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) sub_block(j);
     } else {
