@@ -369,7 +369,8 @@ class Generation:
             "batch": len(self.rows),
             "new_tokens": new_tokens,
             "wall_time_s": wall,
-            "prefill_s": self.prefill_s,
+            # the draft's prefill too where the method deferred it into a round (sd, hybrid: draft_prime.py)
+            "prefill_s": self.prefill_s + self.timer.totals().get("prime", 0.0),
             "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
             "target_forwards": self.counters.target_forwards,
             "tokens_per_target_forward": new_tokens / max(self.counters.row_target_forwards, 1),

@@ -14,16 +14,14 @@ no stop string or constraint); elsewhere it is projected from what it has writte
 """
 from __future__ import annotations
 
+from . import draft_prime
 from .ngram import NgramDecoding
 from .policies import catch_up_s, expected_tokens, read_s
 from .round_clock import TokenYield
 from .state import DecodeState, RoundOutput
 from .steps import chain_round
 
-# draft prefill deferred: the reply is expected to write this many times what it has so far
-# (chosen by host-only replays and an interleaved A/B: docs/design.md, "Experiments")
-PRIME_HORIZON = 2.0
-# ... and paid when the savings projected exceed this many times its cost: the projection's α is the
+# the deferred draft prefill (draft_prime.py) is paid when the savings projected exceed this many times its cost: the projection's α is the
 # engine's last call's (code, 0.65-0.75) where prose accepts ~0.5, and the prefill is paid for good
 PRIME_MARGIN = 2.0
 
@@ -93,60 +91,30 @@ class HybridDecoding(NgramDecoding):
         return self.saved * ahead / max(sum(written), 1) > PRIME_MARGIN * prime
 
     def _ahead(self, b: int, written: int) -> int:
-        """What row b may still write: its limit's remainder where nothing can end it sooner (no
-        stop id or string, no constraint: `ignore_eos`), else PRIME_HORIZON times what it has
-        written (at least one token), at most that remainder. Known, the prime is paid in the first
-        rounds where it pays: projected at 2x, a draft that won every round waited for half of a
-        64-token reply (real pair, Zen 5, HumanEval/0-3 x 64: `hybrid` 0.98x `ar`, median of 8; 1.17x)."""
-        left = self.limit[b] - self.n_host[b]
-        row = self.call.rows[b]
-        if not row.stops and not row.stop_ids and self.call.state.constraints is None:
-            return left
-        return min(PRIME_HORIZON * max(written, 1), left)
+        """What row b may still write (draft_prime.ahead)."""
+        return draft_prime.ahead(self.call.rows[b], written, self.limit[b] - self.n_host[b],
+                                 self.call.state.constraints is not None)
 
     def _prime_s(self, lengths: list[int], costs) -> float:
-        """Seconds of the deferred prefill of rows of these committed lengths (all but the last
-        token of each): the draft's own prefill rate where the step costs timed it
-        (`StepCosts.draft_prefill_s`); else the target's measured prefill rate scaled by the
-        draft/target step ratio (1.5-1.8x too cheap on a CPU), and never more than reading them in
-        forwards of the method's width over the batch, which is the estimate where neither was
-        timed (the serving core admits rows one by one)."""
-        if not lengths:
-            return 0.0
-        tokens = sum(n - 1 for n in lengths)
-        if getattr(costs, "draft_prefill_s", None) is not None:
-            return tokens * costs.draft_prefill_s
-        chunks = read_s(costs, max(lengths) - 1, self.max_width)
-        if self.prefill_token_s is None or self.key != "greedy":  # a sampled call's choices time nothing
-            return chunks
-        return min(tokens * self.prefill_token_s * costs.draft_s / costs.verify_s(1), chunks)
+        """Seconds of the deferred prefill of rows of these committed lengths (draft_prime.prime_s; a
+        sampled call's choices time nothing, so it never prices by the call's own prefill)."""
+        return draft_prime.prime_s(costs, lengths, self.max_width, self.prefill_token_s if self.key == "greedy" else None)
 
     def _prime(self, state: DecodeState, live: list[int]) -> None:
-        """The deferred draft prefill of live rows whose text the draft has not read: all but the
-        row's last committed token, as after a prefill (the chain's own catch-up reads that one).
-        One batched prefill when no row of the round's view was read yet (a generate call), else
-        row by row (the serving core's rows come and go)."""
-        draft, rows = self.ctx.draft, range(state.batch)
-        if not any(self.primed[b] for b in rows):
-            longest = max(self.n_host[b] for b in rows)  # finished rows' frozen text comes along
-            draft.prefill(state.tokens[:, : max(longest - 1, 1)], state.n - 1, attn_len=max(longest - 1, 1))
-            for b in rows:
-                self.primed[b], self.gap[b] = True, 1
-            self.primes += len(live)
-            return
-        for b in live:
-            if not self.primed[b]:
-                n = self.n_host[b]
-                draft.prefill_row(b, state.tokens[b: b + 1, : max(n - 1, 1)], n - 1)
-                self.primed[b], self.gap[b] = True, 1
-                self.primes += 1
+        """The deferred draft prefill of live rows whose text the draft has not read (draft_prime.prime):
+        each then 1 behind, as after a prefill."""
+        unread = [b for b in range(state.batch) if not self.primed[b]]
+        self.primes += draft_prime.prime(self.ctx.draft, state, self.primed, live, self.n_host)
+        for b in unread:
+            if self.primed[b]:
+                self.gap[b] = 1
 
     def _draft_round(self, state: DecodeState, live: list[int], timer) -> RoundOutput:
         """Hybrid: the draft model's chain (sd's round), after reading what it missed."""
         self.draft_rounds += 1
         primes, dp = self.primes, self.draft_policy
         unread = [self.n_host[b] for b in live if not self.primed[b]]  # the rows _prime reads now
-        with timer.phase("draft"):
+        with timer.phase("prime"):  # the call's prefill, wherever it runs (stats["prefill_s"])
             self._prime(state, live)
         self.primed_now = self.primes > primes
         # up to 2 behind the chain's own catch-up reads; more after n-gram rounds it sat out

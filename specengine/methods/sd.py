@@ -5,16 +5,23 @@ One round: the draft proposes γ tokens autoregressively; the target scores
 one corrected or bonus token; the driver rolls both caches back by setting their lengths.
 γ comes from a draft-length policy (`policies.py`), `auto` by default. With `tree="KxD:N"`
 the draft proposes a token tree instead (steps.draft_tree). The draft's bookkeeping (1 or 2
-tokens behind after a round) is in steps.py.
+tokens behind after a round) is in steps.py. With γ auto the draft reads the prompt at the first
+chain whose projected savings over the rest of the reply pay for that prefill (draft_prime.py).
 """
 from __future__ import annotations
 
 from ..errors import SpecEngineError
+from . import draft_prime
 from .base import CallInputs, CallTotals, Method, prediction, speculative_stats, tokens_left
 from .context import MethodContext
-from .policies import catch_up_s, make_policy
+from .policies import catch_up_s, expected_tokens, make_policy
 from .state import DecodeState, RoundOutput
 from .steps import PlainStep, chain_round, draft_tree, grammar_drafts, verify_proposals, verify_tree_and_commit
+
+# The deferred draft prefill is paid where the chains' projected savings exceed this many times its cost:
+# the savings come from the pair's acceptance the engine learned over its calls (hybrid's n-gram
+# rounds, which win without the draft, ask twice: hybrid.PRIME_MARGIN).
+PRIME_MARGIN = 1.0
 
 
 class SpeculativeDecoding(Method):
@@ -37,12 +44,25 @@ class SpeculativeDecoding(Method):
         self.gammas: list[int] = []  # γ of every round (0: a plain decode round)
         self.plain, self.behind = PlainStep(), 0  # tokens committed since the draft last ran (at most)
         self.grammar_round, self.grammar_rounds = False, 0  # this round verified the grammar's forced tokens
+        self.primed: list[bool] = []  # per row: the draft's cache holds its text (draft_prime.py)
+        self.primes, self.primed_now = 0, False  # deferred draft prefills run; one ran in this round
+
+    @property
+    def defers_draft_prefill(self) -> bool:
+        """γ auto chains: the draft reads the prompt once its chains pay for that (draft_prime.py)."""
+        return self.tree is None and self.policy.needs_costs
 
     @property
     def one_token_rounds(self) -> bool:
         """γ auto decoding plainly: the next round is a plain step too (γ changes only when the host
-        books a round), so the driver may launch it before reading this one, as for `ar`."""
-        return self.tree is None and self.policy.needs_costs and self.policy.gamma == 0
+        books a round), so the driver may launch it before reading this one, as for `ar`; also while the
+        draft's deferred prefill does not pay (decided on the same host view as that round's `round`)."""
+        if self.tree is not None or not self.policy.needs_costs:
+            return False
+        if self.policy.gamma == 0:
+            return True
+        live = self._live()
+        return not all(self.primed[b] for b in live) and not self._prime_pays(live)
 
     @property
     def max_width(self) -> int:
@@ -52,7 +72,8 @@ class SpeculativeDecoding(Method):
 
     def begin(self, ctx: MethodContext, call: CallInputs) -> None:
         super().begin(ctx, call)
-        self.rows = call.rows  # the driver's: what each row may write and has kept
+        self.rows, self.state = call.rows, call.state  # the driver's: what each row may write and has kept
+        self.primed = [not self.defers_draft_prefill] * call.state.batch
         if self.tree is not None:
             return
         if self.policy.wants_hidden:  # specdec++: the acceptance head for this draft and mode
@@ -82,12 +103,52 @@ class SpeculativeDecoding(Method):
             self.gammas.append(0)
             self.behind += 1
             return self.plain(ctx, state, timer)
-        if self.policy.needs_costs:  # the catch-up this round pays, priced where the clock books it
-            self.policy.extra_s = catch_up_s(self.policy.costs, self.behind, self.max_width)
+        live = self._live()
+        self.primed_now = not all(self.primed[b] for b in live)
+        if self.primed_now and not self._prime_pays(live):  # the draft sits out, its prompt unread
+            self.primed_now = False
+            self.gammas.append(0)
+            self.behind += 1
+            return self.plain(ctx, state, timer)
+        extra_s = 0.0
+        if self.primed_now:  # the draft reads the rows' text now: 1 behind after, as after a prefill
+            lengths = state.n.tolist()  # the round's one extra sync, once a call
+            extra_s = draft_prime.prime_s(self.policy.costs, [lengths[b] for b in live if not self.primed[b]],
+                                          self.max_width)
+            with timer.phase("prime"):  # the call's prefill, wherever it runs (stats["prefill_s"])
+                self.primes += draft_prime.prime(ctx.draft, state, self.primed, live, lengths)
+            self.behind = 0
+        if self.policy.needs_costs:  # the catch-up (and prefill) this round pays, priced where the clock books it
+            self.policy.extra_s = catch_up_s(self.policy.costs, self.behind, self.max_width) + extra_s
         out = chain_round(ctx, state, self.policy, timer, self.behind)
         self.behind = 0
         self.gammas.append(out.draft_forwards)  # a policy may have ended the loop early
         return out
+
+    def _live(self) -> list[int]:
+        return [b for b, row in enumerate(self.rows) if row.finish_reason is None]
+
+    def _prime_pays(self, live: list[int]) -> bool:
+        """Would the chains' projected savings over what the live rows may still write (draft_prime.ahead)
+        pay PRIME_MARGIN times for the draft's prefill of the rows it has not read? Per token a chain
+        saves a plain step's seconds less the chain's over its expected tokens, as the clock corrected
+        both; the prefill at the draft's measured rate."""
+        pol, c = self.policy, self.policy.costs
+        g, rows = pol.gamma, self.rows
+        lengths = [rows[b].prompt_len + len(rows[b].ids) for b in live if not self.primed[b]]
+        prefill = draft_prime.prime_s(c, lengths, self.max_width)
+        plain_s = c.verify_s(1) * pol.clock.factor("plain")
+        chain_s = (g * c.draft_s + c.verify_s(g + 1)) * pol.clock.factor("spec")
+        saved = (plain_s - chain_s / expected_tokens(pol.alpha, g)) / max(len(live), 1)  # per token
+        constrained = self.state.constraints is not None
+        ahead = sum(draft_prime.ahead(rows[b], len(rows[b].ids), rows[b].max_new - len(rows[b].ids), constrained)
+                    for b in live)
+        return saved * ahead > PRIME_MARGIN * prefill
+
+    def reset_rows(self, rows: list[int]) -> None:
+        for b in rows:  # the serving core put a new request there: prefilled, or read at its first chain
+            if b < len(self.primed):
+                self.primed[b] = not self.defers_draft_prefill
 
     def after_round(self, n_acc, num_draft) -> None:
         if self.grammar_round:  # forced tokens say nothing of the draft's acceptance or costs
@@ -100,7 +161,7 @@ class SpeculativeDecoding(Method):
             self.policy.remember(self.ctx.acceptance, self.key)
 
     def timed(self, seconds: float) -> None:
-        if self.tree is None and self.policy.needs_costs:
+        if self.tree is None and self.policy.needs_costs and not self.primed_now:  # a prefill's round: not a chain's time
             self.policy.timed(seconds)
 
     def prediction(self, totals: CallTotals) -> dict:
@@ -115,4 +176,5 @@ class SpeculativeDecoding(Method):
         return {"policy": self.policy.name, "gamma": self.policy.gamma, **self.tree_stats(),
                 "gamma_mean": sum(drafted) / max(len(drafted), 1),  # over the rounds that drafted
                 "plain_rounds": len(self.gammas) - len(drafted), "grammar_rounds": self.grammar_rounds,
+                "draft_prefills_deferred": self.primes,
                 **self.prediction(totals), **speculative_stats(totals)}

@@ -187,12 +187,15 @@ def test_a_probe_whose_short_stretch_ends_plain_doubles_the_wait():
 def test_sd_that_falls_back_to_plain_rounds_is_lossless(tiny_pair, tokenizer, monkeypatch):
     """Costs that make speculation lose: sd runs plain decode rounds, probes every 16, and its
     draft catches up across the plain rounds; tokens are ar's, greedy and seeded sampling,
-    ragged batches included."""
+    ragged batches included. The draft read the prompt up front (a deferred read never pays under
+    these costs, so no probe would run: test_draft_prime.py)."""
     from specengine.methods import policies
+    from specengine.methods.sd import SpeculativeDecoding
 
     target, _, perturbed = tiny_pair
     eng = Engine(target, tokenizer, draft=perturbed, max_seq_len=256)
     monkeypatch.setattr(eng, "step_costs", lambda state, width: LOSING)
+    monkeypatch.setattr(SpeculativeDecoding, "defers_draft_prefill", False)
     prompts = ["def f(x):", "abc abc abc", "for i in range(10):"]
     for kw in (dict(), dict(temperature=0.9, top_k=20, seed=4)):
         ar = [r.token_ids for r in eng.generate(prompts, max_new_tokens=60, method="ar", ignore_eos=True, **kw)]
@@ -491,9 +494,14 @@ def test_no_probe_catches_up_more_tokens_than_the_call_has_left():
 
 
 def test_sd_skips_the_probe_its_reply_cannot_repay(tiny_pair, tokenizer, monkeypatch):
+    """(A draft that read the prompt up front: one whose read is deferred never probes under costs
+    that lose, test_draft_prime.py.)"""
+    from specengine.methods.sd import SpeculativeDecoding
+
     target, _, perturbed = tiny_pair
     eng = Engine(target, tokenizer, draft=perturbed, max_seq_len=256)
     monkeypatch.setattr(eng, "step_costs", lambda state, width: LOSING)
+    monkeypatch.setattr(SpeculativeDecoding, "defers_draft_prefill", False)
     ar = eng.generate("def f(x):", max_new_tokens=60, method="ar", ignore_eos=True).token_ids
     r = eng.generate("def f(x):", max_new_tokens=60, method="sd", gamma="auto", ignore_eos=True)
     assert r.token_ids == ar

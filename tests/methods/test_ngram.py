@@ -565,7 +565,8 @@ def test_hybrid_prefills_the_draft_once_the_projected_saving_pays_for_it(plain_f
     on replies where drafting then lost: a first call at 0.77-0.88x the next on Zen 5). Until
     chains are timed, a chain is priced no cheaper than the plain rounds measure (their factor
     here 1.5): on the AVX2 EPYC chains priced at the bare model primed where drafting then lost."""
-    from specengine.methods.hybrid import PRIME_HORIZON, PRIME_MARGIN
+    from specengine.methods.draft_prime import PRIME_HORIZON
+    from specengine.methods.hybrid import PRIME_MARGIN
 
     cost = lambda w: 1.0 + 0.1 * (w - 1)  # noqa: E731
     m, _ = hybrid_at(0.5, 0.9, 0.1, cost)

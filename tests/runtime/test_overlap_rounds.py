@@ -94,10 +94,14 @@ def test_only_one_token_rounds_overlap_and_only_a_gpu_engine_by_default(tiny_pai
     assert gen.method.one_token_rounds is True
 
 
-def test_sd_gamma_auto_decoding_plainly_overlaps_like_ar_and_still_probes(tiny_pair, tokenizer):
+def test_sd_gamma_auto_decoding_plainly_overlaps_like_ar_and_still_probes(tiny_pair, tokenizer, monkeypatch):
     """γ auto with costs that make speculation lose decodes plainly; its plain rounds are launched
-    ahead like ar's (a GPU's "never slower"), the probes still run, and the tokens are ar's."""
+    ahead like ar's (a GPU's "never slower"), the probes still run, and the tokens are ar's. (The
+    draft read the prompt up front: a deferred read never pays under these costs, so none would probe.)"""
+    from specengine.methods.sd import SpeculativeDecoding
     from specengine.runtime.step_costs import StepCosts
+
+    monkeypatch.setattr(SpeculativeDecoding, "defers_draft_prefill", False)
 
     eng = Engine(tiny_pair[0], tokenizer, draft=tiny_pair[2], max_seq_len=160)
     eng.step_costs = lambda state, width, draft=True: StepCosts(state.batch, 5.0, (1.0,) * width)

@@ -1,0 +1,63 @@
+"""The draft's prompt read at its first chain rather than at the call's prefill (`hybrid` and `sd` with
+γ auto): a row's text goes into the draft's cache only once the chains' projected savings over the rest
+of the reply pay for that prefill. A short reply to a long prompt then never pays it (on the AVX2 EPYC a
+~1,000-token prompt's draft prefill cost 2-5 s, and `sd` ran 0.61-0.75x `ar` end to end on 16 tokens:
+docs/design.md, "Never slower")."""
+from __future__ import annotations
+
+from .policies import read_s
+from .state import DecodeState
+
+# what a row may write where its end is not known: this many times what it has written so far
+# (chosen by host-only replays and an interleaved A/B: docs/design.md, "Experiments")
+PRIME_HORIZON = 2.0
+
+
+def ahead(row, written: int, left: int, constrained: bool) -> int:
+    """What a row may still write: its limit's remainder (`left`) where nothing can end it sooner (no stop
+    id or string, no constraint: `ignore_eos`), else PRIME_HORIZON times what it has written (at least
+    one token), at most that remainder. Known, the prime is paid in the first rounds where it pays:
+    projected at 2x, a draft that won every round waited for half of a 64-token reply (real pair, Zen 5,
+    HumanEval/0-3 x 64: `hybrid` 0.98x `ar`, median of 8; 1.17x)."""
+    if not row.stops and not row.stop_ids and not constrained:
+        return left
+    return int(min(PRIME_HORIZON * max(written, 1), left))
+
+
+def prime_s(costs, lengths: list[int], width: int, prefill_token_s: float | None = None) -> float:
+    """Seconds of the deferred prefill of rows of these committed lengths (all but the last token of
+    each): the draft's own prefill rate where the step costs timed it (`StepCosts.draft_prefill_s`);
+    else the target's measured prefill rate (`prefill_token_s`, seconds a token) scaled by the
+    draft/target step ratio (1.5-1.8x too cheap on a CPU), and never more than reading them in forwards
+    of `width` over the batch, which is the estimate where neither was timed (the serving core admits
+    rows one by one)."""
+    if not lengths:
+        return 0.0
+    tokens = sum(n - 1 for n in lengths)
+    if getattr(costs, "draft_prefill_s", None) is not None:
+        return tokens * costs.draft_prefill_s
+    chunks = read_s(costs, max(lengths) - 1, width)
+    if prefill_token_s is None:
+        return chunks
+    return min(tokens * prefill_token_s * costs.draft_s / costs.verify_s(1), chunks)
+
+
+def prime(draft, state: DecodeState, primed: list[bool], live: list[int], lengths: list[int]) -> int:
+    """The deferred draft prefill of the live rows whose text the draft has not read (`primed[b]` False;
+    `lengths[b]`: row b's committed tokens): all but each row's last committed token, as after a prefill
+    (the chain's own catch-up reads that one). One batched prefill when no row was read yet (a generate
+    call), else row by row (the serving core's rows come and go). Marks them read; returns how many."""
+    rows = range(state.batch)
+    if not any(primed[b] for b in rows):
+        longest = max(lengths[b] for b in rows)  # finished rows' frozen text comes along
+        draft.prefill(state.tokens[:, : max(longest - 1, 1)], state.n - 1, attn_len=max(longest - 1, 1))
+        for b in rows:
+            primed[b] = True
+        return len(live)
+    read = 0
+    for b in live:
+        if not primed[b]:
+            n = lengths[b]
+            draft.prefill_row(b, state.tokens[b: b + 1, : max(n - 1, 1)], n - 1)
+            primed[b], read = True, read + 1
+    return read

@@ -1,0 +1,69 @@
+"""`sd` γ auto reads the prompt into the draft at its first chain, and only where the chains' projected
+savings over what the reply may still write pay for that prefill (methods/draft_prime.py): a short reply
+to a long prompt never pays it. Tokens are `ar`'s whatever it decides."""
+import dataclasses
+import time
+
+from specengine import Engine
+from specengine.methods.sd import SpeculativeDecoding
+from specengine.runtime.step_costs import StepCosts
+
+PROMPTS = ["def f(x):", "abc abc abc", "for i in range(10):"]
+FLAT = StepCosts(1, draft_s=0.05, target_s=(1.0,) * 9)  # a chain wins: verify width is free
+LOSING = StepCosts(1, draft_s=0.5, target_s=tuple(1.0 + 1.0 * w for w in range(9)))  # a chain loses
+
+
+def run(eng, monkeypatch, costs, new):
+    monkeypatch.setattr(eng, "step_costs", lambda state, width: costs)
+    out = eng.generate(PROMPTS, max_new_tokens=new, method="sd", gamma="auto", ignore_eos=True)
+    drafted = sum(1 for proposed, _, _ in out[0].stats["round_log"] if proposed)
+    return [r.token_ids for r in out], out[0].stats, drafted
+
+
+def test_sd_reads_the_prompt_into_the_draft_only_where_its_chains_pay_for_it(tiny_pair, tokenizer, monkeypatch):
+    target, _, perturbed = tiny_pair
+    eng = Engine(target, tokenizer, draft=perturbed, max_seq_len=256)
+    ar = [r.token_ids for r in eng.generate(PROMPTS, max_new_tokens=60, method="ar", ignore_eos=True)]
+    assert SpeculativeDecoding(gamma="auto").defers_draft_prefill and not SpeculativeDecoding(gamma=3).defers_draft_prefill
+
+    # chains win and the prefill is cheap: every row's text read once, at the first chain
+    out, stats, drafted = run(eng, monkeypatch, FLAT, 60)
+    assert out == ar and stats["draft_prefills_deferred"] == len(PROMPTS) and drafted > 10
+    # chains lose: the draft never reads the prompt, not even for the probes every 16 plain rounds
+    out, stats, drafted = run(eng, monkeypatch, LOSING, 60)
+    assert out == ar and stats["draft_prefills_deferred"] == 0 and drafted == 0
+    assert stats["plain_rounds"] == stats["rounds"]
+    # chains win, but the prefill costs more than 8 tokens can save (a long prompt, a short reply)
+    dear = dataclasses.replace(FLAT, draft_prefill_s=10.0)
+    out, stats, drafted = run(eng, monkeypatch, dear, 8)
+    assert out == [a[:8] for a in ar] and stats["draft_prefills_deferred"] == 0 and drafted == 0
+    # ... which 60 tokens repay (0.1 s a token read, ~10 read a row)
+    out, stats, drafted = run(eng, monkeypatch, dataclasses.replace(FLAT, draft_prefill_s=0.1), 60)
+    assert out == ar and stats["draft_prefills_deferred"] == len(PROMPTS) and drafted > 10
+    # rounds launched ahead of their read (Engine.overlap_rounds): plain ones while the read does not
+    # pay, as `ar`'s are; and a read at a chain after a plain round launched ahead
+    eng.overlap_rounds = True
+    out, stats, drafted = run(eng, monkeypatch, dear, 60)
+    assert out == ar and stats["draft_prefills_deferred"] == 0 and stats["rounds_launched_ahead"] > 40
+    out, stats, drafted = run(eng, monkeypatch, dataclasses.replace(FLAT, draft_prefill_s=0.5), 60)
+    assert out == ar and stats["draft_prefills_deferred"] == len(PROMPTS) and drafted > 10
+
+
+def test_a_deferred_draft_prefill_counts_as_the_calls_prefill(tiny_pair, tokenizer, monkeypatch):
+    """stats["prefill_s"] holds the draft's prefill wherever it ran, so a decode rate over the rest
+    compares with one whose draft read the prompt up front."""
+    target, _, perturbed = tiny_pair
+    eng = Engine(target, tokenizer, draft=perturbed, max_seq_len=256)
+    seen = []
+    real = type(eng.draft).prefill
+
+    def slow_prefill(self, *args, **kw):  # the draft's read of the prompt takes 0.3 s more
+        seen.append(self is eng.draft)
+        if self is eng.draft:
+            time.sleep(0.3)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(type(eng.draft), "prefill", slow_prefill)
+    out, stats, drafted = run(eng, monkeypatch, FLAT, 30)
+    assert stats["draft_prefills_deferred"] == len(PROMPTS) and seen == [False, True]  # in a round, one batched read
+    assert stats["prefill_s"] >= 0.3
