@@ -61,3 +61,28 @@ def prime(draft, state: DecodeState, primed: list[bool], live: list[int], length
             draft.prefill_row(b, state.tokens[b: b + 1, : max(n - 1, 1)], n - 1)
             primed[b], read = True, read + 1
     return read
+
+
+def unread_lengths(rows, live: list[int], primed: list[bool]) -> list[int]:
+    """Committed tokens of the live rows whose text the draft has not read (the driver's host rows)."""
+    return [rows[b].prompt_len + len(rows[b].ids) for b in live if not primed[b]]
+
+
+def pays(rows, live: list[int], primed: list[bool], costs, width: int, saved: float, constrained: bool,
+         margin: float = 1.0) -> bool:
+    """Would `saved` seconds a round-token (drafting's over plain decoding, for the live rows together)
+    over what the live rows may still write (`ahead`) pay `margin` times for the draft's prefill of the
+    rows it has not read? True where it read them all."""
+    unread = unread_lengths(rows, live, primed)
+    if not unread:
+        return True
+    left = sum(ahead(rows[b], len(rows[b].ids), rows[b].max_new - len(rows[b].ids), constrained) for b in live)
+    return saved / max(len(live), 1) * left > margin * prime_s(costs, unread, width)
+
+
+def read_now(draft, state: DecodeState, primed: list[bool], live: list[int], timer) -> int:
+    """The deferred prefill, run in a round (the `prime` phase: stats["prefill_s"] counts it): it reads the
+    rows' lengths, the round's one extra sync, once a call. Returns the rows read."""
+    lengths = state.n.tolist()
+    with timer.phase("prime"):
+        return prime(draft, state, primed, live, lengths)

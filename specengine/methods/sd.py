@@ -112,11 +112,9 @@ class SpeculativeDecoding(Method):
             return self.plain(ctx, state, timer)
         extra_s = 0.0
         if self.primed_now:  # the draft reads the rows' text now: 1 behind after, as after a prefill
-            lengths = state.n.tolist()  # the round's one extra sync, once a call
-            extra_s = draft_prime.prime_s(self.policy.costs, [lengths[b] for b in live if not self.primed[b]],
+            extra_s = draft_prime.prime_s(self.policy.costs, draft_prime.unread_lengths(self.rows, live, self.primed),
                                           self.max_width)
-            with timer.phase("prime"):  # the call's prefill, wherever it runs (stats["prefill_s"])
-                self.primes += draft_prime.prime(ctx.draft, state, self.primed, live, lengths)
+            self.primes += draft_prime.read_now(ctx.draft, state, self.primed, live, timer)
             self.behind = 0
         if self.policy.needs_costs:  # the catch-up (and prefill) this round pays, priced where the clock books it
             self.policy.extra_s = catch_up_s(self.policy.costs, self.behind, self.max_width) + extra_s
@@ -129,21 +127,14 @@ class SpeculativeDecoding(Method):
         return [b for b, row in enumerate(self.rows) if row.finish_reason is None]
 
     def _prime_pays(self, live: list[int]) -> bool:
-        """Would the chains' projected savings over what the live rows may still write (draft_prime.ahead)
-        pay PRIME_MARGIN times for the draft's prefill of the rows it has not read? Per token a chain
-        saves a plain step's seconds less the chain's over its expected tokens, as the clock corrected
-        both; the prefill at the draft's measured rate."""
+        """Would chains pay PRIME_MARGIN times for the draft's read of the prompt (draft_prime.pays)? A
+        chain saves a plain step's seconds less its own over its expected tokens, as the clock corrected them."""
         pol, c = self.policy, self.policy.costs
-        g, rows = pol.gamma, self.rows
-        lengths = [rows[b].prompt_len + len(rows[b].ids) for b in live if not self.primed[b]]
-        prefill = draft_prime.prime_s(c, lengths, self.max_width)
         plain_s = c.verify_s(1) * pol.clock.factor("plain")
-        chain_s = (g * c.draft_s + c.verify_s(g + 1)) * pol.clock.factor("spec")
-        saved = (plain_s - chain_s / expected_tokens(pol.alpha, g)) / max(len(live), 1)  # per token
-        constrained = self.state.constraints is not None
-        ahead = sum(draft_prime.ahead(rows[b], len(rows[b].ids), rows[b].max_new - len(rows[b].ids), constrained)
-                    for b in live)
-        return saved * ahead > PRIME_MARGIN * prefill
+        chain_s = (pol.gamma * c.draft_s + c.verify_s(pol.gamma + 1)) * pol.clock.factor("spec")
+        saved = plain_s - chain_s / expected_tokens(pol.alpha, pol.gamma)
+        return draft_prime.pays(self.rows, live, self.primed, c, self.max_width, saved,
+                                self.state.constraints is not None, PRIME_MARGIN)
 
     def reset_rows(self, rows: list[int]) -> None:
         for b in rows:  # the serving core put a new request there: prefilled, or read at its first chain
