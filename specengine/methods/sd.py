@@ -88,7 +88,7 @@ class SpeculativeDecoding(Method):
             self.policy.set_costs(ctx.step_costs(call.state, self.max_width))
 
     def round(self, state: DecodeState, timer) -> RoundOutput:
-        ctx = self.ctx
+        ctx, self.primed_now = self.ctx, False
         if self.tree is not None:
             with timer.phase("draft"):
                 tree = draft_tree(ctx, state, self.tree)
