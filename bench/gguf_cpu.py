@@ -307,10 +307,17 @@ def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool, prompt
                     same &= r["same_tokens_as_ar"]
                 runs.append({"repeat": rep, "prompt": i, "provider": name, **r})
                 print(f"interleaved r{rep} p{i} {name:24s}: {r['decode_tokens_per_s']:6.2f} decode tok/s", flush=True)
-    rate = {(r["repeat"], r["prompt"], r["provider"]): r["decode_tokens_per_s"] for r in runs}
     keys = sorted({(r["repeat"], r["prompt"]) for r in runs})
-    for k in keys:  # our `ar` at the mean of its two runs' time per token (bracketing the other methods)
-        rate[k + ("ours ar",)] = 2 / (1 / rate[k + ("ours ar",)] + 1 / rate.pop(k + (AR_AFTER,)))
+
+    def bracketed(field: str) -> dict:
+        """(repeat, prompt, provider) -> runs' `field`; our `ar` at the mean of its two runs' time per token
+        (bracketing the other methods)."""
+        got = {(r["repeat"], r["prompt"], r["provider"]): r[field] for r in runs if field in r}
+        for k in keys:
+            got[k + ("ours ar",)] = 2 / (1 / got[k + ("ours ar",)] + 1 / got.pop(k + (AR_AFTER,)))
+        return got
+
+    rate = bracketed("decode_tokens_per_s")
     ratios = {}
     for num, den in [(n, "ours ar") for n in ours_methods if n != "ours ar"] + [("ours ar", "llama.cpp ar"),
                                                                             ("ours sd:auto", "llama.cpp ar")]:
@@ -329,9 +336,7 @@ def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool, prompt
               for n in ours_methods if n != "ours ar"}  # "never slower": the worst prompt and repeat
     # the same against our `ar` with each call's prefill counted (the draft's included: `sd` reads the prompt
     # twice, so what its decoding saves on a short reply can go to the draft's prefill)
-    e2e = {(r["repeat"], r["prompt"], r["provider"]): r["end_to_end_tokens_per_s"] for r in runs if "end_to_end_tokens_per_s" in r}
-    for k in keys:
-        e2e[k + ("ours ar",)] = 2 / (1 / e2e[k + ("ours ar",)] + 1 / e2e.pop(k + (AR_AFTER,)))
+    e2e = bracketed("end_to_end_tokens_per_s")
     end_to_end = {f"{n} / ours ar": statistics.median(e2e[k + (n,)] / e2e[k + ("ours ar",)] for k in keys)
                   for n in ours_methods if n != "ours ar"}
     for k, v in ratios.items():

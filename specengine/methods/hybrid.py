@@ -21,8 +21,9 @@ from .round_clock import TokenYield
 from .state import DecodeState, RoundOutput
 from .steps import chain_round
 
-# the deferred draft prefill (draft_prime.py) is paid when the savings projected exceed this many times its cost: the projection's α is the
-# engine's last call's (code, 0.65-0.75) where prose accepts ~0.5, and the prefill is paid for good
+# the deferred draft prefill (draft_prime.py) is paid when the savings projected exceed this many times
+# its cost: the projection's α is the engine's last call's (code, 0.65-0.75) where prose accepts ~0.5,
+# and the prefill is paid for good
 PRIME_MARGIN = 2.0
 
 

@@ -61,8 +61,7 @@ class SpeculativeDecoding(Method):
             return False
         if self.policy.gamma == 0:
             return True
-        live = self._live()
-        return not all(self.primed[b] for b in live) and not self._prime_pays(live)
+        return self._unread_sits_out(self._live())
 
     @property
     def max_width(self) -> int:
@@ -104,18 +103,16 @@ class SpeculativeDecoding(Method):
             self.behind += 1
             return self.plain(ctx, state, timer)
         live = self._live()
-        self.primed_now = not all(self.primed[b] for b in live)
-        if self.primed_now and not self._prime_pays(live):  # the draft sits out, its prompt unread
-            self.primed_now = False
+        if self._unread_sits_out(live):  # the draft sits out, its prompt unread
             self.gammas.append(0)
             self.behind += 1
             return self.plain(ctx, state, timer)
         extra_s = 0.0
-        if self.primed_now:  # the draft reads the rows' text now: 1 behind after, as after a prefill
-            extra_s = draft_prime.prime_s(self.policy.costs, draft_prime.unread_lengths(self.rows, live, self.primed),
-                                          self.max_width)
+        unread = draft_prime.unread_lengths(self.rows, live, self.primed)
+        if unread:  # the draft reads the rows' text now: 1 behind after, as after a prefill
+            extra_s = draft_prime.prime_s(self.policy.costs, unread, self.max_width)
             self.primes += draft_prime.read_now(ctx.draft, state, self.primed, live, timer)
-            self.behind = 0
+            self.behind, self.primed_now = 0, True
         if self.policy.needs_costs:  # the catch-up (and prefill) this round pays, priced where the clock books it
             self.policy.extra_s = catch_up_s(self.policy.costs, self.behind, self.max_width) + extra_s
         out = chain_round(ctx, state, self.policy, timer, self.behind)
@@ -125,6 +122,10 @@ class SpeculativeDecoding(Method):
 
     def _live(self) -> list[int]:
         return [b for b, row in enumerate(self.rows) if row.finish_reason is None]
+
+    def _unread_sits_out(self, live: list[int]) -> bool:
+        """The draft has not read some live row's text and reading it would not pay: a plain step."""
+        return not all(self.primed[b] for b in live) and not self._prime_pays(live)
 
     def _prime_pays(self, live: list[int]) -> bool:
         """Would chains pay PRIME_MARGIN times for the draft's read of the prompt (draft_prime.pays)? A
