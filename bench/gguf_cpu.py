@@ -235,12 +235,20 @@ def decode_rate(stats: dict) -> float:
     return stats["new_tokens"] / max(stats["wall_time_s"] - stats["prefill_s"], 1e-9)
 
 
+LONG_PARTS = 7  # HumanEval problems a "humaneval-long" prompt joins: ~1,000 tokens
+
+
 def prompt_texts(eng, prompt_set: str, n: int) -> list[str]:
-    """The first n prompts of a set as the text both engines are given."""
+    """The first n prompts of a set as the text both engines are given. "humaneval-long": a long prompt
+    for a short reply (a file of LONG_PARTS functions to go on with; the i-th joins problems 7i..7i+6),
+    where the draft's read of the prompt costs more than a short reply's drafting can save."""
     from specengine.prompts import humaneval, mtbench
 
     if prompt_set == "humaneval":
         return [p["prompt"] for p in humaneval(n)]
+    if prompt_set == "humaneval-long":
+        parts = [p["prompt"] for p in humaneval(n * LONG_PARTS)]
+        return ["\n".join(parts[i * LONG_PARTS:(i + 1) * LONG_PARTS]) for i in range(n)]
     return [eng.tokenizer.apply_chat_template([{"role": "user", "content": q["turns"][0]}], tokenize=False,
                                               add_generation_prompt=True) for q in mtbench(n)]
 
@@ -257,8 +265,9 @@ def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool, prompt
     drift across the prompt's runs moves both sides alike (one `ar` run had read every method of a
     prompt 0.86-0.92x in a fast moment, `pearl` with all rounds plain included). Ours: the
     engine's default plan, every cost-driven method (`sd`, `ngram`, `hybrid`, `pearl`), each checked
-    to give `ar`'s tokens. `prompt_set`: "humaneval" (code completions) or "mtbench" (MT-bench's first
-    turns, chat-templated into one text that both engines read: prose, where the code pair agrees least)."""
+    to give `ar`'s tokens. `prompt_set`: "humaneval" (code completions), "mtbench" (MT-bench's first
+    turns, chat-templated into one text that both engines read: prose, where the code pair agrees least)
+    or "humaneval-long" (~1,000-token prompts: end to end, where the draft's prefill shows)."""
     import statistics
 
     prompts = prompt_texts(eng, prompt_set, n_prompts)
@@ -337,12 +346,17 @@ def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool, prompt
     # the same against our `ar` with each call's prefill counted (the draft's included: `sd` reads the prompt
     # twice, so what its decoding saves on a short reply can go to the draft's prefill)
     e2e = bracketed("end_to_end_tokens_per_s")
-    end_to_end = {f"{n} / ours ar": statistics.median(e2e[k + (n,)] / e2e[k + ("ours ar",)] for k in keys)
-                  for n in ours_methods if n != "ours ar"}
+    pairs = [(n, "ours ar") for n in ours_methods if n != "ours ar"] + [("ours ar", "llama.cpp ar"),
+                                                                        ("ours sd:auto", "llama.cpp ar")]
+    end_to_end = {f"{num} / {den}": statistics.median(e2e[k + (num,)] / e2e[k + (den,)] for k in keys)
+                  for num, den in pairs if all(e2e.get(k + (num,)) and e2e.get(k + (den,)) for k in keys)}
+    lowest.update({f"end to end {n} / ours ar": min(e2e[k + (n,)] / e2e[k + ("ours ar",)] for k in keys)
+                   for n in ours_methods if n != "ours ar"})
     for k, v in ratios.items():
         print(f"median {k}: {v:.3f}" + (f" (lowest {lowest[k]:.3f})" if k in lowest else ""), flush=True)
     for k, v in end_to_end.items():
-        print(f"median end to end, prefill counted, {k}: {v:.3f}", flush=True)
+        low = lowest.get(f"end to end {k}")
+        print(f"median end to end, prefill counted, {k}: {v:.3f}" + (f" (lowest {low:.3f})" if low else ""), flush=True)
     for name, e in errors.items():
         print(f"median prediction error {name}: {e:+.1%}", flush=True)
     print(f"every method of ours gave ar's tokens: {same}", flush=True)
@@ -423,8 +437,9 @@ def main(argv=None) -> int:
     ap.add_argument("--llamacpp", action="store_true", help="add llama.cpp's providers (bench/peers/llamacpp.py build first)")
     ap.add_argument("--interleaved", type=int, default=0, metavar="R",
                     help="only the interleaved comparison, R repeats of every prompt (the README's per-CPU row)")
-    ap.add_argument("--prompts", choices=["humaneval", "mtbench"], default="humaneval",
-                    help="the interleaved comparison's prompt set (mtbench: chat prose, its first turns)")
+    ap.add_argument("--prompts", choices=["humaneval", "mtbench", "humaneval-long"], default="humaneval",
+                    help="the interleaved comparison's prompt set (mtbench: chat prose, its first turns; "
+                         "humaneval-long: ~1,000-token prompts, for a short reply's end to end)")
     ap.add_argument("--streams", metavar="ISA", nargs="*",
                     help="only the interleaved kernel's stream rates, per instruction-set copy (default: every one "
                          "this CPU runs), beside the machine's read bandwidth")
@@ -461,7 +476,8 @@ def main(argv=None) -> int:
         print(f"wrote {save(report, args.out)}")
         return 0
     if args.interleaved:
-        eng = Engine.from_pretrained(DEFAULT_TARGET, draft=DEFAULT_DRAFT, max_seq_len=1024)
+        eng = Engine.from_pretrained(DEFAULT_TARGET, draft=DEFAULT_DRAFT,
+                                     max_seq_len=2048 if args.prompts == "humaneval-long" else 1024)
         report = {"benchmark": "gguf_cpu_interleaved", "environment": environment(), "kernel_isa": extension_isa(),
                   "dtype_choice": {k: eng.dtype_choice.get(k) for k in ("target", "draft")},
                   "interleaved": interleaved(eng, args.n_prompts, args.max_new_tokens, args.interleaved, args.llamacpp,

@@ -114,8 +114,11 @@ def ar(target: Path, prompt: str, n: int, threads: int) -> dict:
     m = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs", text.split("prompt eval time")[-1])
     p = re.search(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", text)
     info = re.search(r"system_info: (.*)", text)  # the instruction sets its kernels were built for
-    return {"decode_tokens_per_s": int(m.group(2)) / (float(m.group(1)) / 1e3),
-            "prefill_tokens_per_s": int(p.group(2)) / (float(p.group(1)) / 1e3) if p else None,
+    decode_s, prefill_s = float(m.group(1)) / 1e3, float(p.group(1)) / 1e3 if p else None
+    return {"decode_tokens_per_s": int(m.group(2)) / decode_s,
+            "prefill_tokens_per_s": int(p.group(2)) / prefill_s if p else None,
+            # its own timers' prompt and generation (load apart), as ours count a call's prefill
+            "end_to_end_tokens_per_s": int(m.group(2)) / (decode_s + prefill_s) if p else None,
             "system_info": info.group(1).strip() if info else None,
             "text": proc.stdout}  # the greedy continuation, for token agreement with ours
 
@@ -146,6 +149,7 @@ def speculative(target: Path, draft: Path | None, prompt: str, n: int, threads: 
     acc = re.search(r"accept\s*=\s*([\d.]+)%", text)
     return {"decode_tokens_per_s": int(dec.group(1)) / float(dec.group(2)),
             "prefill_tokens_per_s": int(enc.group(1)) / float(enc.group(2)) if enc else None,
+            "end_to_end_tokens_per_s": int(dec.group(1)) / (float(dec.group(2)) + float(enc.group(2))) if enc else None,
             "acceptance": float(acc.group(1)) / 100 if acc else None}
 
 

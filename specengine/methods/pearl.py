@@ -1,6 +1,6 @@
 """`pearl`: parallel speculative decoding with adaptive draft length (PEARL, arXiv 2408.11850).
 
-Each row is in one of two modes, kept on the device:
+Each row is in one of two modes, kept on the device (pearl_round.py runs the rounds):
 - pre-verify (start, and after any rejection): the draft drafts d1..dγ while the target
   runs on the last committed token, which gives p for d1; only d1 is verified. Reject:
   commit the correction, stay. Accept: commit d1, keep d2..dγ pending, go to post-verify.
@@ -10,61 +10,34 @@ Each row is in one of two modes, kept on the device:
   up to the rejection + the correction, drop e*, go back to pre-verify.
 The draft length thus adapts by itself: long accepted runs keep extending a block.
 
-Both forwards of a round depend only on what is known at its start, so they are issued
-concurrently (two CUDA streams, joined once per round); on a CPU they run one after the
-other and produce the same tokens. Pending tokens are stored right after the committed
-ones in `state.tokens` (committed + pending = the row's drafted sequence), which is scratch
-space until committed.
-Verification reuses the rejection sampler with per-row `num_draft` (1 in pre-verify, γ
-in post-verify) and withholds its bonus token, which PEARL never takes.
+This file is the host's side: the window (γ = round(1/c) by the measured costs), and with the window
+chosen by cost, plain decoding wherever a PEARL round is expected to commit fewer tokens per second,
+probes, flushes of pending drafts, and the draft's prompt read only once its rounds pay for that
+(draft_prime.py, as `sd`'s γ auto).
 """
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import torch
 
 from ..errors import SpecEngineError
 from ..timing import FILED, LEARNED  # store[f"pearl:greedy{LEARNED}"]: what the engine's last greedy call left
+from . import draft_prime
 from .base import CallInputs, CallTotals, Method, prediction, speculative_stats, tokens_left
 from .context import MethodContext
-from .logprobs import capture
+from .pearl_round import PearlModes, drop_pending, flush_pending, pearl_round
 from .policies import ProbeWait, expected_tokens
 from .round_clock import RoundClock, recall_clock
-from .sampling import filter_logits
 from .state import DecodeState, RoundOutput
-from .steps import PlainStep, draft_chain, draft_resync, parallel_draft, verify_and_commit
+from .steps import PlainStep, draft_resync
 
 GAMMA_MAX = 16  # the longest window round(1/c) may choose
 PRIOR_ROUNDS = 4.0  # weight of the chain-model prior of tokens per round, as the acceptance prior's
+PRIME_MARGIN = 1.0  # the draft reads the prompt where its rounds' projected savings pay this many times for it
 
 
 def gamma_for(cost_ratio: float, gamma_max: int = GAMMA_MAX) -> int:
     """PEARL's window: γ = round(1 / c), so the draft's γ steps take as long as one target step."""
     return max(1, min(gamma_max, round(1.0 / max(cost_ratio, 1e-6))))
-
-
-@dataclass
-class PearlModes:
-    """Per-call PEARL state: modes and pending drafts live on the device, stats on the host."""
-    post: torch.Tensor  # [B] bool, row is in post-verify (has γ-1 pending tokens)
-    pending_q: torch.Tensor | None = None  # [B,γ-1,V] q of the pending tokens (sampling only)
-    any_post: bool = False  # host copy: does any active row need the γ-token target forward?
-    rejections: int = 0
-    trace: list = field(default_factory=list)  # (mode, verified, accepted) per round, batch 1
-
-
-def overlap(side_stream, draft_fn, target_fn):
-    """draft_fn on the side stream beside target_fn on the current one, joined once; in turn off CUDA."""
-    if side_stream is None:
-        return draft_fn(), target_fn()
-    main = torch.cuda.current_stream(side_stream.device)
-    side_stream.wait_stream(main)  # inputs ready; also protects memory reused across rounds
-    with torch.cuda.stream(side_stream):
-        d = draft_fn()
-    t = target_fn()
-    main.wait_stream(side_stream)
-    return d, t
 
 
 class Pearl(Method):
@@ -85,7 +58,7 @@ class Pearl(Method):
         self.by_cost = gamma is None  # a window chosen by cost may also choose plain decoding
         self.cost_ratio = self.costs = self.modes = None  # modes: PearlModes (begin)
         self.plain, self.behind = PlainStep(), 0  # γ = 0 rounds (see _plain_wins)
-        self.plain_total = self.flushes = 0  # plain rounds, and those of them that verified pending drafts (`_flush`)
+        self.plain_total = self.flushes = 0  # plain rounds, and those of them that verified pending drafts (`pearl_round.flush_pending`)
         self.plain_last = False  # the last round launched was a plain step (one_token_rounds)
         self.wait, self.probed = ProbeWait(), False  # plain rounds before a probe; the last round was one
         self.rows, self.first = None, False  # the driver's rows (begin): what each may write and has kept
@@ -95,6 +68,13 @@ class Pearl(Method):
         # _kind: (kind, predicted seconds, expected tokens per row) of this round; _flushed: it was a flush
         self.clock, self.calibrate, self._kind, self._flushed = RoundClock(), False, None, False
         self.clock_key = self.learned_key = None  # where the engine keeps this call's corrections, and the rest (begin)
+        self.primed: list[bool] = []  # per row: the draft's cache holds its text (draft_prime.py)
+        self.primes, self.primed_now = 0, False  # deferred draft prefills run; one ran in this round
+
+    @property
+    def defers_draft_prefill(self) -> bool:
+        """A window chosen by cost: the draft reads the prompt once PEARL's rounds pay for that."""
+        return self.by_cost
 
     @property
     def max_width(self) -> int:
@@ -119,7 +99,8 @@ class Pearl(Method):
             if self.calibrate:  # this engine's last call, else what earlier processes filed (FiledClocks)
                 self._recall(ctx.acceptance.get(self.learned_key) or ctx.acceptance.get(self.learned_key + FILED))
         self.modes = PearlModes(torch.zeros(state.batch, dtype=torch.bool, device=state.tokens.device))
-        self.rows, self.first = call.rows, True  # first: the call's first round is next
+        self.rows, self.state, self.first = call.rows, state, True  # first: the call's first round is next
+        self.primed = [not self.defers_draft_prefill] * state.batch
 
     def _recall(self, learned: dict | None) -> None:
         """Start from what the engine's last greedy call learned (each at its prior's weight): the
@@ -198,8 +179,9 @@ class Pearl(Method):
     @property
     def one_token_rounds(self) -> bool:
         """A plain step, and the next one plain too by what the host knows before reading it: the driver
-        may launch it ahead, as for `ar` (a GPU PEARL whose windows lose pays no host gap a round)."""
-        return self.plain_last and self._choice()[0]
+        may launch it ahead, as for `ar` (a GPU PEARL whose windows lose pays no host gap a round); also
+        while the draft's read of the prompt does not pay (decided on the same host view as `round`)."""
+        return self.plain_last and (self._unread_sits_out() or self._choice()[0])
 
     def _beats_plain(self, tokens: float, factors: dict) -> bool:
         """A PEARL round of `tokens` per row beats a plain step (seconds as the clock corrected them)."""
@@ -218,7 +200,8 @@ class Pearl(Method):
         return max(parts) if self.concurrent else sum(parts)
 
     def round(self, state: DecodeState, timer) -> RoundOutput:
-        plain = self._plain_wins()
+        self.primed_now = False
+        plain = self._unread_sits_out() or self._plain_wins()  # an unread prompt: no probe either
         flush = plain and self._flush_pays()
         self._book(plain, flush)
         self.wait.count(plain)
@@ -227,17 +210,42 @@ class Pearl(Method):
             self.plain_total += 1
             if flush:
                 self.flushes += 1
-                return self._flush(state, timer)
+                return flush_pending(self.ctx, self.modes, state, self.gamma, timer)
             self.behind += 1
-            self._drop_pending()
+            drop_pending(self.modes)
             draft = self.ctx.draft.cache  # the draft keeps what it saw of the committed tokens only
             draft.set_lens(torch.minimum(draft.lens.to(torch.int64), state.n - 1))
             return self.plain(self.ctx, state, timer)
+        live = self._live()
+        unread = draft_prime.unread_lengths(self.rows, live, self.primed)
+        if unread:  # the draft reads the rows' text now (1 behind after, as after a prefill); the plan's
+            self.clock.forecast[1] += draft_prime.prime_s(self.costs, unread, self.max_width)  # price of it
+            self.primes += draft_prime.read_now(self.ctx.draft, state, self.primed, live, timer)
+            self.primed_now = True
+            self.behind = 0 if len(unread) == len(live) else self.behind  # (a serving core's others may be behind)
         if self.behind:
             draft_resync(self.ctx.draft, state, self.behind)
             self.behind = 0
         with timer.phase("round"):
-            return self._round(state, timer)
+            return pearl_round(self.ctx, self.modes, state, self.gamma, timer, self.drafter)
+
+    def _live(self) -> list[int]:
+        return [b for b, row in enumerate(self.rows) if row.finish_reason is None]
+
+    def _unread_sits_out(self) -> bool:
+        """The draft has not read some live row's text and reading it would not pay (draft_prime.pays,
+        PRIME_MARGIN): a plain step. A PEARL round saves a plain step's seconds a token less its own,
+        as the clock corrected them; where PEARL loses (most rounds on a CPU) the draft never reads."""
+        if all(self.primed):  # (a stub call never begun: nothing deferred)
+            return False
+        live = self._live()
+        if all(self.primed[b] for b in live):
+            return False
+        f = self.clock.factors() if self.calibrate else {}
+        plain_s = self.costs.verify_s(1) * f.get("plain", 1.0)
+        saved = plain_s - self._round_s() * f.get("spec", 1.0) / self.round_tokens()
+        return not draft_prime.pays(self.rows, live, self.primed, self.costs, self.max_width, saved,
+                                    self.state.constraints is not None, PRIME_MARGIN)
 
     def _book(self, plain: bool, flush: bool = False) -> None:
         """What the round about to run is predicted to cost and commit per row, booked against its
@@ -255,7 +263,7 @@ class Pearl(Method):
 
     def _flush_pays(self) -> bool:
         """Plain decoding chosen while a round's accepted window left drafts pending: the target
-        verifies them in one forward, without a new window (`_flush`), where the tokens that commits
+        verifies them in one forward, without a new window (`pearl_round.flush_pending`), where the tokens that commits
         (a chain of γ - 1 at α, bonus included) beat a plain step's one at their cost. Drafted already,
         they were dropped before: a probe whose first window was accepted paid two plain steps' cost
         for 1 token (AVX2 copy, window 4) and threw away 3 drafts that a forward of 4 tokens (1.1-1.3
@@ -264,82 +272,6 @@ class Pearl(Method):
             return False
         return expected_tokens(self._alpha(), self.gamma - 1) * self.costs.verify_s(1) > self.costs.verify_s(self.gamma)
 
-    def _flush(self, state: DecodeState, timer) -> RoundOutput:
-        """The pending drafts verified (their q kept from the round that drafted them), the accepted
-        ones committed with the correction or the bonus; rows without any take a plain step in the same
-        forward. The draft saw all but the last pending token, so its cache stays valid up to the new
-        n - 1 (at most 2 behind, as after any round); plain rounds go on from there."""
-        modes, g = self.modes, self.gamma
-        pending = state.tokens.gather(1, state.positions(state.n, g - 1))
-        num_draft = torch.where(modes.post, g - 1, 0).to(torch.int32)
-        out, n_acc = verify_and_commit(self.ctx, state, pending, modes.pending_q, num_draft, timer)
-        self._drop_pending()
-        draft_lens = torch.minimum(self.ctx.draft.cache.lens.to(torch.int64), state.n - 1)
-        return RoundOutput(out, n_acc, num_draft, n_acc + 1, target_forwards=1, draft_lens=draft_lens)
-
-    def _drop_pending(self) -> None:
-        """Every row restarts in pre-verify with nothing pending."""
-        modes = self.modes
-        modes.post = torch.zeros_like(modes.post)
-        modes.pending_q, modes.any_post = None, False
-
-    def _round(self, state: DecodeState, timer) -> RoundOutput:
-        ctx, modes, gamma = self.ctx, self.modes, self.gamma
-        target, draft = ctx.target, ctx.draft
-        B = state.batch
-        start, post = state.n.clone(), modes.post
-        drafted_end = start + post.to(torch.int64) * (gamma - 1)  # committed + pending
-        width = gamma if modes.any_post else 1  # all rows in pre-verify: the target needs one token
-
-        def run_draft():
-            with timer.phase("draft"):
-                if self.parallel:  # unseen tokens per row stay <= γ (committed + pending of last round)
-                    return (*parallel_draft(ctx, self.drafter, state, gamma, drafted_end, gamma + 1), None)
-                return draft_chain(ctx, state, gamma, upto=drafted_end)
-
-        def run_target():
-            with timer.phase("target"):
-                return target.verify(state.tokens.gather(1, state.positions(start - 1, width)),
-                                     attn_len=state.attn_len)
-
-        # under a constraint the walk reads the pending tokens: their host copy starts before the forwards
-        walk = None if state.constraints is None else \
-            state.read_ahead(state.tokens.gather(1, state.positions(start, width - 1)))
-        (drafts, q, _), logits = overlap(ctx.side_stream(), run_draft, run_target)
-
-        # proposals: post rows verify [pending, e1] (γ), pre rows verify [d1] (1)
-        pending = state.tokens.gather(1, state.positions(start, gamma - 1))
-        proposal = torch.where(post[:, None], torch.cat([pending, drafts[:, :1]], 1), drafts)
-        num_draft = torch.where(post, gamma, 1).to(torch.int32)
-        q_all = None
-        if q is not None:
-            q_post = torch.cat([modes.pending_q, q[:, :1]], 1) if modes.pending_q is not None else q
-            q_all = torch.where(post[:, None, None], q_post, q)
-        # the sampler wants K+1 logits rows: pad to γ+1 (pre rows read only row 0, bonus withheld)
-        def padded(x):
-            return torch.cat([x, x[:, -1:].expand(B, gamma + 1 - x.shape[1], x.shape[2])], 1)
-        scored = logits if walk is None else state.constrain(logits, walk)  # after the pending tokens
-        out, n_acc = ctx.ops.rejection_sample(padded(filter_logits(scored, state.params)), proposal, q_all, num_draft,
-                                 state.temperature, state.seed, state.offset)
-        if state.logprobs is not None:  # post rows' pending drafts and pre rows' d1 alike: this verify's rows
-            capture(state, padded(logits), out, padded(scored))
-
-        all_ok = n_acc.to(torch.int32) >= num_draft
-        n_new = torch.where(all_ok, n_acc.to(torch.int64), n_acc.to(torch.int64) + 1)
-        state.commit(out, n_new)
-        # accepted rows keep drafts[1:] pending right after the committed tokens; the draft has
-        # seen all but the last of them. Rejected rows restart from the correction.
-        pending_slots = state.positions(state.n, gamma - 1)
-        keep = all_ok & state.active
-        state.tokens.scatter_(1, pending_slots,
-                              torch.where(keep[:, None], drafts[:, 1:], state.tokens.gather(1, pending_slots)))
-        modes.post = keep | (modes.post & ~state.active)
-        if q is not None:
-            modes.pending_q = q[:, 1:]
-        draft_lens = torch.where(keep, draft.cache.lens.to(torch.int64), state.n - 1)
-        return RoundOutput(out, n_acc, num_draft, n_new, target_forwards=1,
-                           draft_forwards=1 if self.parallel else gamma,
-                           draft_lens=draft_lens)
 
     def after_round(self, n_acc, num_draft) -> None:
         """Host bookkeeping after the round's sync (the modes themselves moved on the device)."""
@@ -369,15 +301,19 @@ class Pearl(Method):
             self._remember()
 
     def timed(self, seconds: float) -> None:
-        if self.calibrate:
+        if self.calibrate and not self.primed_now:  # a prefill's round: not a PEARL round's time
             self.clock.timed(seconds)
             if self.clock_key is not None:  # the engine's next call starts from these corrections
                 self.ctx.acceptance[self.clock_key] = self.clock.factors()
 
     def reset_rows(self, rows: list[int]) -> None:
-        """A new request starts in pre-verify with nothing pending."""
+        """A new request starts in pre-verify with nothing pending, its text prefilled into the draft or
+        read at its first PEARL round."""
         if self.modes is not None:
             self.modes.post[rows] = False
+        for b in rows:
+            if b < len(self.primed):
+                self.primed[b] = not self.defers_draft_prefill
 
     def stats(self, totals: CallTotals) -> dict:
         """MAT: mean run length between rejections (PEARL's definition), and per-round times."""
@@ -394,6 +330,7 @@ class Pearl(Method):
             "concurrent": self.concurrent,
             "plain_rounds": self.plain_total,
             "flush_rounds": self.flushes,
+            "draft_prefills_deferred": self.primes,
             "round_cost_factors": self.clock.factors(),  # measured / predicted round seconds
             **prediction(self.clock.forecast, totals),
         }

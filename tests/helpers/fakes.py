@@ -30,7 +30,7 @@ def flushing_costs(state, width, draft=True):
     """Pinned step costs (an engine's `step_costs`) under which PEARL's window is 2 (draft 0.5 of a step),
     a pre-verify round wins at the prior's acceptance and a post-verify round loses to a plain step (every
     width costs one step): the round after an accepted window verifies its pending draft alone
-    (`Pearl._flush`)."""
+    (`pearl_round.flush_pending`)."""
     from specengine.runtime.step_costs import StepCosts
 
     return StepCosts(state.batch, 0.5, tuple(1.0 for _ in range(width)))

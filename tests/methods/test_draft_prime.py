@@ -1,55 +1,66 @@
-"""`sd` γ auto reads the prompt into the draft at its first chain, and only where the chains' projected
-savings over what the reply may still write pay for that prefill (methods/draft_prime.py): a short reply
-to a long prompt never pays it. Tokens are `ar`'s whatever it decides."""
+"""`sd` γ auto and `pearl` with its window by cost read the prompt into the draft at their first drafted
+round, and only where the rounds' projected savings over what the reply may still write pay for that
+prefill (methods/draft_prime.py): a short reply to a long prompt never pays it. Tokens are `ar`'s
+whatever they decide."""
 import dataclasses
 import time
 
+import pytest
+
 from specengine import Engine
+from specengine.methods.pearl import Pearl
 from specengine.methods.sd import SpeculativeDecoding
 from specengine.runtime.step_costs import StepCosts
 
 PROMPTS = ["def f(x):", "abc abc abc", "for i in range(10):"]
-FLAT = StepCosts(1, draft_s=0.05, target_s=(1.0,) * 9)  # a chain wins: verify width is free
-LOSING = StepCosts(1, draft_s=0.5, target_s=tuple(1.0 + 1.0 * w for w in range(9)))  # a chain loses
+FLAT = StepCosts(1, draft_s=0.05, target_s=(1.0,) * 18)  # drafting wins: verify width is free
+LOSING = StepCosts(1, draft_s=0.5, target_s=tuple(1.0 + 1.0 * w for w in range(18)))  # drafting loses
 
 
-def run(eng, monkeypatch, costs, new):
+def run_method(eng, monkeypatch, costs, new, method="sd"):
     monkeypatch.setattr(eng, "step_costs", lambda state, width: costs)
-    out = eng.generate(PROMPTS, max_new_tokens=new, method="sd", gamma="auto", ignore_eos=True)
+    out = eng.generate(PROMPTS, max_new_tokens=new, method=method, gamma="auto", ignore_eos=True)
     drafted = sum(1 for proposed, _, _ in out[0].stats["round_log"] if proposed)
     return [r.token_ids for r in out], out[0].stats, drafted
 
 
-def test_sd_reads_the_prompt_into_the_draft_only_where_its_chains_pay_for_it(tiny_pair, tokenizer, monkeypatch):
+@pytest.mark.parametrize("method,cls", [("sd", SpeculativeDecoding), ("pearl", Pearl)])
+def test_the_draft_reads_the_prompt_only_where_drafting_pays_for_it(tiny_pair, tokenizer, monkeypatch, method, cls):
     target, _, perturbed = tiny_pair
     eng = Engine(target, tokenizer, draft=perturbed, max_seq_len=256)
     ar = [r.token_ids for r in eng.generate(PROMPTS, max_new_tokens=60, method="ar", ignore_eos=True)]
-    assert SpeculativeDecoding(gamma="auto").defers_draft_prefill and not SpeculativeDecoding(gamma=3).defers_draft_prefill
+    assert cls(gamma="auto").defers_draft_prefill and not cls(gamma=3).defers_draft_prefill
 
-    # chains win and the prefill is cheap: every row's text read once, at the first chain
+    def run(eng, monkeypatch, costs, new):
+        return run_method(eng, monkeypatch, costs, new, method)
+
+    # drafting wins and the prefill is cheap: every row's text read once, at the first round (which drafts;
+    # a PEARL round of its window of 16 commits more than a chain: fewer rounds)
     out, stats, drafted = run(eng, monkeypatch, FLAT, 60)
-    assert out == ar and stats["draft_prefills_deferred"] == len(PROMPTS) and drafted > 10
-    # chains lose: the draft never reads the prompt, not even for the probes every 16 plain rounds
+    assert out == ar and stats["draft_prefills_deferred"] == len(PROMPTS) and drafted > 4
+    assert stats["round_log"][0][0] > 0
+    # drafting loses: the draft never reads the prompt, not even for the probes every 16 plain rounds
     out, stats, drafted = run(eng, monkeypatch, LOSING, 60)
     assert out == ar and stats["draft_prefills_deferred"] == 0 and drafted == 0
     assert stats["plain_rounds"] == stats["rounds"]
-    # chains win, but the prefill costs more than 8 tokens can save (a long prompt, a short reply)
+    # drafting wins, but the prefill costs more than 8 tokens can save (a long prompt, a short reply)
     dear = dataclasses.replace(FLAT, draft_prefill_s=10.0)
     out, stats, drafted = run(eng, monkeypatch, dear, 8)
     assert out == [a[:8] for a in ar] and stats["draft_prefills_deferred"] == 0 and drafted == 0
     # ... which 60 tokens repay (0.1 s a token read, ~10 read a row)
     out, stats, drafted = run(eng, monkeypatch, dataclasses.replace(FLAT, draft_prefill_s=0.1), 60)
-    assert out == ar and stats["draft_prefills_deferred"] == len(PROMPTS) and drafted > 10
+    assert out == ar and stats["draft_prefills_deferred"] == len(PROMPTS) and drafted > 4
     # rounds launched ahead of their read (Engine.overlap_rounds): plain ones while the read does not
     # pay, as `ar`'s are; and a read at a chain after a plain round launched ahead
     eng.overlap_rounds = True
     out, stats, drafted = run(eng, monkeypatch, dear, 60)
     assert out == ar and stats["draft_prefills_deferred"] == 0 and stats["rounds_launched_ahead"] > 40
     out, stats, drafted = run(eng, monkeypatch, dataclasses.replace(FLAT, draft_prefill_s=0.5), 60)
-    assert out == ar and stats["draft_prefills_deferred"] == len(PROMPTS) and drafted > 10
+    assert out == ar and stats["draft_prefills_deferred"] == len(PROMPTS) and drafted > 4
 
 
-def test_a_deferred_draft_prefill_counts_as_the_calls_prefill(tiny_pair, tokenizer, monkeypatch):
+@pytest.mark.parametrize("method", ["sd", "pearl"])
+def test_a_deferred_draft_prefill_counts_as_the_calls_prefill(tiny_pair, tokenizer, monkeypatch, method):
     """stats["prefill_s"] holds the draft's prefill wherever it ran, so a decode rate over the rest
     compares with one whose draft read the prompt up front."""
     target, _, perturbed = tiny_pair
@@ -64,6 +75,6 @@ def test_a_deferred_draft_prefill_counts_as_the_calls_prefill(tiny_pair, tokeniz
         return real(self, *args, **kw)
 
     monkeypatch.setattr(type(eng.draft), "prefill", slow_prefill)
-    out, stats, drafted = run(eng, monkeypatch, FLAT, 30)
+    out, stats, drafted = run_method(eng, monkeypatch, FLAT, 30, method)
     assert stats["draft_prefills_deferred"] == len(PROMPTS) and seen == [False, True]  # in a round, one batched read
     assert stats["prefill_s"] >= 0.3

@@ -15,7 +15,7 @@ from specengine.timing import PhaseTimer
 
 V, S = 16, 96
 # the step-cost contract (runtime/step_costs.StepCosts): a draft step at a tenth of a decode, a flat verify
-COSTS = SimpleNamespace(cost_ratio=0.1, draft_s=0.1, verify_s=lambda width: 1.0)
+COSTS = SimpleNamespace(cost_ratio=0.1, draft_s=0.1, verify_s=lambda width: 1.0, draft_read_s=lambda width: 0.1)
 
 
 class Cache:
@@ -39,6 +39,9 @@ class BigramRunner:
     def decode(self, token, attn_len=None, return_hidden=False):
         return self.verify(token[:, None])[:, 0]
 
+    def prefill(self, tokens, lens, attn_len=None):  # a bigram keeps no state: its cache is its lengths
+        self.cache.set_lens(lens)
+
 
 def bigram(seed: int) -> torch.Tensor:
     return torch.randn(V, V, generator=torch.Generator().manual_seed(seed)) * 4
@@ -52,15 +55,18 @@ def greedy_text(table, prompt: list[int], n: int) -> list[int]:
 
 
 def run(method, target, draft, prompt: list[int], n: int) -> list[int]:
-    """The driver's part, by hand: state, caches at n - 1, rounds, lengths set after each."""
+    """The driver's part, by hand: state, caches at n - 1 (the draft's where the method does not read the
+    prompt into it itself), rounds, lengths set after each."""
     ctx = MethodContext(target, draft, torch.device("cpu"), step_costs=lambda state, width: COSTS)
     tokens = torch.zeros(1, S, dtype=torch.int64)
     tokens[0, : len(prompt)] = torch.tensor(prompt)
     state = DecodeState(tokens, torch.tensor([len(prompt)]), torch.ones(1, dtype=torch.bool), SamplingParams(),
                         torch.zeros(1), torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
-    for runner in (target, draft):
-        runner.cache.set_lens(state.n - 1)
-    method.begin(ctx, CallInputs(state, [prompt], [SimpleNamespace(max_new=n, cache_key=None, ids=[], finish_reason=None)], prefill_s=0.0))
+    for runner in (target, draft) if not method.defers_draft_prefill else (target,):
+        runner.prefill(state.tokens[:, : len(prompt) - 1], state.n - 1)
+    row = SimpleNamespace(max_new=n, cache_key=None, ids=[], finish_reason=None, prompt_len=len(prompt), stops=[],
+                          stop_ids=set())
+    method.begin(ctx, CallInputs(state, [prompt], [row], prefill_s=0.0))
     timer = PhaseTimer(torch.device("cpu"))
     while int(state.n) < len(prompt) + n:
         out = method.round(state, timer)

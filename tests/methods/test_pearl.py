@@ -122,11 +122,15 @@ V, N, PROMPT = 8, 50_000, [3, 5, 2]
 
 @pytest.mark.parametrize("gamma,kw,costs", [(2, dict(temperature=1.0), None), (3, dict(temperature=0.8, top_k=6), None),
                                             (None, dict(temperature=0.9), flushing_costs)])
-def test_sampling_distribution_of_three_tokens(tmp_path, tokenizer, gamma, kw, costs):
+def test_sampling_distribution_of_three_tokens(tmp_path, tokenizer, gamma, kw, costs, monkeypatch):
     """1e5 independent rows, three tokens each (a pre-verify round, then post-verify blocks; or with
     `costs`, the pending draft verified alone by a flush, then a plain step): the pair (t1, t2)
     matches the target's exact joint over 64 outcomes, and (t2, t3) given the likeliest t1 matches its
-    exact conditional (TV bounds from the sample counts)."""
+    exact conditional (TV bounds from the sample counts). With a window by cost the draft reads the
+    prompt up front here (three tokens would never pay for its read, test_draft_prime.py)."""
+    from specengine.methods.pearl import Pearl
+
+    monkeypatch.setattr(Pearl, "defers_draft_prefill", False)
     hf, target, draft = small_vocab_models(tmp_path, V)
     eng = Engine(target, tokenizer, draft, max_seq_len=24 if gamma else 72)  # a window by cost: 64 of headroom
     if costs is not None:
@@ -169,10 +173,13 @@ def test_draft_on_its_own_device_adapter(models, tokenizer, ar_out, tiny_dir):
 @pytest.fixture
 def mid_call_probes(monkeypatch):
     """PEARL probing later in a call too, as on CUDA (on a CPU its probes fall on first rounds only:
-    `test_on_a_cpu_probes_fall_on_a_calls_first_round_only`): the wait, flush and catch-up machinery."""
+    `test_on_a_cpu_probes_fall_on_a_calls_first_round_only`): the wait, flush and catch-up machinery;
+    its draft reads the prompt up front (where PEARL's rounds lose the deferred read never pays, and
+    probes wait for it: test_draft_prime.py)."""
     from specengine.methods.pearl import Pearl
 
     monkeypatch.setattr(Pearl, "_probes_mid_call", lambda self: True)
+    monkeypatch.setattr(Pearl, "defers_draft_prefill", False)
 
 
 def test_a_window_chosen_by_cost_falls_back_to_plain_rounds_losslessly(models, tokenizer, ar_out, monkeypatch, mid_call_probes):

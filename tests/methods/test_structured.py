@@ -59,14 +59,18 @@ def test_every_method_under_a_constraint_gives_transformers_constrained_tokens(e
             assert r.finish_reason == ("eos" if ref[-1] in STOP else "length")
 
 
-def test_pearls_flush_under_a_constraint_gives_transformers_constrained_tokens(tiny_pair, hf, tokenizer):
+def test_pearls_flush_under_a_constraint_gives_transformers_constrained_tokens(tiny_pair, hf, tokenizer, monkeypatch):
     """PEARL with its window by cost, where a pre-verify round wins and a post-verify round loses (draft
     0.5 of a step, every width one step), and a draft with the target's weights: each accepted window
-    is verified alone (`Pearl._flush`), its pending drafts walked by the grammar like any verify's.
-    Greedy, every constraint: transformers' constrained tokens."""
+    is verified alone (`pearl_round.flush_pending`), its pending drafts walked by the grammar like any
+    verify's. Greedy, every constraint: transformers' constrained tokens. The draft reads the prompt up
+    front (deferred, a constrained reply's projected length would not pay for it early on)."""
     from helpers.fakes import flushing_costs
 
     from specengine import Engine
+    from specengine.methods.pearl import Pearl
+
+    monkeypatch.setattr(Pearl, "defers_draft_prefill", False)
 
     target, same, _ = tiny_pair
     eng = Engine(target, tokenizer, same, max_seq_len=256, dtype="float32")

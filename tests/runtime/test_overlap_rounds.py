@@ -123,12 +123,14 @@ def test_pearl_decoding_plainly_overlaps_like_ar_and_still_probes(tiny_pair, tok
     launched ahead like ar's (a GPU's "never slower" with every window rejected), only plain steps
     are (a probe waits for the round before it to be read), its probes still run, and the tokens
     are ar's, with the overlap on and off. PEARL probes mid-call as on CUDA (on a CPU only at first
-    rounds: Pearl._probes_mid_call)."""
+    rounds: Pearl._probes_mid_call), its draft having read the prompt up front (where its rounds lose, the
+    deferred read never pays and no probe runs: test_draft_prime.py)."""
     from specengine.generation import Generation
     from specengine.methods.pearl import Pearl
     from specengine.runtime.step_costs import StepCosts
 
     monkeypatch.setattr(Pearl, "_probes_mid_call", lambda self: True)
+    monkeypatch.setattr(Pearl, "defers_draft_prefill", False)
 
     kinds = []  # (launched ahead, the round was a plain step) per launch
     real = Generation._launch

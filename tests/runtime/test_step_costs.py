@@ -307,13 +307,16 @@ def test_pearls_greedy_state_is_filed_and_a_new_engines_first_call_starts_from_i
     """PEARL's greedy state (acceptance, yield, probe wait) is filed beside the draft's acceptance when
     its acceptance moved by ALPHA_MOVED or its wait changed (the plain rounds under way are not: a new
     process starts none): a second engine's first greedy PEARL call starts from it instead of the prior
-    and a wait of 16; this engine's own last call comes first; a sampled call reads none."""
+    and a wait of 16; this engine's own last call comes first; a sampled call reads none. (Its draft reads
+    the prompt up front: a 4-token reply never pays for the deferred read, and plain rounds would then
+    not ask the choice this test watches.)"""
     import copy
 
     from specengine import Engine
     from specengine.methods.pearl import Pearl
 
     fresh_cache(monkeypatch, tmp_path)
+    monkeypatch.setattr(Pearl, "defers_draft_prefill", False)
     engine = lambda: Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]),  # noqa: E731
                             max_seq_len=96)
     key = "pearl:greedy:learned"
