@@ -99,8 +99,8 @@ bench-ray: $(STAMP)
 	$(PY) bench/serve_ray.py --out bench/results/cpu_serve_ray.json
 
 # The stream rates per ISA copy, llama.cpp beside ours, the same interleaved prompt by prompt (the
-# README's per-CPU row) on HumanEval and on MT-bench's prose, and the first reply after warmup() against
-# the next, in fresh processes.
+# README's per-CPU row) on HumanEval, on MT-bench's prose and on ~1,000-token prompts (end to end: the
+# draft's read of the prompt shows), and the first reply after warmup() against the next, in fresh processes.
 # CPU_KIND (avx512_zen5, avx2_zen3, ...) and CPU_NAME (zen5, zen3, ...): asked when a recipe first expands
 # them, after $(STAMP) made the venv, and kept (the eval: one ~2 s Python start, not one per use). No
 # comment on a variable's line: make keeps the spaces before one in the value, and `--out
@@ -115,6 +115,8 @@ bench-gguf: $(STAMP)
 	  --out bench/results/cpu_gguf_interleaved_$(CPU_KIND).json
 	$(PY) bench/gguf_cpu.py --llamacpp --interleaved 2 --n-prompts 3 --max-new-tokens 64 --prompts mtbench \
 	  --out bench/results/cpu_gguf_interleaved_mtbench_$(CPU_KIND).json
+	$(PY) bench/gguf_cpu.py --llamacpp --interleaved 2 --n-prompts 3 --max-new-tokens 64 --prompts humaneval-long \
+	  --out bench/results/cpu_gguf_interleaved_long_$(CPU_KIND).json
 	$(PY) bench/gguf_cpu.py --first-reply 3 --max-new-tokens 64 --out bench/results/cpu_gguf_first_reply_$(CPU_KIND).json
 
 # On a CPU with more than AVX2: both sides held to AVX2 alone (our kernels' AVX2 copy, llama.cpp built
