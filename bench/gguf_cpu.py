@@ -343,6 +343,12 @@ def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool, prompt
     errors = {name: statistics.median(e) for name, e in errors.items()}
     lowest = {f"{n} / ours ar": min(rate[k + (n,)] / rate[k + ("ours ar",)] for k in keys)
               for n in ours_methods if n != "ours ar"}  # "never slower": the worst prompt and repeat
+    # the control: our `ar` against itself on the same prompt, after / before the other methods (the same
+    # work: what a lowest ratio above may owe to the machine alone)
+    raw = {(r["repeat"], r["prompt"], r["provider"]): r["decode_tokens_per_s"] for r in runs}
+    drift = [raw[k + (AR_AFTER,)] / raw[k + ("ours ar",)] for k in keys]
+    control = {"ours ar, after / before": {"median": statistics.median(drift), "lowest": min(drift),
+                                           "highest": max(drift)}}
     # the same against our `ar` with each call's prefill counted (the draft's included: `sd` reads the prompt
     # twice, so what its decoding saves on a short reply can go to the draft's prefill)
     e2e = bracketed("end_to_end_tokens_per_s")
@@ -359,10 +365,12 @@ def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool, prompt
         print(f"median end to end, prefill counted, {k}: {v:.3f}" + (f" (lowest {low:.3f})" if low else ""), flush=True)
     for name, e in errors.items():
         print(f"median prediction error {name}: {e:+.1%}", flush=True)
+    print("control, our ar after / before on the same prompt: median {median:.3f}, lowest {lowest:.3f}, "
+          "highest {highest:.3f}".format(**control["ours ar, after / before"]), flush=True)
     print(f"every method of ours gave ar's tokens: {same}", flush=True)
     peer = {"llama.cpp": {"version": llamacpp.version(), "system_info": peer_info}} if llama else {}
     return {"repeats": repeats, "prompts": n_prompts, "prompt_set": prompt_set, "new_tokens": new, **peer, "runs": runs, "median_ratios": ratios,
-            "lowest_ratios": lowest, "end_to_end_median_ratios": end_to_end, "prediction_error_median": errors,
+            "lowest_ratios": lowest, "control_ratios": control, "end_to_end_median_ratios": end_to_end, "prediction_error_median": errors,
             "same_tokens_as_ar": same}
 
 
