@@ -277,7 +277,8 @@ def interleaved(eng, n_prompts: int, new: int, repeats: int, llama: bool, prompt
             out = eng.generate(prompt, max_new_tokens=new, method=method, ignore_eos=True, **kw)
             s = out.stats
             why = {k: s[k] for k in ("gamma_mean", "plain_rounds", "rounds", "acceptance_rate", "round_cost_factors",
-                                     "predicted_tokens_per_s") if s.get(k) is not None}  # to read a slow run back
+                                     "predicted_tokens_per_s", "draft_prefills_deferred")
+                   if s.get(k) is not None}  # to read a slow run back (did the draft read the prompt, and when)
             return {"decode_tokens_per_s": decode_rate(s), "prediction_error": s.get("prediction_error"),
                     "end_to_end_tokens_per_s": s["new_tokens"] / s["wall_time_s"], "prefill_s": s["prefill_s"],
                     "token_ids": list(out.token_ids), **why}

@@ -58,7 +58,8 @@ class Pearl(Method):
         self.by_cost = gamma is None  # a window chosen by cost may also choose plain decoding
         self.cost_ratio = self.costs = self.modes = None  # modes: PearlModes (begin)
         self.plain, self.behind = PlainStep(), 0  # γ = 0 rounds (see _plain_wins)
-        self.plain_total = self.flushes = 0  # plain rounds, and those of them that verified pending drafts (`pearl_round.flush_pending`)
+        # plain rounds, and those of them that verified pending drafts (pearl_round.flush_pending)
+        self.plain_total = self.flushes = 0
         self.plain_last = False  # the last round launched was a plain step (one_token_rounds)
         self.wait, self.probed = ProbeWait(), False  # plain rounds before a probe; the last round was one
         self.rows, self.first = None, False  # the driver's rows (begin): what each may write and has kept
@@ -263,8 +264,8 @@ class Pearl(Method):
 
     def _flush_pays(self) -> bool:
         """Plain decoding chosen while a round's accepted window left drafts pending: the target
-        verifies them in one forward, without a new window (`pearl_round.flush_pending`), where the tokens that commits
-        (a chain of γ - 1 at α, bonus included) beat a plain step's one at their cost. Drafted already,
+        verifies them in one forward, without a new window (`pearl_round.flush_pending`), where the tokens
+        that commits (a chain of γ - 1 at α, bonus included) beat a plain step's one at their cost. Drafted already,
         they were dropped before: a probe whose first window was accepted paid two plain steps' cost
         for 1 token (AVX2 copy, window 4) and threw away 3 drafts that a forward of 4 tokens (1.1-1.3
         steps) verifies."""
