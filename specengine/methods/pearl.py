@@ -236,15 +236,15 @@ class Pearl(Method):
     def _unread_sits_out(self) -> bool:
         """The draft has not read some live row's text and reading it would not pay (draft_prime.pays,
         PRIME_MARGIN): a plain step. A PEARL round saves a plain step's seconds a token less its own,
-        as the clock corrected them; where PEARL loses (most rounds on a CPU) the draft never reads."""
+        as the clock corrected them (a PEARL round's factor this call's, else the plain rounds':
+        draft_prime.chain_factor); where PEARL loses (most rounds on a CPU) the draft never reads."""
         if all(self.primed):  # (a stub call never begun: nothing deferred)
             return False
         live = self._live()
         if all(self.primed[b] for b in live):
             return False
-        f = self.clock.factors() if self.calibrate else {}
-        plain_s = self.costs.verify_s(1) * f.get("plain", 1.0)
-        saved = plain_s - self._round_s() * f.get("spec", 1.0) / self.round_tokens()
+        plain_f, spec_f = (self.clock.factor("plain"), draft_prime.chain_factor(self.clock)) if self.calibrate else (1, 1)
+        saved = self.costs.verify_s(1) * plain_f - self._round_s() * spec_f / self.round_tokens()
         return not draft_prime.pays(self.rows, live, self.primed, self.costs, self.max_width, saved,
                                     self.state.constraints is not None, PRIME_MARGIN)
 

@@ -78,3 +78,29 @@ def test_a_deferred_draft_prefill_counts_as_the_calls_prefill(tiny_pair, tokeniz
     out, stats, drafted = run_method(eng, monkeypatch, FLAT, 30, method)
     assert stats["draft_prefills_deferred"] == len(PROMPTS) and seen == [False, True]  # in a round, one batched read
     assert stats["prefill_s"] >= 0.3
+
+
+@pytest.mark.parametrize("method", ["sd", "pearl"])
+def test_an_earlier_calls_chain_factor_does_not_keep_the_prompt_unread_for_good(tiny_pair, tokenizer, monkeypatch,
+                                                                                   method):
+    """Drafted rounds measured slow in an earlier call (a slow moment of a shared VM) leave their factor to the
+    next call, which then decodes plainly and would re-time them only by a probe. A probe must read the prompt
+    first: priced at that stale factor, the read never paid, no probe ran, and the factor was carried on to every
+    later call (AVX2 EPYC, HumanEval: 3 of 15 `sd` calls ran all plain at a spec factor of 1.65 against plain's
+    1.1-1.3). Where only an earlier call's factor says so, the read is priced at the plain rounds' factor: the
+    probe reads the prompt and drafts, and the drafted rounds are timed afresh."""
+    from specengine.timing import CLOCK_SUFFIX
+
+    target, _, perturbed = tiny_pair
+    eng = Engine(target, tokenizer, draft=perturbed, max_seq_len=256)
+    ar = eng.generate(PROMPTS[0], max_new_tokens=60, method="ar", ignore_eos=True).token_ids
+    costs = dataclasses.replace(FLAT, measured=True)  # drafting wins by the model; rounds timed as they run
+    monkeypatch.setattr(eng, "step_costs", lambda state, width: costs)
+    eng.generate(PROMPTS[0], max_new_tokens=60, method=method, gamma="auto", ignore_eos=True)  # files its factors
+    keys = [k for k in eng._acceptance if k.endswith(CLOCK_SUFFIX)]
+    assert keys
+    for k in keys:  # drafted rounds 40x slower than plain ones, as filed by that call
+        eng._acceptance[k] = {"plain": 1.0, "spec": 40.0}
+    r = eng.generate(PROMPTS[0], max_new_tokens=60, method=method, gamma="auto", ignore_eos=True)
+    drafted = sum(1 for proposed, _, _ in r.stats["round_log"] if proposed)
+    assert r.token_ids == ar and r.stats["draft_prefills_deferred"] == 1 and drafted >= 1
