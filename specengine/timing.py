@@ -2,6 +2,7 @@
 
 `PhaseTimer`: per-phase timers that never sync inside a step: CUDA events on GPU,
 perf_counter on CPU; events are resolved once, when the totals are read at the end of a call.
+`Stopwatch`: one span's seconds the same way, read after the round that holds it was synced.
 `best_seconds`: the one best-of-N wall-clock loop of every start-up measurement (step costs,
 the batch-invariant cost, CPU matmul paths).
 `CLOCK_SUFFIX`, `CURVES_SUFFIX`, `FILED`: where measured round timings and n-gram acceptance curves live in the engine's acceptance store (the
@@ -48,6 +49,32 @@ class PhaseTimer:
             for name, pairs in self._events.items():
                 out[name] = out.get(name, 0.0) + sum(s.elapsed_time(e) for s, e in pairs) / 1e3
         return out
+
+
+class Stopwatch:
+    """One span's seconds with no sync inside it: CUDA events on a GPU, read by `seconds()` only once the
+    work queued after the span was synced (a round's own read); perf_counter on a CPU."""
+
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+        self._s = 0.0
+
+    def __enter__(self) -> "Stopwatch":
+        if self.cuda:
+            self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._t = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            self._end.record()
+        else:
+            self._s = time.perf_counter() - self._t
+
+    def seconds(self) -> float:
+        return self._start.elapsed_time(self._end) / 1e3 if self.cuda else self._s
 
 
 def best_seconds(fn, repeats: int, device=None, setup=None, best: float = float("inf"), back_to_back: int = 1) -> float:

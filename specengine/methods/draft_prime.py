@@ -5,6 +5,8 @@ of the reply pay for that prefill. A short reply to a long prompt then never pay
 docs/design.md, "Never slower")."""
 from __future__ import annotations
 
+import contextlib
+
 from .policies import read_s
 from .state import DecodeState
 
@@ -89,9 +91,16 @@ def pays(rows, live: list[int], primed: list[bool], costs, width: int, saved: fl
     return saved / max(len(live), 1) * left > margin * prime_s(costs, unread, width)
 
 
-def read_now(draft, state: DecodeState, primed: list[bool], live: list[int], timer) -> int:
+def read_now(draft, state: DecodeState, primed: list[bool], live: list[int], timer, watch=None) -> int:
     """The deferred prefill, run in a round (the `prime` phase: stats["prefill_s"] counts it): it reads the
-    rows' lengths, the round's one extra sync, once a call. Returns the rows read."""
+    rows' lengths, the round's one extra sync, once a call. `watch` (timing.Stopwatch) times the prefill, so
+    the round's clock can book the chain without it (`without_read`). Returns the rows read."""
     lengths = state.n.tolist()
-    with timer.phase("prime"):
+    with timer.phase("prime"), (watch or contextlib.nullcontext()):
         return prime(draft, state, primed, live, lengths)
+
+
+def without_read(seconds: float, watch) -> float:
+    """A reading round's measured seconds less its prefill's: what the round's chain took, booked on the round
+    clock (kept off it, the round that read was never timed, so a probe that read re-timed nothing)."""
+    return max(seconds - watch.seconds(), 0.0)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SpecEngineError
-from ..timing import FILED, LEARNED  # store[f"pearl:greedy{LEARNED}"]: what the engine's last greedy call left
+from ..timing import FILED, LEARNED, Stopwatch  # store[f"pearl:greedy{LEARNED}"]: the engine's last greedy call's
 from . import draft_prime
 from .base import CallInputs, CallTotals, Method, prediction, speculative_stats, tokens_left
 from .context import MethodContext
@@ -71,6 +71,7 @@ class Pearl(Method):
         self.clock_key = self.learned_key = None  # where the engine keeps this call's corrections, and the rest (begin)
         self.primed: list[bool] = []  # per row: the draft's cache holds its text (draft_prime.py)
         self.primes, self.primed_now = 0, False  # deferred draft prefills run; one ran in this round
+        self.watch = None  # timing.Stopwatch of the last read's prefill
 
     @property
     def defers_draft_prefill(self) -> bool:
@@ -221,7 +222,8 @@ class Pearl(Method):
         unread = draft_prime.unread_lengths(self.rows, live, self.primed)
         if unread:  # the draft reads the rows' text now (1 behind after, as after a prefill); the plan's
             self.clock.forecast[1] += draft_prime.prime_s(self.costs, unread, self.max_width)  # price of it
-            self.primes += draft_prime.read_now(self.ctx.draft, state, self.primed, live, timer)
+            self.watch = Stopwatch(state.tokens.device)
+            self.primes += draft_prime.read_now(self.ctx.draft, state, self.primed, live, timer, self.watch)
             self.primed_now = True
             self.behind = 0 if len(unread) == len(live) else self.behind  # (a serving core's others may be behind)
         if self.behind:
@@ -302,8 +304,8 @@ class Pearl(Method):
             self._remember()
 
     def timed(self, seconds: float) -> None:
-        if self.calibrate and not self.primed_now:  # a prefill's round: not a PEARL round's time
-            self.clock.timed(seconds)
+        if self.calibrate:  # a reading round: its PEARL round's time, the read taken out
+            self.clock.timed(draft_prime.without_read(seconds, self.watch) if self.primed_now else seconds)
             if self.clock_key is not None:  # the engine's next call starts from these corrections
                 self.ctx.acceptance[self.clock_key] = self.clock.factors()
 

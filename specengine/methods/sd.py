@@ -11,6 +11,7 @@ chain whose projected savings over the rest of the reply pay for that prefill (d
 from __future__ import annotations
 
 from ..errors import SpecEngineError
+from ..timing import Stopwatch
 from . import draft_prime
 from .base import CallInputs, CallTotals, Method, prediction, speculative_stats, tokens_left
 from .context import MethodContext
@@ -46,6 +47,7 @@ class SpeculativeDecoding(Method):
         self.grammar_round, self.grammar_rounds = False, 0  # this round verified the grammar's forced tokens
         self.primed: list[bool] = []  # per row: the draft's cache holds its text (draft_prime.py)
         self.primes, self.primed_now = 0, False  # deferred draft prefills run; one ran in this round
+        self.watch = None  # timing.Stopwatch of the last read's prefill
 
     @property
     def defers_draft_prefill(self) -> bool:
@@ -107,14 +109,15 @@ class SpeculativeDecoding(Method):
             self.gammas.append(0)
             self.behind += 1
             return self.plain(ctx, state, timer)
-        extra_s = 0.0
         unread = draft_prime.unread_lengths(self.rows, live, self.primed)
         if unread:  # the draft reads the rows' text now: 1 behind after, as after a prefill
-            extra_s = draft_prime.prime_s(self.policy.costs, unread, self.max_width)
-            self.primes += draft_prime.read_now(ctx.draft, state, self.primed, live, timer)
+            if self.policy.needs_costs:  # the plan's forecast pays the read's price; the clock books the chain alone
+                self.policy.clock.forecast[1] += draft_prime.prime_s(self.policy.costs, unread, self.max_width)
+            self.watch = Stopwatch(state.tokens.device)
+            self.primes += draft_prime.read_now(ctx.draft, state, self.primed, live, timer, self.watch)
             self.behind, self.primed_now = 0, True
-        if self.policy.needs_costs:  # the catch-up (and prefill) this round pays, priced where the clock books it
-            self.policy.extra_s = catch_up_s(self.policy.costs, self.behind, self.max_width) + extra_s
+        if self.policy.needs_costs:  # the catch-up this round pays, priced where the clock books it
+            self.policy.extra_s = catch_up_s(self.policy.costs, self.behind, self.max_width)
         out = chain_round(ctx, state, self.policy, timer, self.behind)
         self.behind = 0
         self.gammas.append(out.draft_forwards)  # a policy may have ended the loop early
@@ -154,8 +157,8 @@ class SpeculativeDecoding(Method):
             self.policy.remember(self.ctx.acceptance, self.key)
 
     def timed(self, seconds: float) -> None:
-        if self.tree is None and self.policy.needs_costs and not self.primed_now:  # a prefill's round: not a chain's time
-            self.policy.timed(seconds)
+        if self.tree is None and self.policy.needs_costs:  # a reading round: its chain's time, the read taken out
+            self.policy.timed(draft_prime.without_read(seconds, self.watch) if self.primed_now else seconds)
 
     def prediction(self, totals: CallTotals) -> dict:
         """γ auto: the plan's tokens/s for the rounds it chose beside the measured decode rate."""
