@@ -1,8 +1,8 @@
 """Timing on the ground floor (imported by every layer, imports nothing of ours).
 
-`PhaseTimer`: per-phase timers that never sync inside a step: CUDA events on GPU,
-perf_counter on CPU; events are resolved once, when the totals are read at the end of a call.
-`Stopwatch`: one span's seconds the same way, read after the round that holds it was synced.
+`Stopwatch`: one span's seconds with no sync inside it: CUDA events on a GPU, perf_counter on a
+CPU, read after the round that holds it was synced.
+`PhaseTimer`: a call's seconds per phase, its spans Stopwatches resolved when the call ends.
 `best_seconds`: the one best-of-N wall-clock loop of every start-up measurement (step costs,
 the batch-invariant cost, CPU matmul paths).
 `CLOCK_SUFFIX`, `CURVES_SUFFIX`, `FILED`: where measured round timings and n-gram acceptance curves live in the engine's acceptance store (the
@@ -20,35 +20,6 @@ CLOCK_SUFFIX = ":round_clock"  # a policy's round cost factors: store[key + CLOC
 CURVES_SUFFIX = ":by_match"  # the n-gram acceptance curves of a method and mode: store[f"{name}:{mode}" + CURVES_SUFFIX]
 FILED = ":filed"  # what the machine's table filed for key (seeded beside the engine's own)
 LEARNED = ":learned"  # PEARL's state a call leaves for the next: store[f"{name}:{mode}" + LEARNED]
-
-
-class PhaseTimer:
-    def __init__(self, device: torch.device):
-        self.cuda = torch.device(device).type == "cuda"
-        self._cpu = defaultdict(float)
-        self._events = defaultdict(list)
-
-    @contextmanager
-    def phase(self, name: str):
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            yield
-            end.record()
-            self._events[name].append((start, end))
-        else:
-            t = time.perf_counter()
-            yield
-            self._cpu[name] += time.perf_counter() - t
-
-    def totals(self) -> dict[str, float]:
-        """Seconds spent per phase."""
-        out = dict(self._cpu)
-        if self._events:
-            torch.cuda.synchronize()
-            for name, pairs in self._events.items():
-                out[name] = out.get(name, 0.0) + sum(s.elapsed_time(e) for s, e in pairs) / 1e3
-        return out
 
 
 class Stopwatch:
@@ -75,6 +46,28 @@ class Stopwatch:
 
     def seconds(self) -> float:
         return self._start.elapsed_time(self._end) / 1e3 if self.cuda else self._s
+
+
+class PhaseTimer:
+    """Seconds per named phase of a call, each span a `Stopwatch`, resolved (one sync on a GPU) when the
+    totals are read at the call's end."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = torch.device(device).type == "cuda"
+        self._spans = defaultdict(list)
+
+    @contextmanager
+    def phase(self, name: str):
+        with Stopwatch(self.device) as watch:
+            yield
+        self._spans[name].append(watch)
+
+    def totals(self) -> dict[str, float]:
+        """Seconds spent per phase."""
+        if self.cuda and self._spans:
+            torch.cuda.synchronize()
+        return {name: sum(w.seconds() for w in spans) for name, spans in self._spans.items()}
 
 
 def best_seconds(fn, repeats: int, device=None, setup=None, best: float = float("inf"), back_to_back: int = 1) -> float:

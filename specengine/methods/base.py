@@ -124,6 +124,11 @@ def tokens_left(rows) -> int:
     return max((row.max_new - len(row.ids) for row in rows if row.finish_reason is None), default=0)
 
 
+def live_rows(rows) -> list[int]:
+    """The driver's rows still running (`CallInputs.rows`), by index."""
+    return [b for b, row in enumerate(rows) if row.finish_reason is None]
+
+
 def speculative_stats(totals: CallTotals) -> dict:
     """What every draft-and-verify method reports (docs/design.md, "Metrics")."""
     counters, times = totals.counters, totals.times

@@ -1,5 +1,5 @@
-"""The draft's prompt read at its first chain rather than at the call's prefill (`hybrid` and `sd` with
-γ auto): a row's text goes into the draft's cache only once the chains' projected savings over the rest
+"""The draft's prompt read at its first drafted round rather than at the call's prefill (`sd` and `hybrid`
+with γ auto, `pearl` by cost; `DeferredRead` keeps what they share): a row's text goes into the draft's cache only once the chains' projected savings over the rest
 of the reply pay for that prefill. A short reply to a long prompt then never pays it (on the AVX2 EPYC a
 ~1,000-token prompt's draft prefill cost 2-5 s, and `sd` ran 0.61-0.75x `ar` end to end on 16 tokens:
 docs/design.md, "Never slower")."""
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 
+from ..timing import Stopwatch
 from .policies import read_s
 from .state import DecodeState
 
@@ -94,13 +95,41 @@ def pays(rows, live: list[int], primed: list[bool], costs, width: int, saved: fl
 def read_now(draft, state: DecodeState, primed: list[bool], live: list[int], timer, watch=None) -> int:
     """The deferred prefill, run in a round (the `prime` phase: stats["prefill_s"] counts it): it reads the
     rows' lengths, the round's one extra sync, once a call. `watch` (timing.Stopwatch) times the prefill, so
-    the round's clock can book the chain without it (`without_read`). Returns the rows read."""
+    the round's clock can book the chain without it (`DeferredRead.chain_s`). Returns the rows read."""
     lengths = state.n.tolist()
     with timer.phase("prime"), (watch or contextlib.nullcontext()):
         return prime(draft, state, primed, live, lengths)
 
 
-def without_read(seconds: float, watch) -> float:
-    """A reading round's measured seconds less its prefill's: what the round's chain took, booked on the round
-    clock (kept off it, the round that read was never timed, so a probe that read re-timed nothing)."""
-    return max(seconds - watch.seconds(), 0.0)
+class DeferredRead:
+    """What a method whose draft reads the prompt at its first drafted round keeps (`sd` γ auto, `pearl` by
+    cost, `hybrid` γ auto: `defers_draft_prefill`): per row whether the draft's cache holds its text
+    (`primed`), the reads run (`primes`), and whether the round now running read (`primed_now`), its prefill
+    timed (`watch`). That round is booked on the round clock without its prefill, whose price goes to the
+    plan's forecast only: kept off the clock, a probe that read re-timed nothing, and a stale chain factor
+    kept the prompt unread call after call (docs/design.md, "Never slower")."""
+
+    defers_draft_prefill = False
+
+    def __init__(self, *args, **kw):
+        self.primed: list[bool] = []
+        self.primes, self.primed_now, self.watch = 0, False, None
+        super().__init__(*args, **kw)
+
+    def unread_again(self, rows) -> None:
+        """These rows start afresh (a call, or the serving core's new request): prefilled into the draft,
+        or to be read at their first drafted round where the read is deferred."""
+        for b in rows:
+            if b < len(self.primed):
+                self.primed[b] = not self.defers_draft_prefill
+
+    def reading(self, clock, price_s: float, device) -> Stopwatch:
+        """The round now running reads the prompt: the plan's forecast pays `price_s`; returns the stopwatch
+        that times the prefill."""
+        clock.forecast[1] += price_s
+        self.watch, self.primed_now = Stopwatch(device), True
+        return self.watch
+
+    def chain_s(self, seconds: float) -> float:
+        """A round's measured seconds as its clock books them: a reading round's less its prefill's."""
+        return max(seconds - self.watch.seconds(), 0.0) if self.primed_now else seconds

@@ -14,6 +14,8 @@ no stop string or constraint); elsewhere it is projected from what it has writte
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from . import draft_prime
 from .ngram import NgramDecoding
 from .policies import catch_up_s, expected_tokens, read_s
@@ -50,6 +52,8 @@ class HybridDecoding(NgramDecoding):
                 drafted = [(int(a), int(d)) for a, d in zip(n_acc, num_draft) if d]
                 self.chain_yield.book(sum(expected_tokens(self.draft_policy.alpha, d) for _, d in drafted),
                                       sum(a + 1 for a, _ in drafted))
+        elif self.kind != "grammar" and self.draft_policy.needs_costs:
+            self.draft_policy.sat_out()
         super().after_round(n_acc, num_draft)
 
     def _draft_wins(self, found, gammas, live: list[int]) -> bool:
@@ -63,7 +67,7 @@ class HybridDecoding(NgramDecoding):
         While the draft has not read the rows' text (its prefill deferred), its chain would first
         pay that prefill once (`_prime_s`). It does so when the time the draft would have saved
         so far, projected over what the reply may still write (`_ahead`), exceeds the prefill;
-        being paid for good, until chains are timed it prices them no cheaper than the plain rounds measure, and an
+        being paid for good, until this call timed chains it prices them no cheaper than the plain rounds measure, and an
         acceptance the engine never learned is the prior's (an unconditional first try paid the
         prefill, 0.26-0.37 s on the default pair, on replies where drafting then lost: a first
         call at 0.77-0.88x the next). The chain's expected tokens are scaled by what the call's
@@ -78,11 +82,16 @@ class HybridDecoding(NgramDecoding):
             return False  # the draft's own costs say plain decoding (which the n-gram round beats)
         tokens = (pol.round_tokens(gammas) if gammas else 0.0) + len(live) - len(gammas)
         seconds = pol.seconds(max(gammas.values(), default=0) + 1)  # as the measured rounds corrected it
-        chain_s = (dp.gamma * c.draft_s + c.verify_s(dp.gamma + 1)) * dp.clock.factor("spec")
+        chain_s = dp.gamma * c.draft_s + c.verify_s(dp.gamma + 1)
         draft = len(live) * expected_tokens(dp.alpha, dp.gamma) * self.chain_yield.factor() / chain_s
         if all(self.primed[b] for b in live):
+            draft /= dp.clock.factor("spec")
             return draft > tokens / (seconds + tokens * read_s(c, self.max_width, self.max_width) / self.max_width)
-        draft /= 1.0 if dp.clock.known("spec") else max(1.0, dp.clock.factor("plain"))
+        # not read: until this call timed chains, priced at the plain rounds' factor where an earlier call filed
+        # the chains' (re-timed only by a chain, it kept the prompt unread for good: draft_prime.chain_factor),
+        # else no cheaper than the model or the plain rounds say
+        clock, plain_f = dp.clock, dp.clock.factor("plain")
+        draft /= clock.factor("spec") if clock.known("spec") else plain_f if "spec" in clock.prior else max(1.0, plain_f)
         if draft <= tokens / seconds:
             return False
         self.saved += seconds - tokens / draft  # what this round would have saved with the draft
@@ -113,16 +122,16 @@ class HybridDecoding(NgramDecoding):
     def _draft_round(self, state: DecodeState, live: list[int], timer) -> RoundOutput:
         """Hybrid: the draft model's chain (sd's round), after reading what it missed."""
         self.draft_rounds += 1
-        primes, dp = self.primes, self.draft_policy
+        self.primed_now, dp, watch = False, self.draft_policy, None
         unread = [self.n_host[b] for b in live if not self.primed[b]]  # the rows _prime reads now
-        with timer.phase("prime"):  # the call's prefill, wherever it runs (stats["prefill_s"])
+        if unread:  # (γ auto only) the forecast pays the read's price; the chain's clock books the round without it
+            watch = self.reading(dp.clock, self._prime_s(unread, dp.costs), state.tokens.device)
+        with timer.phase("prime"), (watch or nullcontext()):  # the call's prefill, wherever it runs (stats["prefill_s"])
             self._prime(state, live)
-        self.primed_now = self.primes > primes
         # up to 2 behind the chain's own catch-up reads; more after n-gram rounds it sat out
         behind = max(self.gap[b] for b in live) - 2
-        if dp.needs_costs:  # what the round holds besides the chain, for its forecast: the catch-up and the
-            # prefill as the plan priced it (a priming round's time is not booked on the chain's clock, `timed`)
-            dp.extra_s = catch_up_s(dp.costs, behind, self.max_width) + self._prime_s(unread, dp.costs)
+        if dp.needs_costs:  # what the round holds besides the chain, for its forecast
+            dp.extra_s = catch_up_s(dp.costs, behind, self.max_width)
         return chain_round(self.ctx, state, self.draft_policy, timer, behind, self.max_width)
 
 

@@ -27,7 +27,8 @@ import torch
 from .ngram_index import NgramIndex, check_sizes
 from .ngram_policy import NgramGammaPolicy
 from ..errors import SpecEngineError
-from .base import CallInputs, CallTotals, Method, prediction, speculative_stats
+from . import draft_prime
+from .base import CallInputs, CallTotals, Method, live_rows, prediction, speculative_stats
 from .context import MethodContext
 from .policies import make_policy
 from .round_clock import RoundClock, recall_clock
@@ -40,7 +41,7 @@ from ..timing import CURVES_SUFFIX, FILED
 MIN_TIMED_PREFILL = 16  # prompt tokens below which the driver's prefill time is mostly overhead, not a rate
 
 
-class NgramDecoding(Method):
+class NgramDecoding(draft_prime.DeferredRead, Method):
     name = "ngram"
     needs_draft = False  # a loaded draft model sits this method out
     takes_tree = True
@@ -73,10 +74,8 @@ class NgramDecoding(Method):
         self.saved = 0.0  # hybrid: seconds the draft's chains would have saved so far while its prefill waits
         self.start: list[int] = []  # per row: its prompt length
         self.limit: list[int] = []  # per row: the committed length at which it stops (prompt + max_new)
-        self.primed: list[bool] = []  # hybrid, per row: the draft's cache holds the row's text
         self.n_host: list[int] = []  # per row: its committed length (prompt + what the syncs read)
         self.prefill_token_s: float | None = None  # the target's measured prefill seconds per prompt token
-        self.primes, self.primed_now = 0, False  # deferred draft prefills run; one ran in this (draft) round
         self.caches = None  # suffix decoding: the engine's SuffixCaches (methods/suffix_cache.py)
         # γ by match: n-gram and plain rounds' measured vs predicted seconds, the plan's forecast (round_clock.py)
         self.clock, self.calibrate, self.clock_key = RoundClock(switch_costs=False), False, None
@@ -156,10 +155,6 @@ class NgramDecoding(Method):
             if b < len(self.gap):  # a draft round leaves the draft at most 2 tokens behind
                 self.gap[b] = 2 if self.kind == "draft" else self.gap[b] + len(new)
 
-    def _live(self, state: DecodeState) -> list[int]:
-        rows = self.call.rows
-        return [b for b in range(state.batch) if rows[b].finish_reason is None]
-
     def plan(self, live: list[int]) -> tuple[str, dict]:
         """This round's kind ("ngram", "draft" or "plain") and the live rows' proposals
         {row: (tokens, parents or None)}. Host-only: the indexes and the policies' estimates
@@ -189,7 +184,7 @@ class NgramDecoding(Method):
         return kind, found
 
     def round(self, state: DecodeState, timer) -> RoundOutput:
-        ctx, live = self.ctx, self._live(state)
+        ctx, live = self.ctx, live_rows(self.call.rows)
         with timer.phase("draft"):
             self.kind, found = self.plan(live)
             forced = self._grammar_drafts(state, live)
@@ -265,8 +260,8 @@ class NgramDecoding(Method):
 
     def timed(self, seconds: float) -> None:
         dp = self.draft_policy
-        if self.kind == "draft" and dp.needs_costs and not self.primed_now:  # a prefill's round: not a chain's time
-            dp.timed(seconds)
+        if self.kind == "draft" and dp.needs_costs:  # a reading round: its chain's time, the read taken out
+            dp.timed(self.chain_s(seconds))
         if self.calibrate and self._booked is not None and self.kind in ("ngram", "plain"):
             self.clock.timed(seconds)
             self.ctx.acceptance[self.clock_key] = self.clock.factors()  # the engine's next call starts here

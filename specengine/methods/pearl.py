@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 
 from ..errors import SpecEngineError
-from ..timing import FILED, LEARNED, Stopwatch  # store[f"pearl:greedy{LEARNED}"]: the engine's last greedy call's
+from ..timing import FILED, LEARNED  # store[f"pearl:greedy{LEARNED}"]: the engine's last greedy call's
 from . import draft_prime
-from .base import CallInputs, CallTotals, Method, prediction, speculative_stats, tokens_left
+from .base import CallInputs, CallTotals, Method, live_rows, prediction, speculative_stats, tokens_left
 from .context import MethodContext
 from .pearl_round import PearlModes, drop_pending, flush_pending, pearl_round
 from .policies import ProbeWait, expected_tokens
@@ -40,7 +40,7 @@ def gamma_for(cost_ratio: float, gamma_max: int = GAMMA_MAX) -> int:
     return max(1, min(gamma_max, round(1.0 / max(cost_ratio, 1e-6))))
 
 
-class Pearl(Method):
+class Pearl(draft_prime.DeferredRead, Method):
     name = "pearl"
     rows_independent = False  # per-row modes sized to the whole batch
 
@@ -69,9 +69,6 @@ class Pearl(Method):
         # _kind: (kind, predicted seconds, expected tokens per row) of this round; _flushed: it was a flush
         self.clock, self.calibrate, self._kind, self._flushed = RoundClock(), False, None, False
         self.clock_key = self.learned_key = None  # where the engine keeps this call's corrections, and the rest (begin)
-        self.primed: list[bool] = []  # per row: the draft's cache holds its text (draft_prime.py)
-        self.primes, self.primed_now = 0, False  # deferred draft prefills run; one ran in this round
-        self.watch = None  # timing.Stopwatch of the last read's prefill
 
     @property
     def defers_draft_prefill(self) -> bool:
@@ -218,22 +215,17 @@ class Pearl(Method):
             draft = self.ctx.draft.cache  # the draft keeps what it saw of the committed tokens only
             draft.set_lens(torch.minimum(draft.lens.to(torch.int64), state.n - 1))
             return self.plain(self.ctx, state, timer)
-        live = self._live()
+        live = live_rows(self.rows)
         unread = draft_prime.unread_lengths(self.rows, live, self.primed)
-        if unread:  # the draft reads the rows' text now (1 behind after, as after a prefill); the plan's
-            self.clock.forecast[1] += draft_prime.prime_s(self.costs, unread, self.max_width)  # price of it
-            self.watch = Stopwatch(state.tokens.device)
-            self.primes += draft_prime.read_now(self.ctx.draft, state, self.primed, live, timer, self.watch)
-            self.primed_now = True
+        if unread:  # the draft reads the rows' text now (1 behind after, as after a prefill)
+            watch = self.reading(self.clock, draft_prime.prime_s(self.costs, unread, self.max_width), state.tokens.device)
+            self.primes += draft_prime.read_now(self.ctx.draft, state, self.primed, live, timer, watch)
             self.behind = 0 if len(unread) == len(live) else self.behind  # (a serving core's others may be behind)
         if self.behind:
             draft_resync(self.ctx.draft, state, self.behind)
             self.behind = 0
         with timer.phase("round"):
             return pearl_round(self.ctx, self.modes, state, self.gamma, timer, self.drafter)
-
-    def _live(self) -> list[int]:
-        return [b for b, row in enumerate(self.rows) if row.finish_reason is None]
 
     def _unread_sits_out(self) -> bool:
         """The draft has not read some live row's text and reading it would not pay (draft_prime.pays,
@@ -242,7 +234,7 @@ class Pearl(Method):
         draft_prime.chain_factor); where PEARL loses (most rounds on a CPU) the draft never reads."""
         if all(self.primed):  # (a stub call never begun: nothing deferred)
             return False
-        live = self._live()
+        live = live_rows(self.rows)
         if all(self.primed[b] for b in live):
             return False
         plain_f, spec_f = (self.clock.factor("plain"), draft_prime.chain_factor(self.clock)) if self.calibrate else (1, 1)
@@ -305,7 +297,7 @@ class Pearl(Method):
 
     def timed(self, seconds: float) -> None:
         if self.calibrate:  # a reading round: its PEARL round's time, the read taken out
-            self.clock.timed(draft_prime.without_read(seconds, self.watch) if self.primed_now else seconds)
+            self.clock.timed(self.chain_s(seconds))
             if self.clock_key is not None:  # the engine's next call starts from these corrections
                 self.ctx.acceptance[self.clock_key] = self.clock.factors()
 
@@ -314,9 +306,7 @@ class Pearl(Method):
         read at its first PEARL round."""
         if self.modes is not None:
             self.modes.post[rows] = False
-        for b in rows:
-            if b < len(self.primed):
-                self.primed[b] = not self.defers_draft_prefill
+        self.unread_again(rows)
 
     def stats(self, totals: CallTotals) -> dict:
         """MAT: mean run length between rejections (PEARL's definition), and per-round times."""

@@ -195,6 +195,7 @@ class AutoGammaPolicy(FixedPolicy):
         self.clock = RoundClock(switch_costs=False)  # rounds' measured vs predicted seconds (catch-ups priced)
         self.extra_s = 0.0  # what the round about to be booked pays besides its chain (sd: the draft's catch-up)
         self.token_scale = 1.0  # the chain's expected tokens as its chooser scaled them (hybrid: its chains' yield)
+        self._filed = None  # (store, key) where `remember` last filed the clock
         self._seed: dict = {}  # corrections `recall` found, applied by `set_costs` to measured costs only
         self._filed_alpha, self.learned = None, False  # the same for a filed acceptance; α known to the engine
         # greedy only: there γ never changes the tokens, while a seeded sampled call must draw the
@@ -231,13 +232,26 @@ class AutoGammaPolicy(FixedPolicy):
             store[key], store[key + PAIR_SUFFIX] = self.pair[0] / sum(self.pair), self.pair
         else:
             store[key] = self.alpha
+        self._filed = (store, key + CLOCK_SUFFIX)
         store[key + CLOCK_SUFFIX] = self.clock.factors()
 
     def timed(self, seconds: float) -> None:
         """The driver's measured seconds of the round last booked by `update` (round_clock.py):
-        corrects the model's costs of that kind of round, from the next choice on."""
+        corrects the model's costs of that kind of round, from the next choice on, and where `remember`
+        filed the clock, files it again (a call's last timed round reaches the next call too)."""
         if self.calibrate and getattr(self.costs, "measured", False):
             self.clock.timed(seconds)
+            if self._filed is not None:
+                store, key = self._filed
+                store[key] = self.clock.factors()
+
+    def sat_out(self) -> None:
+        """A round the chain sat out by another's choice (hybrid's n-gram and plain rounds): while the costs
+        hold γ at 0 it counts toward the next probe, as a plain round of its own does. Else nothing re-timed
+        an earlier call's chain factor that says chains lose, and the draft sat out every later call."""
+        if self.gamma == 0 and self.costs is not None:
+            self.wait.count(True)
+            self._choose()
 
     def adopt_plain(self, clock) -> None:
         """Plain rounds another clock timed (hybrid: its n-gram side runs them, never the chain's

@@ -11,9 +11,8 @@ chain whose projected savings over the rest of the reply pay for that prefill (d
 from __future__ import annotations
 
 from ..errors import SpecEngineError
-from ..timing import Stopwatch
 from . import draft_prime
-from .base import CallInputs, CallTotals, Method, prediction, speculative_stats, tokens_left
+from .base import CallInputs, CallTotals, Method, live_rows, prediction, speculative_stats, tokens_left
 from .context import MethodContext
 from .policies import catch_up_s, expected_tokens, make_policy
 from .state import DecodeState, RoundOutput
@@ -25,7 +24,7 @@ from .steps import PlainStep, chain_round, draft_tree, grammar_drafts, verify_pr
 PRIME_MARGIN = 1.0
 
 
-class SpeculativeDecoding(Method):
+class SpeculativeDecoding(draft_prime.DeferredRead, Method):
     name = "sd"
 
     takes_threshold = True
@@ -45,9 +44,6 @@ class SpeculativeDecoding(Method):
         self.gammas: list[int] = []  # γ of every round (0: a plain decode round)
         self.plain, self.behind = PlainStep(), 0  # tokens committed since the draft last ran (at most)
         self.grammar_round, self.grammar_rounds = False, 0  # this round verified the grammar's forced tokens
-        self.primed: list[bool] = []  # per row: the draft's cache holds its text (draft_prime.py)
-        self.primes, self.primed_now = 0, False  # deferred draft prefills run; one ran in this round
-        self.watch = None  # timing.Stopwatch of the last read's prefill
 
     @property
     def defers_draft_prefill(self) -> bool:
@@ -63,7 +59,7 @@ class SpeculativeDecoding(Method):
             return False
         if self.policy.gamma == 0:
             return True
-        return self._unread_sits_out(self._live())
+        return self._unread_sits_out(live_rows(self.rows))
 
     @property
     def max_width(self) -> int:
@@ -104,27 +100,23 @@ class SpeculativeDecoding(Method):
             self.gammas.append(0)
             self.behind += 1
             return self.plain(ctx, state, timer)
-        live = self._live()
+        live = live_rows(self.rows)
         if self._unread_sits_out(live):  # the draft sits out, its prompt unread
             self.gammas.append(0)
             self.behind += 1
             return self.plain(ctx, state, timer)
         unread = draft_prime.unread_lengths(self.rows, live, self.primed)
-        if unread:  # the draft reads the rows' text now: 1 behind after, as after a prefill
-            if self.policy.needs_costs:  # the plan's forecast pays the read's price; the clock books the chain alone
-                self.policy.clock.forecast[1] += draft_prime.prime_s(self.policy.costs, unread, self.max_width)
-            self.watch = Stopwatch(state.tokens.device)
-            self.primes += draft_prime.read_now(ctx.draft, state, self.primed, live, timer, self.watch)
-            self.behind, self.primed_now = 0, True
+        if unread:  # the draft reads the rows' text now (γ auto only): 1 behind after, as after a prefill
+            pol = self.policy
+            watch = self.reading(pol.clock, draft_prime.prime_s(pol.costs, unread, self.max_width), state.tokens.device)
+            self.primes += draft_prime.read_now(ctx.draft, state, self.primed, live, timer, watch)
+            self.behind = 0
         if self.policy.needs_costs:  # the catch-up this round pays, priced where the clock books it
             self.policy.extra_s = catch_up_s(self.policy.costs, self.behind, self.max_width)
         out = chain_round(ctx, state, self.policy, timer, self.behind)
         self.behind = 0
         self.gammas.append(out.draft_forwards)  # a policy may have ended the loop early
         return out
-
-    def _live(self) -> list[int]:
-        return [b for b, row in enumerate(self.rows) if row.finish_reason is None]
 
     def _unread_sits_out(self, live: list[int]) -> bool:
         """The draft has not read some live row's text and reading it would not pay: a plain step."""
@@ -142,9 +134,7 @@ class SpeculativeDecoding(Method):
                                 self.state.constraints is not None, PRIME_MARGIN)
 
     def reset_rows(self, rows: list[int]) -> None:
-        for b in rows:  # the serving core put a new request there: prefilled, or read at its first chain
-            if b < len(self.primed):
-                self.primed[b] = not self.defers_draft_prefill
+        self.unread_again(rows)  # the serving core put a new request there: prefilled, or read at its first chain
 
     def after_round(self, n_acc, num_draft) -> None:
         if self.grammar_round:  # forced tokens say nothing of the draft's acceptance or costs
@@ -158,7 +148,7 @@ class SpeculativeDecoding(Method):
 
     def timed(self, seconds: float) -> None:
         if self.tree is None and self.policy.needs_costs:  # a reading round: its chain's time, the read taken out
-            self.policy.timed(draft_prime.without_read(seconds, self.watch) if self.primed_now else seconds)
+            self.policy.timed(self.chain_s(seconds))
 
     def prediction(self, totals: CallTotals) -> dict:
         """γ auto: the plan's tokens/s for the rounds it chose beside the measured decode rate."""

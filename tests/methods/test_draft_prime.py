@@ -18,7 +18,7 @@ LOSING = StepCosts(1, draft_s=0.5, target_s=tuple(1.0 + 1.0 * w for w in range(1
 
 
 def run_method(eng, monkeypatch, costs, new, method="sd"):
-    monkeypatch.setattr(eng, "step_costs", lambda state, width: costs)
+    monkeypatch.setattr(eng, "step_costs", lambda state, width, **kw: costs)
     out = eng.generate(PROMPTS, max_new_tokens=new, method=method, gamma="auto", ignore_eos=True)
     drafted = sum(1 for proposed, _, _ in out[0].stats["round_log"] if proposed)
     return [r.token_ids for r in out], out[0].stats, drafted
@@ -80,7 +80,7 @@ def test_a_deferred_draft_prefill_counts_as_the_calls_prefill(tiny_pair, tokeniz
     assert stats["prefill_s"] >= 0.3
 
 
-@pytest.mark.parametrize("method", ["sd", "pearl"])
+@pytest.mark.parametrize("method", ["sd", "pearl", "hybrid"])
 def test_an_earlier_calls_chain_factor_does_not_keep_the_prompt_unread_for_good(tiny_pair, tokenizer, monkeypatch,
                                                                                    method):
     """Drafted rounds measured slow in an earlier call (a slow moment of a shared VM) leave their factor to the
@@ -89,14 +89,16 @@ def test_an_earlier_calls_chain_factor_does_not_keep_the_prompt_unread_for_good(
     later call (AVX2 EPYC, HumanEval: 3 of 15 `sd` calls ran all plain at a spec factor of 1.65 against plain's
     1.1-1.3). Where only an earlier call's factor says so, the read is priced at the plain rounds' factor: the
     probe reads the prompt and drafts, and its round is timed with the prefill taken out (kept off the clock,
-    the probe that read re-timed nothing: 4 of 15 calls still all plain at 1.42-1.67)."""
+    the probe that read re-timed nothing: 4 of 15 calls still all plain at 1.42-1.67). `hybrid`'s chains share
+    `sd`'s clock; its draft sat out every n-gram and plain round with γ held at 0 by that factor, never probed:
+    those rounds now count toward a probe (`sat_out`), and the call's last timed round is filed too."""
     from specengine.timing import CLOCK_SUFFIX
 
     target, _, perturbed = tiny_pair
     eng = Engine(target, tokenizer, draft=perturbed, max_seq_len=256)
     ar = eng.generate(PROMPTS[0], max_new_tokens=60, method="ar", ignore_eos=True).token_ids
     costs = dataclasses.replace(FLAT, measured=True)  # drafting wins by the model; rounds timed as they run
-    monkeypatch.setattr(eng, "step_costs", lambda state, width: costs)
+    monkeypatch.setattr(eng, "step_costs", lambda state, width, **kw: costs)
     eng.generate(PROMPTS[0], max_new_tokens=60, method=method, gamma="auto", ignore_eos=True)  # files its factors
     keys = [k for k in eng._acceptance if k.endswith(CLOCK_SUFFIX)]
     assert keys
@@ -106,5 +108,5 @@ def test_an_earlier_calls_chain_factor_does_not_keep_the_prompt_unread_for_good(
     drafted = sum(1 for proposed, _, _ in r.stats["round_log"] if proposed)
     assert r.token_ids == ar and r.stats["draft_prefills_deferred"] == 1 and drafted >= 1
     # ... and the round that read is timed, its prefill taken out: the chain factor is re-timed, not carried on
-    key = ("" if method == "sd" else f"{method}:") + "greedy" + CLOCK_SUFFIX
+    key = ("pearl:" if method == "pearl" else "") + "greedy" + CLOCK_SUFFIX  # hybrid's chains: sd's clock
     assert eng._acceptance[key]["spec"] < 0.9 * 40.0

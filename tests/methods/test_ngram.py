@@ -487,10 +487,11 @@ def test_hybrids_forecast_holds_the_draft_prefill_it_decided_to_pay(monkeypatch)
     timer = SimpleNamespace(phase=lambda name: nullcontext())
     g = dp.gamma
     chain_s = g * 0.1 + cost(g + 1)
-    m._draft_round(None, [0], timer)
+    state = SimpleNamespace(tokens=torch.zeros(1, 1, dtype=torch.long))  # on the CPU
+    m._draft_round(state, [0], timer)
     assert m.primed_now and dp.clock.forecast[1] == pytest.approx(chain_s + 99 * 0.002)
     g = dp.gamma
-    m._draft_round(None, [0], timer)
+    m._draft_round(state, [0], timer)
     assert not m.primed_now and dp.clock.forecast[1] == pytest.approx(chain_s + 99 * 0.002 + g * 0.1 + cost(g + 1))
 
 
