@@ -91,7 +91,7 @@ class HybridDecoding(NgramDecoding):
         # the chains' (re-timed only by a chain, it kept the prompt unread for good: draft_prime.chain_factor),
         # else no cheaper than the model or the plain rounds say
         clock, plain_f = dp.clock, dp.clock.factor("plain")
-        draft /= clock.factor("spec") if clock.known("spec") else plain_f if "spec" in clock.prior else max(1.0, plain_f)
+        draft /= plain_f if "spec" in clock.prior else clock.factor("spec") if clock.known("spec") else max(1.0, plain_f)
         if draft <= tokens / seconds:
             return False
         self.saved += seconds - tokens / draft  # what this round would have saved with the draft
