@@ -5,8 +5,6 @@ of the reply pay for that prefill. A short reply to a long prompt then never pay
 docs/design.md, "Never slower")."""
 from __future__ import annotations
 
-import contextlib
-
 from ..timing import Stopwatch
 from .policies import read_s
 from .state import DecodeState
@@ -92,12 +90,12 @@ def pays(rows, live: list[int], primed: list[bool], costs, width: int, saved: fl
     return saved / max(len(live), 1) * left > margin * prime_s(costs, unread, width)
 
 
-def read_now(draft, state: DecodeState, primed: list[bool], live: list[int], timer, watch=None) -> int:
+def read_now(draft, state: DecodeState, primed: list[bool], live: list[int], timer, watch: Stopwatch) -> int:
     """The deferred prefill, run in a round (the `prime` phase: stats["prefill_s"] counts it): it reads the
     rows' lengths, the round's one extra sync, once a call. `watch` (timing.Stopwatch) times the prefill, so
     the round's clock can book the chain without it (`DeferredRead.chain_s`). Returns the rows read."""
     lengths = state.n.tolist()
-    with timer.phase("prime"), (watch or contextlib.nullcontext()):
+    with timer.phase("prime"), watch:
         return prime(draft, state, primed, live, lengths)
 
 
@@ -129,6 +127,18 @@ class DeferredRead:
         clock.forecast[1] += price_s
         self.watch, self.primed_now = Stopwatch(device), True
         return self.watch
+
+    def read_in_round(self, rows, state: DecodeState, live: list[int], timer, plan, width: int) -> int:
+        """`sd`'s and `pearl`'s read in a round of the live rows the draft has not read (`read_now`), the
+        forecast of `plan` (what holds the round clock and step costs: sd's γ policy, PEARL itself) paying
+        `prime_s`. Returns the rows read (0: none was unread; `plan` is then not read, a fixed γ has no clock)."""
+        unread = unread_lengths(rows, live, self.primed)
+        if not unread:
+            return 0
+        watch = self.reading(plan.clock, prime_s(plan.costs, unread, width), state.tokens.device)
+        read = read_now(self.ctx.draft, state, self.primed, live, timer, watch)
+        self.primes += read
+        return read
 
     def chain_s(self, seconds: float) -> float:
         """A round's measured seconds as its clock books them: a reading round's less its prefill's."""

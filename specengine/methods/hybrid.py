@@ -87,11 +87,10 @@ class HybridDecoding(NgramDecoding):
         if all(self.primed[b] for b in live):
             draft /= dp.clock.factor("spec")
             return draft > tokens / (seconds + tokens * read_s(c, self.max_width, self.max_width) / self.max_width)
-        # not read: until this call timed chains, priced at the plain rounds' factor where an earlier call filed
-        # the chains' (re-timed only by a chain, it kept the prompt unread for good: draft_prime.chain_factor),
-        # else no cheaper than the model or the plain rounds say
-        clock, plain_f = dp.clock, dp.clock.factor("plain")
-        draft /= plain_f if "spec" in clock.prior else clock.factor("spec") if clock.known("spec") else max(1.0, plain_f)
+        # not read: priced at this call's chain factor, or the plain rounds' where an earlier call filed the chains'
+        # (a seeded factor counts as known; re-timed only by a chain, it kept the prompt unread for good:
+        # draft_prime.chain_factor); none timed or filed, no cheaper than the model or the plain rounds say
+        draft /= draft_prime.chain_factor(dp.clock) if dp.clock.known("spec") else max(1.0, dp.clock.factor("plain"))
         if draft <= tokens / seconds:
             return False
         self.saved += seconds - tokens / draft  # what this round would have saved with the draft

@@ -216,11 +216,9 @@ class Pearl(draft_prime.DeferredRead, Method):
             draft.set_lens(torch.minimum(draft.lens.to(torch.int64), state.n - 1))
             return self.plain(self.ctx, state, timer)
         live = live_rows(self.rows)
-        unread = draft_prime.unread_lengths(self.rows, live, self.primed)
-        if unread:  # the draft reads the rows' text now (1 behind after, as after a prefill)
-            watch = self.reading(self.clock, draft_prime.prime_s(self.costs, unread, self.max_width), state.tokens.device)
-            self.primes += draft_prime.read_now(self.ctx.draft, state, self.primed, live, timer, watch)
-            self.behind = 0 if len(unread) == len(live) else self.behind  # (a serving core's others may be behind)
+        read = self.read_in_round(self.rows, state, live, timer, self, self.max_width)
+        if read and read == len(live):  # every live row read now: 1 behind, as after a prefill (a serving core's others may lag)
+            self.behind = 0
         if self.behind:
             draft_resync(self.ctx.draft, state, self.behind)
             self.behind = 0

@@ -105,11 +105,8 @@ class SpeculativeDecoding(draft_prime.DeferredRead, Method):
             self.gammas.append(0)
             self.behind += 1
             return self.plain(ctx, state, timer)
-        unread = draft_prime.unread_lengths(self.rows, live, self.primed)
-        if unread:  # the draft reads the rows' text now (γ auto only): 1 behind after, as after a prefill
-            pol = self.policy
-            watch = self.reading(pol.clock, draft_prime.prime_s(pol.costs, unread, self.max_width), state.tokens.device)
-            self.primes += draft_prime.read_now(ctx.draft, state, self.primed, live, timer, watch)
+        # the draft reads unread rows' text now (γ auto only): 1 behind after, as after a prefill
+        if self.read_in_round(self.rows, state, live, timer, self.policy, self.max_width):
             self.behind = 0
         if self.policy.needs_costs:  # the catch-up this round pays, priced where the clock books it
             self.policy.extra_s = catch_up_s(self.policy.costs, self.behind, self.max_width)
