@@ -110,3 +110,35 @@ def test_an_earlier_calls_chain_factor_does_not_keep_the_prompt_unread_for_good(
     assert r.token_ids == ar and r.stats["draft_prefills_deferred"] == 1 and drafted >= 1
     # ... and the round that read is timed, its prefill taken out: the chain factor is re-timed, not carried on
     assert eng._acceptance[key]["spec"] < 0.9 * 40.0
+
+
+@pytest.mark.parametrize("method", ["sd", "pearl", "hybrid"])
+def test_a_draft_that_reads_late_proposes_from_the_committed_text(tiny_pair, tokenizer, monkeypatch, method):
+    """A read after plain rounds takes in what they committed (rows of different lengths, one batched prefill),
+    each row's text at its own positions: a draft with the target's weights then proposes the target's own
+    tokens, and every round it drafts is accepted whole. A draft cache off by a position costs acceptance,
+    never tokens, so only acceptance shows it."""
+    from specengine.methods import draft_prime
+    from specengine.methods.hybrid import HybridDecoding
+
+    target, same, _ = tiny_pair
+    eng = Engine(target, tokenizer, draft=same, max_seq_len=256)
+    ar = [r.token_ids for r in eng.generate(PROMPTS, max_new_tokens=60, method="ar", ignore_eos=True)]
+    asked = []  # the read's decision says "not yet" 8 times, then decides as the product does
+
+    def late(real):
+        def decide(*args, **kw):
+            asked.append(1)
+            return len(asked) > 8 and real(*args, **kw)
+        return decide
+
+    if method == "hybrid":
+        monkeypatch.setattr(HybridDecoding, "_draft_wins", late(HybridDecoding._draft_wins))
+    else:
+        monkeypatch.setattr(draft_prime, "pays", late(draft_prime.pays))
+    out, stats, _ = run_method(eng, monkeypatch, FLAT, 60, method)
+    assert out == ar and stats["draft_prefills_deferred"] >= 2  # (hybrid's: the rows not yet finished)
+    log = stats["round_log"]  # row 0's (proposed, accepted, draft forwards) per round
+    drafted = [(proposed, accepted) for proposed, accepted, forwards in log if forwards]
+    assert next(i for i, r in enumerate(log) if r[2]) >= 8 and len(drafted) >= 2
+    assert all(accepted == proposed for proposed, accepted in drafted), drafted

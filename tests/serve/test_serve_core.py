@@ -212,3 +212,28 @@ def test_rounds_run_on_the_occupied_rows_only(engines):
     finally:
         del eng.target.verify
     assert widths and set(widths) == {1}
+
+
+@pytest.mark.parametrize("method", ["sd", "pearl"])
+def test_rows_admitted_mid_flight_are_read_by_the_draft_at_their_own_positions(tiny_pair, tokenizer, method,
+                                                                               monkeypatch):
+    """γ auto defers the draft's read of each request's prompt to its row's first drafted round, row by row as
+    requests come and go (`prefill_row`). With the target's weights as the draft, every proposal made after such
+    a read is the target's own token: a row read at another row's length or positions loses acceptance, never
+    tokens."""
+    from specengine.runtime.step_costs import StepCosts
+
+    target, same, _ = tiny_pair
+    eng, ref_eng = Engine(target, tokenizer, same, max_seq_len=256, max_batch=2), Engine(target, tokenizer, same)
+    flat = StepCosts(1, draft_s=0.05, target_s=(1.0,) * 18)  # drafting wins
+    monkeypatch.setattr(eng, "step_costs", lambda state, width, **kw: flat)
+    core = EngineCore(eng, max_batch=2, method=method, gamma="auto")
+    lens = [3, 40, 9, 30, 5, 12]  # rows finish at different rounds: later requests take freed rows
+    ids = [core.add_request(p, RequestParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, lens)]
+    done, reused = drain(core)
+    assert reused
+    for rid, p, n in zip(ids, PROMPTS, lens):
+        assert done[rid].token_ids == ref_eng.generate(p, max_new_tokens=n, method="ar", ignore_eos=True).token_ids
+    c = core.gen.counters
+    assert core.gen.method.primes >= len(PROMPTS) - 2 and c.proposed > len(PROMPTS)  # read in rounds, row by row
+    assert c.accepted == c.proposed
