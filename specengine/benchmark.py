@@ -91,8 +91,9 @@ def forcing_env() -> list[str]:
 
 def environment() -> dict:
     commit = _git("rev-parse", "--short", "HEAD") or None
-    if commit and _git("status", "--porcelain", "--untracked-files=no", "--", ":/specengine", ":/csrc", ":/bench"):
-        commit += "-dirty"  # the run's code differs from that commit (tracked files changed)
+    if commit and _git("status", "--porcelain", "--untracked-files=no", "--", ":/specengine", ":/csrc", ":/bench",
+                       ":(exclude,top)bench/results"):
+        commit += "-dirty"  # the run's code differs from that commit (tracked files changed; results are not code)
     import transformers
 
     cpu = machine()
