@@ -12,8 +12,6 @@ round of its kind, measured in the same moment as the rounds of the other kind i
 compares what this call's rounds actually achieve, and settles on plain decoding where
 speculation measures slower, whatever the model said. Factors carry over to the engine's next
 call. Only measured step costs are corrected (tests pin theirs, and get the model's choices).
-A carried factor of drafted rounds says how they compared with plain rounds in the moment it was
-taken: once this call times its own plain rounds, it is rescaled to this moment (`_moment`).
 """
 from __future__ import annotations
 
@@ -33,7 +31,6 @@ class RoundClock:
         self.predicted = {"plain": 0.0, "spec": 0.0}
         self.count = {"plain": 0, "spec": 0}
         self.prior: dict = {}  # kind -> an earlier call's factor, until this call times a round of that kind
-        self.seed_plain = None  # the plain rounds' factor filed beside those priors (the moment they were taken in)
         self._last, self._pending = None, None  # the kind of the round expected last; what awaits its time
         self.forecast = [0.0, 0.0]  # the plan's expected tokens and seconds of the rounds expected so far
 
@@ -60,8 +57,7 @@ class RoundClock:
 
     def book(self, kind: str, predicted_s: float, measured_s: float) -> None:
         if kind in self.prior:  # the seed weighs MIN_ROUNDS rounds of this call's size, whatever a round lasts
-            f = self.factor(kind)  # (in this call's moment)
-            del self.prior[kind]
+            f = self.prior.pop(kind)
             self.predicted[kind] = MIN_ROUNDS * predicted_s
             self.measured[kind] = f * self.predicted[kind]
         for k in self.measured:  # every kind ages with each round: a kind not run lately weighs less
@@ -78,20 +74,10 @@ class RoundClock:
     def factor(self, kind: str) -> float:
         """measured / predicted seconds of this kind of round (1 until enough rounds were timed)."""
         if kind in self.prior:
-            return self.prior[kind] * self._moment(kind)
+            return self.prior[kind]
         if not self.known(kind) or self.predicted[kind] <= 0:
             return 1.0
         return self.measured[kind] / self.predicted[kind]
-
-    def _moment(self, kind: str) -> float:
-        """How much slower (> 1) or faster this call's plain rounds run than those filed beside a carried
-        factor of `kind`: 1 until this call has timed its own. Carried as it was, a factor of drafted rounds
-        filed in a slow moment was held against plain rounds re-timed in a quiet one (plain rounds are timed
-        in every call, drafted ones only where they run), so drafting looked dearer, relative to plain
-        decoding, than any one moment had measured it, and fewer drafted rounds ran to correct it."""
-        if kind == "plain" or not self.seed_plain or "plain" in self.prior or not self.known("plain"):
-            return 1.0
-        return self.factor("plain") / self.seed_plain
 
     def factors(self) -> dict:
         return {k: self.factor(k) for k in self.count if self.known(k)}
@@ -103,7 +89,6 @@ class RoundClock:
         a GPU, and one slow call's factor would then outlast the rounds that contradict it)."""
         for kind, f in factors.items():
             self.prior[kind], self.measured[kind], self.predicted[kind], self.count[kind] = f, 0.0, 0.0, MIN_ROUNDS
-        self.seed_plain = factors.get("plain")
 
     def adopt(self, kind: str, other: "RoundClock") -> None:
         """Take `other`'s timings of one kind of round (hybrid: its draft chains' clock learns the

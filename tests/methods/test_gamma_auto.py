@@ -622,26 +622,3 @@ def test_a_round_that_captured_a_graph_is_not_booked_to_the_round_clock(tiny_pai
     assert out.token_ids == ar
     assert graphs.captures() > before and booked  # graphs were captured, and rounds timed
     assert max(booked) < 0.3  # none of them a round that captured
-
-
-def test_a_carried_factor_of_drafted_rounds_is_rescaled_to_this_calls_moment():
-    """An earlier call filed plain 1.5 and drafted 2.0 in a slow moment. This call's plain rounds run as the
-    model says (factor -> 1): the drafted rounds' prior follows them, to 2.0 x plain now / 1.5 (what it was
-    relative to plain decoding), instead of staying 2.0 beside a quiet plain factor; the first drafted round
-    booked weighs that rescaled prior."""
-    from specengine.methods.round_clock import DECAY, MIN_ROUNDS, RoundClock
-
-    clock = RoundClock(switch_costs=False)
-    clock.seed({"plain": 1.5, "spec": 2.0})
-    assert clock.factor("spec") == 2.0  # no plain round of this call timed yet
-    for _ in range(6):
-        clock.expect("plain", 0.03)
-        clock.timed(0.03)
-    plain = clock.factor("plain")
-    assert plain < 1.2 and clock.factor("spec") == pytest.approx(2.0 * plain / 1.5)
-    assert clock.factors()["spec"] == pytest.approx(2.0 * plain / 1.5)  # what the next call is filed
-    scaled = clock.factor("spec")
-    clock.expect("spec", 0.05)
-    clock.timed(0.05)  # measured as predicted: the seed's three rounds at the rescaled factor, then this one
-    prior = MIN_ROUNDS * DECAY
-    assert clock.factor("spec") == pytest.approx((scaled * prior + 1.0) / (prior + 1.0))
