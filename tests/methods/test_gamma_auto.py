@@ -622,33 +622,3 @@ def test_a_round_that_captured_a_graph_is_not_booked_to_the_round_clock(tiny_pai
     assert out.token_ids == ar
     assert graphs.captures() > before and booked  # graphs were captured, and rounds timed
     assert max(booked) < 0.3  # none of them a round that captured
-
-
-def test_gamma_auto_weighs_its_chains_by_the_tokens_they_committed():
-    """Greedy, measured costs: chains that commit less than the acceptance model promises at the α the
-    policy holds (a rate learned elsewhere; bursty acceptance; a rate picked because it read high) scale a
-    chain's expected tokens down (TokenYield, the call's own), so γ turns 0 where the model alone drafts,
-    and the forecast books each chain at the scale its choice used. The next call starts at none."""
-    pol = _calibrating()
-    store = {}
-    pol.recall(store, "greedy")
-    c, held = pol.costs, (70.0, 30.0)  # α 0.7, held: the rate itself does not move in this test
-    pol.accepted, pol.rejected = held
-    pol.set_costs(c)
-    assert best_gamma(0.7, c, pol.gamma_max, gamma_min=0) > 0 and pol.gamma > 0  # on paper a chain wins
-    gammas = []
-    for _ in range(80):  # every chain's first draft rejected: 1 token a round; rounds take what the model says
-        g, scale, before = pol.gamma, pol.token_scale, pol.clock.forecast[0]
-        gammas.append(g)
-        pol.update([0], [g])
-        assert pol.clock.forecast[0] - before == pytest.approx(expected_tokens(0.7, g) * (scale if g else 1.0))
-        pol.timed(g * c.draft_s + c.verify_s(g + 1))
-        pol.accepted, pol.rejected = held
-        pol._choose()
-    late = gammas[20:]
-    assert sum(g > 0 for g in late) <= 0.1 * len(late)  # plain, probes aside (held at α 0.7 alone: every round drafts)
-    assert pol.token_scale < 0.8 and best_gamma(pol.alpha, c, pol.gamma_max, gamma_min=0, scale=pol.clock.factors()) > 0
-    pol.remember(store, "greedy")
-    nxt = _calibrating()
-    nxt.recall(store, "greedy")
-    assert nxt.token_scale == 1.0 and not any("yield" in k for k in store)  # the text's, not carried
