@@ -19,6 +19,7 @@ from contextlib import nullcontext
 from . import draft_prime
 from .ngram import NgramDecoding
 from .policies import catch_up_s, expected_tokens, read_s
+from .round_clock import TokenYield
 from .state import DecodeState, RoundOutput
 from .steps import chain_round
 
@@ -34,8 +35,24 @@ class HybridDecoding(NgramDecoding):
     needs_draft = True
     takes_tree = False
 
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        # this call's chains: committed / expected tokens (a method object serves one call). Its
+        # text's own: carried across prompts it kept the draft out of one where `sd` ran 1.7x `ar`
+        self.chain_yield = TokenYield()
+
+    def _calibrates(self) -> bool:
+        dp = self.draft_policy
+        return getattr(dp, "calibrate", False) and getattr(getattr(dp, "costs", None), "measured", False)
+
     def after_round(self, n_acc, num_draft) -> None:
-        if self.kind != "draft" and self.kind != "grammar" and self.draft_policy.needs_costs:
+        if self.kind == "draft":
+            self.draft_policy.token_scale = self.chain_yield.factor()  # the forecast books it as `_draft_wins` did
+            if self._calibrates():  # before the policy moves α on from this round
+                drafted = [(int(a), int(d)) for a, d in zip(n_acc, num_draft) if d]
+                self.chain_yield.book(sum(expected_tokens(self.draft_policy.alpha, d) for _, d in drafted),
+                                      sum(a + 1 for a, _ in drafted))
+        elif self.kind != "grammar" and self.draft_policy.needs_costs:
             self.draft_policy.sat_out()
         super().after_round(n_acc, num_draft)
 
@@ -54,7 +71,7 @@ class HybridDecoding(NgramDecoding):
         acceptance the engine never learned is the prior's (an unconditional first try paid the
         prefill, 0.26-0.37 s on the default pair, on replies where drafting then lost: a first
         call at 0.77-0.88x the next). The chain's expected tokens are scaled by what the call's
-        chains committed against that expectation (its policy's `chain_yield`, round_clock.TokenYield: bursty acceptance commits less
+        chains committed against that expectation (`TokenYield`: bursty acceptance commits less
         than the geometric model of the same mean rate). A match-length bin with too few tries
         takes its n-gram round, so that its estimate is learned. With a fixed γ: the draft unless every row matched."""
         dp = self.draft_policy
@@ -66,7 +83,7 @@ class HybridDecoding(NgramDecoding):
         tokens = (pol.round_tokens(gammas) if gammas else 0.0) + len(live) - len(gammas)
         seconds = pol.seconds(max(gammas.values(), default=0) + 1)  # as the measured rounds corrected it
         chain_s = dp.gamma * c.draft_s + c.verify_s(dp.gamma + 1)
-        draft = len(live) * expected_tokens(dp.alpha, dp.gamma) * dp.token_scale / chain_s
+        draft = len(live) * expected_tokens(dp.alpha, dp.gamma) * self.chain_yield.factor() / chain_s
         if all(self.primed[b] for b in live):
             draft /= dp.clock.factor("spec")
             return draft > tokens / (seconds + tokens * read_s(c, self.max_width, self.max_width) / self.max_width)

@@ -10,7 +10,7 @@ import torch
 
 from ..errors import SpecEngineError
 from ..timing import CLOCK_SUFFIX, FILED
-from .round_clock import RoundClock, TokenYield
+from .round_clock import RoundClock
 from .sampling import check_number
 
 
@@ -82,16 +82,13 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return gamma + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
-def round_rate(alpha: float, gamma: int, costs, extra_s: float = 0.0, scale: dict | None = None,
-               tokens: float = 1.0) -> float:
+def round_rate(alpha: float, gamma: int, costs, extra_s: float = 0.0, scale: dict | None = None) -> float:
     """Committed tokens per second of a round of γ drafts: E[tokens](α, γ) / (γ·draft +
     verify(γ+1) + extra_s); γ = 0 is a plain decode step (one token per target decode).
     extra_s: what the round pays besides (hybrid: the draft's catch-up). scale: measured /
-    predicted seconds per kind of round ("plain", "spec": round_clock.py), 1 where absent.
-    tokens: what the call's chains committed against E[tokens] (TokenYield), for γ >= 1."""
+    predicted seconds per kind of round ("plain", "spec": round_clock.py), 1 where absent."""
     factor = (scale or {}).get("plain" if gamma == 0 else "spec", 1.0)
-    made = expected_tokens(alpha, gamma) * (tokens if gamma else 1.0)
-    return made / ((gamma * costs.draft_s + costs.verify_s(gamma + 1) + extra_s) * factor)
+    return expected_tokens(alpha, gamma) / ((gamma * costs.draft_s + costs.verify_s(gamma + 1) + extra_s) * factor)
 
 
 def read_s(costs, tokens: int, width: int) -> float:
@@ -107,10 +104,9 @@ def catch_up_s(costs, behind: int, width: int) -> float:
     return read_s(costs, behind + 2, width) - read_s(costs, 2, width) if behind > 0 else 0.0
 
 
-def best_gamma(alpha: float, costs, gamma_max: int, gamma_min: int = 1, scale: dict | None = None,
-               tokens: float = 1.0) -> int:
+def best_gamma(alpha: float, costs, gamma_max: int, gamma_min: int = 1, scale: dict | None = None) -> int:
     """The γ in [gamma_min, gamma_max] that maximizes committed tokens per second."""
-    return max(range(gamma_min, gamma_max + 1), key=lambda g: round_rate(alpha, g, costs, scale=scale, tokens=tokens))
+    return max(range(gamma_min, gamma_max + 1), key=lambda g: round_rate(alpha, g, costs, scale=scale))
 
 
 # The pair's rate, what a new call starts from: its accepted drafts and rejections over the engine's
@@ -198,9 +194,7 @@ class AutoGammaPolicy(FixedPolicy):
         self.left: int | None = None  # tokens the call may still write (its most of any row; None: not said)
         self.clock = RoundClock(switch_costs=False)  # rounds' measured vs predicted seconds (catch-ups priced)
         self.extra_s = 0.0  # what the round about to be booked pays besides its chain (sd: the draft's catch-up)
-        # this call's chains: committed / expected tokens (a policy serves one call: the text's, not carried);
-        # token_scale is its factor as the next choice uses it, and the forecast books that round at it
-        self.chain_yield, self.token_scale = TokenYield(), 1.0
+        self.token_scale = 1.0  # the chain's expected tokens as its chooser scaled them (hybrid: its chains' yield)
         self._filed = None  # (store, key) where `remember` last filed the clock
         self._seed: dict = {}  # corrections `recall` found, applied by `set_costs` to measured costs only
         self._filed_alpha, self.learned = None, False  # the same for a filed acceptance; α known to the engine
@@ -282,7 +276,7 @@ class AutoGammaPolicy(FixedPolicy):
             self.gamma = 0
             return
         self.gamma = best_gamma(self.alpha, self.costs, self.gamma_max, gamma_min=1 if self.probing else 0,
-                                scale=self.clock.factors(), tokens=self.token_scale)
+                                scale=self.clock.factors())
 
     def update(self, n_acc, num_draft):
         # a plain round is one that proposed nothing: with rounds launched ahead (sd.one_token_rounds)
@@ -295,10 +289,6 @@ class AutoGammaPolicy(FixedPolicy):
         self.extra_s = 0.0
         probed = self.probing
         self.wait.count(plain)
-        if not plain and self.calibrate and getattr(self.costs, "measured", False):  # before α moves on
-            drafted = [(int(a), int(d)) for a, d in zip(n_acc, num_draft) if d]
-            self.chain_yield.book(sum(expected_tokens(self.alpha, d) for _, d in drafted), sum(a + 1 for a, _ in drafted))
-            self.token_scale = self.chain_yield.factor()
         if not plain:
             self.learned = True
             rejections = sum(a < d for a, d in zip(n_acc, num_draft))

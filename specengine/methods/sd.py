@@ -122,12 +122,11 @@ class SpeculativeDecoding(draft_prime.DeferredRead, Method):
     def _prime_pays(self, live: list[int]) -> bool:
         """Would chains pay PRIME_MARGIN times for the draft's read of the prompt (draft_prime.pays)? A
         chain saves a plain step's seconds less its own over its expected tokens, as the clock corrected them
-        (a chain's factor this call's, else the plain rounds': draft_prime.chain_factor) and its tokens as the
-        call's chains yielded them (`token_scale`)."""
+        (a chain's factor this call's, else the plain rounds': draft_prime.chain_factor)."""
         pol, c = self.policy, self.policy.costs
         plain_s = c.verify_s(1) * pol.clock.factor("plain")
         chain_s = (pol.gamma * c.draft_s + c.verify_s(pol.gamma + 1)) * draft_prime.chain_factor(pol.clock)
-        saved = plain_s - chain_s / (expected_tokens(pol.alpha, pol.gamma) * pol.token_scale)
+        saved = plain_s - chain_s / expected_tokens(pol.alpha, pol.gamma)
         return draft_prime.pays(self.rows, live, self.primed, c, self.max_width, saved,
                                 self.state.constraints is not None, PRIME_MARGIN)
 

@@ -444,7 +444,7 @@ def test_hybrid_weighs_its_draft_chains_by_the_tokens_they_committed():
     m.hybrid, dp = True, m.draft_policy
     dp.calibrate = True
     dp.set_costs(dataclasses.replace(dp.costs, measured=True))
-    assert m._draft_wins({0: ([1], None)}, gammas, [0]) and dp.chain_yield.factor() == 1.0
+    assert m._draft_wins({0: ([1], None)}, gammas, [0]) and m.chain_yield.factor() == 1.0
     booked = []
     for _ in range(3):  # chains that commit 1 token of γ + 1 (each first draft rejected)
         g, alpha = dp.gamma, dp.alpha
@@ -452,9 +452,9 @@ def test_hybrid_weighs_its_draft_chains_by_the_tokens_they_committed():
         m.kind, m.primed_now = "draft", False
         m.after_round([0], [g])
     # 1 token a chain, against the model's, shrunk by 3 rounds' worth of its expectation
-    assert dp.chain_yield.factor() == pytest.approx((3 + sum(booked)) / (2 * sum(booked)))
+    assert m.chain_yield.factor() == pytest.approx((3 + sum(booked)) / (2 * sum(booked)))
     # the forecast books each chain as the choice expected it: the model's tokens at the yield then
-    f, g, alpha, before = dp.chain_yield.factor(), dp.gamma, dp.alpha, dp.clock.forecast[0]
+    f, g, alpha, before = m.chain_yield.factor(), dp.gamma, dp.alpha, dp.clock.forecast[0]
     m.kind, m.primed_now = "draft", False
     m.after_round([0], [g])
     assert dp.clock.forecast[0] - before == pytest.approx(expected_tokens(alpha, g) * f) and f < 0.9
