@@ -25,7 +25,8 @@ from . import draft_prime
 from .base import CallInputs, CallTotals, Method, live_rows, prediction, speculative_stats, tokens_left
 from .context import MethodContext
 from .pearl_round import PearlModes, drop_pending, flush_pending, pearl_round
-from .policies import ProbeWait, expected_tokens
+from .policies import expected_tokens
+from .probe_wait import ProbeWait
 from .round_clock import RoundClock, recall_clock
 from .state import DecodeState, RoundOutput
 from .steps import PlainStep, draft_resync

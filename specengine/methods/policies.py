@@ -10,6 +10,7 @@ import torch
 
 from ..errors import SpecEngineError
 from ..timing import CLOCK_SUFFIX, FILED
+from .probe_wait import PROBE_FIRST, PROBE_MAX, PROBE_SUSTAIN, STALE_FIRST, STALE_MAX, STALE_SUFFIX, ProbeWait
 from .round_clock import RoundClock
 from .sampling import check_number
 
@@ -123,45 +124,6 @@ PAIR_DECAY, PAIR_SUFFIX = 0.98, ":pair"
 # ran 28 rounds where the next ran 26: HumanEval/1 x 64, AVX2 EPYC, 4 processes each; at 8, 26 and 26).
 START_WEIGHT = 8.0
 
-PROBE_FIRST, PROBE_MAX = 16, 256  # plain rounds before a probe: the first wait, the longest
-# Drafted rounds in a row, the probe's included, before what a probe found counts as speculation paying
-# again: one accepted probe lifts α enough for a round or two chosen by the costs, and a stretch that
-# short which falls back to plain decoding confirmed plain (it used to reset the wait, and the call
-# probed again 16 rounds later, each probe a ~1.3-step catch-up: MT-bench prose, AVX2 copy, 0.92x `ar`
-# on one call with two probes).
-PROBE_SUSTAIN = 3
-
-
-class ProbeWait:
-    """γ auto's and PEARL's wait: after `every` plain rounds in a row one speculative round runs
-    anyway (a probe), so that a change in the text is noticed. A probe that confirms plain decoding
-    doubles the wait (up to PROBE_MAX), since every probe pays the draft's catch-up and a losing
-    round (every 16 rounds, PEARL settled on plain ran 0.83-0.95x `ar` on the real pair; on a CPU
-    its probes now fall on a call's first round only, `Pearl._probes_mid_call`); speculation
-    winning again resets it."""
-
-    def __init__(self, first: int = PROBE_FIRST, longest: int = PROBE_MAX):
-        self.first, self.longest = first, longest
-        self.every, self.run = first, 0  # the current wait; consecutive plain rounds so far
-
-    def due(self, left: int | None = None, owed: int | None = None) -> bool:
-        """A probe is due after `every` plain rounds, unless it would catch up more tokens than the
-        call has `left` to write (None: not known). A probe pays the draft's catch-up of the tokens it
-        `owed` (None: every plain round since the last; PEARL's wait counts on across calls, and a new
-        call's draft owes nothing), ~0.1-0.2 of a target step a token on a CPU (a plain stretch's
-        probes cost it 10-15% however the wait grows), and only speculation over the tokens left can
-        repay it, at best a similar share of a step a token: the last probe of a reply, which caught up
-        32 tokens with 15 left (64 new) or 128 with 13 (256), could not (docs/design.md, "Never slower")."""
-        return self.run >= self.every and (left is None or left >= (self.run if owed is None else owed))
-
-    def count(self, plain: bool) -> None:
-        self.run = self.run + 1 if plain else 0
-
-    def settle(self, plain: bool) -> None:
-        """What a probe (or a choice by the costs alone) found: plain doubles the wait, speculation resets it."""
-        self.every = min(2 * self.every, self.longest) if plain else self.first
-
-
 class AutoGammaPolicy(FixedPolicy):
     """`gamma="auto"`: each round's γ maximizes expected tokens per unit of time, from the
     measured draft step cost, the measured target cost per width (`step_costs.py`) and the
@@ -198,6 +160,9 @@ class AutoGammaPolicy(FixedPolicy):
         self._filed = None  # (store, key) where `remember` last filed the clock
         self._seed: dict = {}  # corrections `recall` found, applied by `set_costs` to measured costs only
         self._filed_alpha, self.learned = None, False  # the same for a filed acceptance; α known to the engine
+        self.idle, self.stale_every = 0, STALE_FIRST  # rounds in a row without a chain (across calls); the wait
+        self.afresh = False  # this call started from the prior, the pair's rate being stale (STALE_FIRST)
+        self.drafting = False  # the last round booked drafted by the costs' choice (not a probe)
         # greedy only: there γ never changes the tokens, while a seeded sampled call must draw the
         # same tokens each time, so its choices may depend on nothing the clock measures
         self.calibrate = False
@@ -212,15 +177,20 @@ class AutoGammaPolicy(FixedPolicy):
         START_WEIGHT (at most what the pair's counts hold), instead of the prior's rate, and from
         their rounds' measured cost corrections; where this engine learned none, from the rate earlier
         processes filed (step_costs.FiledClocks: measured costs only, applied in `set_costs`, also at
-        START_WEIGHT). Greedy only: the methods do not call it for a sampled call, whose seed must repeat
+        START_WEIGHT). A rate gone stale (STALE_FIRST rounds in a row without a chain, across calls) gives way
+        to the prior. Greedy only: the methods do not call it for a sampled call, whose seed must repeat
         its tokens whatever earlier calls learned."""
         alpha, self.pair = store.get(key), store.get(key + PAIR_SUFFIX)
+        self.idle, self.stale_every = store.get(key + STALE_SUFFIX, (0, STALE_FIRST))
+        self.afresh = self.idle >= self.stale_every
+        if self.afresh:  # stale: the prior's rate, as a new engine's first call (the filed rate is as stale)
+            alpha, self.pair, self.idle = None, None, 0
         self.learned = alpha is not None
         if alpha is not None:
             steady = sum(self.pair) * (1 - PAIR_DECAY) / (1 - self.decay) if self.pair else 0.0
             self._set_alpha(alpha, max(self.accepted + self.rejected, min(START_WEIGHT, steady)))
         self._seed = store.get(key + CLOCK_SUFFIX, {}) if self.calibrate else {}  # for measured costs only
-        self._filed_alpha = store.get(key + FILED) if self.calibrate and alpha is None else None
+        self._filed_alpha = store.get(key + FILED) if self.calibrate and alpha is None and not self.afresh else None
 
     def _set_alpha(self, alpha: float, weight: float | None = None) -> None:
         weight = self.accepted + self.rejected if weight is None else weight
@@ -232,6 +202,10 @@ class AutoGammaPolicy(FixedPolicy):
             store[key], store[key + PAIR_SUFFIX] = self.pair[0] / sum(self.pair), self.pair
         else:
             store[key] = self.alpha
+        every = self.stale_every  # back to the first wait once chains run by the costs' choice (update)
+        if self.afresh:  # a call started afresh that ends decoding plainly confirms the rate: wait longer
+            every = STALE_FIRST if self.drafting else min(2 * self.stale_every, STALE_MAX)
+        store[key + STALE_SUFFIX] = (self.idle, every)
         self._filed = (store, key + CLOCK_SUFFIX)
         store[key + CLOCK_SUFFIX] = self.clock.factors()
 
@@ -249,6 +223,7 @@ class AutoGammaPolicy(FixedPolicy):
         """A round the chain sat out by another's choice (hybrid's n-gram and plain rounds): while the costs
         hold γ at 0 it counts toward the next probe, as a plain round of its own does. Else nothing re-timed
         an earlier call's chain factor that says chains lose, and the draft sat out every later call."""
+        self.idle, self.drafting = self.idle + 1, False
         if self.gamma == 0 and self.costs is not None:
             self.wait.count(True)
             self._choose()
@@ -289,6 +264,9 @@ class AutoGammaPolicy(FixedPolicy):
         self.extra_s = 0.0
         probed = self.probing
         self.wait.count(plain)
+        self.idle, self.drafting = self.idle + 1 if plain else 0, not plain and not probed
+        if self.drafting and not self.afresh:
+            self.stale_every = STALE_FIRST
         if not plain:
             self.learned = True
             rejections = sum(a < d for a, d in zip(n_acc, num_draft))

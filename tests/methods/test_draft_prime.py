@@ -142,3 +142,36 @@ def test_a_draft_that_reads_late_proposes_from_the_committed_text(tiny_pair, tok
     drafted = [(proposed, accepted) for proposed, accepted, forwards in log if forwards]
     assert next(i for i, r in enumerate(log) if r[2]) >= 8 and len(drafted) >= 2
     assert all(accepted == proposed for proposed, accepted in drafted), drafted
+
+
+@pytest.mark.parametrize("method", ["sd", "hybrid"])
+def test_a_stale_low_rate_does_not_keep_the_draft_out_for_good(tiny_pair, tokenizer, monkeypatch, method):
+    """The engine's rate for the pair learned where chains lost (prose) holds the draft out while its
+    prompt is unread, and no probe runs then; after STALE_FIRST rounds without a chain, across calls, a
+    call starts from the prior, reads the prompt and drafts again (methods/probe_wait.py). Without it every
+    later call decoded plainly, code included (docs/design.md, "A stale rate")."""
+    from specengine.methods.policies import best_gamma
+    from specengine.methods.probe_wait import STALE_FIRST
+
+    target, _, perturbed = tiny_pair
+    eng = Engine(target, tokenizer, draft=perturbed, max_seq_len=256)
+    costs = StepCosts(1, draft_s=0.3, target_s=(1.0, 1.25, 1.45) + tuple(1.45 + 0.2 * w for w in range(1, 16)),
+                      draft_prefill_s=0.01)
+    assert best_gamma(0.3, costs, 8, gamma_min=0) == 0 and best_gamma(0.7, costs, 8, gamma_min=0) >= 1
+    monkeypatch.setattr(eng, "step_costs", lambda state, width, **kw: costs)
+    prompt, new = "def f(x):", 60
+    ar = eng.generate(prompt, max_new_tokens=new, method="ar", ignore_eos=True).token_ids
+    eng._acceptance.update({"greedy": 0.3, "greedy:pair": (3.0, 7.0)})  # learned on text where chains lost
+    for _ in range(12):
+        idle = eng._acceptance.get("greedy:stale", (0, STALE_FIRST))[0]  # rounds without a chain so far
+        r = eng.generate(prompt, max_new_tokens=new, method=method, gamma="auto", ignore_eos=True)
+        assert r.token_ids == ar
+        read, drafted = r.stats["draft_prefills_deferred"], sum(1 for p, _, _ in r.stats["round_log"] if p)
+        if idle >= STALE_FIRST:  # stale: this call started from the prior, read the prompt and drafted
+            assert read == 1 and drafted > 0 and r.stats["plain_rounds"] < r.stats["rounds"]
+            break
+        assert read == 0  # until then, the pair's low rate: the draft sits out
+        if method == "sd":  # (hybrid's n-gram rounds propose without it)
+            assert drafted == 0
+    else:
+        raise AssertionError("no call started afresh")

@@ -157,7 +157,7 @@ def test_a_probe_whose_short_stretch_ends_plain_doubles_the_wait():
     to plain decoding within PROBE_SUSTAIN rounds the probe confirmed plain decoding: the wait doubles
     (16, 32, 64) instead of starting again at 16 (each probe pays the draft's catch-up: MT-bench prose,
     AVX2 copy, a call with two such probes ran 0.92x `ar`). A stretch that lasts resets the wait."""
-    from specengine.methods.policies import PROBE_SUSTAIN
+    from specengine.methods.probe_wait import PROBE_SUSTAIN
 
     costs = StepCosts(1, 0.3, tuple(1.0 + 0.3 * w for w in range(9)))
 
@@ -590,6 +590,44 @@ def test_a_first_call_starts_from_the_filed_pairs_rate_at_the_start_weight():
         assert pol.gamma >= 1
         pol.update([0], [pol.gamma])
     assert pol.gamma >= 1 and pol.alpha > 0.6
+
+
+def test_a_stale_pairs_rate_gives_way_to_the_prior():
+    """Rounds without a chain teach the pair's rate nothing, and a draft whose prompt is unread never probes
+    (sd books them plain, as here). After STALE_FIRST such rounds, across calls, a call starts from the prior
+    and so drafts again; one so started that settles on plain decoding doubles the wait, one that ends
+    drafting resets it. (Without this, a rate learned on prose kept `sd` plain on code for good: HumanEval
+    64 plain rounds of 64 in every call after MT-bench/0, docs/design.md, "A stale rate".)"""
+    from specengine.methods.probe_wait import STALE_FIRST
+
+    mid = StepCosts(1, draft_s=0.3, target_s=(1.0, 1.25, 1.45, 1.65, 1.85, 2.05, 2.25, 2.45, 2.65))
+    prior = AutoGammaPolicy().alpha
+    assert best_gamma(0.3, mid, 8, gamma_min=0) == 0 and best_gamma(prior, mid, 8, gamma_min=0) >= 1
+    store = {"greedy": 0.3, "greedy:pair": (3.0, 7.0)}  # a rate learned where chains lost
+
+    def call(rounds, accept=None):
+        """A call of `rounds`: chains the policy chooses accepted in full (accept=True) or rejected
+        (False); None: every round plain (the prompt unread). Returns (α, γ) at its start."""
+        pol = AutoGammaPolicy()
+        pol.recall(store, "greedy")
+        pol.set_costs(mid)
+        start = (pol.alpha, pol.gamma)
+        for _ in range(rounds):
+            g = pol.gamma if accept is not None else 0
+            pol.update([g if accept else 0], [g])
+            pol.remember(store, "greedy")
+        return start
+
+    assert call(64) == (0.3, 0) and call(63) == (0.3, 0)
+    assert call(1) == (0.3, 0)  # after 127 rounds without a chain: still the pair's rate
+    alpha, gamma = call(64, accept=False)  # after 128: afresh, from the prior; its chains lose and it settles plain
+    assert alpha == pytest.approx(prior) and gamma >= 1
+    assert store["greedy:stale"][1] == 2 * STALE_FIRST  # then twice the wait before the next start afresh
+    while store["greedy:stale"][0] < 2 * STALE_FIRST:  # each call meanwhile from the pair's low rate, plain
+        assert call(16) == (pytest.approx(store["greedy"]), 0) and store["greedy"] < 0.5
+    alpha, gamma = call(64, accept=True)  # afresh again: the text has changed, its chains are accepted
+    assert alpha == pytest.approx(prior) and gamma >= 1
+    assert store["greedy:stale"][1] == STALE_FIRST and store["greedy"] > 0.9
 
 
 def test_a_round_that_captured_a_graph_is_not_booked_to_the_round_clock(tiny_pair, tokenizer, monkeypatch, tmp_path):
