@@ -10,7 +10,8 @@ import torch
 
 from ..errors import SpecEngineError
 from ..timing import CLOCK_SUFFIX, FILED
-from .probe_wait import PROBE_FIRST, PROBE_MAX, PROBE_SUSTAIN, STALE_FIRST, STALE_MAX, STALE_SUFFIX, ProbeWait
+from .probe_wait import (PROBE_FIRST, PROBE_MAX, PROBE_SUSTAIN, STALE_FIRST, STALE_MAX, STALE_SUFFIX,
+                         STALE_SUSTAIN, ProbeWait)
 from .round_clock import RoundClock
 from .sampling import check_number
 
@@ -146,7 +147,8 @@ class AutoGammaPolicy(FixedPolicy):
                  decay: float = 0.9, probe_every: int = PROBE_FIRST, probe_max: int = PROBE_MAX):
         super().__init__(min(4, gamma_max))
         self.gamma_max = gamma_max
-        self.accepted, self.rejected = prior_alpha * prior_weight, (1 - prior_alpha) * prior_weight
+        self._prior = (prior_alpha * prior_weight, (1 - prior_alpha) * prior_weight)
+        self.accepted, self.rejected = self._prior
         self.decay = decay
         self.pair: tuple | None = None  # the pair's decayed (accepted, rejections) across calls (PAIR_DECAY)
         self.costs = None
@@ -161,8 +163,7 @@ class AutoGammaPolicy(FixedPolicy):
         self._seed: dict = {}  # corrections `recall` found, applied by `set_costs` to measured costs only
         self._filed_alpha, self.learned = None, False  # the same for a filed acceptance; α known to the engine
         self.idle, self.stale_every = 0, STALE_FIRST  # rounds in a row without a chain (across calls); the wait
-        self.afresh = False  # this call started from the prior, the pair's rate being stale (STALE_FIRST)
-        self.drafting = False  # the last round booked drafted by the costs' choice (not a probe)
+        self.trial: int | None = None  # rounds since the rate, gone stale, gave way to the prior (None: none under way)
         # greedy only: there γ never changes the tokens, while a seeded sampled call must draw the
         # same tokens each time, so its choices may depend on nothing the clock measures
         self.calibrate = False
@@ -177,20 +178,40 @@ class AutoGammaPolicy(FixedPolicy):
         START_WEIGHT (at most what the pair's counts hold), instead of the prior's rate, and from
         their rounds' measured cost corrections; where this engine learned none, from the rate earlier
         processes filed (step_costs.FiledClocks: measured costs only, applied in `set_costs`, also at
-        START_WEIGHT). A rate gone stale (STALE_FIRST rounds in a row without a chain, across calls) gives way
-        to the prior. Greedy only: the methods do not call it for a sampled call, whose seed must repeat
+        START_WEIGHT). A rate gone stale has given way to the prior already (`_age`). Greedy only: the methods do not call it for a sampled call, whose seed must repeat
         its tokens whatever earlier calls learned."""
         alpha, self.pair = store.get(key), store.get(key + PAIR_SUFFIX)
-        self.idle, self.stale_every = store.get(key + STALE_SUFFIX, (0, STALE_FIRST))
-        self.afresh = self.idle >= self.stale_every
-        if self.afresh:  # stale: the prior's rate, as a new engine's first call (the filed rate is as stale)
-            alpha, self.pair, self.idle = None, None, 0
+        # rounds without a chain so far, across calls: at STALE_FIRST the rate gives way to the prior (`_age`)
+        self.idle, self.stale_every, self.trial = store.get(key + STALE_SUFFIX, (0, STALE_FIRST, None))
         self.learned = alpha is not None
         if alpha is not None:
             steady = sum(self.pair) * (1 - PAIR_DECAY) / (1 - self.decay) if self.pair else 0.0
             self._set_alpha(alpha, max(self.accepted + self.rejected, min(START_WEIGHT, steady)))
         self._seed = store.get(key + CLOCK_SUFFIX, {}) if self.calibrate else {}  # for measured costs only
-        self._filed_alpha = store.get(key + FILED) if self.calibrate and alpha is None and not self.afresh else None
+        self._filed_alpha = store.get(key + FILED) if self.calibrate and alpha is None else None
+
+    def _freshen(self) -> None:
+        """The pair's rate has gone stale (`stale_every` rounds in a row without a chain): the prior's, as a
+        new engine's first call starts from; the next STALE_SUSTAIN rounds tell whether drafting pays again."""
+        self.accepted, self.rejected = self._prior
+        self.pair, self.idle, self.trial = None, 0, 0
+
+    def _age(self, plain: bool, by_costs: bool) -> None:
+        """A round booked (plain: no chain ran; by_costs: a chain the costs chose, not a probe): the rounds
+        without a chain, and what a start from the prior found. Still drafting STALE_SUSTAIN rounds after it,
+        the first wait again; else the wait doubles (up to STALE_MAX). The rate gives way to the prior as soon
+        as the wait is over, within a call (the serving core's lasts while requests come) or for the next
+        (`remember` leaves it the prior's rate: a new engine's first call starts so, filed rate ignored)."""
+        self.idle = self.idle + 1 if plain else 0
+        if self.trial is not None:
+            self.trial += 1
+            if self.trial >= STALE_SUSTAIN:
+                self.stale_every = STALE_FIRST if self.idle == 0 else min(2 * self.stale_every, STALE_MAX)
+                self.trial = None
+        elif by_costs:
+            self.stale_every = STALE_FIRST
+        if self.idle >= self.stale_every:
+            self._freshen()
 
     def _set_alpha(self, alpha: float, weight: float | None = None) -> None:
         weight = self.accepted + self.rejected if weight is None else weight
@@ -202,10 +223,7 @@ class AutoGammaPolicy(FixedPolicy):
             store[key], store[key + PAIR_SUFFIX] = self.pair[0] / sum(self.pair), self.pair
         else:
             store[key] = self.alpha
-        every = self.stale_every  # back to the first wait once chains run by the costs' choice (update)
-        if self.afresh:  # a call started afresh that ends decoding plainly confirms the rate: wait longer
-            every = STALE_FIRST if self.drafting else min(2 * self.stale_every, STALE_MAX)
-        store[key + STALE_SUFFIX] = (self.idle, every)
+        store[key + STALE_SUFFIX] = (self.idle, self.stale_every, self.trial)
         self._filed = (store, key + CLOCK_SUFFIX)
         store[key + CLOCK_SUFFIX] = self.clock.factors()
 
@@ -223,9 +241,10 @@ class AutoGammaPolicy(FixedPolicy):
         """A round the chain sat out by another's choice (hybrid's n-gram and plain rounds): while the costs
         hold γ at 0 it counts toward the next probe, as a plain round of its own does. Else nothing re-timed
         an earlier call's chain factor that says chains lose, and the draft sat out every later call."""
-        self.idle, self.drafting = self.idle + 1, False
-        if self.gamma == 0 and self.costs is not None:
-            self.wait.count(True)
+        self._age(plain=True, by_costs=False)
+        if (self.gamma == 0 or self.trial == 0) and self.costs is not None:  # (trial 0: the prior's, just now)
+            if self.gamma == 0:
+                self.wait.count(True)
             self._choose()
 
     def adopt_plain(self, clock) -> None:
@@ -264,9 +283,7 @@ class AutoGammaPolicy(FixedPolicy):
         self.extra_s = 0.0
         probed = self.probing
         self.wait.count(plain)
-        self.idle, self.drafting = self.idle + 1 if plain else 0, not plain and not probed
-        if self.drafting and not self.afresh:
-            self.stale_every = STALE_FIRST
+        self._age(plain, by_costs=not plain and not probed)
         if not plain:
             self.learned = True
             rejections = sum(a < d for a, d in zip(n_acc, num_draft))

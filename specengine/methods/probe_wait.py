@@ -15,11 +15,12 @@ PROBE_SUSTAIN = 3
 # unread never probes (the probe would pay the read: draft_prime.py). A rate learned on text where chains lost
 # then kept the draft out of every later call, whatever the text (AMX Xeon, 2026-12-07: after MT-bench/0's chains
 # accepted a third, HumanEval/0-4 ran 64 plain rounds of 64 in every call, where `sd` runs ~1.5x `ar`). So after
-# STALE_FIRST rounds in a row without a chain, counted across calls, the next call starts from the prior, as a
-# new engine's first call does; one so started that ends decoding plainly doubles the wait (up to STALE_MAX),
-# one that ends drafting resets it. Such a start costs a read and a few losing chains on text that stays bad:
+# STALE_FIRST rounds in a row without a chain, counted across calls, the rate gives way to the prior (as a new
+# engine's first call starts from): at the next call's start, or within a call (the serving core's lasts as long
+# as its requests keep coming). Still drafting STALE_SUSTAIN rounds later resets the wait; decoding plainly by
+# then doubles it (up to STALE_MAX). Such a start costs a read and a few losing chains on text that stays bad:
 # ~5 plain steps, ~4% of the first wait and less after.
-STALE_FIRST, STALE_MAX, STALE_SUFFIX = 128, 2048, ":stale"
+STALE_FIRST, STALE_MAX, STALE_SUSTAIN, STALE_SUFFIX = 128, 2048, 16, ":stale"
 
 
 class ProbeWait:

@@ -594,9 +594,9 @@ def test_a_first_call_starts_from_the_filed_pairs_rate_at_the_start_weight():
 
 def test_a_stale_pairs_rate_gives_way_to_the_prior():
     """Rounds without a chain teach the pair's rate nothing, and a draft whose prompt is unread never probes
-    (sd books them plain, as here). After STALE_FIRST such rounds, across calls, a call starts from the prior
-    and so drafts again; one so started that settles on plain decoding doubles the wait, one that ends
-    drafting resets it. (Without this, a rate learned on prose kept `sd` plain on code for good: HumanEval
+    (sd books them plain, as here). After STALE_FIRST such rounds, across calls or within one, the rate gives
+    way to the prior and the policy drafts again; settled on plain decoding STALE_SUSTAIN rounds later, the wait
+    doubles; still drafting, it resets. (Without this, a rate learned on prose kept `sd` plain on code for good: HumanEval
     64 plain rounds of 64 in every call after MT-bench/0, docs/design.md, "A stale rate".)"""
     from specengine.methods.probe_wait import STALE_FIRST
 
@@ -620,14 +620,25 @@ def test_a_stale_pairs_rate_gives_way_to_the_prior():
 
     assert call(64) == (0.3, 0) and call(63) == (0.3, 0)
     assert call(1) == (0.3, 0)  # after 127 rounds without a chain: still the pair's rate
-    alpha, gamma = call(64, accept=False)  # after 128: afresh, from the prior; its chains lose and it settles plain
+    alpha, gamma = call(64, accept=False)  # after 128: from the prior; its chains lose and it settles plain
     assert alpha == pytest.approx(prior) and gamma >= 1
-    assert store["greedy:stale"][1] == 2 * STALE_FIRST  # then twice the wait before the next start afresh
-    while store["greedy:stale"][0] < 2 * STALE_FIRST:  # each call meanwhile from the pair's low rate, plain
+    assert store["greedy:stale"][1:] == (2 * STALE_FIRST, None)  # plain STALE_SUSTAIN rounds on: twice the wait
+    while store["greedy:stale"][0] + 16 < 2 * STALE_FIRST:  # each call meanwhile from the pair's low rate, plain
         assert call(16) == (pytest.approx(store["greedy"]), 0) and store["greedy"] < 0.5
-    alpha, gamma = call(64, accept=True)  # afresh again: the text has changed, its chains are accepted
-    assert alpha == pytest.approx(prior) and gamma >= 1
-    assert store["greedy:stale"][1] == STALE_FIRST and store["greedy"] > 0.9
+    # The wait ends within a call (the serving core's lasts as long as requests come): its rounds plain while
+    # the rate is low (an unread draft: no probe), then from the prior on, and the text has changed: accepted.
+    pol = AutoGammaPolicy()
+    pol.recall(store, "greedy")
+    pol.set_costs(mid)
+    assert pol.gamma == 0 and pol.alpha < 0.5
+    plain = 0
+    for _ in range(64):
+        drafts = pol.gamma if pol.alpha > 0.6 else 0
+        plain += not drafts
+        pol.update([drafts], [drafts])
+        pol.remember(store, "greedy")
+    assert 0 < plain < 32 and pol.gamma >= 1 and pol.alpha > 0.9  # plain until the wait ended, mid-call
+    assert store["greedy:stale"][1:] == (STALE_FIRST, None)  # drafting STALE_SUSTAIN rounds on: the first wait
 
 
 def test_a_round_that_captured_a_graph_is_not_booked_to_the_round_clock(tiny_pair, tokenizer, monkeypatch, tmp_path):

@@ -237,3 +237,33 @@ def test_rows_admitted_mid_flight_are_read_by_the_draft_at_their_own_positions(t
     c = core.gen.counters
     assert core.gen.method.primes >= len(PROMPTS) - 2 and c.proposed > len(PROMPTS)  # read in rounds, row by row
     assert c.accepted == c.proposed
+
+
+def test_a_stale_low_rate_gives_way_within_the_cores_long_call(tiny_pair, tokenizer, monkeypatch):
+    """The core's Generation lasts while requests of one sampling class keep coming, so a low rate the engine
+    learned earlier (prose) must give way within it: after STALE_FIRST rounds without a chain the rate is the
+    prior's, the next request's prompt is read and chains run (methods/probe_wait.py). Before, every request
+    decoded plainly for the core's life: an unread draft never probes."""
+    from specengine.methods.policies import best_gamma
+    from specengine.methods.probe_wait import STALE_FIRST
+    from specengine.runtime.step_costs import StepCosts
+
+    target, _, draft = tiny_pair
+    eng, ref_eng = Engine(target, tokenizer, draft, max_seq_len=256, max_batch=2), Engine(target, tokenizer, draft)
+    costs = StepCosts(1, draft_s=0.3, target_s=(1.0, 1.25, 1.45) + tuple(1.45 + 0.2 * w for w in range(1, 16)),
+                      draft_prefill_s=0.01)
+    assert best_gamma(0.3, costs, 8, gamma_min=0) == 0 and best_gamma(0.7, costs, 8, gamma_min=0) >= 1
+    monkeypatch.setattr(eng, "step_costs", lambda state, width, **kw: costs)
+    eng._acceptance.update({"greedy": 0.3, "greedy:pair": (3.0, 7.0)})  # learned on text where chains lost
+    core = EngineCore(eng, max_batch=2, method="sd", gamma="auto")
+    rounds = []
+    for wave in range(2):  # just short of STALE_FIRST rounds, then as many more
+        ids = [core.add_request(p, RequestParams(max_new_tokens=40, ignore_eos=True)) for p in PROMPTS]
+        done, _ = drain(core)
+        for rid, p in zip(ids, PROMPTS):
+            assert done[rid].token_ids == ref_eng.generate(p, max_new_tokens=40, method="ar", ignore_eos=True).token_ids
+        c = core.gen.counters
+        rounds.append((c.rounds, c.proposed, core.gen.method.primes))
+    (rounds_1, proposed_1, read_1), (_, proposed_2, read_2) = rounds
+    assert STALE_FIRST - 10 <= rounds_1 < STALE_FIRST and proposed_1 == read_1 == 0  # the low rate held the draft out
+    assert proposed_2 > 0 and read_2 > 0  # then chains again, and the prompts read for them
