@@ -178,8 +178,9 @@ class AutoGammaPolicy(FixedPolicy):
         START_WEIGHT (at most what the pair's counts hold), instead of the prior's rate, and from
         their rounds' measured cost corrections; where this engine learned none, from the rate earlier
         processes filed (step_costs.FiledClocks: measured costs only, applied in `set_costs`, also at
-        START_WEIGHT). A rate gone stale has given way to the prior already (`_age`). Greedy only: the methods do not call it for a sampled call, whose seed must repeat
-        its tokens whatever earlier calls learned."""
+        START_WEIGHT). A rate gone stale has given way to the prior already (`_age`). Greedy only: the
+        methods do not call it for a sampled call, whose seed must repeat its tokens whatever earlier calls
+        learned."""
         alpha, self.pair = store.get(key), store.get(key + PAIR_SUFFIX)
         # rounds without a chain so far, across calls: at STALE_FIRST the rate gives way to the prior (`_age`)
         self.idle, self.stale_every, self.trial = store.get(key + STALE_SUFFIX, (0, STALE_FIRST, None))

@@ -1,6 +1,6 @@
 """When a policy that decodes plainly tries speculation again: within a call, a probe after a wait of plain
-rounds (`ProbeWait`: γ auto's and PEARL's); across calls, a start from the prior once the pair's rate has gone
-stale (`STALE_FIRST`: AutoGammaPolicy.recall)."""
+rounds (`ProbeWait`: γ auto's and PEARL's); where no probe can run (an unread draft), a start from the prior once
+the pair's rate has gone stale (`STALE_FIRST`, counted across calls: AutoGammaPolicy._age)."""
 from __future__ import annotations
 
 PROBE_FIRST, PROBE_MAX = 16, 256  # plain rounds before a probe: the first wait, the longest
