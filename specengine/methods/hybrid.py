@@ -54,7 +54,7 @@ class HybridDecoding(NgramDecoding):
                                       sum(a + 1 for a, _ in drafted))
         elif self.kind != "grammar" and self.draft_policy.needs_costs:
             self.draft_policy.sat_out()
-            self.draft_policy.remember(self.ctx.acceptance, self.key)  # toward a stale rate (probe_wait.STALE_FIRST)
+            self.draft_policy.remember_rate(self.ctx.acceptance, self.key)  # toward a stale rate (probe_wait.STALE_FIRST)
         super().after_round(n_acc, num_draft)
 
     def _draft_wins(self, found, gammas, live: list[int]) -> bool:

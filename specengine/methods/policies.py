@@ -197,12 +197,13 @@ class AutoGammaPolicy(FixedPolicy):
         self.accepted, self.rejected = self._prior
         self.pair, self.idle, self.trial = None, 0, 0
 
-    def _age(self, plain: bool, by_costs: bool) -> None:
+    def _age(self, plain: bool, by_costs: bool) -> bool:
         """A round booked (plain: no chain ran; by_costs: a chain the costs chose, not a probe): the rounds
         without a chain, and what a start from the prior found. Still drafting STALE_SUSTAIN rounds after it,
         the first wait again; else the wait doubles (up to STALE_MAX). The rate gives way to the prior as soon
         as the wait is over, within a call (the serving core's lasts while requests come) or for the next
-        (`remember` leaves it the prior's rate: a new engine's first call starts so, filed rate ignored)."""
+        (`remember` leaves it the prior's rate: a new engine's first call starts so, filed rate ignored).
+        Returns whether it did so now."""
         self.idle = self.idle + 1 if plain else 0
         if self.trial is not None:
             self.trial += 1
@@ -211,22 +212,30 @@ class AutoGammaPolicy(FixedPolicy):
                 self.trial = None
         elif by_costs:
             self.stale_every = STALE_FIRST
-        if self.idle >= self.stale_every:
-            self._freshen()
+        if self.idle < self.stale_every:
+            return False
+        self._freshen()
+        return True
 
     def _set_alpha(self, alpha: float, weight: float | None = None) -> None:
         weight = self.accepted + self.rejected if weight is None else weight
         self.accepted, self.rejected = alpha * weight, (1 - alpha) * weight
 
     def remember(self, store: dict, key: str) -> None:
-        """Leave the pair's rate for the engine's next call (a plain round leaves it as it was)."""
+        """Leave the pair's rate and the round clock for the engine's next call (a plain round leaves the rate
+        as it was)."""
+        self.remember_rate(store, key)
+        self._filed = (store, key + CLOCK_SUFFIX)
+        store[key + CLOCK_SUFFIX] = self.clock.factors()
+
+    def remember_rate(self, store: dict, key: str) -> None:
+        """The pair's rate and the rounds without a chain, without the clock: what `hybrid` leaves after a
+        round its chain sat out (its chain's clock is filed where chains run)."""
         if self.pair is not None:
             store[key], store[key + PAIR_SUFFIX] = self.pair[0] / sum(self.pair), self.pair
         else:
             store[key] = self.alpha
         store[key + STALE_SUFFIX] = (self.idle, self.stale_every, self.trial)
-        self._filed = (store, key + CLOCK_SUFFIX)
-        store[key + CLOCK_SUFFIX] = self.clock.factors()
 
     def timed(self, seconds: float) -> None:
         """The driver's measured seconds of the round last booked by `update` (round_clock.py):
@@ -242,10 +251,11 @@ class AutoGammaPolicy(FixedPolicy):
         """A round the chain sat out by another's choice (hybrid's n-gram and plain rounds): while the costs
         hold γ at 0 it counts toward the next probe, as a plain round of its own does. Else nothing re-timed
         an earlier call's chain factor that says chains lose, and the draft sat out every later call."""
-        self._age(plain=True, by_costs=False)
-        if (self.gamma == 0 or self.trial == 0) and self.costs is not None:  # (trial 0: the prior's, just now)
-            if self.gamma == 0:
-                self.wait.count(True)
+        freshened = self._age(plain=True, by_costs=False)
+        if self.costs is not None and self.gamma == 0:
+            self.wait.count(True)
+            self._choose()
+        elif self.costs is not None and freshened:  # the prior's rate from now: γ chosen again
             self._choose()
 
     def adopt_plain(self, clock) -> None:
