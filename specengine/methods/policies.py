@@ -222,8 +222,7 @@ class AutoGammaPolicy(FixedPolicy):
         self.accepted, self.rejected = alpha * weight, (1 - alpha) * weight
 
     def remember(self, store: dict, key: str) -> None:
-        """Leave the pair's rate and the round clock for the engine's next call (a plain round leaves the rate
-        as it was)."""
+        """Leave the pair's rate and the round clock for the engine's next call (a plain round: the rate as it was)."""
         self.remember_rate(store, key)
         self._filed = (store, key + CLOCK_SUFFIX)
         store[key + CLOCK_SUFFIX] = self.clock.factors()
@@ -233,8 +232,9 @@ class AutoGammaPolicy(FixedPolicy):
         round its chain sat out (its chain's clock is filed where chains run)."""
         if self.pair is not None:
             store[key], store[key + PAIR_SUFFIX] = self.pair[0] / sum(self.pair), self.pair
-        else:
+        else:  # (none since the rate gave way to the prior: `_freshen` dropped the pair's counts)
             store[key] = self.alpha
+            store.pop(key + PAIR_SUFFIX, None)
         store[key + STALE_SUFFIX] = (self.idle, self.stale_every, self.trial)
 
     def timed(self, seconds: float) -> None:

@@ -620,6 +620,7 @@ def test_a_stale_pairs_rate_gives_way_to_the_prior():
 
     assert call(64) == (0.3, 0) and call(63) == (0.3, 0)
     assert call(1) == (0.3, 0)  # after 127 rounds without a chain: still the pair's rate
+    assert "greedy:pair" not in store  # the 128th gave way to the prior: the pair's low counts are dropped too
     alpha, gamma = call(64, accept=False)  # after 128: from the prior; its chains lose and it settles plain
     assert alpha == pytest.approx(prior) and gamma >= 1
     assert store["greedy:stale"][1:] == (2 * STALE_FIRST, None)  # plain STALE_SUSTAIN rounds on: twice the wait
