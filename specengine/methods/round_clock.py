@@ -31,6 +31,7 @@ class RoundClock:
         self.predicted = {"plain": 0.0, "spec": 0.0}
         self.count = {"plain": 0, "spec": 0}
         self.prior: dict = {}  # kind -> an earlier call's factor, until this call times a round of that kind
+        self.aged: dict = {}  # kind in prior -> rounds of the other kind this call booked before its first
         self._last, self._pending = None, None  # the kind of the round expected last; what awaits its time
         self.forecast = [0.0, 0.0]  # the plan's expected tokens and seconds of the rounds expected so far
 
@@ -56,10 +57,12 @@ class RoundClock:
         self._pending = None
 
     def book(self, kind: str, predicted_s: float, measured_s: float) -> None:
-        if kind in self.prior:  # the seed weighs MIN_ROUNDS rounds of this call's size, whatever a round lasts
-            f = self.prior.pop(kind)
-            self.predicted[kind] = MIN_ROUNDS * predicted_s
+        if kind in self.prior:  # the seed weighs MIN_ROUNDS rounds of this call's size, whatever a round lasts,
+            f = self.prior.pop(kind)  # aged by the rounds this call booked before, as this call's own rounds are
+            self.predicted[kind] = MIN_ROUNDS * predicted_s * DECAY ** self.aged.pop(kind, 0)
             self.measured[kind] = f * self.predicted[kind]
+        for k in self.prior:
+            self.aged[k] = self.aged.get(k, 0) + 1
         for k in self.measured:  # every kind ages with each round: a kind not run lately weighs less
             if k == kind or self.predicted[k] > STALE_FLOOR:  # (its factor, a ratio, stays what it was)
                 self.measured[k] *= DECAY
@@ -86,9 +89,12 @@ class RoundClock:
         """Start from an earlier call's factors, as if MIN_ROUNDS rounds of each had been timed at
         that factor: weighed against this call's rounds when the first of its kind is booked (in
         rounds, not seconds: a seed of 1 s would outweigh ~14 rounds of 70 ms on a CPU, hundreds on
-        a GPU, and one slow call's factor would then outlast the rounds that contradict it)."""
+        a GPU, and one slow call's factor would then outlast the rounds that contradict it), aged by
+        the rounds booked before it (`aged`): unaged, a chain factor from a slow moment outweighed the
+        one probe each later call ran after its plain rounds, five calls in a row plain (docs/design.md)."""
         for kind, f in factors.items():
             self.prior[kind], self.measured[kind], self.predicted[kind], self.count[kind] = f, 0.0, 0.0, MIN_ROUNDS
+            self.aged[kind] = 0
 
     def adopt(self, kind: str, other: "RoundClock") -> None:
         """Take `other`'s timings of one kind of round (hybrid: its draft chains' clock learns the
@@ -97,7 +103,7 @@ class RoundClock:
                                                                        other.count[kind])
         self.prior.pop(kind, None)
         if kind in other.prior:
-            self.prior[kind] = other.prior[kind]
+            self.prior[kind], self.aged[kind] = other.prior[kind], other.aged.get(kind, 0)
 
     def wants_plain(self, afresh: bool = False) -> bool:
         """Speculation has been timed but plain decoding not yet: time plain rounds to compare.

@@ -351,6 +351,36 @@ def test_a_factor_taken_in_a_slow_moment_gives_way_to_the_next_probe():
     assert sum(g == 0 for g in after) <= 0.1 * len(after)  # and speculates again from that probe on
 
 
+def test_a_factor_an_earlier_call_filed_in_a_slow_moment_gives_way_to_this_calls_first_probe():
+    """The same hazard across calls: an earlier call filed chains at 3x their model (the VM's slow moment),
+    this call decodes plainly on it, and the machine is fast again. The filed factor ages with the plain
+    rounds this call books before its first chain, as this call's own would: the probe after them outweighs
+    it, and the call drafts from there. (Seeded at the weight of 3 rounds whatever came before, each call's one
+    probe moved the factor a fifth of the way: on the real pair, after a noisy hour, 12 calls in a row of 62
+    plain rounds of 63.)"""
+    import random
+
+    pol = AutoGammaPolicy()
+    pol.calibrate = True
+    pol.recall({"greedy": 0.8, "greedy:round_clock": {"plain": 1.0, "spec": 3.0}}, "greedy")
+    pol.set_costs(StepCosts(1, 0.2, tuple(1.0 + 0.05 * w for w in range(9)), measured=True))
+    rng, gammas = random.Random(0), []
+    for _ in range(64):
+        g = pol.gamma
+        gammas.append(g)
+        n_acc = 0
+        while n_acc < g and rng.random() < 0.8:
+            n_acc += 1
+        c = pol.costs
+        pol.update([n_acc], [g])
+        pol.timed(g * c.draft_s + c.verify_s(g + 1))  # the model's time: the machine is fast again
+    first_probe = next(i for i, g in enumerate(gammas) if g)
+    assert first_probe >= 8  # it did start plain on the filed factor
+    after = gammas[first_probe:]
+    assert sum(g == 0 for g in after) <= 0.1 * len(after)  # and drafts from the first probe on
+    assert pol.clock.factor("spec") < 1.2
+
+
 def test_gamma_auto_keeps_speculating_when_its_rounds_measure_as_predicted():
     pol = _calibrating()
     gammas = _simulate(pol, 100, spec_slowdown=1.0)
