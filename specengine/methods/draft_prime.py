@@ -6,7 +6,7 @@ docs/design.md, "Never slower")."""
 from __future__ import annotations
 
 from ..timing import Stopwatch
-from .policies import read_s
+from .policies import best_gamma, read_s
 from .state import DecodeState
 
 # what a row may write where its end is not known: this many times what it has written so far
@@ -71,6 +71,16 @@ def chain_factor(clock) -> float:
     a call that started plain, no probe ran, and the factor went on to every later call (AVX2 EPYC,
     HumanEval: 3 of 15 `sd` calls all plain at 1.65 against plain's 1.1-1.3, where drafting ran 1.2-1.4x)."""
     return clock.factor("plain" if "spec" in clock.prior else "spec")
+
+
+def reading_gamma(policy) -> int:
+    """γ auto's γ for a chain that would first read the prompt: chosen at the factor that prices the read
+    (`chain_factor`). Chosen at an earlier call's chain factor, which only a chain re-times, γ stayed 0 but on
+    probes, whose short γ lost to `hybrid`'s n-gram rounds on paper, and the read never paid: a chain factor of
+    2.5 filed in a noisy hour kept `hybrid`'s draft out of 10 calls in a row (real pair, AMX Xeon, HumanEval/0-4,
+    where once read it runs 1.2-1.8x `ar`)."""
+    scale = {**policy.clock.factors(), "spec": chain_factor(policy.clock)}
+    return best_gamma(policy.alpha, policy.costs, policy.gamma_max, gamma_min=1 if policy.probing else 0, scale=scale)
 
 
 def unread_lengths(rows, live: list[int], primed: list[bool]) -> list[int]:

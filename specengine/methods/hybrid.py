@@ -53,6 +53,7 @@ class HybridDecoding(NgramDecoding):
                 self.chain_yield.book(sum(expected_tokens(self.draft_policy.alpha, d) for _, d in drafted),
                                       sum(a + 1 for a, _ in drafted))
         elif self.kind != "grammar" and self.draft_policy.needs_costs:
+            self.draft_policy.clock.tick()  # the chains' factors age with the rounds they sat out, as sd's do
             self.draft_policy.sat_out()
             self.draft_policy.remember_rate(self.ctx.acceptance, self.key)  # toward a stale rate (probe_wait.STALE_FIRST)
         super().after_round(n_acc, num_draft)
@@ -79,6 +80,8 @@ class HybridDecoding(NgramDecoding):
         if gammas is None or getattr(dp, "costs", None) is None:
             return not all(found.get(b, ([], []))[0] for b in live)
         pol, c = self.policy, dp.costs
+        if not all(self.primed[b] for b in live) and "spec" in dp.clock.prior:  # chains not timed since it was filed
+            dp.gamma = draft_prime.reading_gamma(dp)  # as the read is priced (the chain runs at it where it wins)
         if dp.gamma == 0 or (gammas and pol.unexplored(gammas)):
             return False  # the draft's own costs say plain decoding (which the n-gram round beats)
         tokens = (pol.round_tokens(gammas) if gammas else 0.0) + len(live) - len(gammas)

@@ -61,15 +61,21 @@ class RoundClock:
             f = self.prior.pop(kind)  # aged by the rounds this call booked before, as this call's own rounds are
             self.predicted[kind] = MIN_ROUNDS * predicted_s * DECAY ** self.aged.pop(kind, 0)
             self.measured[kind] = f * self.predicted[kind]
-        for k in self.prior:
-            self.aged[k] = self.aged.get(k, 0) + 1
-        for k in self.measured:  # every kind ages with each round: a kind not run lately weighs less
-            if k == kind or self.predicted[k] > STALE_FLOOR:  # (its factor, a ratio, stays what it was)
-                self.measured[k] *= DECAY
-                self.predicted[k] *= DECAY
+        self.tick(kind)
         self.measured[kind] += measured_s
         self.predicted[kind] += predicted_s
         self.count[kind] += 1
+
+    def tick(self, kind: str | None = None) -> None:
+        """A round went by, of `kind` (None: one this clock does not book, as `hybrid`'s n-gram rounds are to
+        its chains' clock). Every kind ages with each round: a kind not run lately weighs less (its factor, a
+        ratio, stays what it was), and so does an earlier call's factor not yet weighed in (`aged`)."""
+        for k in self.prior:
+            self.aged[k] = self.aged.get(k, 0) + 1
+        for k in self.measured:
+            if k == kind or self.predicted[k] > STALE_FLOOR:
+                self.measured[k] *= DECAY
+                self.predicted[k] *= DECAY
 
     def known(self, kind: str) -> bool:
         return self.count[kind] >= MIN_ROUNDS

@@ -503,6 +503,43 @@ def test_a_carried_correction_weighs_three_rounds_however_long_a_round_lasts(rou
     assert clock.factor("plain") == pytest.approx((4.0 * prior + own) / (prior + own))
 
 
+@pytest.mark.parametrize("by", ["booked", "ticked"])  # sd's own plain rounds; hybrid's n-gram rounds (`tick`)
+def test_a_carried_correction_ages_with_the_rounds_before_its_first(by):
+    """A carried factor not yet weighed in ages with every round that goes by before the first round of its
+    kind, as this call's own timings of it would: after 16 of them the first round outweighs it five to one (a
+    carried 3.0 reads ~1.3 after it, where unaged it read 2.4). Expected
+    value computed here from the decayed weights."""
+    from specengine.methods.round_clock import DECAY, MIN_ROUNDS, RoundClock
+
+    clock = RoundClock(switch_costs=False)
+    clock.seed({"spec": 3.0})
+    for _ in range(16):
+        if by == "ticked":
+            clock.tick()
+        else:
+            clock.expect("plain", 1.0)
+            clock.timed(1.0)
+    assert clock.factor("spec") == 3.0  # still the carried factor until a chain is timed
+    clock.expect("spec", 1.0)
+    clock.timed(1.0)
+    prior = MIN_ROUNDS * DECAY ** 17
+    assert clock.factor("spec") == pytest.approx((3.0 * prior + 1.0) / (prior + 1.0)) and clock.factor("spec") < 1.35
+
+
+def test_hybrids_chain_clock_ages_with_the_rounds_its_chain_sat_out():
+    """`hybrid`'s n-gram rounds are rounds its chains' clock does not book: they age it (`RoundClock.tick`), so an
+    earlier call's chain factor gives way to the call's first chain as `sd`'s gives way to its first probe."""
+    from test_ngram import hybrid_at
+
+    m, _ = hybrid_at(0.9, 0.8, 0.1, lambda w: 1.0 + 0.1 * (w - 1))
+    m.draft_policy.clock.seed({"spec": 3.0})
+    m.ctx = type("Ctx", (), {"acceptance": {}})()
+    m.key, m.kind = "greedy", "ngram"
+    m.call = type("Call", (), {"rows": []})()
+    m.after_round([1], [1])
+    assert m.draft_policy.clock.aged["spec"] == 1
+
+
 def test_no_probe_catches_up_more_tokens_than_the_call_has_left():
     """A probe pays the draft's catch-up of every plain round since the last one; only the tokens
     left can repay it. Settled on plain rounds, the probes come after 16, 32, 64 plain rounds, but

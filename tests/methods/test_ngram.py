@@ -495,6 +495,28 @@ def test_hybrids_forecast_holds_the_draft_prefill_it_decided_to_pay(monkeypatch)
     assert not m.primed_now and dp.clock.forecast[1] == pytest.approx(chain_s + 99 * 0.002 + g * 0.1 + cost(g + 1))
 
 
+def test_hybrid_reads_past_a_chain_factor_an_earlier_call_filed():
+    """An earlier call filed the chains' factor at 2.5 (a noisy hour): at that factor the draft's γ is 0, a
+    probe's γ short, and the n-gram rounds beat both on paper, so the draft never read the prompt and nothing
+    re-timed the factor (10 calls in a row on the real pair). The unread chain is chosen as its read is priced,
+    at the plain rounds' factor (draft_prime.chain_factor, reading_gamma): it wins the round, and the draft reads."""
+    cost = lambda w: 1.0 + 0.1 * (w - 1)  # noqa: E731
+    m, gammas = hybrid_at(0.5, 0.9, 0.1, cost)
+    dp = m.draft_policy
+    dp.calibrate = True
+    dp.clock.seed({"plain": 1.0, "spec": 2.5})
+    dp.set_costs(dataclasses.replace(dp.costs, measured=True, draft_prefill_s=1e-4))
+    assert dp.gamma == 0  # the filed factor's choice
+    m.primed, m.n_host, m.start, m.limit = [False], [100], [90], [190]
+    m.call = SimpleNamespace(rows=[SimpleNamespace(stops=[], stop_ids=[])], state=SimpleNamespace(constraints=None))
+    m.key, m.prefill_token_s = "greedy", None
+    assert m._draft_wins({0: ([1], None)}, gammas, [0]) and dp.gamma >= 2
+    # read, the chains' own factor decides again: at 2.5 the n-gram round wins
+    m.primed = [True]
+    dp.set_costs(dp.costs)
+    assert not m._draft_wins({0: ([1], None)}, gammas, [0])
+
+
 def hybrid_at(ngram_q: float, alpha: float, draft_s: float, width_cost, gap: int = 2):
     """A hybrid whose n-gram bin 0 accepted ngram_q at every position and whose draft alpha,
     under the given costs; returns it and its choice of γ for a row with a 1-token match."""
