@@ -278,14 +278,16 @@ def test_draft_resync_gives_the_cache_of_a_draft_that_saw_every_token(tiny_pair,
         torch.testing.assert_close(draft.cache.kv[:, :, b, :m], ref.cache.kv[:, :, 0, :m], atol=1e-5, rtol=1e-5)
 
 
-def _simulate(policy, rounds: int, spec_slowdown: float, accept: float = 0.8) -> list[int]:
+def _simulate(policy, rounds: int, spec_slowdown, accept: float = 0.8) -> list[int]:
     """Drive a γ auto policy for `rounds` rounds whose measured seconds are the model's, except
-    drafted rounds, which take `spec_slowdown` times what the model predicts; returns the γs."""
+    drafted rounds, which take `spec_slowdown` times what the model predicts (a number, or a function
+    of the drafted rounds before); returns the γs."""
     import random
 
     rng, gammas = random.Random(0), []
     for _ in range(rounds):
         g = policy.gamma
+        slow = spec_slowdown(sum(1 for x in gammas if x)) if callable(spec_slowdown) else spec_slowdown
         gammas.append(g)
         n_acc = 0
         while n_acc < g and rng.random() < accept:
@@ -293,7 +295,7 @@ def _simulate(policy, rounds: int, spec_slowdown: float, accept: float = 0.8) ->
         c = policy.costs
         predicted = g * c.draft_s + c.verify_s(g + 1)
         policy.update([n_acc], [g])
-        policy.timed(predicted * (spec_slowdown if g else 1.0))
+        policy.timed(predicted * (slow if g else 1.0))
     return gammas
 
 
@@ -326,25 +328,13 @@ def test_a_factor_taken_in_a_slow_moment_gives_way_to_the_next_probe():
     speculates again from the first probe on. (When only the probed kind aged, the first probe
     moved the factor 15% of the way, confirmed plain decoding, doubled the wait and the next
     48 of 74 rounds were plain.)"""
-    import random
-
     from specengine.methods.policies import AutoGammaPolicy
 
     pol = AutoGammaPolicy()
     pol.calibrate = True
     pol.recall({"greedy:round_clock": {"plain": 1.0}}, "greedy")
     pol.set_costs(StepCosts(1, 0.2, tuple(1.0 + 0.05 * w for w in range(9)), measured=True))
-    rng, gammas = random.Random(0), []
-    for _ in range(80):
-        g = pol.gamma
-        slow = 2.5 if g and len([x for x in gammas if x]) < 4 else 1.0  # the first 4 drafted rounds
-        gammas.append(g)
-        n_acc = 0
-        while n_acc < g and rng.random() < 0.8:
-            n_acc += 1
-        c = pol.costs
-        pol.update([n_acc], [g])
-        pol.timed((g * c.draft_s + c.verify_s(g + 1)) * slow)
+    gammas = _simulate(pol, 80, spec_slowdown=lambda drafted: 2.5 if drafted < 4 else 1.0)  # the first 4 drafted rounds
     first_probe = next(i for i in range(5, 80) if gammas[i] and not gammas[i - 1])
     assert gammas[4] == 0 and first_probe <= 4 + 17  # it did turn to plain rounds, and probed once
     after = gammas[first_probe:]
@@ -358,22 +348,11 @@ def test_a_factor_an_earlier_call_filed_in_a_slow_moment_gives_way_to_this_calls
     it, and the call drafts from there. (Seeded at the weight of 3 rounds whatever came before, each call's one
     probe moved the factor a fifth of the way: on the real pair, after a noisy hour, 12 calls in a row of 62
     plain rounds of 63.)"""
-    import random
-
     pol = AutoGammaPolicy()
     pol.calibrate = True
     pol.recall({"greedy": 0.8, "greedy:round_clock": {"plain": 1.0, "spec": 3.0}}, "greedy")
     pol.set_costs(StepCosts(1, 0.2, tuple(1.0 + 0.05 * w for w in range(9)), measured=True))
-    rng, gammas = random.Random(0), []
-    for _ in range(64):
-        g = pol.gamma
-        gammas.append(g)
-        n_acc = 0
-        while n_acc < g and rng.random() < 0.8:
-            n_acc += 1
-        c = pol.costs
-        pol.update([n_acc], [g])
-        pol.timed(g * c.draft_s + c.verify_s(g + 1))  # the model's time: the machine is fast again
+    gammas = _simulate(pol, 64, spec_slowdown=1.0)  # the model's time: the machine is fast again
     first_probe = next(i for i, g in enumerate(gammas) if g)
     assert first_probe >= 8  # it did start plain on the filed factor
     after = gammas[first_probe:]
