@@ -53,7 +53,6 @@ class HybridDecoding(NgramDecoding):
                 self.chain_yield.book(sum(expected_tokens(self.draft_policy.alpha, d) for _, d in drafted),
                                       sum(a + 1 for a, _ in drafted))
         elif self.kind != "grammar" and self.draft_policy.needs_costs:
-            self.draft_policy.clock.tick()  # the chains' factors age with the rounds they sat out, as sd's do
             self.draft_policy.sat_out()
             self.draft_policy.remember_rate(self.ctx.acceptance, self.key)  # toward a stale rate (probe_wait.STALE_FIRST)
         super().after_round(n_acc, num_draft)

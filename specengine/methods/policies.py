@@ -248,14 +248,14 @@ class AutoGammaPolicy(FixedPolicy):
                 store[key] = self.clock.factors()
 
     def sat_out(self) -> None:
-        """A round the chain sat out by another's choice (hybrid's n-gram and plain rounds): while the costs
-        hold γ at 0 it counts toward the next probe, as a plain round of its own does. Else nothing re-timed
-        an earlier call's chain factor that says chains lose, and the draft sat out every later call."""
+        """A round the chain sat out by another's choice (hybrid's n-gram and plain rounds): it ages the clock, and
+        while the costs hold γ at 0 it counts toward the next probe, as a plain round of its own does. Else nothing
+        re-timed an earlier call's chain factor that says chains lose, and the draft sat out every later call."""
+        self.clock.tick()  # a round went by that the clock does not book (RoundClock.tick)
         freshened = self._age(plain=True, by_costs=False)
         if self.costs is not None and self.gamma == 0:
             self.wait.count(True)
-            self._choose()
-        elif self.costs is not None and freshened:  # the prior's rate from now: γ chosen again
+        if self.costs is not None and (self.gamma == 0 or freshened):  # (freshened: the prior's rate from now)
             self._choose()
 
     def adopt_plain(self, clock) -> None:

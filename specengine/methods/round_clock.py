@@ -31,7 +31,7 @@ class RoundClock:
         self.predicted = {"plain": 0.0, "spec": 0.0}
         self.count = {"plain": 0, "spec": 0}
         self.prior: dict = {}  # kind -> an earlier call's factor, until this call times a round of that kind
-        self.aged: dict = {}  # kind in prior -> rounds of the other kind this call booked before its first
+        self.aged: dict = {}  # kind in prior -> rounds that went by (booked or `tick`ed) before its first
         self._last, self._pending = None, None  # the kind of the round expected last; what awaits its time
         self.forecast = [0.0, 0.0]  # the plan's expected tokens and seconds of the rounds expected so far
 
