@@ -167,15 +167,18 @@ def save(entries: dict) -> None:
     tmp.replace(path)
 
 
-def update(new: dict) -> dict:
+def update(new: dict, timed: bool = True) -> dict:
     """Merge `new` entries into the table (read again just before writing, so entries another
     process saved meanwhile are kept) and return the table. An entry new or changed here is
     stamped, in place, with the machine's speed now (`reference_ms`); one handed back as it was
-    keeps its own."""
+    keeps its own. timed=False: entries that hold no times (ratios, acceptance rates) are never
+    stamped, so never left out as stale: whether a process saw them hung on its reference matvec."""
     table = load()
     for k, v in new.items():
         old = table.get(k)
-        if old is None or "ref_ms" not in v or _bare(old) != _bare(v):
+        if not timed:
+            v.pop("ref_ms", None)
+        elif old is None or "ref_ms" not in v or _bare(old) != _bare(v):
             v["ref_ms"] = reference_ms()
         table[k] = v
     save(table)

@@ -189,6 +189,9 @@ def recalled_or_measured(target, draft, state, max_width: int) -> StepCosts:
 # (pearl.py `_recall`: acceptance, yield, probe wait; moved by ALPHA_MOVED or a wait that changed):
 # a new process's first PEARL call started from the prior and a wait of 16, and probed 3-4 times in
 # 64 tokens where the next call probed once (0.91x the next call, MT-bench, AVX2 EPYC).
+# All of it is ratios and rates, not times, so it is filed without the machine's speed stamp: stamped, a
+# process whose reference matvec ran 1.4x faster than the filing one's left it out (this VM: 1.4-2.15 ms
+# process to process), and its first PEARL call read the prompt for two losing windows (0.92x the next).
 REPLAN = 0.10
 ALPHA_MOVED = 0.05
 CURVES_MOVED = 8
@@ -241,7 +244,7 @@ class FiledClocks:
                 moved |= old is None or abs(v["alpha"] - old["alpha"]) > ALPHA_MOVED or v["every"] != old["every"]
         if self.key is not None and moved:
             self.filed = {**self.filed, **now}
-            machine.update({self.key: dict(self.filed)})  # stamped with the machine's speed now (ref_ms)
+            machine.update({self.key: dict(self.filed)}, timed=False)  # ratios and rates: no speed stamp
 
 
 def _tries_apart(seen: list, filed: list) -> float:

@@ -214,7 +214,7 @@ def test_the_rounds_corrections_are_filed_and_a_new_engine_starts_from_them(tiny
 
     writes = []
     real_update = machine.update
-    monkeypatch.setattr(machine, "update", lambda new: writes.append(new) or real_update(new))
+    monkeypatch.setattr(machine, "update", lambda new, **kw: writes.append(new) or real_update(new, **kw))
     second._clocks.file({"greedy:round_clock": {"plain": 1.35, "spec": 3.0}})  # within 10%: the plan holds
     assert writes == []
     second._clocks.file({"greedy:round_clock": {"plain": 1.0, "spec": 1.5}})  # missed by 23%: re-planned
@@ -222,6 +222,26 @@ def test_the_rounds_corrections_are_filed_and_a_new_engine_starts_from_them(tiny
     third = Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]), max_seq_len=96)
     assert {k: v for k, v in third._clocks.filed.items() if k.endswith(":round_clock")} == {
         "greedy:round_clock": {"plain": 1.0}}
+
+
+def test_what_the_rounds_filed_is_seen_by_a_faster_process(tiny_pair, tokenizer, monkeypatch, tmp_path):
+    """The rounds' corrections and the acceptance are ratios and rates, not times: filed without the
+    machine's speed stamp, they seed a process whose reference matvec runs STALE times faster than the
+    filing one's. Stamped, such a process (this VM's reference: 1.4-2.15 ms process to process) started
+    from the priors: a first PEARL call read the prompt and ran losing windows (0.92x the next call)."""
+    import copy
+
+    from specengine import Engine, machine
+
+    fresh_cache(monkeypatch, tmp_path)
+    speed = {"ms": 10.0}
+    monkeypatch.setattr(machine, "reference_ms", lambda: speed["ms"])
+    engine = lambda: Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]),  # noqa: E731
+                            max_seq_len=96)
+    filed = {"greedy": 0.8, "greedy:round_clock": {"plain": 1.2}, "pearl:greedy:learned": {"alpha": 0.4, "every": 16}}
+    engine()._clocks.file(copy.deepcopy(filed))
+    speed["ms"] = 10.0 / (machine.STALE * 1.1)  # a faster moment: a timed entry of 10 ms would be left out
+    assert engine()._clocks.filed == {**filed, "pearl:greedy:learned": {"alpha": 0.4, "every": 16, "run": 0}}
 
 
 def test_the_greedy_acceptance_is_filed_and_seeds_measured_costs_only(tiny_pair, tokenizer, monkeypatch, tmp_path):
