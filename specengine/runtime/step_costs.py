@@ -136,8 +136,10 @@ def cost_signature(runner) -> str:
     for name, m in model.named_modules():
         if getattr(m, "packed", None) is not None:
             h.update(f"{name}:{m.packed};".encode())
-    inv = runner.invariance
-    h.update(f"{sorted(runner.ops.names.items())}:{inv.width}:{inv.pad_width}:{inv.path}:{type(model).__name__}".encode())
+    inv = runner.invariance  # on or off, its pad width and matmul path: not the width it covers, which widening
+    # an unpadded mode changes with no forward's cost (hybrid's calls widened it: a new key, the costs timed again)
+    h.update(f"{sorted(runner.ops.names.items())}:{inv.width is not None}:{inv.pad_width}:{inv.path}:"
+             f"{type(model).__name__}".encode())
     return h.hexdigest()[:16]
 
 
@@ -205,20 +207,36 @@ class FiledClocks:
     engine, or one whose warmup cleared it); `file` files what a call measured where it moved."""
 
     def __init__(self, target, draft):
-        self.key = table_key("round_clock", target, draft)
-        entry = machine.load().get(self.key, {}) if self.key is not None else {}
-        self.filed = {k: v for k, v in entry.items() if k.endswith((CLOCK_SUFFIX, CURVES_SUFFIX, LEARNED)) or k == ALPHA_KEY}
+        self.runners, self.off, self._key, self.filed = (target, draft), False, None, {}
+        self._sync()
+
+    def _sync(self) -> str | None:
+        """The runners' key now, what is filed under it read again where it changed (a padded
+        batch-invariant mode, or other kernels, since the last call: other costs, other corrections;
+        the next call seeds from it)."""
+        key = table_key("round_clock", *self.runners)
+        if key != self._key:
+            entry = machine.load().get(key, {}) if key is not None else {}
+            self._key = key
+            self.filed = {k: v for k, v in entry.items() if k.endswith((CLOCK_SUFFIX, CURVES_SUFFIX, LEARNED))
+                          or k == ALPHA_KEY}
+        return key
+
+    @property
+    def key(self) -> str | None:
+        """Where this engine files (None while paused, or off a CPU)."""
+        return None if self.off else self._sync()
 
     @contextlib.contextmanager
     def paused(self):
         """Calls made meanwhile file nothing (warmup's: what a junk prompt accepts is no pair's rate)."""
-        key, self.key = self.key, None
+        self.off = True
         try:
             yield
         finally:
-            self.key = key
+            self.off = False
 
-    def seed(self, store: dict) -> None:
+    def seed(self, store: dict) -> None:  # from the key the last `file` found (a signature costs ~3 ms on 2 cores)
         for k, v in self.filed.items():
             if k.endswith(CLOCK_SUFFIX):
                 store.setdefault(k, dict(v))
@@ -226,6 +244,7 @@ class FiledClocks:
                 store.setdefault(k + FILED, v)
 
     def file(self, store: dict) -> None:
+        key = self.key
         now = {k: {kind: f for kind, f in v.items() if kind in FILED_KINDS} for k, v in store.items()
                if k.endswith(CLOCK_SUFFIX)}
         now = {k: v for k, v in now.items() if v}
@@ -242,9 +261,9 @@ class FiledClocks:
             if k.endswith(":greedy" + LEARNED):
                 old, now[k] = self.filed.get(k), {**v, "run": 0}
                 moved |= old is None or abs(v["alpha"] - old["alpha"]) > ALPHA_MOVED or v["every"] != old["every"]
-        if self.key is not None and moved:
+        if key is not None and moved:
             self.filed = {**self.filed, **now}
-            machine.update({self.key: dict(self.filed)}, timed=False)  # ratios and rates: no speed stamp
+            machine.update({key: dict(self.filed)}, timed=False)  # ratios and rates: no speed stamp
 
 
 def _tries_apart(seen: list, filed: list) -> float:

@@ -244,6 +244,37 @@ def test_what_the_rounds_filed_is_seen_by_a_faster_process(tiny_pair, tokenizer,
     assert engine()._clocks.filed == {**filed, "pearl:greedy:learned": {"alpha": 0.4, "every": 16, "run": 0}}
 
 
+def test_the_filed_state_follows_the_runners_key(tiny_pair, tokenizer, monkeypatch, tmp_path):
+    """The table's key is the runners' cost signature as it is now. Widening an unpadded batch-invariant
+    mode (a wider method's first call: hybrid's, PEARL's) keeps it, so an engine that never ran warmup()
+    files where one that did reads (it kept its first call's key, and hybrid's widening made another
+    for the step costs: timed again); other kernels make another key, filed and read apart."""
+    import copy
+
+    from specengine import Engine
+
+    fresh_cache(monkeypatch, tmp_path)
+    eng = Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]), max_seq_len=96,
+                 batch_invariant=True, invariant_width=4)
+    inv = eng.target.invariance
+    inv.apply(inv.candidates()[0])  # unpadded, as the CPUs' kernels pass (this tiny model's plan pads)
+    key = eng._clocks.key
+    inv.width = 12  # widened, as hybrid's first call does
+    assert key is not None and eng._clocks.key == key
+    inv.apply(inv.candidates()[-1])  # padded to the width: every forward's cost moves
+    assert eng._clocks.key not in (None, key)
+    inv.apply(inv.candidates()[0])
+    eng._clocks.file({"greedy": 0.8})
+    eng.set_kernels("torch")
+    assert eng._clocks.key not in (None, key) and "greedy" not in eng._clocks.filed
+    eng._clocks.file({"greedy": 0.6})
+    again = Engine(copy.deepcopy(tiny_pair[0]), tokenizer, draft=copy.deepcopy(tiny_pair[2]), max_seq_len=96,
+                   batch_invariant=True, invariant_width=4)
+    again.target.invariance.width = 12
+    again.target.invariance.apply(again.target.invariance.candidates()[0])
+    assert again._clocks.key == key and again._clocks.filed["greedy"] == 0.8
+
+
 def test_the_greedy_acceptance_is_filed_and_seeds_measured_costs_only(tiny_pair, tokenizer, monkeypatch, tmp_path):
     """The draft's greedy acceptance a call learned is filed beside the corrections (moved by more
     than ALPHA_MOVED): a second engine's first γ auto call starts from it (hybrid need not pay the
