@@ -88,8 +88,8 @@ def round_rate(alpha: float, gamma: int, costs, extra_s: float = 0.0, scale: dic
     """Committed tokens per second of a round of γ drafts: E[tokens](α, γ) / (γ·draft +
     verify(γ+1) + extra_s); γ = 0 is a plain decode step (one token per target decode).
     extra_s: what the round pays besides (hybrid: the draft's catch-up). scale: measured /
-    predicted seconds per kind of round ("plain", "spec": round_clock.py), 1 where absent."""
-    factor = (scale or {}).get("plain" if gamma == 0 else "spec", 1.0)
+    predicted seconds per kind of round (round_clock.py), 1 where absent; untimed drafted ones at plain's (chain_factor)."""
+    factor = (scale or {}).get("spec" if gamma else "plain", (scale or {}).get("plain", 1.0))
     return expected_tokens(alpha, gamma) / ((gamma * costs.draft_s + costs.verify_s(gamma + 1) + extra_s) * factor)
 
 

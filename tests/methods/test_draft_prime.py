@@ -80,6 +80,29 @@ def test_a_deferred_draft_prefill_counts_as_the_calls_prefill(tiny_pair, tokeniz
     assert stats["prefill_s"] >= 0.3
 
 
+def test_untimed_chains_are_priced_at_the_plain_rounds_factor(tiny_pair, tokenizer, monkeypatch):
+    """Drafted rounds no call has timed are priced at the plain rounds' correction (the same moment's machine:
+    draft_prime.chain_factor, policies.round_rate), not the bare model's 1: with a plain factor under 1 filed (the
+    machine faster now than when the step costs were timed) a new process's `sd` never read the prompt (AMX
+    Xeon, filed plain 0.86: HumanEval/1 64 plain rounds of 64 in every call, where it drafts at 1.2-1.3x)."""
+    from specengine.methods.draft_prime import chain_factor
+    from specengine.methods.round_clock import RoundClock
+    from specengine.timing import CLOCK_SUFFIX
+
+    clock = RoundClock()
+    clock.seed({"plain": 0.4})
+    assert chain_factor(clock) == 0.4
+    target, _, perturbed = tiny_pair
+    eng = Engine(target, tokenizer, draft=perturbed, max_seq_len=256)
+    ar = eng.generate(PROMPTS[0], max_new_tokens=24, method="ar", ignore_eos=True).token_ids
+    eng._acceptance["greedy" + CLOCK_SUFFIX] = {"plain": 0.4}  # as a new engine's first call seeds it (FiledClocks)
+    # drafting wins at equal factors; at 0.4 against 1 a chain's 1.7 tokens a 1.05 s round lose to 2.5 a second
+    costs = dataclasses.replace(FLAT, measured=True, draft_prefill_s=0.0)
+    monkeypatch.setattr(eng, "step_costs", lambda state, width, **kw: costs)
+    r = eng.generate(PROMPTS[0], max_new_tokens=24, method="sd", gamma="auto", ignore_eos=True)
+    assert r.token_ids == ar and r.stats["draft_prefills_deferred"] == 1 and r.stats["round_log"][0][0]
+
+
 @pytest.mark.parametrize("method", ["sd", "pearl", "hybrid"])
 def test_an_earlier_calls_chain_factor_does_not_keep_the_prompt_unread_for_good(tiny_pair, tokenizer, monkeypatch,
                                                                                    method):

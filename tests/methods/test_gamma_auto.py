@@ -88,7 +88,9 @@ def test_sd_auto_equals_ar_and_measures_costs_once(tiny_pair, tokenizer, monkeyp
     out = eng.generate(prompts, max_new_tokens=30, method="sd", ignore_eos=True)
     assert [r.token_ids for r in out] == ar
     s = out[0].stats
-    assert s["policy"] == "auto" and 1 <= s["gamma_mean"] <= 8 and 0 <= s["gamma"] <= 8  # 0: plain decoding wins
+    # 0: plain decoding wins (this tiny draft costs what its target does: by the measured costs drafting is marginal,
+    # and untimed chains are priced at the plain rounds' factor, not below it)
+    assert s["policy"] == "auto" and 0 <= s["gamma_mean"] <= 8 and 0 <= s["gamma"] <= 8
     costs = eng._step_costs[3]
     assert len(costs.target_s) == 9 and costs.draft_s > 0 and all(t > 0 for t in costs.target_s)
     eng.generate(prompts, max_new_tokens=4, method="sd", ignore_eos=True)
